@@ -1,0 +1,51 @@
+"""Errors users see: one PlanError carries every problem found in a plan."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+_UNSET = object()
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with a plan.
+
+    kind is one of: "unknown" (name or option), "value", "conflict", "missing" (package or device).
+    Only "missing" problems turn into skips when the accelerator is marked optional.
+    """
+
+    accelerator: str
+    message: str
+    field: str | None = None
+    value: Any = _UNSET
+    allowed: str | None = None
+    kind: str = "value"
+
+    def __str__(self) -> str:
+        where = self.accelerator + (f".{self.field}" if self.field else "")
+        text = f"{where}: "
+        if self.value is not _UNSET:
+            text += f"{self.value!r}: "
+        text += self.message
+        if self.allowed:
+            text += f" (allowed: {self.allowed})"
+        return text
+
+
+class PlanError(ValueError):
+    """Raised before anything is touched, listing every problem in the plan at once."""
+
+    def __init__(self, problems: list[Problem]):
+        self.problems = list(problems)
+        lines = [f"{len(self.problems)} problem(s) in the plan; nothing was changed:"]
+        lines += [f"  - {p}" for p in self.problems]
+        super().__init__("\n".join(lines))
+
+
+class Skip(Exception):
+    """Raised inside Accelerator.apply to skip it with a reason that goes to the report."""
+
+    def __init__(self, reason: str):
+        self.reason = reason
+        super().__init__(reason)

@@ -1,0 +1,227 @@
+"""Everything accel knows about the machine and the runtime, found without importing anything unsafe.
+
+Cores, NUMA nodes and ISA flags come from /sys and /proc; the OpenMP runtime from this process's
+memory maps; package versions from installed metadata (importing IPEX against the wrong torch kills
+the process, so nothing optional is imported here).
+"""
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+import importlib.util
+import os
+import platform
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+OPTIONAL_PACKAGES = {
+    # distribution name -> import name
+    "torchvision": "torchvision",
+    "nni": "nni",
+    "intel-extension-for-pytorch": "intel_extension_for_pytorch",
+    "intel-openmp": None,  # ships libiomp5.so only
+    "oneccl_bind_pt": "oneccl_bindings_for_pytorch",
+    "scikit-learn": "sklearn",
+    "matplotlib": "matplotlib",
+}
+
+ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_fp16")
+OPENMP_LIBRARIES = {"libgomp": "gnu", "libiomp5": "intel", "libomp.": "llvm"}
+
+
+@dataclass(frozen=True)
+class Hardware:
+    logical_cpus: int
+    physical_cores: int
+    cpus_allowed: tuple[int, ...]  # this process's affinity mask
+    physical_cpus: tuple[int, ...]  # one logical CPU per physical core, among those allowed
+    numa_nodes: dict[int, tuple[int, ...]]
+    isa: tuple[str, ...]
+    cpu_model: str
+    openmp: str  # "gnu", "intel", "llvm", "several: ..." or "none"
+    devices: dict[str, int]  # device type -> count, cpu included
+    versions: dict[str, str | None]
+    torch_cpu_capability: str = ""
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def native_bf16(self) -> bool:
+        """True when the CPU computes bf16 in hardware (AVX512-BF16 or AMX); else autocast emulates it slowly."""
+        return "avx512_bf16" in self.isa or "amx_bf16" in self.isa
+
+    @property
+    def native_fp16(self) -> bool:
+        return "avx512_fp16" in self.isa or "amx_fp16" in self.isa
+
+    def has_device(self, device_type: str) -> bool:
+        return self.devices.get(device_type, 0) > 0
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        data["numa_nodes"] = {str(k): list(v) for k, v in self.numa_nodes.items()}
+        return data
+
+
+def _read(path: str | Path) -> str:
+    try:
+        return Path(path).read_text()
+    except OSError:
+        return ""
+
+
+def parse_cpu_list(text: str) -> tuple[int, ...]:
+    """'0-3,8,10-11' -> (0, 1, 2, 3, 8, 10, 11)."""
+    cpus: list[int] = []
+    for part in text.strip().split(","):
+        if not part:
+            continue
+        low, _, high = part.partition("-")
+        cpus.extend(range(int(low), int(high or low) + 1))
+    return tuple(cpus)
+
+
+def format_cpu_list(cpus: tuple[int, ...] | list[int]) -> str:
+    """(0, 1, 2, 5) -> '0-2,5', the form GOMP_CPU_AFFINITY and taskset accept."""
+    parts, cpus = [], sorted(cpus)
+    start = prev = None
+    for cpu in cpus + [None]:
+        if start is None:
+            start = prev = cpu
+        elif cpu is not None and cpu == prev + 1:
+            prev = cpu
+        else:
+            parts.append(str(start) if start == prev else f"{start}-{prev}")
+            start = prev = cpu
+    return ",".join(parts)
+
+
+def _allowed_cpus() -> tuple[int, ...]:
+    try:
+        return tuple(sorted(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return tuple(range(os.cpu_count() or 1))
+
+
+def _physical_cpus(allowed: tuple[int, ...]) -> tuple[int, ...]:
+    """First logical CPU of each physical core (by package and core id), restricted to the allowed set."""
+    seen: dict[tuple[str, str], int] = {}
+    for cpu in allowed:
+        topo = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology")
+        key = (_read(topo / "physical_package_id").strip(), _read(topo / "core_id").strip())
+        if key == ("", ""):
+            key = ("cpu", str(cpu))  # no topology exposed: count every logical CPU as a core
+        seen.setdefault(key, cpu)
+    return tuple(sorted(seen.values()))
+
+
+def _numa_nodes() -> dict[int, tuple[int, ...]]:
+    nodes = {}
+    for path in sorted(Path("/sys/devices/system/node").glob("node[0-9]*")):
+        nodes[int(path.name[4:])] = parse_cpu_list(_read(path / "cpulist"))
+    return nodes
+
+
+def _cpuinfo() -> tuple[tuple[str, ...], str]:
+    text = _read("/proc/cpuinfo")
+    flags_line = re.search(r"^flags\s*:\s*(.*)$", text, re.M)
+    flags = set(flags_line.group(1).split()) if flags_line else set()
+    model = re.search(r"^model name\s*:\s*(.*)$", text, re.M)
+    return tuple(f for f in ISA_FLAGS if f in flags), (model.group(1) if model else platform.processor())
+
+
+def loaded_openmp(maps: str | None = None) -> str:
+    """Which OpenMP runtime this process has loaded, read from /proc/self/maps."""
+    maps = _read("/proc/self/maps") if maps is None else maps
+    found = sorted({kind for lib, kind in OPENMP_LIBRARIES.items() if lib in maps})
+    if not found:
+        return "none"
+    return found[0] if len(found) == 1 else "several: " + ", ".join(found)
+
+
+def package_version(distribution: str) -> str | None:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _devices() -> dict[str, int]:
+    devices = {"cpu": 1}
+    if torch.cuda.is_available():
+        devices["cuda"] = torch.cuda.device_count()
+    xpu = getattr(torch, "xpu", None)
+    if xpu is not None and xpu.is_available():
+        devices["xpu"] = xpu.device_count()
+    mps = getattr(torch.backends, "mps", None)
+    if mps is not None and mps.is_available():
+        devices["mps"] = 1
+    custom = torch._C._get_privateuse1_backend_name()
+    module = getattr(torch, custom, None)
+    if custom != "privateuseone" and module is not None and hasattr(module, "device_count"):
+        devices[custom] = module.device_count()
+    return devices
+
+
+@functools.lru_cache(maxsize=1)
+def probe() -> Hardware:
+    """The machine as this process sees it (cached: the hardware does not change under us)."""
+    allowed = _allowed_cpus()
+    physical = _physical_cpus(allowed)
+    isa, model = _cpuinfo()
+    versions = {"python": platform.python_version(), "torch": torch.__version__}
+    versions.update({name: package_version(name) for name in OPTIONAL_PACKAGES})
+    return Hardware(
+        logical_cpus=os.cpu_count() or 1,
+        physical_cores=len(physical),
+        cpus_allowed=allowed,
+        physical_cpus=physical,
+        numa_nodes=_numa_nodes(),
+        isa=isa,
+        cpu_model=model,
+        openmp=loaded_openmp(),
+        devices=_devices(),
+        versions=versions,
+        torch_cpu_capability=torch.backends.cpu.get_cpu_capability(),
+    )
+
+
+def importable(module: str) -> bool:
+    """Whether a module could be imported, found without importing it."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def ipex_problem() -> str | None:
+    """Why IPEX must not be imported here, or None when it is safe.
+
+    IPEX calls os._exit(127) on import when its major.minor differs from torch's, so compare first.
+    """
+    ipex = package_version("intel-extension-for-pytorch")
+    if ipex is None:
+        return "intel-extension-for-pytorch is not installed (pip install 'accel[ipex]' in a torch 2.8 environment)"
+    want = ".".join(ipex.split("+")[0].split(".")[:2])
+    have = ".".join(torch.__version__.split("+")[0].split(".")[:2])
+    if want != have:
+        return f"IPEX {want} needs torch {want}.*, found {torch.__version__.split('+')[0]}"
+    return None
+
+
+def resolve_device(device: str | torch.device | None = "auto") -> torch.device:
+    """'auto' picks cuda, xpu, mps, else cpu; any torch device string is accepted as is."""
+    if device is None or device == "auto":
+        devices = probe().devices
+        for kind in ("cuda", "xpu", "mps"):
+            if devices.get(kind):
+                return torch.device(kind, 0) if kind != "mps" else torch.device("mps")
+        return torch.device("cpu")
+    return torch.device(device)
+
+
+def is_accelerator(device: torch.device) -> bool:
+    """True for devices with their own memory (batches cross a bus to reach them)."""
+    return device.type not in ("cpu", "meta")

@@ -1,0 +1,148 @@
+"""Plans: what the user asks for, parsed from Python, a dict or a TOML/YAML file, and put in stage order."""
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from accel.accelerator import REGISTRY, Accelerator
+from accel.errors import PlanError, Problem
+
+PlanSpec = Any  # Plan | list[str | dict | Accelerator] | dict[str, dict] | str | Path | None
+
+
+def _load_file(path: Path) -> Any:
+    text = path.read_text()
+    if path.suffix == ".toml":
+        try:
+            import tomllib
+        except ModuleNotFoundError:  # Python 3.10
+            import tomli as tomllib
+        return tomllib.loads(text)
+    if path.suffix in (".yaml", ".yml"):
+        import yaml
+
+        return yaml.safe_load(text)
+    raise ValueError(f"plan file {str(path)!r}: unknown format {path.suffix!r} (allowed: .toml, .yaml, .yml)")
+
+
+def _entries(spec: PlanSpec, problems: list[Problem]) -> list[tuple[str, Any]]:
+    """Flatten any accepted plan form into (name or instance, options) pairs, noting malformed parts."""
+    if spec is None:
+        return []
+    if isinstance(spec, (str, Path)):
+        path = Path(spec)
+        if not path.is_file():
+            known = ", ".join(sorted(REGISTRY))
+            problems.append(Problem("plan", f"is neither a plan file nor a plan; a one-accelerator plan is written "
+                                    f"[{str(spec)!r}]", value=str(spec), allowed=f"a .toml/.yaml path, or a list of: {known}",
+                                    kind="unknown"))
+            return []
+        try:
+            spec = _load_file(path)
+        except Exception as error:  # a broken file is a plan problem like any other
+            problems.append(Problem("plan", f"cannot be read: {error}", value=str(path)))
+            return []
+        if isinstance(spec, Mapping) and set(spec) == {"accelerators"}:
+            spec = spec["accelerators"]
+    if isinstance(spec, Mapping):
+        return list(spec.items())
+    if isinstance(spec, Accelerator):
+        return [(spec, None)]
+    if not isinstance(spec, Iterable):
+        problems.append(Problem("plan", "is not a plan", value=spec,
+                                allowed="a list of names / {name: options} / Accelerator objects, a dict, or a file path"))
+        return []
+    pairs: list[tuple[str, Any]] = []
+    for item in spec:
+        if isinstance(item, (str, Accelerator)):
+            pairs.append((item, None))
+        elif isinstance(item, Mapping):
+            pairs.extend(item.items())
+        else:
+            problems.append(Problem("plan", "is not a plan entry", value=item,
+                                    allowed="an accelerator name, {name: options} or an Accelerator object"))
+    return pairs
+
+
+class Plan:
+    """An ordered set of configured accelerators. Construction validates names and options.
+
+    The order is the library's (by stage, then name), never the order the user wrote.
+    """
+
+    def __init__(self, spec: PlanSpec = None):
+        plan, problems = Plan.parse(spec)
+        if problems:
+            raise PlanError(problems)
+        self.accelerators: list[Accelerator] = plan.accelerators
+
+    @classmethod
+    def parse(cls, spec: PlanSpec) -> tuple[Plan, list[Problem]]:
+        """Parse without raising: the plan of every valid entry, and the problems of the rest."""
+        if isinstance(spec, Plan):
+            return spec, []
+        problems: list[Problem] = []
+        accelerators: dict[str, Accelerator] = {}
+        for key, options in _entries(spec, problems):
+            accelerator = cls._build(key, options, problems)
+            if accelerator is None:
+                continue
+            if accelerator.name in accelerators:
+                problems.append(Problem(accelerator.name, "is listed more than once; list it once with all its options",
+                                        kind="conflict"))
+                continue
+            accelerators[accelerator.name] = accelerator
+        plan = cls.__new__(cls)
+        plan.accelerators = sorted(accelerators.values(), key=lambda a: (int(a.stage), a.name))
+        return plan, problems
+
+    @staticmethod
+    def _build(key: Any, options: Any, problems: list[Problem]) -> Accelerator | None:
+        if isinstance(key, Accelerator):
+            return key
+        if not isinstance(key, str):
+            problems.append(Problem("plan", "accelerator names are strings", value=key, kind="unknown"))
+            return None
+        if key not in REGISTRY:
+            hint = difflib.get_close_matches(key, list(REGISTRY), n=1)
+            problems.append(Problem(key, "unknown accelerator" + (f"; did you mean {hint[0]!r}?" if hint else ""),
+                                    allowed=", ".join(sorted(REGISTRY)), kind="unknown"))
+            return None
+        if options is False:
+            return None  # `amp = false` in a file switches an accelerator off
+        if options is None or options is True:
+            options = {}
+        if not isinstance(options, Mapping):
+            problems.append(Problem(key, "options must be a mapping of option name to value", value=options,
+                                    allowed="{option: value}, true, false or nothing"))
+            return None
+        cls = REGISTRY[key]
+        found = cls.option_problems(dict(options))
+        if found:
+            problems.extend(found)
+            return None
+        return cls(**options)
+
+    def names(self) -> list[str]:
+        return [a.name for a in self.accelerators]
+
+    def get(self, name: str) -> Accelerator | None:
+        return next((a for a in self.accelerators if a.name == name), None)
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        """{name: options the user set}; Plan(plan.to_dict()) is the same plan."""
+        return {a.name: a.to_dict() for a in self.accelerators}
+
+    def __iter__(self):
+        return iter(self.accelerators)
+
+    def __len__(self) -> int:
+        return len(self.accelerators)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Plan) and self.to_dict() == other.to_dict()
+
+    def __repr__(self) -> str:
+        return f"Plan({self.to_dict()!r})"

@@ -1,0 +1,82 @@
+"""What happened to each accelerator, printable as a table and available as data."""
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass
+class Row:
+    name: str
+    stage: str
+    status: str  # "applied" or "skipped"
+    reason: str = ""
+    changes: dict[str, Any] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Report:
+    device: str
+    hardware: str
+    rows: list[Row] = field(default_factory=list)
+    step_times: list[float] = field(default_factory=list)  # seconds between consecutive Run.step calls
+    setup_s: float = 0.0
+
+    def row(self, name: str) -> Row:
+        for row in self.rows:
+            if row.name == name:
+                return row
+        raise KeyError(f"no accelerator {name!r} in this report; it has: {[r.name for r in self.rows]}")
+
+    @property
+    def applied(self) -> list[str]:
+        return [r.name for r in self.rows if r.status == "applied"]
+
+    @property
+    def skipped(self) -> list[str]:
+        return [r.name for r in self.rows if r.status == "skipped"]
+
+    def timing(self) -> dict[str, Any]:
+        """First step (compile and warm-up land there) kept apart from the steady steps after it."""
+        times = self.step_times
+        if not times:
+            return {"steps": 0}
+        steady = times[1:] or times
+        median = statistics.median(steady)
+        return {
+            "steps": len(times),
+            "first_step_s": round(times[0], 4),
+            "steady_median_ms": round(median * 1000, 3),
+            "warmup_s": round(max(0.0, times[0] - median), 4),
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"device": self.device, "hardware": self.hardware, "setup_s": round(self.setup_s, 4),
+                "accelerators": [asdict(r) for r in self.rows], "timing": self.timing()}
+
+    def to_json(self, **kwargs: Any) -> str:
+        return json.dumps(self.to_dict(), default=str, **kwargs)
+
+    def __str__(self) -> str:
+        lines = [f"accel report: device {self.device}; {self.hardware}"]
+        header = ("accelerator", "stage", "status", "why / what changed")
+        body = []
+        for r in self.rows:
+            detail = r.reason or ", ".join(f"{k}={v}" for k, v in r.changes.items())
+            if r.status == "applied" and r.reason:
+                detail += "; " + ", ".join(f"{k}={v}" for k, v in r.changes.items())
+            body.append((r.name, r.stage, r.status, detail))
+            body += [("", "", "warning", w) for w in r.warnings]
+        widths = [max(len(str(x[i])) for x in [header, *body]) for i in range(3)]
+        for cells in [header, *body]:
+            lines.append("  ".join(str(c).ljust(w) for c, w in zip(cells, widths)) + "  " + cells[3])
+        if not self.rows:
+            lines.append("(empty plan: nothing applied)")
+        timing = self.timing()
+        if timing["steps"]:
+            lines.append(f"steps: {timing['steps']}, first step {timing['first_step_s']} s "
+                         f"(warm-up/compile {timing['warmup_s']} s), steady median {timing['steady_median_ms']} ms")
+        return "\n".join(lines)

@@ -1,0 +1,23 @@
+"""Test sessions. `nox` runs them all (what CI runs); `nox -s tests` is the quick one.
+
+tests: the newest torch pip resolves (2.14.1 here) with every optional engine that installs beside it.
+ipex:  torch 2.8.* with intel-extension-for-pytorch 2.8.*, our tested minimum: the IPEX tests for real,
+       plus the rest of the suite.
+"""
+import nox
+
+nox.options.sessions = ["tests", "ipex"]
+nox.options.reuse_existing_virtualenvs = True
+
+
+@nox.session
+def tests(session):
+    session.install("-e", ".[test]")
+    session.run("pytest", "-q", "-m", "not ipex", *session.posargs)
+
+
+@nox.session
+def ipex(session):
+    session.install("torch==2.8.*", "torchvision==0.23.*", "intel-extension-for-pytorch==2.8.*")
+    session.install("-e", ".[test]")
+    session.run("pytest", "-q", *session.posargs)
