@@ -51,6 +51,10 @@ def accelerate(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None =
     Every problem in the plan is raised together in one PlanError before anything is touched.
     """
     started = time.perf_counter()
+    if isinstance(plan, str) and plan == "auto":  # choose by measuring on the user's own model (accel.tune)
+        from accel.tune import tune
+
+        plan = tune(model, optimizer, loader, device=device).plan
     plan, problems = Plan.parse(plan)
     resolved = _device(device, problems)
     if not isinstance(model, torch.nn.Module):

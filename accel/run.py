@@ -105,6 +105,18 @@ class Run:
         self._last_step = now
         return skipped
 
+    def save(self, path) -> None:
+        """Checkpoint model, optimizer, scaler, counters, RNG states and the plan (rank 0 writes, atomically)."""
+        from accel.checkpoint import save
+
+        save(self, path)
+
+    def load(self, path) -> None:
+        """Restore a checkpoint written by run.save into this run."""
+        from accel.checkpoint import load
+
+        load(self, path)
+
     def unwrap(self) -> torch.nn.Module:
         """The user's plain module, under every wrapper (DDP, compile): what to save."""
         return unwrap_model(self.model)
