@@ -51,25 +51,27 @@ def accelerate(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None =
     Every problem in the plan is raised together in one PlanError before anything is touched.
     """
     started = time.perf_counter()
+    tuning = None
     if isinstance(plan, str) and plan == "auto":  # choose by measuring on the user's own model (accel.tune)
         from accel.tune import tune
 
-        plan = tune(model, optimizer, loader, device=device).plan
+        tuning = tune(model, optimizer, loader, device=device)
+        plan = tuning.plan
     plan, problems = Plan.parse(plan)
     resolved = _device(device, problems)
     if not isinstance(model, torch.nn.Module):
         problems.append(Problem("model", "is not a torch.nn.Module", value=type(model).__name__))
-    if resolved is None or problems:
+    if resolved is None or not isinstance(model, torch.nn.Module):
         raise PlanError(problems)
     hardware = probe()
     ctx = Context(model=model, optimizer=optimizer, loader=loader, device=resolved, hardware=hardware, plan=plan)
     found, skips = check_plan(plan, ctx)
-    if found:
-        raise PlanError(found)
+    if problems or found:
+        raise PlanError(problems + found)
 
     if next((p.device for p in model.parameters()), resolved) != resolved:
         model.to(resolved)
-    report = Report(device=str(resolved), hardware=describe(hardware))
+    report = Report(device=str(resolved), hardware=describe(hardware), tuning=tuning)
     for accelerator in plan:
         row = Row(accelerator.name, accelerator.stage.name.lower(), "skipped")
         report.rows.append(row)

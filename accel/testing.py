@@ -105,6 +105,7 @@ class Snapshot:
     formats: dict[str, bool]
     param_ids: list[int]
     modules: list[str]
+    trainable: dict[str, bool]
     optimizer: Any = None
     loader: dict[str, Any] = field(default_factory=dict)
 
@@ -125,6 +126,9 @@ class Snapshot:
                 out.append(f"model.{name}: values changed")
             if a is not None and b is not None and self.formats[name] != other.formats[name]:
                 out.append(f"model.{name}: memory format {'channels_last' if other.formats[name] else 'contiguous'}")
+        for name, flag in other.trainable.items():
+            if name in self.trainable and self.trainable[name] != flag:
+                out.append(f"model.{name}: requires_grad {flag}")
         if self.param_ids != other.param_ids:
             out.append("model: parameters replaced")
         if self.modules != other.modules:
@@ -153,7 +157,8 @@ def snapshot(model: nn.Module, optimizer: torch.optim.Optimizer | None = None, l
                         ("num_workers", "pin_memory", "persistent_workers", "prefetch_factor", "batch_size", "drop_last")}
         loader_attrs["id"] = id(loader)
     return Snapshot(id(model), state, formats, [id(p) for p in model.parameters()],
-                    [type(m).__name__ for m in model.modules()], opt, loader_attrs)
+                    [type(m).__name__ for m in model.modules()],
+                    {n: p.requires_grad for n, p in model.named_parameters()}, opt, loader_attrs)
 
 
 @dataclass

@@ -28,7 +28,7 @@ def rebuild_loader(loader: DataLoader, **overrides) -> DataLoader:
         if loader.batch_size is not None:  # built from batch_size/shuffle/sampler/drop_last
             kwargs.update(sampler=loader.sampler, batch_size=loader.batch_size, drop_last=loader.drop_last)
         else:
-            kwargs.update(batch_sampler=loader.batch_sampler, batch_size=None)
+            kwargs.update(batch_sampler=loader.batch_sampler)
     else:
         kwargs.update(batch_size=loader.batch_size, drop_last=loader.drop_last)
     if "in_order" not in DataLoader.__init__.__code__.co_varnames:

@@ -1,0 +1,91 @@
+"""What accel itself costs: a hand-written loop vs the same loop through accelerate(), side by side.
+
+Two pairs, measured alternately in one process so drift hits both sides alike:
+  1. plain loop            vs  accelerate(plan=[])                    (the wrapper's own cost)
+  2. channels_last by hand vs  accelerate(plan=["channels_last"])     (the same optimization, by plan)
+Reports median ms/step of each and the ratio accel/hand. The goal: under 1% (ratio < 1.01).
+
+    python benchmarks/bench_overhead.py [--model resnet18] [--image-size 112] [--rounds 5] [--steps 5]
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+import torchvision
+from torch.utils.data import DataLoader, TensorDataset
+
+import accel
+
+
+def make(model_name: str, image_size: int, batches: int, batch_size: int = 16):
+    torch.manual_seed(0)
+    model = getattr(torchvision.models, model_name)(num_classes=10)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    data = TensorDataset(torch.randn(batches * batch_size, 3, image_size, image_size),
+                         torch.randint(0, 10, (batches * batch_size,)))
+    return model, optimizer, DataLoader(data, batch_size=batch_size)
+
+
+def hand_loop(model, optimizer, loader, channels_last: bool) -> list[float]:
+    if channels_last:
+        model.to(memory_format=torch.channels_last)
+    times = []
+    for x, y in loader:
+        start = time.perf_counter()
+        if channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def accel_loop(model, optimizer, loader, plan) -> list[float]:
+    run = accel.accelerate(model, optimizer, loader, plan=plan, device="cpu")
+    times = []
+    batches = iter(run.loader)
+    while True:
+        start = time.perf_counter()  # the batch transfer/transform is part of accel's cost
+        try:
+            x, y = next(batches)
+        except StopIteration:
+            return times
+        with run.autocast():
+            loss = torch.nn.functional.cross_entropy(run.model(x), y)
+        run.backward(loss)
+        run.step()
+        times.append(time.perf_counter() - start)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="resnet18")
+    parser.add_argument("--image-size", type=int, default=112)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=5, help="measured steps per round (after one warm-up step)")
+    args = parser.parse_args()
+    pairs = {"empty plan": (False, []), "channels_last": (True, ["channels_last"])}
+    results = {name: {"hand": [], "accel": []} for name in pairs}
+    for round_ in range(args.rounds):
+        for name, (by_hand, plan) in pairs.items():
+            order = ("hand", "accel") if round_ % 2 == 0 else ("accel", "hand")
+            for side in order:
+                model, optimizer, loader = make(args.model, args.image_size, args.steps + 1)
+                times = (hand_loop(model, optimizer, loader, by_hand) if side == "hand"
+                         else accel_loop(model, optimizer, loader, plan))
+                results[name][side] += times[1:]  # drop the warm-up step
+    print(f"{args.model}, batch 16, 3x{args.image_size}x{args.image_size}, {torch.get_num_threads()} threads, "
+          f"{args.rounds} alternating rounds x {args.steps} steps")
+    print(f"{'pair':15} {'hand ms':>9} {'accel ms':>9} {'accel/hand':>11}")
+    for name, sides in results.items():
+        hand, acc = statistics.median(sides["hand"]) * 1e3, statistics.median(sides["accel"]) * 1e3
+        print(f"{name:15} {hand:9.1f} {acc:9.1f} {acc / hand:11.4f}")
+
+
+if __name__ == "__main__":
+    main()

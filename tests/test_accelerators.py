@@ -1,0 +1,154 @@
+"""loader, amp, channels_last and compile, each constructed, checked and applied alone on tiny real objects."""
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+import accel
+from accel.accelerators.amp import Amp, auto_dtype
+from accel.accelerators.channels_last import ChannelsLast
+from accel.accelerators.compile import Compile
+from accel.accelerators.loader import Loader, rebuild_loader
+from accel.hardware import probe
+from accel.testing import apply_one, tiny_loader, tiny_model, train_steps
+
+
+def test_loader_rebuilds_with_workers_and_keeps_everything_else():
+    generator = torch.Generator().manual_seed(3)
+    seen = []
+
+    def collate(batch):
+        seen.append(len(batch))
+        return torch.utils.data.default_collate(batch)
+
+    user = tiny_loader(samples=40, batch_size=8, shuffle=True, generator=generator, drop_last=True, collate_fn=collate)
+    result = apply_one(Loader(num_workers=1, prefetch_factor=3), loader=user)
+    new = result.run.loader.loader
+    assert result.row.status == "applied"
+    assert new is not user and user.num_workers == 0  # the user's loader is left as it was
+    assert (new.num_workers, new.prefetch_factor, new.persistent_workers, new.pin_memory) == (1, 3, True, False)
+    assert (new.dataset, new.sampler, new.batch_size, new.drop_last, new.generator) == (
+        user.dataset, user.sampler, user.batch_size, user.drop_last, user.generator)
+    assert "loader.num_workers: 0 -> 1" in result.changed
+    assert len(list(result.run.loader)) == 5
+
+
+def test_loader_auto_counts_cores_left_after_compute_threads():
+    torch.set_num_threads(1)
+    result = apply_one(Loader())
+    spare = len(probe().cpus_allowed) - 1
+    assert result.row.changes["num_workers"].startswith(f"{spare} ")
+    if spare == 0:
+        assert result.row.status == "skipped"
+
+
+def test_loader_refuses_to_pin_for_the_cpu_and_says_so():
+    with pytest.warns(UserWarning, match="pin_memory=True ignored"):
+        result = apply_one(Loader(num_workers=1, pin_memory=True))
+    assert result.run.loader.loader.pin_memory is False
+    assert any("pin_memory=True ignored" in w for w in result.row.warnings)
+
+
+def test_loader_skips_when_nothing_would_change():
+    result = apply_one(Loader(num_workers=0, pin_memory=False))
+    assert result.row.status == "skipped" and "already has these settings" in result.row.reason
+    assert result.changed == []
+
+
+def test_rebuild_keeps_a_custom_batch_sampler():
+    dataset = TensorDataset(torch.arange(10.0))
+    batches = [[0, 1, 2], [3, 4], [5, 6, 7, 8, 9]]
+    rebuilt = rebuild_loader(DataLoader(dataset, batch_sampler=batches), num_workers=1)
+    assert [b[0].tolist() for b in rebuilt] == [[0.0, 1.0, 2.0], [3.0, 4.0], [5.0, 6.0, 7.0, 8.0, 9.0]]
+
+
+def test_amp_auto_follows_the_hardware():
+    hardware = probe()
+    result = apply_one(Amp())
+    if hardware.native_bf16:
+        assert result.row.status == "applied" and result.row.changes["dtype"] == "bfloat16"
+        assert result.run.scaler is None
+    else:
+        assert result.row.status == "skipped" and "no native bf16" in result.row.reason
+        assert result.run.autocast_dtype is None
+
+
+def test_amp_auto_dtype_rules_by_device_and_isa():
+    from dataclasses import replace
+
+    plain = replace(probe(), isa=("avx2", "fma"))
+    assert auto_dtype(torch.device("cpu"), plain)[0] is None
+    assert auto_dtype(torch.device("cpu"), replace(plain, isa=("avx2", "amx_bf16")))[0] is torch.bfloat16
+    assert auto_dtype(torch.device("xpu"), plain)[0] is torch.bfloat16
+    assert auto_dtype(torch.device("privateuseone"), plain)[0] is None
+
+
+def test_amp_fp16_on_cpu_is_honoured_with_a_scaler_never_ignored():
+    result = apply_one(Amp(dtype="fp16"))
+    run = result.run
+    assert result.row.status == "applied" and run.autocast_dtype is torch.float16
+    assert isinstance(run.scaler, torch.amp.GradScaler)
+    if not probe().native_fp16:
+        assert any("emulated" in w for w in result.row.warnings)
+    losses = train_steps(run)
+    assert all(loss == loss for loss in losses)  # no NaN
+
+
+def test_step_reports_a_skipped_step_when_gradients_overflow():
+    result = apply_one(Amp(dtype="fp16"))
+    run = result.run
+    before = [p.detach().clone() for p in run.model.parameters()]
+    x, y = next(iter(run.loader))
+    with run.autocast():
+        loss = torch.nn.functional.cross_entropy(run.model(x), y) * float("inf")
+    run.backward(loss)
+    assert run.step() is True
+    assert all(torch.equal(a, b) for a, b in zip(before, run.model.parameters()))
+    with run.autocast():
+        loss = torch.nn.functional.cross_entropy(run.model(x), y)
+    run.backward(loss)
+    assert run.step() is False
+
+
+def test_channels_last_converts_model_and_inputs():
+    result = apply_one(ChannelsLast())
+    assert result.row.status == "applied" and result.row.changes["conv2d_layers"] == 2
+    assert "model.conv2.weight: memory format channels_last" in result.changed  # conv1 has 1 channel: both formats
+    x, _ = next(iter(result.run.loader))
+    assert x.is_contiguous(memory_format=torch.channels_last)
+    train_steps(result.run)
+
+
+def test_channels_last_skips_models_without_conv2d():
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 10))
+    result = apply_one(ChannelsLast(), model=model)
+    assert result.row.status == "skipped" and "no Conv2d" in result.row.reason
+    assert result.changed == []
+
+
+def test_an_accelerator_that_cannot_serve_the_device_is_skipped_with_the_reason():
+    """An out-of-tree device (privateuseone): amp has no autocast for it and says so instead of crashing."""
+    from accel.context import Context
+
+    device = torch.device("privateuseone", 0)
+    assert accel.hardware.resolve_device("privateuseone:0") == device
+    ctx = Context(tiny_model(), None, None, device, probe(), accel.Plan(["amp"]))
+    if torch.amp.is_autocast_available("privateuseone"):
+        with pytest.raises(accel.Skip, match="no autocast dtype is known for device type 'privateuseone'"):
+            Amp().apply(ctx)
+    else:
+        with pytest.raises(accel.Skip, match="no autocast for device type 'privateuseone'"):
+            Amp().apply(ctx)
+    assert ctx.autocast_dtype is None
+
+
+@pytest.mark.slow
+def test_compile_wraps_last_unwraps_to_the_user_module_and_reports_warmup_apart():
+    model = tiny_model()
+    result = apply_one(Compile(mode="default"), model=model)
+    run = result.run
+    assert result.row.status == "applied" and result.row.changes["mode"] == "default"
+    assert run.model is not model and run.unwrap() is model
+    train_steps(run)
+    timing = run.report.timing()
+    assert timing["steps"] == 4 and timing["warmup_s"] >= 0
+    assert "first step" in str(run.report)

@@ -1,0 +1,52 @@
+"""The probe: facts read from /sys and /proc, without importing anything unsafe."""
+import json
+import sys
+
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from accel.hardware import (format_cpu_list, ipex_problem, loaded_openmp, parse_cpu_list, probe, resolve_device)
+
+
+@given(st.sets(st.integers(0, 512), min_size=1))
+def test_cpu_lists_round_trip(cpus):
+    assert parse_cpu_list(format_cpu_list(sorted(cpus))) == tuple(sorted(cpus))
+
+
+def test_cpu_list_forms():
+    assert parse_cpu_list("0-3,8,10-11\n") == (0, 1, 2, 3, 8, 10, 11)
+    assert format_cpu_list([5, 0, 1, 2]) == "0-2,5"
+
+
+def test_openmp_runtime_is_read_from_memory_maps():
+    gnu = "7f00-7f10 r-xp 0 08:01 1 /venv/lib/python3.11/site-packages/torch/lib/libgomp-a34b3233.so.1\n"
+    intel = "7f00-7f10 r-xp 0 08:01 1 /venv/lib/libiomp5.so\n"
+    assert loaded_openmp(gnu) == "gnu"
+    assert loaded_openmp(intel) == "intel"
+    assert loaded_openmp(gnu + intel) == "several: gnu, intel"
+    assert loaded_openmp("") == "none"
+    assert probe().openmp in ("gnu", "intel", "llvm") or probe().openmp.startswith("several")  # torch loads one
+
+
+def test_probe_sees_this_process():
+    hardware = probe()
+    assert 1 <= hardware.physical_cores <= hardware.logical_cpus
+    assert set(hardware.physical_cpus) <= set(hardware.cpus_allowed)
+    assert hardware.devices["cpu"] == 1
+    assert hardware.versions["torch"] == torch.__version__
+    assert json.loads(json.dumps(hardware.to_dict()))["physical_cores"] == hardware.physical_cores
+    assert hardware.native_bf16 == ("avx512_bf16" in hardware.isa or "amx_bf16" in hardware.isa)
+
+
+def test_probe_imports_no_optional_engine():
+    probe()
+    ipex_problem()
+    assert "intel_extension_for_pytorch" not in sys.modules
+
+
+def test_device_resolution():
+    expected = "cuda" if torch.cuda.is_available() else "cpu"
+    assert resolve_device("auto").type in (expected, "xpu", "mps")
+    assert resolve_device("cpu") == torch.device("cpu")
+    assert resolve_device("privateuseone:1") == torch.device("privateuseone", 1)
