@@ -9,9 +9,10 @@ from accel.hardware import probe
 from accel.plan import Plan
 from accel.report import Report
 from accel.run import Run
+from accel.tune import tune
 
 import accel.accelerators  # noqa: E402,F401  (registers the built-in accelerators)
 
 __all__ = ["AccelerateError", "Accelerator", "Option", "Plan", "PlanError", "Problem", "Report", "Run", "Skip",
-           "Stage", "accelerate", "probe", "register", "unregister"]
+           "Stage", "accelerate", "probe", "register", "tune", "unregister"]
 __version__ = "0.1.0"

@@ -24,6 +24,7 @@ class Report:
     rows: list[Row] = field(default_factory=list)
     step_times: list[float] = field(default_factory=list)  # seconds between consecutive Run.step calls
     setup_s: float = 0.0
+    tuning: Any = None  # accel.tune.TuneResult when the plan was "auto": the ablation and why the winner won
 
     def row(self, name: str) -> Row:
         for row in self.rows:
@@ -55,7 +56,8 @@ class Report:
 
     def to_dict(self) -> dict[str, Any]:
         return {"device": self.device, "hardware": self.hardware, "setup_s": round(self.setup_s, 4),
-                "accelerators": [asdict(r) for r in self.rows], "timing": self.timing()}
+                "accelerators": [asdict(r) for r in self.rows], "timing": self.timing(),
+                **({"tuning": self.tuning.to_dict()} if self.tuning is not None else {})}
 
     def to_json(self, **kwargs: Any) -> str:
         return json.dumps(self.to_dict(), default=str, **kwargs)
@@ -75,6 +77,8 @@ class Report:
             lines.append("  ".join(str(c).ljust(w) for c, w in zip(cells, widths)) + "  " + cells[3])
         if not self.rows:
             lines.append("(empty plan: nothing applied)")
+        if self.tuning is not None:
+            lines.append(str(self.tuning))
         timing = self.timing()
         if timing["steps"]:
             lines.append(f"steps: {timing['steps']}, first step {timing['first_step_s']} s "

@@ -72,6 +72,7 @@ class Run:
         self.extras = ctx.extras
         self.loader = (DeviceLoader(ctx.loader, ctx.device, ctx.non_blocking, ctx.batch_transforms)
                        if ctx.loader is not None else None)
+        self.steps = 0  # optimizer steps taken, restored by run.load
         self._last_step = time.perf_counter()  # the first step's time includes compile and warm-up
 
     def autocast(self):
@@ -100,6 +101,7 @@ class Run:
         else:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        self.steps += 1
         now = time.perf_counter()
         self.report.step_times.append(now - self._last_step)
         self._last_step = now
@@ -111,11 +113,11 @@ class Run:
 
         save(self, path)
 
-    def load(self, path) -> None:
-        """Restore a checkpoint written by run.save into this run."""
+    def load(self, path) -> dict:
+        """Restore a checkpoint written by run.save into this run; returns {"step", "epoch", "path"}."""
         from accel.checkpoint import load
 
-        load(self, path)
+        return load(self, path)
 
     def unwrap(self) -> torch.nn.Module:
         """The user's plain module, under every wrapper (DDP, compile): what to save."""

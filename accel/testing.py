@@ -41,6 +41,24 @@ class TinyCNN(nn.Module):
         return self.fc2(torch.relu(self.fc1(torch.flatten(x, 1))))
 
 
+class BookCNN(nn.Module):
+    """The book's CNN (chapters 2 and 6) for 3x32x32 images: two 3x3 conv + ReLU + 2x2 max-pool blocks (3->32->64),
+    then Linear 4096->512->10: 2,122,186 parameters."""
+
+    def __init__(self, classes: int = 10):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 32, 3, padding=1)
+        self.conv2 = nn.Conv2d(32, 64, 3, padding=1)
+        self.pool = nn.MaxPool2d(2)
+        self.fc1 = nn.Linear(64 * 8 * 8, 512)
+        self.fc2 = nn.Linear(512, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.pool(torch.relu(self.conv1(x)))
+        x = self.pool(torch.relu(self.conv2(x)))
+        return self.fc2(torch.relu(self.fc1(torch.flatten(x, 1))))
+
+
 def tiny_model(seed: int = 0) -> TinyCNN:
     torch.manual_seed(seed)
     return TinyCNN()
@@ -69,6 +87,13 @@ def digits_datasets(seed: int = 0, test_fraction: float = 0.25) -> tuple[TensorD
     cut = int(len(labels) * (1 - test_fraction))
     train, test = order[:cut], order[cut:]
     return TensorDataset(images[train], labels[train]), TensorDataset(images[test], labels[test])
+
+
+def cifar_shaped(dataset: TensorDataset, size: int = 32) -> TensorDataset:
+    """1x8x8 digits upsampled to 3xSIZExSIZE, the input shape of the book's CIFAR-10 CNN."""
+    images, labels = dataset.tensors
+    images = nn.functional.interpolate(images, size=(size, size), mode="bilinear", align_corners=False)
+    return TensorDataset(images.expand(-1, 3, -1, -1).contiguous(), labels)
 
 
 def train_steps(run: Run, epochs: int = 1, loss_fn=nn.functional.cross_entropy) -> list[float]:

@@ -11,7 +11,7 @@ from torch.utils.data import DataLoader, TensorDataset
 import accel
 from accel.accelerators.prune import config_problems, fx_trace
 from accel.errors import PlanError
-from accel.testing import digits_datasets, snapshot, tiny_loader, tiny_model, tiny_optimizer
+from accel.testing import BookCNN, cifar_shaped, digits_datasets, snapshot, tiny_loader, tiny_model, tiny_optimizer
 
 pytest.importorskip("nni")
 
@@ -19,29 +19,10 @@ BOOK_CNN_PARAMETERS = 2_122_186
 BOOK_CNN_PRUNED = 1_059_306  # conv1 32->16, conv2 64->32 filters, fc1 4096->2048 inputs
 
 
-class BookCNN(nn.Module):
-    """The book's CNN (chapter 6): two 3x3 convs with ReLU and 2x2 max pool, then 4096->512->10."""
-
-    def __init__(self):
-        super().__init__()
-        self.conv1 = nn.Conv2d(3, 32, 3, padding=1)
-        self.conv2 = nn.Conv2d(32, 64, 3, padding=1)
-        self.pool = nn.MaxPool2d(2)
-        self.fc1 = nn.Linear(64 * 8 * 8, 512)
-        self.fc2 = nn.Linear(512, 10)
-
-    def forward(self, x):
-        x = self.pool(torch.relu(self.conv1(x)))
-        x = self.pool(torch.relu(self.conv2(x)))
-        return self.fc2(torch.relu(self.fc1(torch.flatten(x, 1))))
-
-
 def digits_rgb32(samples=256, batch_size=32):
     """sklearn's real digits, upsampled to 3x32x32 (the book's CIFAR-10 input shape)."""
-    train, _ = digits_datasets()
-    images, labels = train.tensors
-    images = nn.functional.interpolate(images[:samples], size=32, mode="bilinear").repeat(1, 3, 1, 1)
-    return DataLoader(TensorDataset(images, labels[:samples]), batch_size=batch_size)
+    images, labels = cifar_shaped(digits_datasets()[0]).tensors
+    return DataLoader(TensorDataset(images[:samples], labels[:samples]), batch_size=batch_size)
 
 
 def count(model):
@@ -50,7 +31,7 @@ def count(model):
 
 def test_book_cnn_l1_half_parameters_and_keeps_training():
     torch.manual_seed(0)
-    model, loader = BookCNN(), digits_rgb32()
+    model, loader = BookCNN(), digits_rgb32(samples=64)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-4)
     assert count(model) == BOOK_CNN_PARAMETERS
     before = snapshot(model, optimizer)
@@ -72,9 +53,9 @@ def test_book_cnn_l1_half_parameters_and_keeps_training():
     assert [id(p) for p in group["params"]] == [id(p) for p in run.model.parameters()]
     # it keeps training: parameters change after a step and the loss goes down
     start = copy.deepcopy(run.model.state_dict())
-    losses = accel.testing.train_steps(run, epochs=4)
+    losses = accel.testing.train_steps(run, epochs=15)  # 30 steps over 64 real digits
     assert all(not torch.equal(start[k], v) for k, v in run.model.state_dict().items())
-    assert sum(losses[-8:]) / 8 < sum(losses[:8]) / 8
+    assert sum(losses[-4:]) < 0.8 * sum(losses[:4])
 
 
 @pytest.mark.parametrize("pruner", ["l2", "fpgm", "taylor"])

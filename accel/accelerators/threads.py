@@ -12,28 +12,40 @@ import warnings
 import torch
 
 from accel.accelerator import Accelerator, Option, Stage, at_least, register
-from accel.hardware import format_cpu_list, loaded_openmp
+from accel.distributed import launcher_environment
+from accel.hardware import format_cpu_list, loaded_openmp, parse_cpu_list
 
 GNU_VARIABLES = ("OMP_NUM_THREADS", "OMP_PROC_BIND", "OMP_SCHEDULE", "GOMP_CPU_AFFINITY")
 INTEL_VARIABLES = ("OMP_NUM_THREADS", "KMP_AFFINITY", "KMP_BLOCKTIME")
 
 
+CORE_MAP_VARIABLE = "ACCEL_CORE_MAP"  # `accel launch`'s cores per local rank: "0,1;2,3" (rank 0: 0,1; rank 1: 2,3)
+
+
 def local_rank_layout(environ=os.environ) -> tuple[int, int]:
     """(local rank, local world size) from torchrun, Open MPI, Intel MPI/MPICH or SLURM; (0, 1) alone."""
-    for rank_key, size_key in (("LOCAL_RANK", "LOCAL_WORLD_SIZE"),
-                               ("OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"),
-                               ("MPI_LOCALRANKID", "MPI_LOCALNRANKS"),
-                               ("SLURM_LOCALID", "SLURM_NTASKS_PER_NODE")):
-        if rank_key in environ and size_key in environ:
-            return int(environ[rank_key]), int(environ[size_key].split("(")[0])
-    return 0, 1
+    launch = launcher_environment(environ)
+    return (launch.local_rank, launch.local_world_size) if launch else (0, 1)
 
 
-def cores_for_rank(physical_cpus: tuple[int, ...], local_rank: int, local_world: int) -> tuple[int, ...]:
-    """The book's CPU allocation map: local ranks get disjoint, contiguous, equal shares of physical cores."""
-    share = max(1, len(physical_cpus) // local_world)
+def cores_for_rank(physical_cpus: tuple[int, ...], local_rank: int, local_world: int,
+                   per_rank: int | None = None) -> tuple[int, ...]:
+    """The book's CPU allocation map: local ranks get disjoint, contiguous, equal shares of physical cores.
+
+    With more ranks than cores, ranks share cores round-robin (oversubscribed, never empty).
+    """
+    share = per_rank or max(1, len(physical_cpus) // local_world)
     start = (local_rank * share) % max(1, len(physical_cpus))
     return tuple(physical_cpus[start:start + share])
+
+
+def rank_cores(physical_cpus: tuple[int, ...], environ=os.environ) -> tuple[tuple[int, ...], str]:
+    """This rank's cores and where they came from: `accel launch`'s choice, else the local-rank partition."""
+    local_rank, local_world = local_rank_layout(environ)
+    shares = environ.get(CORE_MAP_VARIABLE, "").split(";")
+    if local_rank < len(shares) and shares[local_rank]:
+        return parse_cpu_list(shares[local_rank]), "accel launch"
+    return cores_for_rank(physical_cpus, local_rank, local_world), f"partition of {len(physical_cpus)} physical cores"
 
 
 def openmp_variables(runtime: str, cpus: tuple[int, ...], threads: int) -> dict[str, str]:
@@ -77,7 +89,7 @@ class Threads(Accelerator):
     def apply(self, ctx):
         hardware = ctx.hardware
         local_rank, local_world = local_rank_layout()
-        cpus = cores_for_rank(hardware.physical_cpus, local_rank, local_world)
+        cpus, source = rank_cores(hardware.physical_cpus)
         threads = len(cpus) if self.threads == "auto" else self.threads
         changes = {"threads": threads}
         if threads > len(hardware.cpus_allowed):
@@ -90,8 +102,8 @@ class Threads(Accelerator):
                 changes["interop_threads"] = self.interop_threads
             except RuntimeError:
                 changes["interop_threads"] = "unchanged (set once per process, before any parallel work)"
-        if local_world > 1:
-            changes["rank_cores"] = f"local rank {local_rank}/{local_world} -> cpus {format_cpu_list(cpus)}"
+        if local_world > 1 or source == "accel launch":
+            changes["rank_cores"] = f"local rank {local_rank}/{local_world} -> cpus {format_cpu_list(cpus)} ({source})"
         if self.affinity:
             pin_process(cpus)
             changes["affinity"] = format_cpu_list(cpus)

@@ -1,0 +1,159 @@
+"""accel launch: torchrun with the book's CPU settings: cores per rank, OpenMP threads, library preloads.
+
+Each local rank gets its own physical cores. The ranks start through this file (run as a plain script, so
+nothing imports torch before it): it pins the rank to its cores before the OpenMP runtime loads, then runs the
+training script. It does not set GOMP_CPU_AFFINITY: libgomp would bind the main thread to the first CPU of the
+list, and DataLoader workers forked from it would inherit that single CPU; the process mask confines the
+OpenMP threads already. The threads accelerator reads the same map for its report.
+Variables the user already set are kept; everything set is printed.
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import runpy
+import shlex
+import subprocess
+import sys
+
+if __name__ == "__main__":  # a rank's start: this file's folder must not shadow standard modules
+    del sys.path[0]
+
+from pathlib import Path  # noqa: E402
+
+CORE_MAP = "ACCEL_CORE_MAP"  # = accel.accelerators.threads.CORE_MAP_VARIABLE (not imported: see rank_main)
+ALLOCATORS = {"jemalloc": "libjemalloc.so*", "tcmalloc": "libtcmalloc*.so*"}
+JEMALLOC_CONF = "oversize_threshold:1,background_thread:true,metadata_thp:auto"  # torch's run_cpu uses these
+LIBRARY_DIRS = ("{prefix}/lib", "/usr/local/lib", "/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib")
+
+
+class LaunchError(ValueError):
+    """A launch that cannot be done as asked."""
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser("launch", help="start a distributed run (torchrun) with cores per rank and preloads",
+                                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--nnodes", type=int, default=1)
+    parser.add_argument("--node-rank", type=int, default=0)
+    parser.add_argument("--master-addr", default=None, help="default: $MASTER_ADDR, else 127.0.0.1")
+    parser.add_argument("--master-port", type=int, default=None, help="default: $MASTER_PORT, else 29500")
+    parser.add_argument("--nproc-per-node", type=int, default=1)
+    parser.add_argument("--cores-per-proc", type=int, default=None,
+                        help="physical cores per process (default: this node's physical cores / processes)")
+    parser.add_argument("--iomp", action="store_true", help="preload Intel OpenMP (pip install intel-openmp)")
+    parser.add_argument("--allocator", choices=("jemalloc", "tcmalloc", "none"), default="none")
+    parser.add_argument("--max-restarts", type=int, default=0, help="torchrun restarts all ranks this often on failure")
+    parser.add_argument("--dry-run", action="store_true", help="print the layout and the command, run nothing")
+    parser.add_argument("script")
+    parser.add_argument("script_args", nargs=argparse.REMAINDER)
+    return parser
+
+
+def find_library(pattern: str, prefix: str = sys.prefix) -> str | None:
+    for folder in LIBRARY_DIRS:
+        found = sorted(glob.glob(os.path.join(folder.format(prefix=prefix), pattern)))
+        if found:
+            return found[0]
+    return None
+
+
+def rank_layout(physical_cpus: tuple[int, ...], nproc: int, cores_per_proc: int | None, node_rank: int = 0):
+    """[(global rank, local rank, cpus)] on this node: disjoint shares of its physical cores."""
+    from accel.accelerators.threads import cores_for_rank
+
+    per = cores_per_proc or max(1, len(physical_cpus) // nproc)
+    if per * nproc > len(physical_cpus):
+        raise LaunchError(f"{nproc} processes x {per} cores need {per * nproc} physical cores; this node has "
+                          f"{len(physical_cpus)} (allowed: --nproc-per-node x --cores-per-proc <= {len(physical_cpus)})")
+    return [(node_rank * nproc + local, local, cores_for_rank(physical_cpus, local, nproc, per_rank=per))
+            for local in range(nproc)]
+
+
+def environment(layout, iomp: bool, allocator: str, environ, prefix: str = sys.prefix):
+    """(variables to set, user values kept): OpenMP threads, the core map, preloads."""
+    wanted = {"OMP_NUM_THREADS": str(len(layout[0][2])),
+              CORE_MAP: ";".join(",".join(map(str, cpus)) for _, _, cpus in layout)}
+    preload = []
+    if iomp:
+        library = Path(prefix) / "lib" / "libiomp5.so"
+        if not library.exists():
+            raise LaunchError(f"--iomp: {library} not found; install Intel OpenMP with: pip install intel-openmp")
+        preload.append(str(library))
+        wanted.update(KMP_AFFINITY="granularity=fine,compact,1,0", KMP_BLOCKTIME="1")
+    if allocator != "none":
+        library = find_library(ALLOCATORS[allocator], prefix)
+        if library is None:
+            raise LaunchError(f"--allocator {allocator}: no {ALLOCATORS[allocator]} in "
+                              f"{', '.join(d.format(prefix=prefix) for d in LIBRARY_DIRS)}; install it (e.g. apt "
+                              f"install lib{allocator}{'2' if allocator == 'jemalloc' else '-minimal4'}, or conda "
+                              f"install {allocator}) or use --allocator none")
+        preload.append(library)
+        if allocator == "jemalloc":
+            wanted["MALLOC_CONF"] = JEMALLOC_CONF
+    set_, kept = {}, {}
+    for key, value in wanted.items():
+        if key != CORE_MAP and environ.get(key, value) != value:
+            kept[key] = environ[key]
+        else:
+            set_[key] = value
+    if preload:
+        existing = [p for p in environ.get("LD_PRELOAD", "").split(":") if p]
+        set_["LD_PRELOAD"] = ":".join(existing + [p for p in preload if p not in existing])
+    return set_, kept
+
+
+def torchrun_command(args, master_addr: str, master_port: int) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(args.nnodes),
+            "--node-rank", str(args.node_rank), "--master-addr", master_addr, "--master-port", str(master_port),
+            "--nproc-per-node", str(args.nproc_per_node), "--max-restarts", str(args.max_restarts),
+            str(Path(__file__).resolve()), args.script, *args.script_args]
+
+
+def run(args) -> int:
+    from accel.hardware import format_cpu_list, probe
+
+    master_addr = args.master_addr or os.environ.get("MASTER_ADDR", "127.0.0.1")
+    master_port = args.master_port or int(os.environ.get("MASTER_PORT", 29500))
+    physical = probe().physical_cpus
+    try:
+        layout = rank_layout(physical, args.nproc_per_node, args.cores_per_proc, args.node_rank)
+        set_, kept = environment(layout, args.iomp, args.allocator, os.environ)
+    except LaunchError as error:
+        print(f"accel launch: {error}", file=sys.stderr)
+        return 2
+    print(f"accel launch: {args.nnodes} node(s) x {args.nproc_per_node} process(es), {len(layout[0][2])} "
+          f"physical core(s) each; node rank {args.node_rank}; master {master_addr}:{master_port}")
+    for global_rank, local_rank, cpus in layout:
+        print(f"  rank {global_rank} (local {local_rank}) -> cpus {format_cpu_list(cpus)}")
+    print("environment set: " + " ".join(f"{k}={v}" for k, v in set_.items()))
+    if kept:
+        print("kept (already set by you): " + " ".join(f"{k}={v}" for k, v in kept.items()))
+    print("each rank, before torch loads: affinity to its cpus")
+    command = torchrun_command(args, master_addr, master_port)
+    print("command: " + shlex.join(command), flush=True)
+    if args.dry_run:
+        return 0
+    try:
+        return subprocess.call(command, env={**os.environ, **set_})
+    except KeyboardInterrupt:
+        return 130
+
+
+def rank_main(argv: list[str]) -> None:
+    """One rank's start (torchrun runs this file): pin to this rank's cores, then run the user's script.
+
+    Only the standard library is used here, so the OpenMP runtime that torch loads sees the pinned mask.
+    """
+    shares = os.environ.get(CORE_MAP, "").split(";")
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if local_rank < len(shares) and shares[local_rank]:
+        os.sched_setaffinity(0, {int(cpu) for cpu in shares[local_rank].split(",")})
+    sys.argv = list(argv)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(argv[0])))
+    runpy.run_path(argv[0], run_name="__main__")
+
+
+if __name__ == "__main__":
+    rank_main(sys.argv[1:])

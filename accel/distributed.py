@@ -1,0 +1,151 @@
+"""Distributed runs: read the launcher's environment, start the process group, and helpers for training scripts.
+
+torchrun, Open MPI, Intel MPI / MPICH and SLURM each name rank and world size differently; they are mapped to
+the RANK / WORLD_SIZE / LOCAL_RANK / LOCAL_WORLD_SIZE that torch's env:// initialisation reads. The helpers
+(is_main_process, barrier, all_reduce_mean) also work in a single process, where they do nothing.
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import re
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Mapping
+
+import torch
+
+__all__ = ["Launch", "all_reduce_mean", "barrier", "init_process_group", "is_main_process", "launcher_environment",
+           "rank", "world_size"]
+
+# launcher -> (rank, world size, local rank, local world size) variable names, in order of precedence:
+# torchrun comes first, because `srun torchrun ...` and `mpirun torchrun ...` leave the outer variables set.
+LAUNCHERS = {
+    "torchrun": ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"),
+    "openmpi": ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+                "OMPI_COMM_WORLD_LOCAL_SIZE"),
+    "intel-mpi/mpich": ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"),
+    "slurm": ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_TASKS_PER_NODE"),
+}
+
+
+@dataclass(frozen=True)
+class Launch:
+    """Where this process sits in a launched job."""
+
+    launcher: str
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+
+    def to_env(self) -> dict[str, str]:
+        return {"RANK": str(self.rank), "WORLD_SIZE": str(self.world_size), "LOCAL_RANK": str(self.local_rank),
+                "LOCAL_WORLD_SIZE": str(self.local_world_size)}
+
+
+def slurm_tasks_on_node(tasks_per_node: str, node_id: int) -> int:
+    """SLURM's compressed per-node task counts: '4,2(x3)' with node 2 -> 2."""
+    counts: list[int] = []
+    for count, repeat in re.findall(r"(\d+)(?:\(x(\d+)\))?", tasks_per_node):
+        counts += [int(count)] * int(repeat or 1)
+    return counts[min(node_id, len(counts) - 1)]
+
+
+def launcher_environment(environ: Mapping[str, str] = os.environ) -> Launch | None:
+    """This process's rank and world from the first launcher whose rank and size variables are set; None alone.
+
+    A missing local size (a hand-set RANK/WORLD_SIZE, an MPI without it) means one node: local = global.
+    """
+    for launcher, (rank_key, size_key, local_key, local_size_key) in LAUNCHERS.items():
+        if rank_key not in environ or size_key not in environ:
+            continue
+        rank, world = int(environ[rank_key]), int(environ[size_key])
+        local_rank = int(environ.get(local_key, rank))
+        local_size = environ.get(local_size_key, "")
+        if launcher == "slurm" and local_size:
+            local_world = slurm_tasks_on_node(local_size, int(environ.get("SLURM_NODEID", 0)))
+        else:
+            local_world = int(local_size) if local_size else world
+        return Launch(launcher, rank, world, local_rank, local_world)
+    return None
+
+
+def init_process_group(backend: str, timeout_s: float, environ=os.environ) -> Launch:
+    """Map the launcher's variables (keeping any the user set) and join the group through env://."""
+    import torch.distributed as dist
+
+    launch = launcher_environment(environ)
+    if launch is None:
+        raise RuntimeError("no launcher environment: start with accel launch, torchrun, mpirun or srun")
+    for key, value in launch.to_env().items():
+        environ.setdefault(key, value)
+    if not dist.is_initialized():
+        timeout = timedelta(seconds=timeout_s)
+        store = _attempt_store(launch, environ, timeout)
+        dist.init_process_group(backend, init_method=None if store else "env://", store=store, rank=launch.rank,
+                                world_size=launch.world_size, timeout=timeout)
+        atexit.register(_destroy)  # a group left to the interpreter's exit can abort it ("terminate called ...")
+    return launch
+
+
+def _destroy() -> None:
+    if _initialized():
+        torch.distributed.destroy_process_group()
+
+
+def _attempt_store(launch: Launch, environ, timeout: timedelta):
+    """torchrun's agent store under a prefix per restart, or None outside torchrun.
+
+    Its static rendezvous (the default) keeps one store across --max-restarts, so restarted ranks could read
+    the killed attempt's gloo addresses and fail with "connection refused" (cf. pytorch/pytorch#135712).
+    """
+    if environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    from torch.distributed import PrefixStore, TCPStore
+
+    client = TCPStore(environ["MASTER_ADDR"], int(environ["MASTER_PORT"]), launch.world_size, is_master=False,
+                      timeout=timeout)
+    return PrefixStore(f"accel/attempt_{environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", client)
+
+
+def _initialized() -> bool:
+    return torch.distributed.is_available() and torch.distributed.is_initialized()
+
+
+def rank() -> int:
+    return torch.distributed.get_rank() if _initialized() else 0
+
+
+def world_size() -> int:
+    return torch.distributed.get_world_size() if _initialized() else 1
+
+
+def is_main_process() -> bool:
+    """True on global rank 0, and in a single process: where to print, log and write files."""
+    return rank() == 0
+
+
+def barrier() -> None:
+    """Wait for every rank (nothing to wait for in a single process)."""
+    if _initialized():
+        torch.distributed.barrier()
+
+
+BACKEND_DEVICE = {"nccl": "cuda", "xccl": "xpu"}  # other backends reduce CPU tensors
+
+
+def all_reduce_mean(value: float | torch.Tensor) -> float | torch.Tensor:
+    """The mean of a metric over all ranks (a float stays a float); the value itself in a single process."""
+    if not _initialized():
+        return value
+    device = BACKEND_DEVICE.get(torch.distributed.get_backend(), "cpu")
+    if isinstance(value, torch.Tensor):
+        tensor = value.detach().to(device=device, dtype=torch.float64 if device == "cpu" else torch.float32).clone()
+    else:
+        tensor = torch.tensor(float(value), dtype=torch.float64 if device == "cpu" else torch.float32, device=device)
+    torch.distributed.all_reduce(tensor)
+    tensor /= torch.distributed.get_world_size()
+    if isinstance(value, torch.Tensor):
+        return tensor.to(device=value.device, dtype=value.dtype)
+    return tensor.item()

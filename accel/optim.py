@@ -1,0 +1,87 @@
+"""Rebuild an optimizer: same class, same param-group hyperparameters, new parameters or new options.
+
+Model surgery (prune) gives the model new parameter tensors and fused_optimizer changes one option; both
+need an optimizer equal to the user's in everything else. The user's optimizer is never changed.
+"""
+from __future__ import annotations
+
+import copy
+import inspect
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+
+def init_kwargs(optimizer: torch.optim.Optimizer, **overrides: Any) -> dict[str, Any]:
+    """The optimizer's defaults that its class's __init__ accepts (AdamW stores Adam's decoupled_weight_decay
+    in its defaults but takes no such argument; each param group still carries it)."""
+    defaults = {**optimizer.defaults, **overrides}
+    accepted = inspect.signature(type(optimizer).__init__).parameters
+    if any(p.kind is p.VAR_KEYWORD for p in accepted.values()):
+        return defaults
+    return {k: v for k, v in defaults.items() if k in accepted}
+
+
+def rebuild_optimizer(optimizer: torch.optim.Optimizer, params: Sequence[Sequence[torch.Tensor]] | None = None,
+                      keep_state: bool = True, **overrides: Any) -> torch.optim.Optimizer:
+    """A new optimizer of ``type(optimizer)`` with its param groups' hyperparameters, updated by ``overrides``.
+
+    ``params``: one list of tensors per param group, in the same order (e.g. the pruned model's parameters);
+    None keeps the current ones. ``keep_state`` copies the state (Adam's moments, step counts) through
+    ``load_state_dict``, so tensors are cast and placed as the new options want (a fused step count lives on
+    the parameter's device); it needs parameters of the same shapes, so surgery passes keep_state=False.
+    """
+    groups = optimizer.param_groups
+    if params is None:
+        params = [group["params"] for group in groups]
+    params = [list(p) for p in params]
+    if len(params) != len(groups):
+        raise ValueError(f"rebuild_optimizer: {len(params)} parameter lists for {len(groups)} param groups")
+    new_groups = []
+    for group, group_params in zip(groups, params):
+        spec = {k: v for k, v in group.items() if k not in ("params", "param_names")}
+        spec.update(overrides)
+        spec["params"] = group_params
+        new_groups.append(spec)
+    try:
+        new = type(optimizer)(new_groups, **init_kwargs(optimizer, **overrides))
+    except TypeError as error:  # a custom optimizer whose __init__ does not take its own defaults back
+        raise TypeError(f"cannot rebuild {type(optimizer).__name__} from its param groups and defaults: "
+                        f"{error}") from error
+    if keep_state and optimizer.state:
+        state = copy.deepcopy(optimizer.state_dict())
+        for saved in state["param_groups"]:
+            saved.update(overrides)  # load_state_dict restores the saved options; keep the new ones
+        new.load_state_dict(state)
+    return new
+
+
+def same_params(optimizer: torch.optim.Optimizer, old: torch.nn.Module,
+                new: torch.nn.Module) -> list[list[torch.Tensor]]:
+    """Each param group's parameters, looked up by name in ``new`` (a copy of ``old``, or old after surgery)."""
+    names = {id(p): n for n, p in old.named_parameters()}
+    params = dict(new.named_parameters())
+    groups = []
+    for group in optimizer.param_groups:
+        unknown = [tuple(p.shape) for p in group["params"] if id(p) not in names]
+        if unknown:
+            raise ValueError(f"the optimizer holds tensors that are not parameters of the model: shapes {unknown}")
+        groups.append([params[names[id(p)]] for p in group["params"]])
+    return groups
+
+
+def copy_with_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None):
+    """A deep copy of the model and the optimizer rebuilt on it (state kept), for tools that work in place."""
+    clone = copy.deepcopy(model)
+    if optimizer is None:
+        return clone, None
+    return clone, rebuild_optimizer(optimizer, params=same_params(optimizer, model, clone))
+
+
+def describe_optimizer(optimizer: torch.optim.Optimizer) -> str:
+    """'Adam(lr=0.001, fused=True), 2 groups' for the report."""
+    keys = ("lr", "momentum", "weight_decay", "fused", "foreach")
+    shown = ", ".join(f"{k}={optimizer.defaults[k]}" for k in keys if optimizer.defaults.get(k) is not None)
+    groups = len(optimizer.param_groups)
+    return f"{type(optimizer).__name__}({shown})" + (f", {groups} param groups" if groups > 1 else "")

@@ -1,0 +1,41 @@
+"""Start real multi-process runs from tests: torchrun or accel launch, on loopback, on a free port."""
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+SCRIPTS = Path(__file__).parent
+LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                      "OMP_NUM_THREADS", "ACCEL_CORE_MAP", "GOMP_CPU_AFFINITY")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def clean_env() -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARIABLES}
+    return {**env, "GLOO_SOCKET_IFNAME": "lo"}
+
+
+def run(command: list, timeout: float = 120) -> subprocess.CompletedProcess:
+    """Run without the caller's launcher variables; a hang raises TimeoutExpired instead of blocking the suite."""
+    return subprocess.run(command, env=clean_env(), capture_output=True, text=True, timeout=timeout)
+
+
+def torchrun(script: str, *args, nproc: int = 2, restarts: int = 0, timeout: float = 120):
+    return run([sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
+                f"--max-restarts={restarts}", "--master-addr=127.0.0.1", f"--master-port={free_port()}",
+                str(SCRIPTS / script), *map(str, args)], timeout)
+
+
+def accel_launch(script: str, *args, launch_args=(), timeout: float = 120):
+    return run([sys.executable, "-m", "accel", "launch", *launch_args, f"--master-port={free_port()}",
+                str(SCRIPTS / script), *map(str, args)], timeout)
+
+
+def output(result: subprocess.CompletedProcess) -> str:
+    return f"exit {result.returncode}\nstdout:\n{result.stdout[-4000:]}\nstderr:\n{result.stderr[-4000:]}"

@@ -1,0 +1,108 @@
+"""run.save / run.load: the same run continues exactly; a different plan is refused; a crash mid-save loses nothing."""
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import accel
+from accel.checkpoint import CheckpointError, saved_plan
+from accel.testing import tiny_loader, tiny_model, tiny_optimizer, train_steps
+
+
+def new_run(plan, seed=0):
+    model = tiny_model(seed)
+    loader = tiny_loader(samples=64, batch_size=16, shuffle=True, generator=torch.Generator().manual_seed(3))
+    return accel.accelerate(model, tiny_optimizer(model), loader, plan=plan, device="cpu")
+
+
+@pytest.mark.parametrize("plan", [[], {"compile": {"backend": "eager"}}], ids=["plain", "compile"])
+def test_a_loaded_run_continues_exactly_like_the_saved_one(plan, tmp_path):
+    run = new_run(plan)
+    train_steps(run, epochs=1)
+    run.save(tmp_path / "ckpt.pt")
+    after_save = (torch.rand(3), random.random(), np.random.rand())
+    train_steps(run, epochs=2)
+    expected = {k: v.clone() for k, v in run.unwrap().state_dict().items()}
+
+    other = new_run(plan, seed=1)  # other weights, fresh optimizer and counters
+    summary = accel.checkpoint.load(other, tmp_path / "ckpt.pt")
+    assert summary["step"] == other.steps == 4 and summary["epoch"] == other.loader.epoch == 1
+    again = (torch.rand(3), random.random(), np.random.rand())
+    assert torch.equal(again[0], after_save[0]) and again[1:] == after_save[1:]
+    train_steps(other, epochs=2)
+    assert other.steps == 12
+    for name, tensor in expected.items():
+        assert torch.equal(other.unwrap().state_dict()[name], tensor), name
+
+
+def test_rng_states_come_back(tmp_path):
+    run = new_run([])
+    run.save(tmp_path / "ckpt.pt")
+    first = (torch.rand(4), random.random(), np.random.rand())
+    run.load(tmp_path / "ckpt.pt")
+    second = (torch.rand(4), random.random(), np.random.rand())
+    assert torch.equal(first[0], second[0]) and first[1:] == second[1:]
+
+
+def test_the_checkpoint_holds_the_unwrapped_model_and_the_plan(tmp_path):
+    run = new_run({"compile": {"backend": "eager"}})
+    run.save(tmp_path / "ckpt.pt")
+    state = torch.load(tmp_path / "ckpt.pt", weights_only=True)
+    assert set(state["model"]) == set(tiny_model().state_dict())  # no "_orig_mod." prefixes
+    assert saved_plan(tmp_path / "ckpt.pt") == run.plan
+
+
+def test_a_different_plan_is_refused_with_the_way_out(tmp_path):
+    new_run({"compile": {"backend": "eager"}}).save(tmp_path / "ckpt.pt")
+    with pytest.raises(CheckpointError, match="saved_plan"):
+        new_run([]).load(tmp_path / "ckpt.pt")
+
+
+SAVER = textwrap.dedent("""
+    import sys, torch, accel
+    from accel.testing import tiny_loader, tiny_optimizer
+    model = torch.nn.Sequential(torch.nn.Linear(512, 2048), torch.nn.Linear(2048, 512))  # ~17 MB a save
+    run = accel.accelerate(model, tiny_optimizer(model), None, plan=[], device="cpu")
+    run.save(sys.argv[1])
+    print("saved", flush=True)
+    while True:
+        with torch.no_grad():
+            model[0].weight.add_(1.0)
+        run.save(sys.argv[1])
+""")
+
+
+@pytest.mark.slow
+def test_a_crash_during_a_save_leaves_a_whole_checkpoint(tmp_path):
+    path = tmp_path / "ckpt.pt"
+    saver = subprocess.Popen([sys.executable, "-c", SAVER, str(path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert saver.stdout.readline().strip() == "saved"
+        time.sleep(1.0)  # let it be somewhere inside one of its saves
+    finally:
+        saver.send_signal(signal.SIGKILL)
+        saver.wait()
+    state = torch.load(path, weights_only=True)  # whole: it unpickles, and its tensors are complete
+    weight = state["model"]["0.weight"]
+    assert weight.shape == (2048, 512) and torch.isfinite(weight).all()
+
+
+def test_a_pruned_model_loads_into_its_pruned_shape(tmp_path):
+    """The plan is re-applied by accelerate() before load: the weights fit the shrunk layers."""
+    pytest.importorskip("nni")
+    run = new_run(["prune"])
+    train_steps(run, epochs=1)
+    run.save(tmp_path / "ckpt.pt")
+    pruned = {k: v.shape for k, v in run.unwrap().state_dict().items()}
+    assert pruned["conv1.weight"] != tiny_model().conv1.weight.shape  # pruning did shrink it
+    other = new_run(saved_plan(tmp_path / "ckpt.pt"), seed=1)
+    other.load(tmp_path / "ckpt.pt")
+    for name, tensor in run.unwrap().state_dict().items():
+        assert torch.equal(other.unwrap().state_dict()[name], tensor), name
+    assert {k: v.shape for k, v in other.unwrap().state_dict().items()} == pruned

@@ -1,0 +1,103 @@
+"""fused_optimizer and accel.optim.rebuild_optimizer: same hyperparameters, same state, same updates."""
+import copy
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import accel
+from accel.accelerators.fused_optimizer import FusedOptimizer
+from accel.errors import PlanError
+from accel.optim import rebuild_optimizer
+from accel.testing import apply_one, tiny_loader, tiny_model
+
+OPTIMIZERS = {
+    "Adam": lambda p: torch.optim.Adam(p, lr=0.01, betas=(0.8, 0.99), weight_decay=1e-3, amsgrad=True),
+    "AdamW": lambda p: torch.optim.AdamW(p, lr=0.01, weight_decay=0.1),
+    "SGD": lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, nesterov=True),
+    "Adagrad": lambda p: torch.optim.Adagrad(p, lr=0.1, lr_decay=0.01),
+}
+
+
+def steps(model, optimizer, n=2, seed=0):
+    for x, y in list(tiny_loader(seed=seed))[:n]:
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+
+
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+def test_fused_keeps_hyperparameters_state_and_updates(name):
+    model = tiny_model()
+    optimizer = OPTIMIZERS[name](model.parameters())
+    steps(model, optimizer)  # build some state to carry over
+    reference_model = copy.deepcopy(model)
+    reference = OPTIMIZERS[name](reference_model.parameters())
+    reference.load_state_dict(optimizer.state_dict())
+
+    applied = apply_one(FusedOptimizer(), model=model, optimizer=optimizer)
+    assert applied.row.status == "applied", applied.row.reason
+    fused = applied.run.optimizer
+    assert type(fused) is type(optimizer) and fused is not optimizer and fused.defaults["fused"] is True
+    assert optimizer.defaults["fused"] is None  # the user's optimizer is left as it was
+    for old, new in zip(optimizer.param_groups, fused.param_groups):
+        assert {k: v for k, v in old.items() if k not in ("params", "fused")} == \
+               {k: v for k, v in new.items() if k not in ("params", "fused")}
+    for p in model.parameters():  # state kept, tensor for tensor
+        for key, value in optimizer.state[p].items():
+            assert torch.equal(torch.as_tensor(fused.state[p][key]).float(), torch.as_tensor(value).float()), key
+    # the next update equals the unfused one
+    steps(model, fused, n=1, seed=1)
+    steps(reference_model, reference, n=1, seed=1)
+    for a, b in zip(model.parameters(), reference_model.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_unsupported_or_already_fused_is_skipped_with_the_reason():
+    model = tiny_model()
+    row = apply_one(FusedOptimizer(), model=model,
+                    optimizer=torch.optim.RMSprop(model.parameters())).row
+    assert row.status == "skipped" and "RMSprop has no fused implementation" in row.reason
+    row = apply_one(FusedOptimizer(), model=model,
+                    optimizer=torch.optim.Adam(model.parameters(), fused=True)).row
+    assert row.status == "skipped" and "already fused" in row.reason
+    meta = torch.nn.Parameter(torch.empty(3, device="meta"))  # a device with no fused kernels
+    row = apply_one(FusedOptimizer(), model=model,
+                    optimizer=torch.optim.SGD([*model.parameters(), meta], lr=0.1)).row
+    assert row.status == "skipped" and "meta" in row.reason
+
+
+def test_foreach_true_is_replaced():
+    model = tiny_model()
+    applied = apply_one(FusedOptimizer(), model=model,
+                        optimizer=torch.optim.AdamW(model.parameters(), foreach=True))
+    assert applied.row.status == "applied" and "foreach" in applied.row.changes
+    assert applied.run.optimizer.defaults["foreach"] is None
+    accel.testing.train_steps(applied.run)
+
+
+def test_conflicts_with_ipex_and_needs_an_optimizer():
+    model = tiny_model()
+    with pytest.raises(PlanError, match="fused_optimizer: ipex.optimize replaces the optimizer's step"):
+        accel.accelerate(model, torch.optim.Adam(model.parameters()), tiny_loader(), ["ipex", "fused_optimizer"],
+                         device="cpu")
+    with pytest.raises(PlanError, match="needs the optimizer"):
+        accel.accelerate(model, None, tiny_loader(), ["fused_optimizer"], device="cpu")
+
+
+@settings(max_examples=25, deadline=None)
+@given(lrs=st.lists(st.floats(1e-5, 1.0), min_size=1, max_size=3), decay=st.floats(0, 0.1),
+       beta1=st.floats(0.5, 0.99), keep_state=st.booleans())
+def test_rebuild_keeps_every_group(lrs, decay, beta1, keep_state):
+    model = tiny_model()
+    params = list(model.parameters())
+    groups = [{"params": params[i::len(lrs)], "lr": lr} for i, lr in enumerate(lrs)]
+    optimizer = torch.optim.Adam(groups, weight_decay=decay, betas=(beta1, 0.999))
+    steps(model, optimizer, n=1)
+    new = rebuild_optimizer(optimizer, keep_state=keep_state, fused=True)
+    assert [g["lr"] for g in new.param_groups] == lrs
+    assert all(g["weight_decay"] == decay and g["betas"] == (beta1, 0.999) and g["fused"] for g in new.param_groups)
+    assert [[id(p) for p in g["params"]] for g in new.param_groups] == \
+           [[id(p) for p in g["params"]] for g in optimizer.param_groups]
+    assert bool(new.state) == keep_state
