@@ -12,6 +12,8 @@ from accel.run import Run
 from accel.tune import tune
 
 import accel.accelerators  # noqa: E402,F401  (registers the built-in accelerators)
+import accel.checkpoint  # noqa: E402,F401
+import accel.distributed  # noqa: E402,F401
 
 __all__ = ["AccelerateError", "Accelerator", "Option", "Plan", "PlanError", "Problem", "Report", "Run", "Skip",
            "Stage", "accelerate", "probe", "register", "tune", "unregister"]

@@ -21,11 +21,13 @@ def new_run(plan, seed=0):
     return accel.accelerate(model, tiny_optimizer(model), loader, plan=plan, device="cpu")
 
 
-@pytest.mark.parametrize("plan", [[], {"compile": {"backend": "eager"}}], ids=["plain", "compile"])
+@pytest.mark.parametrize("plan", [[], {"compile": {"backend": "eager"}}, {"amp": {"dtype": "fp16"}}],
+                         ids=["plain", "compile", "fp16-grad-scaler"])
 def test_a_loaded_run_continues_exactly_like_the_saved_one(plan, tmp_path):
     run = new_run(plan)
     train_steps(run, epochs=1)
     run.save(tmp_path / "ckpt.pt")
+    run_scaler_at_save = run.scaler.state_dict() if run.scaler is not None else None
     after_save = (torch.rand(3), random.random(), np.random.rand())
     train_steps(run, epochs=2)
     expected = {k: v.clone() for k, v in run.unwrap().state_dict().items()}
@@ -35,6 +37,8 @@ def test_a_loaded_run_continues_exactly_like_the_saved_one(plan, tmp_path):
     assert summary["step"] == other.steps == 4 and summary["epoch"] == other.loader.epoch == 1
     again = (torch.rand(3), random.random(), np.random.rand())
     assert torch.equal(again[0], after_save[0]) and again[1:] == after_save[1:]
+    if other.scaler is not None:
+        assert other.scaler.state_dict() == run_scaler_at_save
     train_steps(other, epochs=2)
     assert other.steps == 12
     for name, tensor in expected.items():
