@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 
 DEFAULT_PLAN = "threads,loader,channels_last,amp"
@@ -44,6 +45,11 @@ def train(plan, epochs: int, batch_size: int, seed: int = 0) -> dict:
 
 def run(args) -> int:
     plan = parse_plan_argument(args.plan)
+    from accel.hardware import importable
+
+    if not importable("sklearn"):
+        print("accel demo trains on scikit-learn's bundled digits: pip install 'accel[demo]'", file=sys.stderr)
+        return 2
     import accel
     from accel.testing import process_state_restored
 
