@@ -52,6 +52,11 @@ def run(args) -> int:
     models = args.models or (FULL_MODELS if args.full else DEFAULT_MODELS)
     steps = args.steps or (10 if args.full else 3)
     plans = [p if p == "auto" else [] if p in ("eager", "baseline") else parse_plan_argument(p) for p in args.plans]
+    from accel.hardware import importable
+
+    if args.plot and not importable("matplotlib"):  # say so before minutes of measuring, not after
+        print("accel bench: --plot needs matplotlib: pip install 'accel[bench]'", file=sys.stderr)
+        return 2
     try:
         result = bench(models=models, plans=plans, steps=steps, warmup=args.warmup, optimizer=args.optimizer,
                        batch_size=args.batch_size, image_size=args.image_size, device=args.device, progress=True,
