@@ -61,7 +61,8 @@ def accelerate(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None =
     resolved = _device(device, problems)
     if not isinstance(model, torch.nn.Module):
         problems.append(Problem("model", "is not a torch.nn.Module", value=type(model).__name__))
-    if resolved is None or not isinstance(model, torch.nn.Module):
+        raise PlanError(problems)
+    if resolved is None:
         raise PlanError(problems)
     hardware = probe()
     ctx = Context(model=model, optimizer=optimizer, loader=loader, device=resolved, hardware=hardware, plan=plan)

@@ -12,7 +12,7 @@ import importlib.util
 import os
 import platform
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -45,7 +45,6 @@ class Hardware:
     devices: dict[str, int]  # device type -> count, cpu included
     versions: dict[str, str | None]
     torch_cpu_capability: str = ""
-    notes: tuple[str, ...] = field(default_factory=tuple)
 
     @property
     def native_bf16(self) -> bool:
@@ -55,9 +54,6 @@ class Hardware:
     @property
     def native_fp16(self) -> bool:
         return "avx512_fp16" in self.isa or "amx_fp16" in self.isa
-
-    def has_device(self, device_type: str) -> bool:
-        return self.devices.get(device_type, 0) > 0
 
     def to_dict(self) -> dict:
         data = asdict(self)

@@ -94,9 +94,9 @@ class Loader(Accelerator):
             changes["prefetch_factor"] = prefetch
         ctx.non_blocking = pin if self.non_blocking == "auto" else self.non_blocking
         changes["non_blocking"] = ctx.non_blocking
-        same = (workers == loader.num_workers and pin == loader.pin_memory
-                and persistent == loader.persistent_workers and (prefetch or None) == (loader.prefetch_factor if loader.num_workers else None))
-        if same and not ctx.non_blocking:
+        current = (loader.num_workers, loader.pin_memory, loader.persistent_workers,
+                   loader.prefetch_factor if loader.num_workers else None)
+        if (workers, pin, persistent, prefetch) == current and not ctx.non_blocking:
             raise Skip(f"the loader already has these settings (num_workers={workers}, pin_memory={pin}); nothing to change")
         ctx.loader = rebuild_loader(loader, num_workers=workers, pin_memory=pin, persistent_workers=persistent,
                                     prefetch_factor=prefetch)

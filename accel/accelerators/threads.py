@@ -15,10 +15,6 @@ from accel.accelerator import Accelerator, Option, Stage, at_least, register
 from accel.distributed import launcher_environment
 from accel.hardware import format_cpu_list, loaded_openmp, parse_cpu_list
 
-GNU_VARIABLES = ("OMP_NUM_THREADS", "OMP_PROC_BIND", "OMP_SCHEDULE", "GOMP_CPU_AFFINITY")
-INTEL_VARIABLES = ("OMP_NUM_THREADS", "KMP_AFFINITY", "KMP_BLOCKTIME")
-
-
 CORE_MAP_VARIABLE = "ACCEL_CORE_MAP"  # `accel launch`'s cores per local rank: "0,1;2,3" (rank 0: 0,1; rank 1: 2,3)
 
 

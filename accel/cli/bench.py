@@ -7,9 +7,6 @@ import sys
 
 from accel.cli.demo import parse_plan_argument
 
-FULL_MODELS = ("alexnet", "resnet18", "resnet50", "vgg16", "mobilenet_v2", "mobilenet_v3_large")
-
-
 def positive(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -18,7 +15,7 @@ def positive(text: str) -> int:
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
-    from accel.bench import DEFAULT_MODELS
+    from accel.bench import DEFAULT_MODELS, MODELS
 
     parser = subparsers.add_parser("bench", help="measure training steps of torchvision models: eager vs plans")
     parser.add_argument("--models", nargs="+", default=None,
@@ -37,7 +34,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--batch-size", type=positive, default=16)
     parser.add_argument("--image-size", type=positive, default=224)
     parser.add_argument("--full", action="store_true",
-                        help=f"all models ({' '.join(FULL_MODELS)}) and 10 steps: tens of minutes on 2 cores")
+                        help=f"all models ({' '.join(MODELS)}) and 10 steps: tens of minutes on 2 cores")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--json", metavar="PATH", help="write the rows, machine and settings as JSON")
     parser.add_argument("--csv", metavar="PATH", help="write the rows as CSV")
@@ -46,10 +43,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args) -> int:
-    from accel.bench import DEFAULT_MODELS, bench
+    from accel.bench import DEFAULT_MODELS, MODELS, bench
     from accel.errors import PlanError
 
-    models = args.models or (FULL_MODELS if args.full else DEFAULT_MODELS)
+    models = args.models or (MODELS if args.full else DEFAULT_MODELS)
     steps = args.steps or (10 if args.full else 3)
     plans = [p if p == "auto" else [] if p in ("eager", "baseline") else parse_plan_argument(p) for p in args.plans]
     from accel.hardware import importable
