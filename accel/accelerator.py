@@ -1,6 +1,25 @@
-"""The contract every accelerator follows, built-in or user-written, and the name registry."""
+"""The one contract every accelerator follows, built-in or yours, and the name registry.
+
+The lifecycle, in the order accelerate() calls it (docs/accelerators.md):
+
+1. Options are checked when the plan is built (``options``: typed ``Option`` specs).
+2. ``decide(ctx)``: every accelerator writes typed decisions (``ctx.decide``); nothing is touched yet.
+3. ``check(ctx)``: every accelerator reports problems, reading any decision. All problems of the plan
+   raise one PlanError, and the user's objects and the process are as they were.
+4. ``apply(ctx)``: in plan order, the change; returns what changed, for the report. Process-wide changes
+   go through ``ctx.journal``, so a failure anywhere rolls every change back.
+5. Runtime hooks, chained by the Run over the applied accelerators in plan order (the earliest is the
+   outermost and calls ``proceed`` to go on): ``autocast``, ``backward``, ``step``, and ``unwrap`` (innermost
+   wrapper first). ``state_dict``/``load_state_dict`` are saved per accelerator by ``run.save``.
+
+``candidates(hardware, model, optimizer, loader)`` lists the configurations tune should measure here.
+Ordering beyond the stage is declared with ``after``/``before``; ``conflicts`` refuses a plan. Their tokens
+are accelerator names or capabilities some accelerator ``provides``, so accelerators need not name each other.
+Each run gets its own copy of every accelerator object, so ``self`` holds per-run state.
+"""
 from __future__ import annotations
 
+import contextlib
 import difflib
 import enum
 from dataclasses import dataclass
@@ -9,7 +28,11 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar
 from accel.errors import PlanError, Problem
 
 if TYPE_CHECKING:
+    import torch
+
     from accel.context import Context
+    from accel.hardware import Hardware
+    from accel.run import Run
 
 
 class Stage(enum.IntEnum):
@@ -18,10 +41,11 @@ class Stage(enum.IntEnum):
     ENVIRONMENT = 0  # process state: threads, affinity, OpenMP variables
     DATA = 1  # how batches are loaded and moved
     SURGERY = 2  # changes the model's structure (pruning)
-    KERNELS = 3  # swaps kernels or layouts (IPEX, channels_last, fused optimizers)
-    PRECISION = 4  # autocast and grad scaling
-    DISTRIBUTION = 5  # process groups and wrappers (DDP)
-    COMPILATION = 6  # torch.compile, always last and outermost
+    KERNELS = 3  # swaps kernels, layouts or how modules run (IPEX, channels_last, fused optimizers, recompute)
+    PRECISION = 4  # autocast and loss scaling
+    STEP = 5  # how gradients become an update: accumulation, clipping
+    DISTRIBUTION = 6  # process groups and wrappers (DDP)
+    COMPILATION = 7  # torch.compile, always last and outermost
 
 
 @dataclass(frozen=True)
@@ -54,26 +78,53 @@ class Option:
         return self.check(value) if self.check else None
 
 
-def at_least(low: int) -> Callable[[Any], str | None]:
+def at_least(low: float) -> Callable[[Any], str | None]:
     return lambda value: None if value is None or value >= low else f"must be >= {low}"
+
+
+def positive(value: Any) -> str | None:
+    return None if value is None or value > 0 else "must be > 0"
 
 
 OPTIONAL = Option(False, (bool,), help="skip (with the reason) instead of failing when a package or device is missing")
 
 
-class Accelerator:
-    """Base class: a named step with a stage, typed options, plan-time checks and an apply.
+@dataclass(frozen=True)
+class Keeps:
+    """What an accelerator keeps of the user's training: its card, checked by accel.testing.check_equivalence.
 
-    Subclasses set ``name``, ``stage`` and ``options``; they may set ``requires`` (distribution names
-    probed without importing), override ``check`` to report conflicts before anything is touched, and
-    implement ``apply(ctx)``, which changes the context and returns what changed (a dict for the
-    report) or raises ``Skip(reason)``.
+    weights: "exact" (bit for bit), "float" (the same math in another order: rtol/atol after a few steps),
+    "tolerance" (lower precision: the losses within loss_rtol, the weights within rtol/atol), or "changed"
+    (a declared change, e.g. pruning; only the structural promises are compared).
+    Everything else is always compared: the batches the loop saw, parameter names, shapes, requires_grad,
+    ties, the output's shape, and the user's objects left unchanged.
     """
+
+    weights: str = "exact"
+    rtol: float = 0.0
+    atol: float = 0.0
+    loss_rtol: float = 0.0
+    structure: bool = True  # same parameter names and shapes (False: surgery)
+    note: str = ""  # what it may change, in words
+
+
+EXACT = Keeps()
+SAME_MATH = Keeps("float", rtol=1e-4, atol=1e-5, loss_rtol=1e-4, note="the same math, summed in another order")
+
+
+class Accelerator:
+    """Base class: a named step with a stage, typed options, decisions, checks, an apply and runtime hooks."""
 
     name: ClassVar[str] = ""
     stage: ClassVar[Stage]
     options: ClassVar[dict[str, Option]] = {}
-    requires: ClassVar[tuple[str, ...]] = ()
+    requires: ClassVar[tuple[str, ...]] = ()  # distribution names, probed without importing
+    provides: ClassVar[tuple[str, ...]] = ()  # capabilities, e.g. "optimizer.update", for after/before/conflicts
+    after: ClassVar[tuple[str, ...]] = ()  # names or capabilities applied before this one (within its stage)
+    before: ClassVar[tuple[str, ...]] = ()
+    conflicts: ClassVar[tuple[str, ...]] = ()  # names or capabilities that cannot be in the same plan
+    keeps: ClassVar[Keeps] = EXACT
+    costly_setup: ClassVar[bool] = False  # its first step is long (compile): tune tries it last, on the best stack
 
     def __init__(self, **options: Any):
         problems = self.option_problems(options)
@@ -105,15 +156,58 @@ class Accelerator:
                 problems.append(Problem(cls.name, message, field=key, value=value, allowed=spec.describe()))
         return problems
 
+    # --- plan time -------------------------------------------------------------------------------------------
+
+    def decide(self, ctx: Context) -> None:
+        """Write this accelerator's decisions with ctx.decide(name, value, why); raise Skip to stand aside."""
+
     def check(self, ctx: Context) -> list[Problem]:
         """Problems visible before anything is touched: conflicts, missing devices. Default: none."""
         return []
 
     def apply(self, ctx: Context) -> dict[str, Any]:
-        raise NotImplementedError
+        """The change: replace ctx.model/optimizer/loader (never change the user's), return what changed."""
+        return {}
+
+    @classmethod
+    def candidates(cls, hardware: Hardware, model: torch.nn.Module, optimizer: Any = None,
+                   loader: Any = None) -> list[dict[str, Any]]:
+        """Option sets worth measuring on this hardware and model (tune tries each); none by default."""
+        return []
+
+    # --- runtime hooks (chained by the Run; the defaults pass through) ---------------------------------------
+
+    def autocast(self, run: Run) -> contextlib.AbstractContextManager | None:
+        """A context entered around the forward pass and loss (run.autocast()), or None."""
+        return None
+
+    def backward(self, run: Run, loss: torch.Tensor, proceed: Callable[[torch.Tensor], None]) -> None:
+        proceed(loss)
+
+    def step(self, run: Run, optimizer: torch.optim.Optimizer,
+             proceed: Callable[[torch.optim.Optimizer], bool]) -> bool:
+        """Around the update; returns whether the optimizer stepped. The innermost step steps and zeroes grads."""
+        return proceed(optimizer)
+
+    def unwrap(self, model: torch.nn.Module) -> torch.nn.Module:
+        """Peel this accelerator's own wrapper off the model (run.unwrap()), or return it as it is."""
+        return model
+
+    def state_dict(self) -> dict[str, Any]:
+        """Runtime state run.save() must keep (tensors and plain types only); none by default."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what state_dict() returned; raise ValueError on a state that does not fit (nothing changed)."""
+
+    # --- helpers ---------------------------------------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.explicit)
+
+    def overrides(self, hook: str) -> bool:
+        """Whether this accelerator implements a runtime hook (the Run chains only those)."""
+        return getattr(type(self), hook) is not getattr(Accelerator, hook)
 
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in self.explicit.items())
@@ -129,6 +223,10 @@ def register(cls: type[Accelerator]) -> type[Accelerator]:
         raise TypeError(f"{cls.__name__} needs a non-empty 'name' and a 'stage' from accel.Stage")
     if cls.name in REGISTRY and REGISTRY[cls.name] is not cls:
         raise ValueError(f"an accelerator named {cls.name!r} is already registered ({REGISTRY[cls.name].__name__})")
+    for attribute in ("provides", "after", "before", "conflicts"):
+        value = getattr(cls, attribute)
+        if not isinstance(value, tuple) or not all(isinstance(v, str) for v in value):
+            raise TypeError(f"{cls.__name__}.{attribute} must be a tuple of strings, got {value!r}")
     REGISTRY[cls.name] = cls
     return cls
 

@@ -1,4 +1,9 @@
-"""The state accelerators read and change, in stage order, on the way from the user's objects to a Run."""
+"""What a plan works on: the user's objects, the run's objects, the typed decisions, and the undo journal.
+
+Accelerators never read each other; they read ``ctx.decisions``. Decisions are made for the whole plan before
+anything is applied (device and rank by the core; compute dtype, threads, workers... by the accelerators),
+so an accelerator of an early stage can follow what a later one decided.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -6,35 +11,109 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
+from accel.distributed import Launch
+from accel.errors import Problem
 from accel.hardware import Hardware
+from accel.journal import Journal
+from accel.modules import shared_copy
 
 if TYPE_CHECKING:
     from accel.plan import Plan
 
 
 @dataclass
-class Context:
-    """What the plan works on. Accelerators replace model/optimizer/loader here, never in place of the user's.
+class Decisions:
+    """Typed decisions of a plan. ``by`` says which accelerator made each one and ``why``.
 
-    batch_transforms run on every batch after it reaches the device (channels_last adds one);
-    ``unwrappers`` peel wrappers (DDP, compile) off the model, outermost first, for ``Run.unwrap``.
+    device and launch are the core's (before any stage, so every rank of a launched job starts on its own
+    device); the others belong to the accelerator that sets them through ``Context.decide``.
+    """
+
+    device: torch.device
+    launch: Launch | None = None  # this process's place in a launched job; None in a single process
+    compute_dtype: torch.dtype | None = None  # autocast's dtype; None computes in the parameters' dtype
+    loss_scaling: bool = False  # a GradScaler scales the loss (fp16)
+    threads: int | None = None  # compute threads of this process
+    cpus: tuple[int, ...] | None = None  # the CPUs this process computes on
+    workers: int | None = None  # DataLoader worker processes
+    non_blocking: bool = False  # host-to-device copies overlap compute (pinned memory)
+    accumulation_steps: int = 1  # micro-batches per optimizer step
+    extra: dict[str, Any] = field(default_factory=dict)  # decisions of user-written accelerators
+    by: dict[str, str] = field(default_factory=dict)
+    why: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def rank(self) -> int:
+        return self.launch.rank if self.launch else 0
+
+    @property
+    def world_size(self) -> int:
+        return self.launch.world_size if self.launch else 1
+
+    @property
+    def local_rank(self) -> int:
+        return self.launch.local_rank if self.launch else 0
+
+    def summary(self) -> dict[str, str]:
+        """Every decision that was made, as text for the report."""
+        shown = {"device": str(self.device)}
+        if self.launch:
+            shown["rank"] = f"{self.rank}/{self.world_size} (local {self.local_rank}, {self.launch.launcher})"
+        for name in self.by:
+            value = self.extra[name] if name in self.extra else getattr(self, name)
+            shown[name] = str(value).replace("torch.", "")
+        return shown
+
+
+@dataclass
+class Context:
+    """The user's objects (never changed), the run's objects (what accelerators replace), and the decisions.
+
+    ``batch_transforms`` run on every batch the run's loader yields, after it reaches the device.
+    ``grad_scaler`` is the run's loss scaler when one accelerator scales losses (amp with fp16).
     """
 
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer | None
     loader: Any
-    device: torch.device
     hardware: Hardware
     plan: Plan
-    autocast_dtype: torch.dtype | None = None
-    scaler: Any = None
-    non_blocking: bool = False
-    batch_transforms: list[Callable[[torch.Tensor], torch.Tensor]] = field(default_factory=list)
+    decisions: Decisions
+    journal: Journal = field(default_factory=Journal)
+    batch_transforms: list[Callable[[Any], Any]] = field(default_factory=list)
+    grad_scaler: Any = None
     extras: dict[str, Any] = field(default_factory=dict)
+    problems: list[Problem] = field(default_factory=list, repr=False)
 
-    def has(self, name: str) -> bool:
-        """Whether the plan holds an accelerator of this name (for conflicts and cooperation)."""
-        return name in self.plan.names()
+    def __post_init__(self):
+        self.user_model, self.user_optimizer, self.user_loader = self.model, self.optimizer, self.loader
+        self.deciding = ""  # the accelerator whose decide() runs now (Context.decide records it)
 
-    def get(self, name: str):
-        return self.plan.get(name)
+    @property
+    def device(self) -> torch.device:
+        return self.decisions.device
+
+    def decide(self, name: str, value: Any, why: str = "") -> None:
+        """Record a typed decision (or one in ``extra`` for a user-written accelerator's own).
+
+        Two accelerators deciding the same thing differently is a conflict in the plan.
+        """
+        by = self.deciding or "accel"
+        known = name in Decisions.__dataclass_fields__ and name not in ("extra", "by", "why")
+        current = getattr(self.decisions, name) if known else self.decisions.extra.get(name)
+        if name in self.decisions.by and self.decisions.by[name] != by and current != value:
+            self.problems.append(Problem(by, f"decides {name}={value}, but {self.decisions.by[name]} decided "
+                                         f"{current}", field=name, kind="conflict"))
+            return
+        if known:
+            setattr(self.decisions, name, value)
+        else:
+            self.decisions.extra[name] = value
+        self.decisions.by[name] = by
+        self.decisions.why[name] = why
+
+    def own_model(self) -> torch.nn.Module:
+        """The run's own module tree sharing the user's tensors (made once): change it, not the user's modules."""
+        if self.model is self.user_model:
+            self.model = shared_copy(self.model)
+        return self.model

@@ -1,101 +1,197 @@
-"""accelerate(): validate the whole plan, then apply it in stage order and report every decision."""
+"""accelerate(): decide and check the whole plan, then apply it in order; on any failure, roll everything back.
+
+    run = accel.accelerate(model, optimizer, loader, plan=["threads", "channels_last", "amp"])
+
+Phases (accel/accelerator.py has the contract): the plan is parsed and ordered; the core resolves the launch
+(rank) and the device, so each rank of a launched job starts on its own device; every accelerator decides,
+then checks; all problems raise one PlanError with nothing changed. Then the model is placed on its device and
+the accelerators apply in order, each process-wide change recorded in a journal: if one fails, the journal is
+rolled back and the user's objects and the process are exactly as they were.
+"""
 from __future__ import annotations
 
+import copy
 import time
 import warnings
 from typing import Any
 
 import torch
 
-from accel.context import Context
-from accel.errors import PlanError, Problem, Skip
-from accel.hardware import package_version, probe, resolve_device
-from accel.plan import Plan, PlanSpec
+from accel.accelerator import Accelerator
+from accel.context import Context, Decisions
+from accel.distributed import launcher_environment
+from accel.errors import AccelerateError, PlanError, Problem, Skip
+from accel.hardware import Hardware, device_problem, package_version, probe, resolve_device
+from accel.plan import RESOLVERS, Plan, PlanSpec
 from accel.report import Report, Row
 from accel.run import Run
 
-
-class AccelerateError(RuntimeError):
-    """An accelerator failed while being applied (after the plan was validated)."""
+__all__ = ["AccelerateError", "accelerate", "decide"]
 
 
-def _device(device: Any, problems: list[Problem]) -> torch.device | None:
+def _resolve_plan(plan: Any, model, optimizer, loader, device) -> tuple[PlanSpec, Any]:
+    """A plan chosen by measuring ("auto", accel.Auto(...)) becomes the plan it chose, with its result."""
+    if isinstance(plan, str) and plan in RESOLVERS:
+        plan = RESOLVERS[plan]()
+    if hasattr(plan, "resolve") and not isinstance(plan, Plan):
+        tuning = plan.resolve(model, optimizer, loader, device)
+        return tuning.plan, tuning
+    return plan, None
+
+
+def _placement(device: Any, hardware: Hardware, problems: list[Problem]) -> Decisions | None:
+    """The launch (rank) and this rank's device, decided before any accelerator runs."""
     try:
-        return resolve_device(device)
+        launch = launcher_environment()
+    except ValueError as error:  # e.g. RANK=abc
+        problems.append(Problem("launch", f"the launcher's variables cannot be read: {error}", kind="value"))
+        return None
+    try:
+        resolved = resolve_device(device, local_rank=launch.local_rank if launch else 0)
     except (RuntimeError, TypeError, ValueError) as error:
         problems.append(Problem("device", str(error), value=device,
                                 allowed="'auto', 'cpu', 'cuda[:N]', 'xpu[:N]', 'mps' or any torch device string"))
         return None
+    why = device_problem(resolved, hardware)
+    if why:
+        problems.append(Problem("device", why, value=device if isinstance(device, str) else str(device),
+                                allowed="'auto', 'cpu', or a device that is here", kind="missing"))
+        return None
+    decisions = Decisions(device=resolved, launch=launch)
+    decisions.by["device"] = "accel"
+    decisions.why["device"] = (f"local rank {launch.local_rank}'s device" if launch and resolved.index is not None
+                               else "asked for" if device not in (None, "auto") else "the fastest device here")
+    return decisions
 
 
-def check_plan(plan: Plan, ctx: Context) -> tuple[list[Problem], dict[str, str]]:
-    """Problems that fail the plan, and accelerators to skip (optional ones whose package or device is missing)."""
-    problems: list[Problem] = []
+def _retract(ctx: Context, name: str) -> None:
+    """Forget the decisions of an accelerator that stands aside (skipped after deciding)."""
+    defaults = Decisions(device=ctx.decisions.device)
+    for field, by in list(ctx.decisions.by.items()):
+        if by == name:
+            if field in ctx.decisions.extra:
+                del ctx.decisions.extra[field]
+            else:
+                setattr(ctx.decisions, field, getattr(defaults, field))
+            del ctx.decisions.by[field], ctx.decisions.why[field]
+
+
+def prepare(model, optimizer, loader, plan: PlanSpec, device: Any = "auto") -> tuple[Context, list[Accelerator],
+                                                                                     dict[str, str]]:
+    """Parse, decide and check the whole plan; raise one PlanError with every problem. Changes nothing."""
+    plan, problems = Plan.parse(plan)
+    if not isinstance(model, torch.nn.Module):
+        problems.append(Problem("model", "is not a torch.nn.Module", value=type(model).__name__))
+        raise PlanError(problems)
+    hardware = probe()
+    decisions = _placement(device, hardware, problems)
+    if decisions is None:
+        raise PlanError(problems)
+    ctx = Context(model=model, optimizer=optimizer, loader=loader, hardware=hardware, plan=plan, decisions=decisions)
+    accelerators = [copy.copy(a) for a in plan]  # each run keeps its own state on its own objects
     skips: dict[str, str] = {}
-    for accelerator in plan:
-        found = [Problem(accelerator.name, f"needs the package {name!r}, which is not installed",
-                         allowed=f"pip install {name}", kind="missing")
-                 for name in accelerator.requires if package_version(name) is None]
-        found += accelerator.check(ctx)
+    checked: dict[str, list[Problem]] = {}
+    for accelerator in accelerators:
+        checked[accelerator.name] = [
+            Problem(accelerator.name, f"needs the package {name!r}, which is not installed",
+                    allowed=f"pip install {name}", kind="missing")
+            for name in accelerator.requires if package_version(name) is None]
+    for accelerator in accelerators:
+        if checked[accelerator.name]:
+            continue
+        ctx.deciding = accelerator.name
+        try:
+            accelerator.decide(ctx)
+        except Skip as skip:
+            skips[accelerator.name] = skip.reason
+            _retract(ctx, accelerator.name)
+    ctx.deciding = ""
+    for accelerator in accelerators:
+        if accelerator.name not in skips and not checked[accelerator.name]:
+            checked[accelerator.name] += accelerator.check(ctx)
+        found = checked[accelerator.name]
         if accelerator.optional and found and all(p.kind == "missing" for p in found):
             skips[accelerator.name] = "optional, and " + "; ".join(p.message for p in found)
+            _retract(ctx, accelerator.name)
         else:
             problems += found
-    return problems, skips
+    problems += ctx.problems
+    if problems:
+        raise PlanError(problems)
+    return ctx, accelerators, skips
+
+
+def decide(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None, loader: Any = None,
+           plan: PlanSpec = None, device: Any = "auto") -> Decisions:
+    """What the plan decides here (device, rank, dtype, threads, workers...), with nothing applied.
+
+    Raises the PlanError accelerate() would raise.
+    """
+    ctx, _, _ = prepare(model, optimizer, loader, plan, device)
+    return ctx.decisions
+
+
+def _place(ctx: Context) -> None:
+    """Put the model (and any optimizer state) on the run's device, recorded so a failure can undo it."""
+    device = ctx.device
+    tensors = [*ctx.model.parameters(), *ctx.model.buffers()]
+    if all(t.device == device for t in tensors):
+        return
+    ctx.journal.move_module(ctx.model, device)
+    optimizer = ctx.optimizer
+    if optimizer is not None and optimizer.state:
+        saved = copy.copy(optimizer.state_dict())
+        ctx.journal.change(f"optimizer state to {device}", lambda: optimizer.load_state_dict(optimizer.state_dict()),
+                           lambda: optimizer.load_state_dict(saved), process=False)
 
 
 def accelerate(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None, loader: Any = None,
                plan: PlanSpec = None, device: Any = "auto") -> Run:
     """Apply a plan of accelerators to the user's model, optimizer and loader and return a Run.
 
-    Every problem in the plan is raised together in one PlanError before anything is touched.
+    Every problem in the plan is raised together in one PlanError before anything is touched; a failure while
+    applying rolls every change back and raises AccelerateError. plan="auto" (or accel.Auto(...)) chooses the
+    plan by measuring on these objects first.
     """
     started = time.perf_counter()
-    tuning = None
-    if isinstance(plan, str) and plan == "auto":  # choose by measuring on the user's own model (accel.tune)
-        from accel.tune import tune
-
-        tuning = tune(model, optimizer, loader, device=device)
-        plan = tuning.plan
-    plan, problems = Plan.parse(plan)
-    resolved = _device(device, problems)
-    if not isinstance(model, torch.nn.Module):
-        problems.append(Problem("model", "is not a torch.nn.Module", value=type(model).__name__))
-        raise PlanError(problems)
-    if resolved is None:
-        raise PlanError(problems)
-    hardware = probe()
-    ctx = Context(model=model, optimizer=optimizer, loader=loader, device=resolved, hardware=hardware, plan=plan)
-    found, skips = check_plan(plan, ctx)
-    if problems or found:
-        raise PlanError(problems + found)
-
-    if next((p.device for p in model.parameters()), resolved) != resolved:
-        model.to(resolved)
-    report = Report(device=str(resolved), hardware=describe(hardware), tuning=tuning)
-    for accelerator in plan:
-        row = Row(accelerator.name, accelerator.stage.name.lower(), "skipped")
-        report.rows.append(row)
-        if accelerator.name in skips:
-            row.reason = skips[accelerator.name]
-            continue
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            try:
-                row.changes = accelerator.apply(ctx) or {}
-                row.status = "applied"
-            except Skip as skip:
-                row.reason = skip.reason
-            except Exception as error:
-                raise AccelerateError(f"{accelerator.name} failed while being applied: {error}") from error
-        for warning in caught:  # keep them in the report and still show them to the user
-            row.warnings.append(str(warning.message))
-            warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+    plan, tuning = _resolve_plan(plan, model, optimizer, loader, device)
+    ctx, accelerators, skips = prepare(model, optimizer, loader, plan, device)
+    report = Report(device=str(ctx.device), hardware=describe(ctx.hardware), tuning=tuning)
+    applied: list[Accelerator] = []
+    current = "placement"
+    try:
+        _place(ctx)
+        for accelerator in accelerators:
+            current = accelerator.name
+            row = Row(accelerator.name, accelerator.stage.name.lower(), "skipped")
+            report.rows.append(row)
+            if accelerator.name in skips:
+                row.reason = skips[accelerator.name]
+                continue
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                try:
+                    row.changes = accelerator.apply(ctx) or {}
+                    row.status = "applied"
+                    applied.append(accelerator)
+                except Skip as skip:
+                    row.reason = skip.reason
+            for warning in caught:  # keep them in the report and still show them to the user
+                row.warnings.append(str(warning.message))
+                warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+    except BaseException as error:
+        ctx.journal.rollback()
+        if isinstance(error, Exception) and not isinstance(error, PlanError):
+            raise AccelerateError(f"{current} failed while being applied: {type(error).__name__}: {error}; every "
+                                  "change was rolled back (your objects and the process are as they were)") from error
+        raise
+    ctx.journal.release_objects()
+    report.decisions = ctx.decisions.summary()
     report.setup_s = time.perf_counter() - started
-    return Run(ctx, report)
+    return Run(ctx, report, applied)
 
 
-def describe(hardware) -> str:
+def describe(hardware: Hardware) -> str:
     isa = ",".join(hardware.isa) or "no AVX2"
     return (f"{hardware.physical_cores} physical cores ({len(hardware.cpus_allowed)} CPUs allowed), {isa}, "
             f"OpenMP {hardware.openmp}, torch {hardware.versions['torch']}")

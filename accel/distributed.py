@@ -15,8 +15,12 @@ from typing import Mapping
 
 import torch
 
-__all__ = ["Launch", "all_reduce_mean", "barrier", "init_process_group", "is_main_process", "launcher_environment",
-           "rank", "world_size"]
+from accel.hardware import parse_cpu_list
+
+__all__ = ["Launch", "all_reduce_mean", "barrier", "cores_for_rank", "init_process_group", "is_main_process",
+           "launcher_environment", "rank", "rank_cores", "world_size"]
+
+CORE_MAP_VARIABLE = "ACCEL_CORE_MAP"  # `accel launch`'s cores per local rank: "0,1;2,3" (rank 0: 0,1; rank 1: 2,3)
 
 # launcher -> (rank, world size, local rank, local world size) variable names, in order of precedence:
 # torchrun comes first, because `srun torchrun ...` and `mpirun torchrun ...` leave the outer variables set.
@@ -69,6 +73,27 @@ def launcher_environment(environ: Mapping[str, str] = os.environ) -> Launch | No
             local_world = int(local_size) if local_size else world
         return Launch(launcher, rank, world, local_rank, local_world)
     return None
+
+
+def cores_for_rank(physical_cpus: tuple[int, ...], local_rank: int, local_world: int,
+                   per_rank: int | None = None) -> tuple[int, ...]:
+    """The book's CPU allocation map: local ranks get disjoint, contiguous, equal shares of physical cores.
+
+    With more ranks than cores, ranks share cores round-robin (oversubscribed, never empty).
+    """
+    share = per_rank or max(1, len(physical_cpus) // local_world)
+    start = (local_rank * share) % max(1, len(physical_cpus))
+    return tuple(physical_cpus[start:start + share])
+
+
+def rank_cores(physical_cpus: tuple[int, ...], launch: Launch | None,
+               environ: Mapping[str, str] = os.environ) -> tuple[tuple[int, ...], str]:
+    """This rank's cores and where they came from: `accel launch`'s map, else the local-rank partition."""
+    local_rank, local_world = (launch.local_rank, launch.local_world_size) if launch else (0, 1)
+    shares = environ.get(CORE_MAP_VARIABLE, "").split(";")
+    if local_rank < len(shares) and shares[local_rank]:
+        return parse_cpu_list(shares[local_rank]), "accel launch"
+    return cores_for_rank(physical_cpus, local_rank, local_world), f"partition of {len(physical_cpus)} physical cores"
 
 
 EXIT_BARRIER_S = 30

@@ -1,10 +1,17 @@
-"""Errors users see: one PlanError carries every problem found in a plan."""
+"""Errors users see. Every accel error is an AccelError, so a script or the CLI can catch them all at once.
+
+PlanError carries every problem found in a plan; nothing has been changed when it is raised.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
 _UNSET = object()
+
+
+class AccelError(Exception):
+    """Base of the errors accel raises for a user's mistake or an unusable input (never a bug of accel's)."""
 
 
 @dataclass(frozen=True)
@@ -26,14 +33,19 @@ class Problem:
         where = self.accelerator + (f".{self.field}" if self.field else "")
         text = f"{where}: "
         if self.value is not _UNSET:
-            text += f"{self.value!r}: "
+            text += f"{_short(self.value)}: "
         text += self.message
         if self.allowed:
             text += f" (allowed: {self.allowed})"
         return text
 
 
-class PlanError(ValueError):
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+class PlanError(AccelError, ValueError):
     """Raised before anything is touched, listing every problem in the plan at once."""
 
     def __init__(self, problems: list[Problem]):
@@ -43,8 +55,16 @@ class PlanError(ValueError):
         super().__init__("\n".join(lines))
 
 
+class AccelerateError(AccelError, RuntimeError):
+    """An accelerator failed while being applied; every change made so far was rolled back."""
+
+
+class CheckpointError(AccelError, ValueError):
+    """A checkpoint cannot be read, or cannot be loaded into this run; the run was left as it was."""
+
+
 class Skip(Exception):
-    """Raised inside Accelerator.apply to skip it with a reason that goes to the report."""
+    """Raised inside Accelerator.decide or apply to skip it with a reason that goes to the report."""
 
     def __init__(self, reason: str):
         self.reason = reason

@@ -207,15 +207,31 @@ def ipex_problem() -> str | None:
     return None
 
 
-def resolve_device(device: str | torch.device | None = "auto") -> torch.device:
-    """'auto' picks cuda, xpu, mps, else cpu; any torch device string is accepted as is."""
+def resolve_device(device: str | torch.device | None = "auto", local_rank: int = 0) -> torch.device:
+    """'auto' picks cuda, xpu, mps, else cpu; a device type without an index picks this local rank's device
+    (each rank of a launched job on its own GPU); any torch device string is accepted as is."""
     if device is None or device == "auto":
         devices = probe().devices
-        for kind in ("cuda", "xpu", "mps"):
-            if devices.get(kind):
-                return torch.device(kind, 0) if kind != "mps" else torch.device("mps")
-        return torch.device("cpu")
-    return torch.device(device)
+        kind = next((k for k in ("cuda", "xpu", "mps") if devices.get(k)), "cpu")
+        device = torch.device(kind)
+    device = torch.device(device)
+    if device.index is None and device.type not in ("cpu", "mps", "meta"):
+        count = probe().devices.get(device.type, 0)
+        return torch.device(device.type, local_rank if count > 1 else 0)
+    return device
+
+
+def device_problem(device: torch.device, hardware: Hardware) -> str | None:
+    """Why a run cannot use this device here (absent, or an index past the last one), or None."""
+    if device.type == "cpu":
+        return None
+    found = ", ".join(f"{kind} x{count}" if kind != "cpu" else kind for kind, count in hardware.devices.items())
+    count = hardware.devices.get(device.type, 0)
+    if not count:
+        return f"there is no {device.type} device here (found: {found})"
+    if device.index is not None and device.index >= count:
+        return f"{device} does not exist: {count} {device.type} device(s) here, indices 0-{count - 1}"
+    return None
 
 
 def is_accelerator(device: torch.device) -> bool:

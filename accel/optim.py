@@ -57,18 +57,27 @@ def rebuild_optimizer(optimizer: torch.optim.Optimizer, params: Sequence[Sequenc
     return new
 
 
+def foreign_tensors(optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> list[tuple[int, tuple[int, ...]]]:
+    """(param group, shape) of every tensor the optimizer trains that is not a parameter of the model."""
+    owned = {id(p) for p in model.parameters()}
+    return [(i, tuple(p.shape)) for i, group in enumerate(optimizer.param_groups) for p in group["params"]
+            if id(p) not in owned]
+
+
 def same_params(optimizer: torch.optim.Optimizer, old: torch.nn.Module,
                 new: torch.nn.Module) -> list[list[torch.Tensor]]:
-    """Each param group's parameters, looked up by name in ``new`` (a copy of ``old``, or old after surgery)."""
-    names = {id(p): n for n, p in old.named_parameters()}
-    params = dict(new.named_parameters())
-    groups = []
-    for group in optimizer.param_groups:
-        unknown = [tuple(p.shape) for p in group["params"] if id(p) not in names]
-        if unknown:
-            raise ValueError(f"the optimizer holds tensors that are not parameters of the model: shapes {unknown}")
-        groups.append([params[names[id(p)]] for p in group["params"]])
-    return groups
+    """Each param group's parameters, looked up by name in ``new`` (a copy of ``old``, or old after surgery).
+
+    Tensors the optimizer trains that are not parameters of the model (a learned temperature kept beside it)
+    are carried as they are: the same objects, trained as in the plain loop. Tied parameters (one tensor under
+    two names) map to the one tensor of the copy.
+    """
+    names = {}
+    for name, param in old.named_parameters(remove_duplicate=False):
+        names.setdefault(id(param), name)
+    params = dict(new.named_parameters(remove_duplicate=False))
+    return [[params[names[id(p)]] if id(p) in names else p for p in group["params"]]
+            for group in optimizer.param_groups]
 
 
 def copy_with_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None):

@@ -1,10 +1,26 @@
-"""What happened to each accelerator, printable as a table and available as data."""
+"""What happened to each accelerator, printable as a table and available as data; the one table renderer."""
 from __future__ import annotations
 
 import json
 import statistics
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Sequence
+
+
+def render_table(header: Sequence[str], rows: Sequence[Sequence[Any]], right: Sequence[int] = (),
+                 last_free: bool = True) -> list[str]:
+    """Aligned text lines: columns padded to their widest cell; ``right`` columns right-aligned; the last column
+    left as it is (a free-text note) when ``last_free``."""
+    cells = [[str(c) for c in header]] + [["" if c is None else str(c) for c in row] for row in rows]
+    fixed = len(header) - 1 if last_free else len(header)
+    widths = [max(len(row[i]) for row in cells) for i in range(fixed)]
+    lines = []
+    for row in cells:
+        parts = [row[i].rjust(widths[i]) if i in right else row[i].ljust(widths[i]) for i in range(fixed)]
+        if last_free:
+            parts.append(row[-1])
+        lines.append("  ".join(parts).rstrip())
+    return lines
 
 
 @dataclass
@@ -24,7 +40,8 @@ class Report:
     rows: list[Row] = field(default_factory=list)
     step_times: list[float] = field(default_factory=list)  # seconds between consecutive Run.step calls
     setup_s: float = 0.0
-    tuning: Any = None  # accel.tune.TuneResult when the plan was "auto": the ablation and why the winner won
+    tuning: Any = None  # accel.autotune.TuneResult when the plan was measured ("auto"): the ablation and the why
+    decisions: dict[str, str] = field(default_factory=dict)  # device, rank, dtype, threads, workers...
 
     def row(self, name: str) -> Row:
         for row in self.rows:
@@ -56,7 +73,7 @@ class Report:
 
     def to_dict(self) -> dict[str, Any]:
         return {"device": self.device, "hardware": self.hardware, "setup_s": round(self.setup_s, 4),
-                "accelerators": [asdict(r) for r in self.rows], "timing": self.timing(),
+                "decisions": self.decisions, "accelerators": [asdict(r) for r in self.rows], "timing": self.timing(),
                 **({"tuning": self.tuning.to_dict()} if self.tuning is not None else {})}
 
     def to_json(self, **kwargs: Any) -> str:
@@ -64,7 +81,9 @@ class Report:
 
     def __str__(self) -> str:
         lines = [f"accel report: device {self.device}; {self.hardware}"]
-        header = ("accelerator", "stage", "status", "why / what changed")
+        decided = {k: v for k, v in self.decisions.items() if k != "device"}
+        if decided:
+            lines.append("decided: " + ", ".join(f"{k}={v}" for k, v in decided.items()))
         body = []
         for r in self.rows:
             detail = r.reason or ", ".join(f"{k}={v}" for k, v in r.changes.items())
@@ -72,9 +91,7 @@ class Report:
                 detail += "; " + ", ".join(f"{k}={v}" for k, v in r.changes.items())
             body.append((r.name, r.stage, r.status, detail))
             body += [("", "", "warning", w) for w in r.warnings]
-        widths = [max(len(str(x[i])) for x in [header, *body]) for i in range(3)]
-        for cells in [header, *body]:
-            lines.append("  ".join(str(c).ljust(w) for c, w in zip(cells, widths)) + "  " + cells[3])
+        lines += render_table(("accelerator", "stage", "status", "why / what changed"), body)
         if not self.rows:
             lines.append("(empty plan: nothing applied)")
         if self.tuning is not None:

@@ -1,34 +1,78 @@
-"""The object the training loop talks to: model, optimizer, loader, autocast, backward, step, report."""
+"""The object the training loop talks to: the run's model, optimizer and loader, and the accelerators' hooks.
+
+    for batch in run.loader:
+        with run.autocast():
+            loss = loss_fn(run.model(batch[0]), batch[1])
+        run.backward(loss)
+        run.step()
+
+The Run chains the runtime hooks of the applied accelerators in plan order (the earliest outermost). The
+innermost backward is ``loss.backward()``; the innermost step is the optimizer's step (through the run's
+GradScaler when an accelerator set one) followed by ``zero_grad``.
+"""
 from __future__ import annotations
 
 import contextlib
+import copy
+import dataclasses
 import time
-from typing import Any, Iterator
+from collections.abc import Mapping, MutableMapping, MutableSequence
+from typing import Any, Callable, Iterator
 
 import torch
 
+from accel.accelerator import Accelerator
+from accel.checkpoint import load as load_checkpoint
+from accel.checkpoint import save as save_checkpoint
 from accel.context import Context
+from accel.modules import origin
 from accel.report import Report
 
 
-def move(batch: Any, device: torch.device, non_blocking: bool, transforms=()) -> Any:
-    """Move tensors in a batch (nested tuples, lists and dicts) to the device and apply the transforms."""
+def map_tensors(fn: Callable[[torch.Tensor], Any], batch: Any) -> Any:
+    """fn applied to every tensor of a batch, each container keeping its own type.
+
+    Tuples, namedtuples, lists, dicts, OrderedDicts, defaultdicts, UserDicts (Hugging Face's BatchEncoding,
+    with its attributes) and dataclasses; anything else (strings, numbers) passes unchanged.
+    """
     if isinstance(batch, torch.Tensor):
-        batch = batch.to(device, non_blocking=non_blocking)
-        for transform in transforms:
-            batch = transform(batch)
-        return batch
+        return fn(batch)
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # namedtuple
+        return type(batch)(*(map_tensors(fn, item) for item in batch))
     if isinstance(batch, (list, tuple)):
-        moved = [move(b, device, non_blocking, transforms) for b in batch]
-        return type(batch)(*moved) if hasattr(batch, "_fields") else type(batch)(moved)
-    if isinstance(batch, dict):
-        return {k: move(v, device, non_blocking, transforms) for k, v in batch.items()}
+        items = [map_tensors(fn, item) for item in batch]
+        if type(batch) in (list, tuple) or not isinstance(batch, MutableSequence):
+            return type(batch)(items)
+        clone = copy.copy(batch)  # a list subclass keeps its type and attributes
+        clone[:] = items
+        return clone
+    if isinstance(batch, Mapping):
+        if not isinstance(batch, MutableMapping):
+            return {key: map_tensors(fn, value) for key, value in batch.items()}
+        clone = copy.copy(batch)  # keeps the type, a defaultdict's factory, a BatchEncoding's attributes
+        for key, value in batch.items():
+            clone[key] = map_tensors(fn, value)
+        return clone
+    if dataclasses.is_dataclass(batch) and not isinstance(batch, type):
+        fields = {f.name: map_tensors(fn, getattr(batch, f.name)) for f in dataclasses.fields(batch) if f.init}
+        return dataclasses.replace(batch, **fields)
     return batch
 
 
+def move(batch: Any, device: torch.device, non_blocking: bool = False, transforms=()) -> Any:
+    """Every tensor of a batch on the device (then each per-tensor transform), containers kept."""
+    def one(tensor: torch.Tensor) -> torch.Tensor:
+        tensor = tensor.to(device, non_blocking=non_blocking)
+        for transform in transforms:
+            tensor = transform(tensor)
+        return tensor
+
+    return map_tensors(one, batch)
+
+
 class DeviceLoader:
-    """Wraps the (possibly rebuilt) DataLoader: batches arrive on the device, transformed; epochs are counted
-    so a distributed sampler reshuffles every epoch."""
+    """Wraps the run's DataLoader: batches arrive on the device, then go through the plan's batch transforms;
+    epochs are counted so a distributed sampler reshuffles every epoch."""
 
     def __init__(self, loader: Any, device: torch.device, non_blocking: bool, transforms: list):
         self.loader = loader
@@ -36,18 +80,22 @@ class DeviceLoader:
         self.non_blocking = non_blocking
         self.transforms = list(transforms)
         self.epoch = 0
-        self._same_device = device.type == "cpu" and not self.transforms
+        self._move = device.type != "cpu"
 
     def __iter__(self) -> Iterator[Any]:
         sampler = getattr(self.loader, "sampler", None)
         if hasattr(sampler, "set_epoch"):
             sampler.set_epoch(self.epoch)
         self.epoch += 1
-        if self._same_device:
+        if not self._move and not self.transforms:
             yield from self.loader
             return
         for batch in self.loader:
-            yield move(batch, self.device, self.non_blocking, self.transforms)
+            if self._move:
+                batch = move(batch, self.device, self.non_blocking)
+            for transform in self.transforms:
+                batch = transform(batch)
+            yield batch
 
     def __len__(self) -> int:
         return len(self.loader)
@@ -61,75 +109,122 @@ class DeviceLoader:
 class Run:
     """The accelerated training objects. Use run.model, run.optimizer and run.loader in your loop."""
 
-    def __init__(self, ctx: Context, report: Report):
+    def __init__(self, ctx: Context, report: Report, accelerators: list[Accelerator]):
         self.model = ctx.model
         self.optimizer = ctx.optimizer
         self.device = ctx.device
-        self.scaler = ctx.scaler
-        self.autocast_dtype = ctx.autocast_dtype
         self.plan = ctx.plan
         self.report = report
+        self.decisions = ctx.decisions
         self.extras = ctx.extras
-        self.loader = (DeviceLoader(ctx.loader, ctx.device, ctx.non_blocking, ctx.batch_transforms)
+        self.grad_scaler = ctx.grad_scaler
+        self.journal = ctx.journal
+        self.accelerators = list(accelerators)  # the applied ones, in plan order, each with its own state
+        self.loader = (DeviceLoader(ctx.loader, ctx.device, ctx.decisions.non_blocking, ctx.batch_transforms)
                        if ctx.loader is not None else None)
-        self.steps = 0  # optimizer steps taken, restored by run.load
+        self.steps = 0  # run.step() calls (one per batch), restored by run.load
+        self.optimizer_steps = 0  # steps the optimizer really took (not skipped, not accumulating)
+        self._autocasts = [a for a in self.accelerators if a.overrides("autocast")]
+        self._backward = self._chain("backward", lambda loss: loss.backward())
+        self._step = self._chain("step", self._update)
         self._last_step = time.perf_counter()  # the first step's time includes compile and warm-up
 
-    def autocast(self):
-        """The autocast context the plan chose (a no-op when no amp accelerator applied)."""
-        if self.autocast_dtype is None:
+    def _chain(self, hook: str, innermost: Callable) -> Callable:
+        call = innermost
+        for accelerator in reversed([a for a in self.accelerators if a.overrides(hook)]):
+            call = (lambda method, proceed: lambda value: method(self, value, proceed))(getattr(accelerator, hook), call)
+        return call
+
+    def _update(self, optimizer: torch.optim.Optimizer) -> bool:
+        """The innermost step: the optimizer's update (skipped by the GradScaler on inf/NaN), then zero_grad."""
+        scaler = self.grad_scaler
+        if scaler is None:
+            optimizer.step()
+            stepped = True
+        else:
+            scale = scaler.get_scale()
+            scaler.step(optimizer)
+            scaler.update()
+            stepped = scaler.get_scale() >= scale  # the scaler lowers its scale exactly when it skipped
+        optimizer.zero_grad(set_to_none=True)
+        return stepped
+
+    @property
+    def scaler(self):
+        """The run's GradScaler (amp with fp16), or None."""
+        return self.grad_scaler
+
+    @property
+    def autocast_dtype(self) -> torch.dtype | None:
+        return self.decisions.compute_dtype if self._autocasts else None
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """The contexts the plan chose for the forward pass and the loss (a no-op when none did)."""
+        if not self._autocasts:
             return contextlib.nullcontext()
-        return torch.autocast(self.device.type, dtype=self.autocast_dtype)
+        stack = contextlib.ExitStack()
+        for accelerator in self._autocasts:
+            context = accelerator.autocast(self)
+            if context is not None:
+                stack.enter_context(context)
+        return stack
 
     def backward(self, loss: torch.Tensor) -> None:
-        (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+        """loss.backward(), through the plan's hooks (loss scaling, accumulation)."""
+        self._backward(loss)
 
     def step(self) -> bool:
-        """Optimizer step (through the grad scaler when there is one), then zero_grad.
+        """The optimizer step through the plan's hooks, then zero_grad; call it once per batch.
 
-        Returns True when the step was skipped (the scaler found inf/NaN gradients and lowered its scale),
-        so a learning-rate scheduler can skip too.
+        Returns True when the optimizer did not step: the GradScaler skipped it (inf/NaN gradients) or gradients
+        are still being accumulated. A learning-rate scheduler steps when it returns False.
         """
         if self.optimizer is None:
             raise RuntimeError("run.step() needs an optimizer: pass one to accel.accelerate(model, optimizer, ...)")
-        skipped = False
-        if self.scaler is not None:
-            scale = self.scaler.get_scale()
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
-            skipped = self.scaler.get_scale() < scale
-        else:
-            self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        stepped = self._step(self.optimizer)
         self.steps += 1
+        self.optimizer_steps += bool(stepped)
         now = time.perf_counter()
         self.report.step_times.append(now - self._last_step)
         self._last_step = now
-        return skipped
+        return not stepped
 
-    def save(self, path) -> None:
-        """Checkpoint model, optimizer, scaler, counters, RNG states and the plan (rank 0 writes, atomically)."""
-        from accel.checkpoint import save
+    def accelerator(self, name: str) -> Accelerator:
+        """The applied accelerator of that name (its runtime state, e.g. grad_clipping's last norm)."""
+        for accelerator in self.accelerators:
+            if accelerator.name == name:
+                return accelerator
+        raise KeyError(f"no applied accelerator {name!r} in this run; applied: {[a.name for a in self.accelerators]}")
 
-        save(self, path)
-
-    def load(self, path) -> dict:
-        """Restore a checkpoint written by run.save into this run; returns {"step", "epoch", "path"}."""
-        from accel.checkpoint import load
-
-        return load(self, path)
+    def wrappers(self) -> list[torch.nn.Module]:
+        """The model at each level, outermost first (compiled, DDP, ...) down to the user's module."""
+        levels = [self.model]
+        for accelerator in reversed(self.accelerators):
+            inner = accelerator.unwrap(levels[-1])
+            if inner is not levels[-1]:
+                levels.append(inner)
+        if origin(levels[-1]) is not levels[-1]:
+            levels.append(origin(levels[-1]))
+        return levels
 
     def unwrap(self) -> torch.nn.Module:
-        """The user's plain module, under every wrapper (DDP, compile): what to save."""
-        return unwrap_model(self.model)
+        """The user's plain module under every wrapper (DDP, compile, hooks): what to save and evaluate."""
+        return self.wrappers()[-1]
 
+    def save(self, path) -> None:
+        """Checkpoint model, optimizer, each accelerator's state, counters, RNG states and the plan.
 
-def unwrap_model(model: torch.nn.Module) -> torch.nn.Module:
-    """Peel torch.compile's OptimizedModule and DDP/DataParallel wrappers, in any nesting."""
-    while True:
-        if hasattr(model, "_orig_mod"):
-            model = model._orig_mod
-        elif isinstance(model, (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)):
-            model = model.module
-        else:
-            return model
+        Every rank calls it; rank 0 writes, atomically, with a checksum over the tensors.
+        """
+        save_checkpoint(self, path)
+
+    def load(self, path) -> dict:
+        """Restore a checkpoint written by run.save into this run; returns {"step", "epoch", "path"}.
+
+        Everything is checked before anything changes: a refused load leaves the run as it was.
+        """
+        return load_checkpoint(self, path)
+
+    def close(self) -> None:
+        """Put the process back as it was before accelerate(): threads, affinity, environment, backend flags."""
+        self.journal.rollback()

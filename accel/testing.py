@@ -17,46 +17,14 @@ from typing import Any, Iterator
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader
 
 from accel.accelerator import Accelerator
+from accel.book import BookCNN, TinyCNN, accuracy, cifar_shaped, digits_datasets  # noqa: F401  (re-exported)
 from accel.core import accelerate
+from accel.journal import pin_process
 from accel.report import Row
 from accel.run import Run
-
-
-class TinyCNN(nn.Module):
-    """A small real CNN for 1x8x8 images (the shape of sklearn's digits): 2 convs, pool, 2 linears."""
-
-    def __init__(self, channels: int = 1, classes: int = 10, width: int = 8):
-        super().__init__()
-        self.conv1 = nn.Conv2d(channels, width, 3, padding=1)
-        self.conv2 = nn.Conv2d(width, 2 * width, 3, padding=1)
-        self.pool = nn.MaxPool2d(2)
-        self.fc1 = nn.Linear(2 * width * 4 * 4, 32)
-        self.fc2 = nn.Linear(32, classes)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.pool(torch.relu(self.conv2(torch.relu(self.conv1(x)))))
-        return self.fc2(torch.relu(self.fc1(torch.flatten(x, 1))))
-
-
-class BookCNN(nn.Module):
-    """The book's CNN (chapters 2 and 6) for 3x32x32 images: two 3x3 conv + ReLU + 2x2 max-pool blocks (3->32->64),
-    then Linear 4096->512->10: 2,122,186 parameters."""
-
-    def __init__(self, classes: int = 10):
-        super().__init__()
-        self.conv1 = nn.Conv2d(3, 32, 3, padding=1)
-        self.conv2 = nn.Conv2d(32, 64, 3, padding=1)
-        self.pool = nn.MaxPool2d(2)
-        self.fc1 = nn.Linear(64 * 8 * 8, 512)
-        self.fc2 = nn.Linear(512, classes)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.pool(torch.relu(self.conv1(x)))
-        x = self.pool(torch.relu(self.conv2(x)))
-        return self.fc2(torch.relu(self.fc1(torch.flatten(x, 1))))
 
 
 def tiny_model(seed: int = 0) -> TinyCNN:
@@ -70,30 +38,12 @@ def tiny_optimizer(model: nn.Module, lr: float = 0.01) -> torch.optim.Optimizer:
 
 def tiny_loader(samples: int = 64, batch_size: int = 16, seed: int = 0, **kwargs: Any) -> DataLoader:
     """Random 1x8x8 images with labels 0-9: for checking plumbing, not accuracy."""
+    from torch.utils.data import TensorDataset
+
     generator = torch.Generator().manual_seed(seed)
     images = torch.randn(samples, 1, 8, 8, generator=generator)
     labels = torch.randint(0, 10, (samples,), generator=generator)
     return DataLoader(TensorDataset(images, labels), batch_size=batch_size, **kwargs)
-
-
-def digits_datasets(seed: int = 0, test_fraction: float = 0.25) -> tuple[TensorDataset, TensorDataset]:
-    """sklearn's 1,797 real 8x8 digits, scaled to [0, 1], split into train and test sets."""
-    from sklearn.datasets import load_digits
-
-    digits = load_digits()
-    images = torch.tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 16.0
-    labels = torch.tensor(digits.target, dtype=torch.long)
-    order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(seed))
-    cut = int(len(labels) * (1 - test_fraction))
-    train, test = order[:cut], order[cut:]
-    return TensorDataset(images[train], labels[train]), TensorDataset(images[test], labels[test])
-
-
-def cifar_shaped(dataset: TensorDataset, size: int = 32) -> TensorDataset:
-    """1x8x8 digits upsampled to 3xSIZExSIZE, the input shape of the book's CIFAR-10 CNN."""
-    images, labels = dataset.tensors
-    images = nn.functional.interpolate(images, size=(size, size), mode="bilinear", align_corners=False)
-    return TensorDataset(images.expand(-1, 3, -1, -1).contiguous(), labels)
 
 
 def train_steps(run: Run, epochs: int = 1, loss_fn=nn.functional.cross_entropy) -> list[float]:
@@ -108,17 +58,6 @@ def train_steps(run: Run, epochs: int = 1, loss_fn=nn.functional.cross_entropy) 
             run.step()
             losses.append(loss.item())
     return losses
-
-
-@torch.no_grad()
-def accuracy(model: nn.Module, dataset: TensorDataset, autocast=contextlib.nullcontext) -> float:
-    model.eval()
-    images, labels = dataset.tensors
-    device = next(model.parameters()).device
-    with autocast():
-        predictions = model(images.to(device)).argmax(1).cpu()
-    model.train()
-    return (predictions == labels).float().mean().item()
 
 
 @dataclass
@@ -220,6 +159,4 @@ def process_state_restored() -> Iterator[None]:
         os.environ.clear()
         os.environ.update(environ)
         if affinity is not None:
-            from accel.accelerators.threads import pin_process
-
             pin_process(tuple(affinity))

@@ -25,7 +25,7 @@ from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 import accel  # noqa: E402
-from accel.testing import BookCNN, cifar_shaped, digits_datasets, process_state_restored  # noqa: E402
+from accel.book import BookCNN, cifar_shaped, digits_datasets  # noqa: E402
 
 RESULT_MARK = "EXAMPLE-RESULT "  # a child process prints its result as one JSON line after this mark
 
@@ -100,9 +100,15 @@ def train(model: nn.Module, loader, plan, epochs: int = 1, lr: float = 0.003, te
 
 @contextlib.contextmanager
 def isolated():
-    """Undo the thread count, affinity and environment an accelerator (threads) changes, between variants."""
-    with process_state_restored():
+    """Put back the thread count, CPU affinity and environment an accelerator (threads) changes, between variants."""
+    threads, environ, affinity = torch.get_num_threads(), dict(os.environ), os.sched_getaffinity(0)
+    try:
         yield
+    finally:
+        torch.set_num_threads(threads)
+        os.environ.clear()
+        os.environ.update(environ)
+        os.sched_setaffinity(0, affinity)
 
 
 def parser(description: str) -> argparse.ArgumentParser:

@@ -109,13 +109,22 @@ def test_step_reports_a_skipped_step_when_gradients_overflow():
     assert run.step() is False
 
 
-def test_channels_last_converts_model_and_inputs():
-    result = apply_one(ChannelsLast())
+def test_channels_last_converts_what_enters_each_conv_and_nothing_of_the_users():
+    model = tiny_model()
+    result = apply_one(ChannelsLast(), model=model)
     assert result.row.status == "applied" and result.row.changes["conv2d_layers"] == 2
-    assert "model.conv2.weight: memory format channels_last" in result.changed  # conv1 has 1 channel: both formats
+    assert result.changed == ["model: a different object"]  # the run's own module tree, sharing the tensors
+    assert [id(p) for p in result.run.model.parameters()] == [id(p) for p in model.parameters()]
+    assert not model.conv2._forward_pre_hooks and result.run.unwrap() is model
+    seen = []
+    for conv in (m for m in result.run.model.modules() if isinstance(m, torch.nn.Conv2d)):
+        conv.register_forward_hook(lambda m, args, out: seen.append((args[0], out)))
     x, _ = next(iter(result.run.loader))
-    assert x.is_contiguous(memory_format=torch.channels_last)
-    train_steps(result.run)
+    assert x.is_contiguous()  # the batch itself is not converted
+    result.run.model(x.expand(-1, 1, -1, -1))
+    assert len(seen) == 2 and all(i.is_contiguous(memory_format=torch.channels_last) for i, _ in seen[1:])
+    losses = train_steps(result.run)
+    assert all(loss == loss for loss in losses)
 
 
 def test_channels_last_skips_models_without_conv2d():
@@ -127,18 +136,20 @@ def test_channels_last_skips_models_without_conv2d():
 
 def test_an_accelerator_that_cannot_serve_the_device_is_skipped_with_the_reason():
     """An out-of-tree device (privateuseone): amp has no autocast for it and says so instead of crashing."""
-    from accel.context import Context
+    from accel.context import Context, Decisions
 
     device = torch.device("privateuseone", 0)
     assert accel.hardware.resolve_device("privateuseone:0") == device
-    ctx = Context(tiny_model(), None, None, device, probe(), accel.Plan(["amp"]))
+    ctx = Context(tiny_model(), None, None, probe(), accel.Plan(["amp"]), Decisions(device))
     if torch.amp.is_autocast_available("privateuseone"):
         with pytest.raises(accel.Skip, match="no autocast dtype is known for device type 'privateuseone'"):
-            Amp().apply(ctx)
+            Amp().decide(ctx)
     else:
         with pytest.raises(accel.Skip, match="no autocast for device type 'privateuseone'"):
-            Amp().apply(ctx)
-    assert ctx.autocast_dtype is None
+            Amp().decide(ctx)
+    assert ctx.decisions.compute_dtype is None
+    with pytest.raises(accel.PlanError, match="there is no privateuseone device here"):
+        accel.accelerate(tiny_model(), None, None, ["amp"], device="privateuseone:0")
 
 
 @pytest.mark.slow

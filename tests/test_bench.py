@@ -1,4 +1,4 @@
-"""accel bench: each plan in a fresh process; complete rows; valid JSON, CSV and PNG; ratios against eager."""
+"""accel bench: plans interleaved in one process; complete rows with intervals; JSON, CSV and PNG; honest peaks."""
 import csv
 import json
 
@@ -8,46 +8,60 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils.flop_counter import FlopCounterMode
 
-from accel.bench import CSV_FIELDS, add_ratios, bench, merge_rounds, plan_label, summarize, training_flops
+from accel.bench import CSV_FIELDS, add_ratios, bench
 from accel.cli import main
+from accel.hardware import probe
+from accel.measure import matmul_peaks, peak_dtype, plan_label, summarize, training_flops
 
-NUMBERS = ("median_ms", "min_ms", "max_ms", "stdev_ms", "first_step_s", "warmup_s", "setup_s", "peak_memory_mb",
-           "gflop_per_step", "gflops", "peak_fraction", "vs_baseline", "speedup")
+NUMBERS = ("median_ms", "min_ms", "max_ms", "stdev_ms", "first_step_s", "warmup_s", "setup_s", "gflop_per_step",
+           "gflops", "vs_baseline", "speedup")
 
 
 def test_cli_bench_on_a_tiny_model_writes_complete_rows_json_csv_and_png(tmp_path, capsys):
     paths = {kind: tmp_path / f"bench.{kind}" for kind in ("json", "csv", "png")}
-    code = main(["bench", "--models", "tiny", "--image-size", "8", "--steps", "2", "--plans", "channels_last",
-                 "--optimizer", "sgd", "--json", str(paths["json"]), "--csv", str(paths["csv"]),
-                 "--plot", str(paths["png"])])
+    code = main(["bench", "--models", "tiny", "--image-size", "8", "--rounds", "3", "--steps", "2",
+                 "--plans", "channels_last", "amp", "--optimizer", "sgd", "--json", str(paths["json"]),
+                 "--csv", str(paths["csv"]), "--plot", str(paths["png"])])
     assert code == 0
     data = json.loads(paths["json"].read_text())
     rows = data["rows"]
-    assert [(r["model"], r["plan"], r["status"]) for r in rows] == [("tiny", "eager", "ok"),
-                                                                    ("tiny", "channels_last", "ok")]
+    assert [(r["model"], r["plan"], r["status"]) for r in rows] == [
+        ("tiny", "eager", "ok"), ("tiny", "channels_last", "ok"), ("tiny", "amp", "ok")]
     for row in rows:
         assert all(isinstance(row[k], (int, float)) and row[k] >= 0 for k in NUMBERS), row
         assert row["min_ms"] <= row["median_ms"] <= row["max_ms"]
-        assert (row["steps"], row["warmup"], row["optimizer"], row["batch_size"]) == (2, 1, "sgd", 16)
-        assert row["rounds"] == 1 and len(row["times_ms"]) == 2
-    assert rows[0]["vs_baseline"] == 1.0 and rows[0]["applied"] == []
+        assert (row["rounds"], row["steps"], row["optimizer"], row["batch_size"]) == (3, 2, "sgd", 16)
+        assert len(row["times_ms"]) == 6  # 3 rounds x 2 steps, interleaved with the other plans
+    assert rows[0]["vs_baseline"] == 1.0 and rows[0]["applied"] == [] and rows[0]["dtype"] == "fp32"
     assert rows[1]["applied"] == ["channels_last"]
-    assert rows[1]["vs_baseline"] == round(rows[1]["median_ms"] / rows[0]["median_ms"], 3)
-    assert data["machine"]["matmul_peak_gflops"] > 0
+    for row in rows[1:]:
+        assert row["ratio_low"] <= row["vs_baseline"] <= row["ratio_high"]
+        assert row["noise"] == (row["ratio_low"] < 1.0 < row["ratio_high"])
+    peaks = data["machine"]["peaks_gflops"]
+    assert peaks["fp32"] > 0
+    if probe().native_bf16:  # amp computes in bf16 here: its row is held against the bf16 peak
+        assert rows[2]["dtype"] == "bf16" and rows[2]["peak_gflops"] == peaks["bf16"]
     with open(paths["csv"]) as handle:
         reader = csv.DictReader(handle)
         assert tuple(reader.fieldnames) == CSV_FIELDS
-        assert [r["plan"] for r in reader] == ["eager", "channels_last"]
+        assert [r["plan"] for r in reader] == ["eager", "channels_last", "amp"]
     assert paths["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     table = capsys.readouterr().out
-    assert "vs eager" in table and "channels_last" in table
+    assert "vs eager (90%)" in table and "channels_last" in table and "matmul peaks" in table
 
 
-def test_a_failing_run_is_an_error_row_not_a_crash():
-    result = bench(models=["no_such_model"], plans=[], steps=1)
+def test_a_model_that_cannot_be_built_is_an_error_row_not_a_crash():
+    result = bench(models=["resnet18_but_not_really"], plans=[], rounds=1)
     (row,) = result.rows
-    assert row["status"] == "error" and row["plan"] == "eager" and "no_such_model" in row["error"].lower()
+    assert row["status"] == "error" and row["plan"] == "eager" and "resnet18_but_not_really" in row["error"].lower()
     assert "error" in str(result)
+
+
+def test_unknown_models_and_misspelt_plans_fail_before_anything_is_measured(capsys):
+    assert main(["bench", "--models", "resnt18", "tiny"]) == 2
+    assert "unknown model(s): resnt18 (did you mean 'resnet18'?)" in capsys.readouterr().err
+    assert main(["bench", "--models", "tiny", "--plans", "chanels_last"]) == 2
+    assert "did you mean 'channels_last'" in capsys.readouterr().err
 
 
 def test_flops_are_three_forwards_close_to_the_counted_forward_and_backward():
@@ -56,8 +70,17 @@ def test_flops_are_three_forwards_close_to_the_counted_forward_and_backward():
     x = torch.empty(2, 3, 64, 64, device="meta")
     with FlopCounterMode(display=False) as counter:
         meta(x).sum().backward()
-    estimate = training_flops(torchvision.models.resnet18(num_classes=1000), 2, 64)
+    estimate = training_flops(torchvision.models.resnet18(num_classes=1000), torch.empty(2, 3, 64, 64))
     assert abs(estimate / counter.get_total_flops() - 1) < 0.05
+
+
+def test_peaks_are_measured_for_each_dtype_the_hardware_computes_natively():
+    hardware = probe()
+    peaks = matmul_peaks("cpu", hardware, size=256)
+    assert set(peaks) == {"fp32"} | ({"bf16"} if hardware.native_bf16 else set()) | (
+        {"fp16"} if hardware.native_fp16 else set())
+    assert all(p > 0 for p in peaks.values())
+    assert (peak_dtype(torch.bfloat16), peak_dtype(torch.float16), peak_dtype(None)) == ("bf16", "fp16", "fp32")
 
 
 @settings(max_examples=50, deadline=None)
@@ -69,37 +92,15 @@ def test_summary_orders_and_spreads(times):
 
 
 @settings(max_examples=50, deadline=None)
-@given(base=st.floats(1.0, 1e4), other=st.floats(1.0, 1e4), gflops=st.floats(0.1, 100.0))
-def test_ratios_are_against_the_same_models_eager_row(base, other, gflops):
-    rows = [{"model": "m", "plan": "eager", "status": "ok", "median_ms": base, "gflops": gflops},
-            {"model": "m", "plan": "x", "status": "ok", "median_ms": other, "gflops": gflops},
-            {"model": "n", "plan": "x", "status": "ok", "median_ms": other, "gflops": gflops}]
-    add_ratios(rows, peak_flops=200e9)
-    assert rows[0]["vs_baseline"] == 1.0
-    assert rows[1]["vs_baseline"] == round(other / base, 3) and rows[1]["speedup"] == round(base / other, 3)
-    assert rows[2]["vs_baseline"] is None  # no eager row for model n
-    assert abs(rows[1]["peak_fraction"] - gflops / 200) <= 0.0006
+@given(ratio=st.floats(0.05, 20.0), gflops=st.floats(0.1, 100.0), dtype=st.sampled_from(["fp32", "bf16"]))
+def test_each_row_is_held_against_the_peak_of_its_own_dtype(ratio, gflops, dtype):
+    rows = [{"status": "ok", "vs_baseline": ratio, "gflops": gflops, "dtype": dtype}]
+    add_ratios(rows, {"fp32": 150e9, "bf16": 400e9})
+    peak = 150e9 if dtype == "fp32" else 400e9
+    assert abs(rows[0]["peak_fraction"] - gflops * 1e9 / peak) <= 0.0006
+    assert rows[0]["speedup"] == round(1 / ratio, 3)
 
 
 def test_plan_labels():
     assert plan_label([]) == "eager" and plan_label("auto") == "auto"
     assert plan_label(["compile", "channels_last"]) == "channels_last+compile"  # the library's order
-
-
-@settings(max_examples=30, deadline=None)
-@given(st.lists(st.lists(st.floats(0.1, 1e4), min_size=1, max_size=5), min_size=1, max_size=4))
-def test_rounds_pool_every_step(rounds):
-    rows = [{"model": "m", "plan": "p", "status": "ok", "times_ms": times, "first_step_s": 1.0, "warmup_s": 1.0,
-             "setup_s": 0.1, "peak_memory_mb": 100.0 + i, "gflop_per_step": 1.0} for i, times in enumerate(rounds)]
-    row = merge_rounds(rows)
-    pooled = [t for times in rounds for t in times]
-    assert row["rounds"] == len(rounds) and row["times_ms"] == pooled
-    assert row["min_ms"] == round(min(pooled), 3) and row["max_ms"] == round(max(pooled), 3)
-    assert row["peak_memory_mb"] == 100.0 + len(rounds) - 1
-    failed = merge_rounds(rows + [{"model": "m", "plan": "p", "status": "error", "error": "boom"}])
-    assert failed["status"] == "error"
-
-
-def test_a_misspelt_plan_fails_before_anything_is_measured(capsys):
-    assert main(["bench", "--models", "tiny", "--plans", "chanels_last"]) == 2
-    assert "did you mean 'channels_last'" in capsys.readouterr().err

@@ -77,7 +77,7 @@ def test_ch05_data_pipeline():
     out, rows = run_example("ch05_data_pipeline.py")
     assert [r["workers"] for r in rows] == [0, 2]
     assert all(r["samples_per_s"] > 0 for r in rows)
-    assert "loader       data   applied  num_workers=2, pin_memory=False" in out
+    assert "loader       data   applied  num_workers=2 (asked for), pin_memory=False" in out
     assert "pin_memory=True ignored" in out  # a CPU has no bus to cross: the report says why
 
 

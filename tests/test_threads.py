@@ -4,7 +4,8 @@ import os
 from hypothesis import given
 from hypothesis import strategies as st
 
-from accel.accelerators.threads import CORE_MAP_VARIABLE, Threads, cores_for_rank, local_rank_layout, rank_cores
+from accel.accelerators.threads import Threads
+from accel.distributed import CORE_MAP_VARIABLE, cores_for_rank, launcher_environment, rank_cores
 from accel.hardware import probe
 from accel.testing import apply_one, process_state_restored
 
@@ -30,18 +31,23 @@ def test_explicit_cores_per_rank(cpus, world, per_rank):
     assert sum(shares, ()) == cpus[:world * per_rank]  # contiguous, in order
 
 
+def layout(environ):
+    launch = launcher_environment(environ)
+    return (launch.local_rank, launch.local_world_size) if launch else (0, 1)
+
+
 def test_layout_from_each_launcher():
-    assert local_rank_layout({}) == (0, 1)
-    assert local_rank_layout({"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}) == (1, 2)
-    assert local_rank_layout({"SLURM_PROCID": "5", "SLURM_NTASKS": "6", "SLURM_LOCALID": "2",
-                              "SLURM_TASKS_PER_NODE": "3(x2)", "SLURM_NODEID": "1"}) == (2, 3)
+    assert layout({}) == (0, 1)
+    assert layout({"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}) == (1, 2)
+    assert layout({"SLURM_PROCID": "5", "SLURM_NTASKS": "6", "SLURM_LOCALID": "2",
+                   "SLURM_TASKS_PER_NODE": "3(x2)", "SLURM_NODEID": "1"}) == (2, 3)
 
 
 def test_core_map_from_accel_launch_wins_over_the_partition():
     env = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", CORE_MAP_VARIABLE: "0,1;6,7"}
-    assert rank_cores((0, 1, 2, 3, 4, 5, 6, 7), env) == ((6, 7), "accel launch")
+    assert rank_cores((0, 1, 2, 3, 4, 5, 6, 7), launcher_environment(env), env) == ((6, 7), "accel launch")
     del env[CORE_MAP_VARIABLE]
-    assert rank_cores((0, 1, 2, 3, 4, 5, 6, 7), env)[0] == (4, 5, 6, 7)
+    assert rank_cores((0, 1, 2, 3, 4, 5, 6, 7), launcher_environment(env), env)[0] == (4, 5, 6, 7)
 
 
 def test_threads_accelerator_pins_this_local_rank_and_reports_it():

@@ -1,18 +1,22 @@
-"""tune / plan="auto": candidates from hardware facts, chosen by measurement, never slower than the baseline."""
+"""tune / plan="auto": candidates from the accelerators, stacks searched, interleaved ratios, the plan cache."""
 import dataclasses
+import math
+import os
 import time
 
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from torch.utils.data import DataLoader, TensorDataset
 
 import accel
-from accel.accelerator import Accelerator, Stage, register, unregister
+from accel.accelerator import REGISTRY, Accelerator, Stage, register, unregister
+from accel.autotune import TuneResult, generate_candidates
 from accel.hardware import ISA_FLAGS, probe
+from accel.measure import Ratio
 from accel.report import Report
 from accel.testing import snapshot, tiny_loader, tiny_model, tiny_optimizer
-from accel.tune import TuneResult, generate_candidates
 
 
 class Wrapped(torch.nn.Module):
@@ -27,11 +31,14 @@ class Wrapped(torch.nn.Module):
 
 
 class Slow(Accelerator):
-    """Deliberately slow: a forward pre-hook that really sleeps 0.5 s (a tiny step takes a few ms,
-    a few hundred on a loaded machine)."""
+    """Deliberately slow: a forward pre-hook that really sleeps 0.5 s (a tiny step takes a few ms)."""
 
     name = "slow"
     stage = Stage.KERNELS
+
+    @classmethod
+    def candidates(cls, hardware, model, optimizer=None, loader=None):
+        return [{}]
 
     def apply(self, ctx):
         ctx.model = Wrapped(ctx.model)
@@ -60,75 +67,218 @@ class Broken(Accelerator):
         raise RuntimeError("cannot handle this model")
 
 
+class Napping(torch.nn.Module):
+    """A user model with a slow part (a 20 ms nap per forward) that an accelerator can remove."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = tiny_model()
+        self.nap = 0.02
+
+    def forward(self, x):
+        time.sleep(self.nap)
+        return self.net(x)
+
+
+class Awake(Accelerator):
+    """Costly to set up (a 1.5 s first step, like a compile), then faster: the nap is gone on the run's copy."""
+
+    name = "awake"
+    stage = Stage.COMPILATION
+    costly_setup = True
+
+    @classmethod
+    def candidates(cls, hardware, model, optimizer=None, loader=None):
+        return [{}] if isinstance(model, Napping) else []
+
+    def apply(self, ctx):
+        model = ctx.own_model()
+        model.nap = 0.0
+        forward, calls = model.forward, []
+
+        def first_is_slow(x):
+            if not calls:
+                time.sleep(1.5)
+            calls.append(1)
+            return forward(x)
+
+        model.forward = first_is_slow
+        return {"nap": "removed"}
+
+
 @pytest.fixture
 def custom():
-    for cls in (Slow, Wrong, Broken):
+    for cls in (Slow, Wrong, Broken, Awake):
         register(cls)
     yield
-    for cls in (Slow, Wrong, Broken):
+    for cls in (Slow, Wrong, Broken, Awake):
         unregister(cls.name)
 
 
-def objects():
-    model = tiny_model()
+def objects(model=None):
+    model = model or tiny_model()
     optimizer = tiny_optimizer(model)
     loader = tiny_loader(samples=64, batch_size=16, shuffle=True, generator=torch.Generator().manual_seed(1))
     return model, optimizer, loader
 
 
-def test_a_deliberately_slow_candidate_is_never_chosen_and_the_users_objects_end_as_they_started(custom):
+def process_state():
+    return torch.get_num_threads(), dict(os.environ), os.sched_getaffinity(0)
+
+
+def test_a_slow_candidate_is_never_chosen_and_everything_ends_as_it_started(custom):
     model, optimizer, loader = objects()
     optimizer.zero_grad()
     torch.nn.functional.cross_entropy(model(next(iter(loader))[0]), torch.zeros(16, dtype=torch.long)).backward()
-    optimizer.step()  # real optimizer state to restore
-    before = snapshot(model, optimizer, loader)
-    generator_state = loader.generator.get_state()
-    result = accel.tune(model, optimizer, loader, device="cpu", candidates=[["slow"], ["channels_last"]],
-                        steps=2, budget_s=60)
+    optimizer.step()  # real optimizer state to keep
+    before, generator, rng, process = (snapshot(model, optimizer, loader), loader.generator.get_state(),
+                                       torch.get_rng_state(), process_state())
+    result = accel.tune(model, optimizer, loader, device="cpu", candidates=[["slow"], ["channels_last"], ["threads"]],
+                        budget_s=60)
     assert "slow" not in result.plan.names()
-    assert [r.name for r in result.rows] == ["eager", "slow", "channels_last"]
+    assert [r.name for r in result.rows] == ["eager", "slow", "channels_last", "threads"]
     slow = result.row("slow")
-    assert slow.status in ("measured", "stopped early")
+    assert slow.status == "stopped early" and "over 3x the baseline's" in slow.reason
     # every candidate starts from the same weights, optimizer state and RNG, and sees the same batches
-    assert slow.losses == result.rows[0].losses[:len(slow.losses)]
+    assert slow.losses == result.rows[0].losses
     assert before.changes(snapshot(model, optimizer, loader)) == []
-    assert torch.equal(loader.generator.get_state(), generator_state)
+    assert torch.equal(loader.generator.get_state(), generator) and torch.equal(torch.get_rng_state(), rng)
+    assert process_state() == process
 
 
 def test_only_a_slow_candidate_gives_the_empty_plan_with_the_reason(custom):
-    model, optimizer, loader = objects()
-    result = accel.tune(model, optimizer, loader, device="cpu", candidates=[["slow"]], steps=2, budget_s=60)
-    assert result.plan.names() == []
-    assert "empty plan" in result.why
-    assert set(result.ablation) == {"slow"}
+    result = accel.tune(*objects(), device="cpu", candidates=[["slow"]], budget_s=60)
+    assert result.plan.names() == [] and "empty plan" in result.why
 
 
 def test_a_candidate_that_changes_the_loss_is_refused_whatever_its_speed(custom):
-    model, optimizer, loader = objects()
-    result = accel.tune(model, optimizer, loader, device="cpu", candidates=[["wrong"]], steps=2, budget_s=60)
+    result = accel.tune(*objects(), device="cpu", candidates=[["wrong"]], budget_s=60)
     row = result.row("wrong")
-    assert row.loss_ok is False and "tolerance" in row.reason
+    assert row.loss_ok is False and row.status == "loss off" and "tolerance" in row.reason
     assert result.plan.names() == []
     assert row.losses[0] > result.rows[0].losses[0]
 
 
-def test_the_budget_bounds_the_search_and_says_what_was_not_measured():
+def test_a_candidate_that_fails_is_reported_and_the_search_goes_on(custom):
     model, optimizer, loader = objects()
-    result = accel.tune(model, optimizer, loader, device="cpu", steps=1, budget_s=0)
+    before = snapshot(model, optimizer, loader)
+    result = accel.tune(model, optimizer, loader, device="cpu", candidates=[["broken"], ["channels_last"]],
+                        budget_s=60)
+    assert result.row("broken").status == "failed" and "cannot handle this model" in result.row("broken").reason
+    assert result.row("channels_last").ratio is not None
+    assert "broken" not in result.plan.names()
+    assert before.changes(snapshot(model, optimizer, loader)) == []
+
+
+def test_the_generated_search_drops_what_does_not_pay_and_a_failing_member_does_not_spoil_it(custom):
+    """The full stack holds 'slow' (and a member that breaks): each alone, then the stack of what helped."""
+    register(type("Breaks", (Broken,), {"name": "breaks", "candidates": classmethod(lambda *a, **k: [{}])}))
+    try:
+        result = accel.tune(*objects(), device="cpu", accelerators=["slow", "breaks", "channels_last"], budget_s=60)
+    finally:
+        unregister("breaks")
+    names = [r.name for r in result.rows]
+    assert names[:2] == ["eager", "slow+channels_last+breaks"] or names[1].count("+") == 2
+    assert result.row("slow").status == "stopped early" and result.row("breaks").status == "failed"
+    assert {"slow", "breaks"}.isdisjoint(result.plan.names())
+
+
+def test_a_costly_accelerator_is_kept_only_when_its_warmup_pays_back_within_the_run(custom):
+    short = accel.tune(*objects(Napping()), device="cpu", accelerators=["awake"], expected_steps=10, budget_s=60)
+    row = short.row("awake")
+    assert short.plan.names() == [] and "pays back after" in row.decision and "beyond the run's 10" in row.decision
+    long = accel.tune(*objects(Napping()), device="cpu", accelerators=["awake"], expected_steps=100_000, budget_s=60)
+    assert long.plan.names() == ["awake"] and "kept" in long.row("awake").decision
+    assert long.row("awake").ratio["estimate"] < 0.5
+
+
+def test_the_budget_bounds_the_search_and_says_what_was_not_measured():
+    result = accel.tune(*objects(), device="cpu", candidates=[["channels_last"], ["threads"]], budget_s=0)
     assert result.rows[0].status == "measured"  # the baseline is always measured
-    assert {r.status for r in result.rows[1:]} == {"not measured"}
-    assert all("budget" in r.reason for r in result.rows[1:])
+    assert {r.status for r in result.rows[1:]} == {"not measured"} and all("budget" in r.reason for r in result.rows[1:])
     assert result.plan.names() == []
 
 
-def test_the_result_is_data_and_prints_in_the_report():
-    model, optimizer, loader = objects()
-    result = accel.tune(model, optimizer, loader, device="cpu", candidates=[["channels_last"]], steps=1)
+def test_the_result_is_data_round_trips_and_prints_in_the_report():
+    result = accel.tune(*objects(), device="cpu", candidates=[["channels_last"]], budget_s=30)
     data = result.to_dict()
     assert data["plan"] == result.plan.to_dict() and data["rows"][0]["name"] == "eager"
-    assert isinstance(result, TuneResult) and "why:" in str(result)
+    again = TuneResult.from_dict(data)
+    assert again.plan == result.plan and [r.name for r in again.rows] == [r.name for r in result.rows]
+    assert "why:" in str(result) and "time ratio (90%)" in str(result)
     report = Report(device="cpu", hardware="test", tuning=result)
     assert "accel tune: chose" in str(report) and report.to_dict()["tuning"]["why"] == result.why
+
+
+def test_auto_passes_its_settings_through_accelerate():
+    model, optimizer, loader = objects()
+    run = accel.accelerate(model, optimizer, loader, device="cpu",
+                           plan=accel.Auto(candidates=[["channels_last"]], budget_s=20, cache=False, expected_steps=50))
+    tuning = run.report.tuning
+    assert isinstance(tuning, TuneResult) and tuning.settings["budget_s"] == 20
+    assert tuning.settings["expected_steps"] == 50 and run.plan == tuning.plan
+
+
+class DictSet(torch.utils.data.Dataset):
+    """Batches as dicts with an image, a mask beside it and a label: what a segmentation-style loop sees."""
+
+    def __init__(self, n=64):
+        g = torch.Generator().manual_seed(0)
+        self.x, self.mask = torch.randn(n, 1, 8, 8, generator=g), torch.rand(n, 1, 8, 8, generator=g) > 0.5
+        self.y = torch.randint(0, 10, (n,), generator=g)
+
+    def __len__(self):
+        return len(self.y)
+
+    def __getitem__(self, i):
+        return {"image": self.x[i], "mask": self.mask[i], "label": self.y[i]}
+
+
+def test_tune_takes_any_batch_through_a_step_function_and_explains_what_it_needs():
+    model = tiny_model()
+    loader = DataLoader(DictSet(), batch_size=16)
+    with pytest.raises(ValueError, match=r"yields a dict with keys image, mask, label; pass step_fn"):
+        accel.tune(model, tiny_optimizer(model), loader, device="cpu", budget_s=5)
+
+    def step_fn(run, batch):
+        logits = run.model(batch["image"] * batch["mask"])
+        return torch.nn.functional.cross_entropy(logits, batch["label"])
+
+    result = accel.tune(model, tiny_optimizer(model), loader, device="cpu", step_fn=step_fn,
+                        candidates=[["channels_last"]], budget_s=20)
+    assert result.row("channels_last").loss_ok
+    split = accel.tune(model, tiny_optimizer(model), loader, device="cpu", split=lambda b: (b["image"], b["label"]),
+                       candidates=[["channels_last"]], budget_s=20)
+    assert split.rows[0].losses and split.row("channels_last").loss_ok
+
+
+def test_the_cache_answers_the_same_setup_at_once_and_measures_again_after_any_change(tmp_path):
+    model, optimizer, loader = objects()
+    kwargs = dict(device="cpu", candidates=[["channels_last"]], budget_s=20, cache=tmp_path)
+    first = accel.tune(model, optimizer, loader, **kwargs)
+    assert not first.from_cache and first.key
+    second = accel.tune(model, optimizer, loader, **kwargs)
+    assert second.from_cache and second.key == first.key and second.plan == first.plan
+    assert "from the cache" in str(second) and second.measured_at == first.measured_at
+    other_batch = accel.tune(model, optimizer, tiny_loader(batch_size=8), **kwargs)
+    assert not other_batch.from_cache and other_batch.key != first.key
+    other_optimizer = accel.tune(model, torch.optim.SGD(model.parameters(), lr=0.1), loader, **kwargs)
+    assert not other_optimizer.from_cache
+    from accel import plancache
+
+    assert {e["key"] for e in plancache.entries(tmp_path)} == {first.key, other_batch.key, other_optimizer.key}
+    assert plancache.clear(tmp_path, key=first.key[:6]) == 1 and len(plancache.entries(tmp_path)) == 2
+
+
+def test_accel_cache_lists_and_clears(tmp_path, monkeypatch, capsys):
+    from accel.cli import main
+
+    monkeypatch.setenv("ACCEL_CACHE_DIR", str(tmp_path))
+    accel.tune(*objects(), device="cpu", candidates=[["channels_last"]], budget_s=10, cache=True)
+    assert main(["cache", "list"]) == 0
+    out = capsys.readouterr().out
+    assert "1 remembered plan(s)" in out and "TinyCNN" in out
+    assert main(["cache", "clear"]) == 0 and "removed 1 entry" in capsys.readouterr().out
 
 
 def test_tune_needs_an_optimizer_and_a_loader():
@@ -136,35 +286,37 @@ def test_tune_needs_an_optimizer_and_a_loader():
         accel.tune(tiny_model(), None, None, device="cpu")
 
 
-@settings(max_examples=30, deadline=None)
-@given(isa=st.sets(st.sampled_from(ISA_FLAGS)), bf16=st.sampled_from([None, True, False]),
-       conv=st.booleans(), with_optimizer=st.booleans())
-def test_candidates_follow_the_hardware_facts(isa, bf16, conv, with_optimizer):
-    hardware = dataclasses.replace(probe(), isa=tuple(sorted(isa)))
+@settings(max_examples=40, deadline=None)
+@given(isa=st.sets(st.sampled_from(ISA_FLAGS)), gpu=st.booleans(), conv=st.booleans(),
+       optimizer_kind=st.sampled_from([None, "adam", "lbfgs"]))
+def test_candidates_come_from_each_accelerator_and_follow_the_hardware(isa, gpu, conv, optimizer_kind):
+    devices = {"cpu": 1, **({"cuda": 1} if gpu else {})}
+    hardware = dataclasses.replace(probe(), isa=tuple(sorted(isa)), devices=devices)
     model = tiny_model() if conv else torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 10))
-    optimizer = tiny_optimizer(model) if with_optimizer else None
-    names = {name for plan in generate_candidates(hardware, model, optimizer, "cpu", bf16) for name in plan}
+    optimizer = {None: None, "adam": lambda: tiny_optimizer(model),
+                 "lbfgs": lambda: torch.optim.LBFGS(model.parameters())}[optimizer_kind]
+    optimizer = optimizer() if optimizer else None
+    found = generate_candidates(hardware, model, optimizer, tiny_loader())
+    names = [next(iter(c)) for c in found]
     native = bool({"avx512_bf16", "amx_bf16"} & isa)
-    assert ("amp" in names) == (bf16 is True or (bf16 is None and native))
+    assert ("amp" in names) == (gpu or native)
     assert ("channels_last" in names) == conv
-    assert ("fused_optimizer" in names) == ("fused_optimizer" in accel.accelerator.REGISTRY and with_optimizer)
-    assert "threads" in names and "compile" in names
+    assert ("fused_optimizer" in names) == (optimizer_kind == "adam")
+    assert "threads" in names and "prune" not in names and "ddp" not in names  # never a change of what is trained
+    stages = [REGISTRY[n].stage for n in names]
+    assert stages == sorted(stages)
 
 
-def test_bf16_is_offered_on_a_cpu_with_avx512_bf16_and_not_on_a_zen3():
-    zen3 = dataclasses.replace(probe(), isa=("avx2", "fma"))
-    zen4 = dataclasses.replace(probe(), isa=("avx2", "fma", "avx512f", "avx512_bf16"))
-    model = tiny_model()
-    assert {"amp": {"dtype": "bfloat16"}} in generate_candidates(zen4, model, None, "cpu")
-    assert not any("amp" in plan for plan in generate_candidates(zen3, model, None, "cpu"))
-    assert {"amp": {"dtype": "bfloat16"}} in generate_candidates(zen3, model, None, "cpu", bf16=True)
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.floats(0.2, 5.0), min_size=2, max_size=12))
+def test_a_ratio_interval_holds_its_estimate_and_narrows_with_agreeing_rounds(samples):
+    ratio = Ratio(samples)
+    assert ratio.low <= ratio.estimate <= ratio.high
+    assert min(samples) - 1e-9 <= ratio.estimate <= max(samples) + 1e-9
+    assert not (ratio.below(ratio.estimate) and ratio.above(ratio.estimate))
+    steady = Ratio([samples[0]] * len(samples))
+    assert math.isclose(steady.low, steady.high) and not steady.noisy() or math.isclose(samples[0], 1.0)
 
 
-def test_a_candidate_that_fails_is_reported_and_the_search_goes_on(custom):
-    model, optimizer, loader = objects()
-    before = snapshot(model, optimizer, loader)
-    result = accel.tune(model, optimizer, loader, device="cpu", candidates=[["broken"], ["channels_last"]], steps=1)
-    assert result.row("broken").status == "failed" and "cannot handle this model" in result.row("broken").reason
-    assert result.row("channels_last").status != "not measured"
-    assert "broken" not in result.plan.names()
-    assert before.changes(snapshot(model, optimizer, loader)) == []
+def test_one_round_decides_nothing():
+    assert Ratio([0.5]).noisy() and math.isinf(Ratio([0.5]).high)

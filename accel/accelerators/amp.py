@@ -1,7 +1,20 @@
-"""amp: autocast with a dtype chosen per device, a GradScaler only for fp16, and the book's backend flags.
+"""amp: autocast in the dtype the device computes natively, a GradScaler only for fp16, the book's backend flags.
 
-bf16 autocast on a CPU without native bf16 (no AVX512-BF16, no AMX) is emulated and many times slower
-(13.9x on resnet18 on a Zen 3 here), so "auto" skips it there; an explicit dtype is honoured with a warning.
+What it does: decides the compute dtype (``auto``: bf16 on GPUs that have it, fp16 with a GradScaler on those
+that do not, bf16 on Intel GPUs, fp16 on mps, bf16 on CPUs with avx512_bf16 or AMX, and nothing on CPUs
+without native bf16); ``run.autocast()`` enters ``torch.autocast`` in it; with fp16, ``run.backward`` scales
+the loss and the step goes through the GradScaler (a step with inf/NaN gradients is skipped and
+``run.step()`` says so). On CUDA it sets cudnn.benchmark and TF32, recorded in the journal.
+
+When it helps: tensor-core GPUs; CPUs with AMX; CPUs with avx512_bf16, like this repository's Zen 4, where it
+took 0.55 (resnet18), 0.50 (resnet50), 0.56 (vgg16), 0.74 (mobilenet_v2) and 0.87 (alexnet) of the fp32 step
+(Adam, batch 16, 224x224). When it hurts: a CPU without native bf16 emulates it: 13.9x slower on resnet18 on
+the Zen 3 of NOTES.md (``auto`` skips it there, a forced dtype warns); fp16 on a CPU without avx512_fp16 was
+14x slower on the book's CNN.
+
+What it keeps, within a declared tolerance: the loss over the first steps within 5% of fp32's and the
+weights close to fp32 training's (lower-precision arithmetic is the one thing it changes); parameters stay
+fp32, and every other promise (batches, structure, the user's objects) is kept exactly.
 """
 from __future__ import annotations
 
@@ -9,7 +22,7 @@ import warnings
 
 import torch
 
-from accel.accelerator import Accelerator, Option, Stage, register
+from accel.accelerator import Accelerator, Keeps, Option, Stage, register
 from accel.errors import Problem, Skip
 
 DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
@@ -33,12 +46,19 @@ def auto_dtype(device: torch.device, hardware) -> tuple[torch.dtype | None, str]
     return None, f"no autocast dtype is known for device type {device.type!r}"
 
 
+def short(dtype: torch.dtype | None) -> str:
+    return str(dtype).replace("torch.", "")
+
+
 @register
 class Amp(Accelerator):
     """Mixed precision: autocast in run.autocast(), loss scaling in run.backward()/run.step() for fp16."""
 
     name = "amp"
     stage = Stage.PRECISION
+    provides = ("precision.autocast", "precision.loss_scaling")
+    keeps = Keeps("tolerance", rtol=0.05, atol=0.02, loss_rtol=0.05,
+                  note="lower-precision arithmetic in the forward pass and the loss")
     options = {
         "dtype": Option("auto", (str,), choices=("auto", *DTYPES), help="auto = what the device computes natively"),
         "grad_scaler": Option("auto", (str, bool), choices=("auto",), help="auto = only with fp16"),
@@ -46,13 +66,13 @@ class Amp(Accelerator):
         "allow_tf32": Option(True, (bool,), help="cuda: TF32 matmuls and convolutions for the fp32 parts"),
     }
 
-    def check(self, ctx):
-        if self.grad_scaler is True and DTYPES.get(self.dtype) is torch.bfloat16:
-            return [Problem(self.name, "a grad scaler is only for fp16; bf16 has fp32's range", field="grad_scaler",
-                            value=True, allowed="'auto' or False with bfloat16", kind="conflict")]
-        return []
+    @classmethod
+    def candidates(cls, hardware, model, optimizer=None, loader=None):
+        if hardware.devices.keys() - {"cpu"}:
+            return [{}]
+        return [{"dtype": "bfloat16"}] if hardware.native_bf16 else []
 
-    def apply(self, ctx):
+    def decide(self, ctx):
         device = ctx.device
         if not torch.amp.is_autocast_available(device.type):
             raise Skip(f"torch has no autocast for device type {device.type!r}")
@@ -62,20 +82,51 @@ class Amp(Accelerator):
                 raise Skip(why)
         else:
             dtype, why = DTYPES[self.dtype], "asked for"
-            slow = (device.type == "cpu" and ((dtype is torch.bfloat16 and not ctx.hardware.native_bf16)
-                                             or (dtype is torch.float16 and not ctx.hardware.native_fp16)))
-            if slow:
-                warnings.warn(f"amp: {dtype} autocast on a CPU without native {dtype} support is emulated and can be "
-                              "many times slower than fp32; measure it (accel bench) before keeping it", stacklevel=2)
-        changes = {"dtype": str(dtype).replace("torch.", ""), "why": why}
-        ctx.autocast_dtype = dtype
-        scaler = dtype is torch.float16 if self.grad_scaler == "auto" else self.grad_scaler
-        if scaler:
-            ctx.scaler = torch.amp.GradScaler(device.type)
-        changes["grad_scaler"] = bool(scaler)
+        ctx.decide("compute_dtype", dtype, why)
+        scaling = dtype is torch.float16 if self.grad_scaler == "auto" else self.grad_scaler
+        ctx.decide("loss_scaling", bool(scaling), "fp16 needs it" if scaling else "bf16 has fp32's range")
+
+    def check(self, ctx):
+        if self.grad_scaler is True and ctx.decisions.compute_dtype is torch.bfloat16:
+            source = "asked for" if self.dtype != "auto" else "what 'auto' resolves to here"
+            return [Problem(self.name, f"a grad scaler is only for fp16, and the dtype is bfloat16 ({source}); bf16 "
+                            "has fp32's range", field="grad_scaler", value=True,
+                            allowed="'auto' or False with bfloat16, or dtype='float16'", kind="conflict")]
+        return []
+
+    def apply(self, ctx):
+        device, hardware = ctx.device, ctx.hardware
+        dtype = ctx.decisions.compute_dtype
+        if self.dtype != "auto" and device.type == "cpu" and (
+                (dtype is torch.bfloat16 and not hardware.native_bf16)
+                or (dtype is torch.float16 and not hardware.native_fp16)):
+            warnings.warn(f"amp: {dtype} autocast on a CPU without native {dtype} support is emulated and can be "
+                          "many times slower than fp32; measure it (accel bench) before keeping it", stacklevel=2)
+        changes = {"dtype": short(dtype), "why": ctx.decisions.why["compute_dtype"]}
+        self.scaler = None
+        if ctx.decisions.loss_scaling:
+            self.scaler = ctx.grad_scaler = torch.amp.GradScaler(device.type)
+        changes["grad_scaler"] = self.scaler is not None
         if device.type == "cuda":
-            torch.backends.cudnn.benchmark = self.cudnn_benchmark
-            torch.backends.cuda.matmul.allow_tf32 = self.allow_tf32
-            torch.backends.cudnn.allow_tf32 = self.allow_tf32
+            ctx.journal.setattr(torch.backends.cudnn, "benchmark", self.cudnn_benchmark)
+            ctx.journal.setattr(torch.backends.cuda.matmul, "allow_tf32", self.allow_tf32)
+            ctx.journal.setattr(torch.backends.cudnn, "allow_tf32", self.allow_tf32)
             changes.update(cudnn_benchmark=self.cudnn_benchmark, allow_tf32=self.allow_tf32)
+        self.device_type, self.dtype_ = device.type, dtype
         return changes
+
+    def autocast(self, run):
+        return torch.autocast(self.device_type, dtype=self.dtype_)
+
+    def backward(self, run, loss, proceed):
+        proceed(self.scaler.scale(loss) if self.scaler is not None else loss)
+
+    def state_dict(self):
+        return {"scaler": self.scaler.state_dict()} if self.scaler is not None else {}
+
+    def load_state_dict(self, state):
+        if (self.scaler is None) != ("scaler" not in state):
+            raise ValueError(f"the checkpoint has {'a' if 'scaler' in state else 'no'} GradScaler state, this run "
+                             f"has {'one' if self.scaler is not None else 'none'}")
+        if self.scaler is not None:
+            self.scaler.load_state_dict(state["scaler"])

@@ -1,8 +1,19 @@
 """ddp: DistributedDataParallel over the process group the launcher describes, with a sharded loader.
 
-Applied after model surgery, kernels and precision, before compile (which then wraps the DDP module, as
-Accelerate and Lightning do). One device per local rank. In a single process with no launcher it is skipped.
-On 2 CPU cores, 2 gloo ranks x 1 core trained the book's CNN as fast as 1 process x 2 threads (see docs/accelerators/ddp.md).
+What it does: joins the process group from torchrun, Open MPI, Intel MPI/MPICH or SLURM variables (backend:
+nccl on cuda, xccl on xpu, gloo on cpu; ccl when asked for and importable), wraps the run's model in DDP on
+this rank's device (decided before any stage, so each rank's model goes straight to its own device), and
+gives each rank a DistributedSampler shard of the loader that keeps the user's shuffle and generator seed;
+``run.loader`` calls ``set_epoch`` every epoch. In a single process (no launcher) it is skipped with the
+reason. Applied after surgery, kernels and precision, before compile (which then wraps the DDP module).
+
+When it helps: more devices or machines. When it hurts: on one 2-core CPU, 2 gloo ranks x 1 core ran the
+book's CNN at 0.60x the speed of 1 process x 2 threads here (the all-reduce of 8.5 MB a step costs more than
+it saves); NOTES.md found the two equal on a Zen 3.
+
+What it keeps: the same math as one process training on the global batch (2 ranks x 32 samples matched
+1 process x 64 to 1e-5 in loss); with world size 1, exactly the plain loop, the user's sampler kept. DDP
+broadcasts rank 0's weights and registers gradient hooks on the parameters, as PyTorch's DDP always does.
 """
 from __future__ import annotations
 
@@ -12,20 +23,16 @@ import warnings
 import torch
 from torch.utils.data import DataLoader, IterableDataset, RandomSampler, SequentialSampler
 
-from accel.accelerator import Accelerator, Option, Stage, register
-from accel.accelerators.loader import rebuild_loader
-from accel.distributed import init_process_group, launcher_environment
+from accel.accelerator import SAME_MATH, Accelerator, Option, Stage, positive, register
+from accel.distributed import init_process_group
 from accel.errors import Problem, Skip
 from accel.hardware import importable, is_accelerator
+from accel.loaders import rebuild_loader, rebuild_problem
 
 BACKENDS = ("auto", "gloo", "nccl", "xccl", "ccl", "mpi")
 DEVICE_BACKEND = {"cuda": "nccl", "xpu": "xccl"}  # every other device: gloo
 BACKEND_DEVICES = {"nccl": ("cuda",), "xccl": ("xpu",), "gloo": ("cpu", "cuda"), "ccl": ("cpu", "xpu"),
                    "mpi": ("cpu", "cuda")}
-
-
-def positive(value) -> str | None:
-    return None if value > 0 else "must be > 0"
 
 
 def comm_hooks():
@@ -49,6 +56,8 @@ class DDP(Accelerator):
 
     name = "ddp"
     stage = Stage.DISTRIBUTION
+    provides = ("model.distributed", "data.shard")
+    keeps = SAME_MATH
     options = {
         "backend": Option("auto", (str,), choices=BACKENDS, help="auto = nccl on cuda, xccl on xpu, gloo on cpu"),
         "timeout_s": Option(600, (int, float), check=positive,
@@ -65,10 +74,13 @@ class DDP(Accelerator):
     def backend_for(self, device: torch.device) -> str:
         return DEVICE_BACKEND.get(device.type, "gloo") if self.backend == "auto" else self.backend
 
+    def decide(self, ctx):
+        if ctx.decisions.launch is None:
+            raise Skip("single process: no launcher environment (RANK/WORLD_SIZE from accel launch or torchrun, "
+                       "OMPI_COMM_WORLD_*, PMI_*, or SLURM_PROCID/SLURM_NTASKS)")
+
     def check(self, ctx):
-        launch = launcher_environment()
-        if launch is None:
-            return []  # single process: apply() skips with the reason
+        launch = ctx.decisions.launch
         problems = []
         for key in ("MASTER_ADDR", "MASTER_PORT"):
             if not os.environ.get(key):
@@ -77,6 +89,10 @@ class DDP(Accelerator):
                     f"{key} is not set", field=key,
                     allowed="export MASTER_ADDR=<rank 0's host> MASTER_PORT=<a free port> (accel launch and "
                             "torchrun set both)"))
+        port = os.environ.get("MASTER_PORT", "")
+        if port and (not port.isdigit() or not 0 < int(port) < 65536):
+            problems.append(Problem(self.name, "MASTER_PORT is not a port number", field="MASTER_PORT", value=port,
+                                    allowed="1-65535"))
         backend = self.backend_for(ctx.device)
         if ctx.device.type not in BACKEND_DEVICES.get(backend, ()):
             problems.append(Problem(self.name, f"backend {backend!r} does not serve device {ctx.device}",
@@ -97,25 +113,24 @@ class DDP(Accelerator):
         return problems
 
     def apply(self, ctx):
-        if launcher_environment() is None:
-            raise Skip("single process: no launcher environment (RANK/WORLD_SIZE from accel launch or torchrun, "
-                       "OMPI_COMM_WORLD_*, PMI_*, or SLURM_PROCID/SLURM_NTASKS)")
         backend = self.backend_for(ctx.device)
         if backend == "ccl":
             import oneccl_bindings_for_pytorch  # noqa: F401  (registers the ccl backend)
-        launch = init_process_group(backend, self.timeout_s)
+        if not torch.distributed.is_initialized():
+            ctx.journal.change(f"process group ({backend})", lambda: init_process_group(backend, self.timeout_s),
+                               torch.distributed.destroy_process_group)
+        launch = ctx.decisions.launch
         changes = {"launcher": launch.launcher, "rank": f"{launch.rank}/{launch.world_size}",
                    "local_rank": f"{launch.local_rank}/{launch.local_world_size}",
                    "backend": torch.distributed.get_backend(), "timeout_s": self.timeout_s}
         device_ids = None
-        if is_accelerator(ctx.device):  # one device per local rank (index 0 when each rank sees just one)
-            index = launch.local_rank if ctx.hardware.devices.get(ctx.device.type, 0) > 1 else 0
-            ctx.device = torch.device(ctx.device.type, index)
-            getattr(torch, ctx.device.type).set_device(ctx.device)
-            ctx.model.to(ctx.device)
-            device_ids = [index]
+        if is_accelerator(ctx.device):  # the device the core decided for this local rank
+            module = getattr(torch, ctx.device.type)
+            ctx.journal.change(f"{ctx.device.type} device {ctx.device}", lambda: module.set_device(ctx.device),
+                               (lambda old: lambda: module.set_device(old))(module.current_device()))
+            device_ids = [ctx.device.index]
             changes["device"] = str(ctx.device)
-        ctx.model = torch.nn.parallel.DistributedDataParallel(
+        self.wrapper = ctx.model = torch.nn.parallel.DistributedDataParallel(
             ctx.model, device_ids=device_ids, bucket_cap_mb=self.bucket_cap_mb,
             find_unused_parameters=self.find_unused_parameters, static_graph=self.static_graph,
             gradient_as_bucket_view=self.gradient_as_bucket_view)
@@ -125,6 +140,9 @@ class DDP(Accelerator):
         changes["loader"] = self.shard(ctx, launch)
         return changes
 
+    def unwrap(self, model):
+        return model.module if model is getattr(self, "wrapper", None) else model
+
     def shard(self, ctx, launch) -> str:
         """Give each rank its shard of the loader's samples; say what was done."""
         loader = ctx.loader
@@ -132,7 +150,10 @@ class DDP(Accelerator):
             return "none given"
         if not self.shard_loader:
             return "kept (shard_loader=False): every rank sees every sample"
-        if not isinstance(loader, DataLoader) or isinstance(loader.dataset, IterableDataset) or loader.batch_size is None:
+        if launch.world_size == 1:
+            return "kept (world size 1: the one rank sees every sample, in your sampler's order)"
+        if (rebuild_problem(loader) or isinstance(loader.dataset, IterableDataset)
+                or loader.batch_size is None):
             warnings.warn("ddp: only a map-style DataLoader built with batch_size can be sharded; every rank sees "
                           "every sample of this loader", stacklevel=2)
             return "not sharded (not a map-style DataLoader with batch_size)"

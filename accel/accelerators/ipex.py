@@ -1,33 +1,30 @@
 """ipex: ``ipex.optimize(model, optimizer=..., dtype=..., level=...)`` for training on cpu and xpu.
 
-IPEX returns a new model and optimizer (prepacked weights, its own fused optimizer step) and the run uses
-them. Its dtype follows the amp accelerator: bf16 training means bf16 autocast plus IPEX's bf16 kernels, so
-a dtype that contradicts amp's is a plan error. IPEX kills the process on import when its major.minor
-differs from torch's, so it is imported only after accel.hardware.ipex_problem() says it is safe.
-IPEX is retired upstream after 2.8; on a 2-core Zen 3 it made resnet18 14% slower (docs/accelerators/ipex.md).
+What it does: IPEX returns a new model and optimizer (prepacked weights, fused ops, its own fused optimizer
+step), made from copies so the user's objects are untouched, and the run uses them. Its dtype follows the
+plan's decided compute dtype (bf16 training = autocast in bf16 plus IPEX's bf16 kernels); an explicit dtype
+that contradicts it is a plan error. IPEX kills the process on import when its major.minor differs from
+torch's, so it is imported only after ``accel.hardware.ipex_problem()`` says it is safe; Intel retired it
+after 2.8 (it needs torch 2.8.*). It declares ``optimizer.update``, so a second fused update conflicts.
+
+When it helps: here (Zen 4, torch 2.8, resnet18 at 112x112, SGD) ipex fp32 took 0.94 of eager's step and
+ipex + bf16 0.45 (bf16 alone 0.56); on the book's CNN bf16 + ipex ran 3.40x faster. When it hurts: on the
+Zen 3 of NOTES.md it made resnet18 14% slower.
+
+What it keeps: a copy of the model trained by IPEX's kernels: the same math to float precision in fp32
+(``SAME_MATH``); with bf16, amp's tolerance applies. Train and save ``run.model`` / ``run.unwrap()``.
 """
 from __future__ import annotations
 
 import torch
 
-from accel.accelerator import Accelerator, Option, Stage, register
-from accel.accelerators.amp import DTYPES, auto_dtype
+from accel.accelerator import SAME_MATH, Accelerator, Option, Stage, register
 from accel.errors import Problem
 from accel.hardware import ipex_problem
-from accel.optim import copy_with_optimizer
+from accel.optim import copy_with_optimizer, foreign_tensors
 
-IPEX_DTYPES = {**DTYPES, "float32": torch.float32, "fp32": torch.float32}
-
-
-def amp_dtype(ctx) -> tuple[torch.dtype, str]:
-    """The dtype the plan's amp will autocast to (float32 when there is no amp, or it will skip)."""
-    amp = ctx.get("amp")
-    if amp is None:
-        return torch.float32, "no amp in the plan"
-    if amp.dtype != "auto":
-        return DTYPES[amp.dtype], f"amp dtype {amp.dtype!r}"
-    dtype, why = auto_dtype(ctx.device, ctx.hardware)
-    return (dtype or torch.float32), f"amp 'auto' on this {ctx.device.type}: {why}"
+IPEX_DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
+               "float32": torch.float32, "fp32": torch.float32}
 
 
 def short(dtype: torch.dtype) -> str:
@@ -38,6 +35,22 @@ def short(dtype: torch.dtype) -> str:
 class Ipex(Accelerator):
     name = "ipex"
     stage = Stage.KERNELS
+    provides = ("model.kernels", "optimizer.update")
+    conflicts = ("optimizer.update",)
+    after = ("model.layout",)
+    keeps = SAME_MATH
+
+    @classmethod
+    def candidates(cls, hardware, model, optimizer=None, loader=None):
+        return [{}] if optimizer is not None and ipex_problem() is None else []
+
+    def followed(self, ctx) -> tuple[torch.dtype, str]:
+        """The dtype the plan trains in: its decided compute dtype, else float32."""
+        decided = ctx.decisions.compute_dtype
+        if decided is None:
+            return torch.float32, "no compute dtype decided in the plan"
+        return decided, f"the plan's compute dtype ({ctx.decisions.by['compute_dtype']}: {ctx.decisions.why['compute_dtype']})"
+
     options = {
         "dtype": Option("auto", (str,), choices=("auto", *IPEX_DTYPES), help="auto = follow amp (float32 without it)"),
         "level": Option("O1", (str,), choices=("O0", "O1"), help="ipex.optimize level: O1 fuses and prepacks"),
@@ -54,19 +67,24 @@ class Ipex(Accelerator):
         if ctx.optimizer is None:
             problems.append(Problem(self.name, "ipex.optimize for training needs the optimizer: pass one to "
                                     "accel.accelerate(model, optimizer, ...)", kind="missing"))
+        elif foreign_tensors(ctx.optimizer, ctx.model):
+            problems.append(Problem(self.name, "the optimizer trains tensors that are not parameters of the model "
+                                    f"(param group, shape: {foreign_tensors(ctx.optimizer, ctx.model)}); "
+                                    "ipex.optimize rebuilds the optimizer on the model's parameters and would drop "
+                                    "them", field="optimizer", kind="conflict"))
         if self.dtype != "auto":
-            follows, reason = amp_dtype(ctx)
+            follows, reason = self.followed(ctx)
             if IPEX_DTYPES[self.dtype] is not follows:
                 problems.append(Problem(
                     self.name, f"contradicts the plan's precision ({reason}, so the model trains in "
-                    f"{short(follows)}); IPEX's dtype must match amp's", field="dtype", value=self.dtype,
+                    f"{short(follows)}); IPEX's dtype must match it", field="dtype", value=self.dtype,
                     allowed=f"'auto' or {short(follows)!r}", kind="conflict"))
         return problems
 
     def apply(self, ctx):
         import intel_extension_for_pytorch as ipex  # safe: check() compared the versions
 
-        dtype, why = amp_dtype(ctx) if self.dtype == "auto" else (IPEX_DTYPES[self.dtype], "asked for")
+        dtype, why = self.followed(ctx) if self.dtype == "auto" else (IPEX_DTYPES[self.dtype], "asked for")
         model, optimizer = copy_with_optimizer(ctx.model, ctx.optimizer)  # IPEX trains in place: spare the user's
         model.train()
         ctx.model, ctx.optimizer = ipex.optimize(model, optimizer=optimizer, dtype=dtype, level=self.level)

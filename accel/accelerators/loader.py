@@ -1,42 +1,29 @@
 """loader: rebuild the user's DataLoader with workers, pinned memory and prefetching chosen for the hardware.
 
-The user's loader is left as it was; the run gets a new one over the same dataset, sampler, collate_fn,
-batch size, drop_last, generator and worker_init_fn.
+What it does: decides the workers (the CPUs this process may use minus the compute threads decided for the
+plan), pinned memory (only when batches cross a bus to an accelerator) and non-blocking copies, and gives the
+run a new DataLoader over the same dataset, sampler or batch sampler, batch size (``None`` included),
+collate_fn, generator, worker_init_fn, timeout, prefetch factor, multiprocessing context and order.
+
+When it helps: when loading is part of the step (decoding and augmenting images: 2 workers ran the book's
+chapter 5 pipeline 1.13x faster here), and on GPUs, where pinned memory and non-blocking copies overlap the
+transfer with compute. When it does nothing: tensors already in memory; 2 cores that both compute.
+
+What it keeps: exactly the batches the plain loop sees, in the same order (workers preserve the sampler's
+order). It leaves the loader alone, and says why, when it cannot rebuild it faithfully (a DataLoader
+subclass, another iterable) or when nothing would change; it never adds workers to an IterableDataset that
+does not shard its stream by worker (each worker would repeat every sample).
 """
 from __future__ import annotations
 
 import warnings
 
-import torch
-from torch.utils.data import DataLoader, IterableDataset
+from torch.utils.data import IterableDataset
 
 from accel.accelerator import Accelerator, Option, Stage, at_least, register
 from accel.errors import Problem, Skip
 from accel.hardware import is_accelerator
-
-
-def rebuild_loader(loader: DataLoader, **overrides) -> DataLoader:
-    """A new DataLoader equal to ``loader`` but for ``overrides`` (num_workers, pin_memory, sampler, ...)."""
-    kwargs = dict(
-        dataset=loader.dataset, num_workers=loader.num_workers, collate_fn=loader.collate_fn,
-        pin_memory=loader.pin_memory, timeout=loader.timeout, worker_init_fn=loader.worker_init_fn,
-        multiprocessing_context=loader.multiprocessing_context, generator=loader.generator,
-        prefetch_factor=loader.prefetch_factor, persistent_workers=loader.persistent_workers,
-        pin_memory_device=loader.pin_memory_device, in_order=getattr(loader, "in_order", True),
-    )
-    if not isinstance(loader.dataset, IterableDataset):
-        if loader.batch_size is not None:  # built from batch_size/shuffle/sampler/drop_last
-            kwargs.update(sampler=loader.sampler, batch_size=loader.batch_size, drop_last=loader.drop_last)
-        else:
-            kwargs.update(batch_sampler=loader.batch_sampler)
-    else:
-        kwargs.update(batch_size=loader.batch_size, drop_last=loader.drop_last)
-    if "in_order" not in DataLoader.__init__.__code__.co_varnames:
-        kwargs.pop("in_order")  # torch < 2.6
-    kwargs.update(overrides)
-    if kwargs["num_workers"] == 0:
-        kwargs.update(prefetch_factor=None, persistent_workers=False)
-    return DataLoader(**kwargs)
+from accel.loaders import rebuild_loader, rebuild_problem, settings, shards_by_worker
 
 
 @register
@@ -45,6 +32,7 @@ class Loader(Accelerator):
 
     name = "loader"
     stage = Stage.DATA
+    provides = ("data.loader",)
     options = {
         "num_workers": Option("auto", (str, int), choices=("auto",), check=at_least(0),
                               help="auto = allowed CPUs left after the compute threads"),
@@ -54,50 +42,77 @@ class Loader(Accelerator):
         "non_blocking": Option("auto", (str, bool), choices=("auto",), help="auto = when memory is pinned"),
     }
 
+    @classmethod
+    def candidates(cls, hardware, model, optimizer=None, loader=None):
+        if loader is None or rebuild_problem(loader) or loader.num_workers:
+            return []
+        return [{}] if len(hardware.cpus_allowed) > hardware.physical_cores or hardware.devices.keys() - {"cpu"} else []
+
+    def decide(self, ctx):
+        loader = ctx.loader
+        if loader is None:
+            return  # check() says it is missing
+        why = rebuild_problem(loader)
+        if why:
+            raise Skip(f"left as it was: {why}")
+        stream = isinstance(loader.dataset, IterableDataset) and not shards_by_worker(loader.dataset)
+        threads = ctx.decisions.threads
+        if threads is None:
+            import torch
+
+            threads = torch.get_num_threads()
+        allowed = len(ctx.hardware.cpus_allowed)
+        if self.num_workers != "auto":
+            workers, why = self.num_workers, "asked for"
+        elif stream:
+            workers, why = loader.num_workers, ("kept: this IterableDataset does not shard its stream by worker, "
+                                                "so every worker would repeat every sample")
+        else:
+            workers, why = max(0, allowed - threads), f"{allowed} CPUs - {threads} compute threads"
+        self.stream = stream
+        ctx.decide("workers", workers, why)
+        accelerator_device = is_accelerator(ctx.device)
+        pin = accelerator_device if self.pin_memory == "auto" else (self.pin_memory and accelerator_device)
+        ctx.decide("non_blocking", pin if self.non_blocking == "auto" else self.non_blocking,
+                   "pinned memory" if pin else "no pinned memory")
+
     def check(self, ctx):
         if ctx.loader is None:
             return [Problem(self.name, "needs a loader: pass a DataLoader to accelerate()", kind="conflict")]
-        if not isinstance(ctx.loader, DataLoader):
-            return [Problem(self.name, "can only rebuild a torch.utils.data.DataLoader",
-                            value=type(ctx.loader).__name__, kind="conflict")]
+        if self.stream and ctx.decisions.workers > ctx.loader.num_workers:
+            return [Problem(self.name, "this IterableDataset does not shard its stream by worker: every worker "
+                            "would yield every sample", field="num_workers", value=self.num_workers,
+                            allowed=f"{ctx.loader.num_workers}, or shard in __iter__ with "
+                                    "torch.utils.data.get_worker_info()", kind="conflict")]
         return []
 
     def apply(self, ctx):
         loader = ctx.loader
+        decisions = ctx.decisions
         accelerator_device = is_accelerator(ctx.device)
-        changes = {}
-        if self.num_workers == "auto":
-            spare = len(ctx.hardware.cpus_allowed) - torch.get_num_threads()
-            workers = max(0, spare)
-            changes["num_workers"] = f"{workers} ({len(ctx.hardware.cpus_allowed)} CPUs - {torch.get_num_threads()} compute threads)"
-        else:
-            workers = self.num_workers
-            changes["num_workers"] = workers
+        workers = decisions.workers
+        changes = {"num_workers": f"{workers} ({decisions.why['workers']})"}
         pin = accelerator_device if self.pin_memory == "auto" else self.pin_memory
         if pin and not accelerator_device:
             pin = False
-            changes["pin_memory"] = "False"
             warnings.warn(f"loader: pin_memory=True ignored: device {ctx.device} needs no host-to-device copy",
                           stacklevel=2)
-        else:
-            changes["pin_memory"] = pin
+        changes["pin_memory"] = pin
         persistent = workers > 0 if self.persistent_workers == "auto" else self.persistent_workers
         if persistent and workers == 0:
             persistent = False
             changes["persistent_workers"] = "False (no workers to keep)"
         else:
             changes["persistent_workers"] = persistent
-        prefetch = self.prefetch_factor if workers > 0 else None
+        prefetch = (self.prefetch_factor or loader.prefetch_factor) if workers > 0 else None
         if self.prefetch_factor is not None and workers == 0:
             changes["prefetch_factor"] = "ignored (no workers)"
         elif prefetch is not None:
             changes["prefetch_factor"] = prefetch
-        ctx.non_blocking = pin if self.non_blocking == "auto" else self.non_blocking
-        changes["non_blocking"] = ctx.non_blocking
-        current = (loader.num_workers, loader.pin_memory, loader.persistent_workers,
-                   loader.prefetch_factor if loader.num_workers else None)
-        if (workers, pin, persistent, prefetch) == current and not ctx.non_blocking:
-            raise Skip(f"the loader already has these settings (num_workers={workers}, pin_memory={pin}); nothing to change")
+        changes["non_blocking"] = decisions.non_blocking
+        if (workers, pin, persistent, prefetch) == settings(loader) and not decisions.non_blocking:
+            raise Skip(f"the loader already has these settings (num_workers={workers}, pin_memory={pin}); "
+                       "nothing to change")
         ctx.loader = rebuild_loader(loader, num_workers=workers, pin_memory=pin, persistent_workers=persistent,
                                     prefetch_factor=prefetch)
         return changes

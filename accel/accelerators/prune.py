@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from accel.accelerator import Accelerator, Option, Stage, at_least, register
+from accel.accelerator import Accelerator, Keeps, Option, Stage, at_least, register
 from accel.errors import Problem
 from accel.optim import copy_with_optimizer, describe_optimizer, init_kwargs, rebuild_optimizer, same_params
 from accel.run import move
@@ -130,6 +130,8 @@ class Prune(Accelerator):
     name = "prune"
     stage = Stage.SURGERY
     requires = ("nni",)
+    provides = ("model.structure",)
+    keeps = Keeps("changed", structure=False, note="the channels it removes (a smaller model, its optimizer state reset)")
     options = {
         "pruner": Option("l1", (str,), choices=tuple(PRUNERS), help="l1/l2 norm, fpgm, or taylor (trains to score)"),
         "config_list": Option(DEFAULT_CONFIG, (list,), help="NNI config dicts (op_types, op_names, sparse_ratio, ...)"),

@@ -1,8 +1,18 @@
-"""threads: intra/inter-op threads, CPU affinity to physical cores, and the book's OpenMP variables.
+"""threads: compute threads = this rank's physical cores, pinned to them, with the book's OpenMP variables.
 
-OpenMP reads its variables when the runtime loads (at `import torch`), so in this process only
-torch.set_num_threads and the affinity take effect; the variables are exported for child processes
-(DataLoader workers, subprocesses) and for the next start, e.g. through `accel launch`.
+What it does: decides this rank's cores (``accel launch``'s core map, else an equal share of the physical cores
+per local rank) and as many intra-op threads; sets them, pins every thread of the process to those cores, and
+exports the OpenMP variables (chapter 4) for child processes. OpenMP reads its variables when the runtime loads
+(at ``import torch``), so in this process only the thread count and the affinity take effect.
+
+When it helps: several ranks on one machine (each keeps to its own cores instead of fighting over all of them),
+and machines whose default thread count counts hyper-threads. When it hurts or does nothing: alone on 2
+cores, torch already runs 2 threads; here the book CNN's steps moved by less than the noise (about 5%).
+Exporting ``GOMP_CPU_AFFINITY`` binds a *spawned* child's main thread to one CPU (``export_env=False`` stops it).
+
+What it keeps: the same math; the thread count changes only the order of float sums (``SAME_MATH``).
+Every change goes through the journal: a failed plan, or ``run.close()``, puts threads, affinity and
+variables back.
 """
 from __future__ import annotations
 
@@ -11,37 +21,9 @@ import warnings
 
 import torch
 
-from accel.accelerator import Accelerator, Option, Stage, at_least, register
-from accel.distributed import launcher_environment
-from accel.hardware import format_cpu_list, loaded_openmp, parse_cpu_list
-
-CORE_MAP_VARIABLE = "ACCEL_CORE_MAP"  # `accel launch`'s cores per local rank: "0,1;2,3" (rank 0: 0,1; rank 1: 2,3)
-
-
-def local_rank_layout(environ=os.environ) -> tuple[int, int]:
-    """(local rank, local world size) from torchrun, Open MPI, Intel MPI/MPICH or SLURM; (0, 1) alone."""
-    launch = launcher_environment(environ)
-    return (launch.local_rank, launch.local_world_size) if launch else (0, 1)
-
-
-def cores_for_rank(physical_cpus: tuple[int, ...], local_rank: int, local_world: int,
-                   per_rank: int | None = None) -> tuple[int, ...]:
-    """The book's CPU allocation map: local ranks get disjoint, contiguous, equal shares of physical cores.
-
-    With more ranks than cores, ranks share cores round-robin (oversubscribed, never empty).
-    """
-    share = per_rank or max(1, len(physical_cpus) // local_world)
-    start = (local_rank * share) % max(1, len(physical_cpus))
-    return tuple(physical_cpus[start:start + share])
-
-
-def rank_cores(physical_cpus: tuple[int, ...], environ=os.environ) -> tuple[tuple[int, ...], str]:
-    """This rank's cores and where they came from: `accel launch`'s choice, else the local-rank partition."""
-    local_rank, local_world = local_rank_layout(environ)
-    shares = environ.get(CORE_MAP_VARIABLE, "").split(";")
-    if local_rank < len(shares) and shares[local_rank]:
-        return parse_cpu_list(shares[local_rank]), "accel launch"
-    return cores_for_rank(physical_cpus, local_rank, local_world), f"partition of {len(physical_cpus)} physical cores"
+from accel.accelerator import SAME_MATH, Accelerator, Option, Stage, at_least, register
+from accel.distributed import rank_cores
+from accel.hardware import format_cpu_list, loaded_openmp
 
 
 def openmp_variables(runtime: str, cpus: tuple[int, ...], threads: int) -> dict[str, str]:
@@ -54,25 +36,14 @@ def openmp_variables(runtime: str, cpus: tuple[int, ...], threads: int) -> dict[
     return env
 
 
-def pin_process(cpus: tuple[int, ...]) -> int:
-    """Set the affinity of every thread of this process (the OpenMP pool included); returns threads pinned."""
-    tids = [int(t) for t in os.listdir("/proc/self/task")] if os.path.isdir("/proc/self/task") else [0]
-    pinned = 0
-    for tid in tids:
-        try:
-            os.sched_setaffinity(tid, cpus)
-            pinned += 1
-        except OSError:  # a thread that ended meanwhile
-            pass
-    return pinned
-
-
 @register
 class Threads(Accelerator):
     """Compute threads = physical cores (per local rank), pinned, with OpenMP variables for children."""
 
     name = "threads"
     stage = Stage.ENVIRONMENT
+    provides = ("process.threads",)
+    keeps = SAME_MATH
     options = {
         "threads": Option("auto", (str, int), choices=("auto",), check=at_least(1),
                           help="intra-op threads; auto = this rank's physical cores"),
@@ -82,26 +53,37 @@ class Threads(Accelerator):
         "export_env": Option(True, (bool,), help="export the OpenMP variables for child processes"),
     }
 
-    def apply(self, ctx):
-        hardware = ctx.hardware
-        local_rank, local_world = local_rank_layout()
-        cpus, source = rank_cores(hardware.physical_cpus)
+    @classmethod
+    def candidates(cls, hardware, model, optimizer=None, loader=None):
+        return [{}]
+
+    def decide(self, ctx):
+        cpus, self.source = rank_cores(ctx.hardware.physical_cpus, ctx.decisions.launch)
         threads = len(cpus) if self.threads == "auto" else self.threads
+        ctx.decide("cpus", cpus, f"{format_cpu_list(cpus)} ({self.source})")
+        ctx.decide("threads", threads, "this rank's physical cores" if self.threads == "auto" else "asked for")
+
+    def apply(self, ctx):
+        decisions, journal = ctx.decisions, ctx.journal
+        threads, cpus = decisions.threads, decisions.cpus
         changes = {"threads": threads}
-        if threads > len(hardware.cpus_allowed):
-            warnings.warn(f"{threads} threads on {len(hardware.cpus_allowed)} allowed CPUs oversubscribe the cores",
+        if threads > len(ctx.hardware.cpus_allowed):
+            warnings.warn(f"{threads} threads on {len(ctx.hardware.cpus_allowed)} allowed CPUs oversubscribe the cores",
                           stacklevel=2)
-        torch.set_num_threads(threads)
+        journal.set_threads(threads)
         if self.interop_threads is not None:
             try:
-                torch.set_num_interop_threads(self.interop_threads)
+                journal.change(f"inter-op threads {self.interop_threads}",
+                               lambda: torch.set_num_interop_threads(self.interop_threads), lambda: None)
                 changes["interop_threads"] = self.interop_threads
             except RuntimeError:
                 changes["interop_threads"] = "unchanged (set once per process, before any parallel work)"
-        if local_world > 1 or source == "accel launch":
-            changes["rank_cores"] = f"local rank {local_rank}/{local_world} -> cpus {format_cpu_list(cpus)} ({source})"
+        launch = decisions.launch
+        if (launch and launch.local_world_size > 1) or self.source == "accel launch":
+            local = f"{launch.local_rank}/{launch.local_world_size}" if launch else "0/1"
+            changes["rank_cores"] = f"local rank {local} -> cpus {format_cpu_list(cpus)} ({self.source})"
         if self.affinity:
-            pin_process(cpus)
+            journal.set_affinity(cpus)
             changes["affinity"] = format_cpu_list(cpus)
         runtime = loaded_openmp()
         changes["openmp"] = runtime
@@ -111,7 +93,7 @@ class Threads(Accelerator):
                 if key in os.environ and os.environ[key] != value:
                     kept.append(f"{key}={os.environ[key]}")
                 else:
-                    os.environ[key] = value
+                    journal.setenv(key, value)
                     exported.append(f"{key}={value}")
             changes["exported_for_children"] = " ".join(exported) or "none"
             if kept:

@@ -1,4 +1,8 @@
-"""The `accel` command. Each subcommand lives in its own module here with add_parser(subparsers) and run(args)."""
+"""The `accel` command. Each subcommand lives in its own module here with add_parser(subparsers) and run(args).
+
+A user's mistake (a bad plan, a missing file, a wrong number) prints one clear line and exits with 2, never a
+traceback.
+"""
 from __future__ import annotations
 
 import argparse
@@ -18,8 +22,32 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from accel.errors import AccelError
+
     args = build_parser().parse_args(argv)
-    return args.handler(args) or 0
+    try:
+        return args.handler(args) or 0
+    except AccelError as error:
+        print(f"accel {args.command}: {error}", file=sys.stderr)
+        return 2
+
+
+def positive(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def parse_plan_argument(text: str):
+    """A --plan argument: a plan file, 'auto', or comma-separated accelerator names."""
+    if text == "auto" or text.endswith((".toml", ".yaml", ".yml")):
+        return text
+    return [n.strip() for n in text.split(",") if n.strip()]
 
 
 if __name__ == "__main__":

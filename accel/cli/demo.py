@@ -1,4 +1,9 @@
-"""accel demo: train a small CNN on sklearn's real digits, plain and through accelerate(), side by side."""
+"""accel demo: torchvision's resnet18 on sklearn's real digits, a plain loop against plan="auto", side by side.
+
+The same model, data, seed and epochs both ways: the plain loop (the empty plan), then accel choosing its plan by
+measuring on this model (or the plan given with --plan) and training with it. It prints the report with the
+search's comparisons, the time and test accuracy of both, and writes a chart when matplotlib is installed.
+"""
 from __future__ import annotations
 
 import argparse
@@ -6,64 +11,125 @@ import json
 import sys
 import time
 
-DEFAULT_PLAN = "threads,loader,channels_last,amp"
+from accel.cli import parse_plan_argument, positive
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser("demo", help="train on real digits, plain loop vs accelerated, and print the report")
-    parser.add_argument("--plan", default=DEFAULT_PLAN,
-                        help=f"comma-separated accelerator names or a .toml/.yaml plan file (default: {DEFAULT_PLAN})")
-    parser.add_argument("--epochs", type=int, default=3)
-    parser.add_argument("--batch-size", type=int, default=32)
+    parser = subparsers.add_parser("demo", help="resnet18 on real digits: the plain loop against plan='auto'")
+    parser.add_argument("--plan", default="auto",
+                        help="'auto' (default), comma-separated accelerator names, or a .toml/.yaml plan file")
+    parser.add_argument("--model", default="resnet18", help="a torchvision model name (default resnet18)")
+    parser.add_argument("--epochs", type=positive, default=5)
+    parser.add_argument("--batch-size", type=positive, default=64)
+    parser.add_argument("--image-size", type=positive, default=64, help="digits upsampled to this size (default 64)")
+    parser.add_argument("--budget", type=float, default=None, help="seconds plan='auto' may measure (default: tune's)")
+    parser.add_argument("--plot", default="accel-demo.png",
+                        help="chart of the comparison (default accel-demo.png, when matplotlib is installed)")
+    parser.add_argument("--no-plot", action="store_true")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     return parser
 
 
-def parse_plan_argument(text: str):
-    return text if text.endswith((".toml", ".yaml", ".yml")) else [n.strip() for n in text.split(",") if n.strip()]
-
-
-def train(plan, epochs: int, batch_size: int, seed: int = 0) -> dict:
+def train(model_name: str, plan, epochs: int, batch_size: int, image_size: int, seed: int = 0) -> dict:
+    """Train with the plan and return seconds (training only), ms per step, test accuracy and the report."""
     import torch
+    import torchvision
     from torch.utils.data import DataLoader
 
     import accel
-    from accel.testing import TinyCNN, accuracy, digits_datasets, train_steps
+    from accel.book import accuracy, cifar_shaped, digits_datasets
 
-    train_set, test_set = digits_datasets(seed)
+    train_set, test_set = (cifar_shaped(d, image_size) for d in digits_datasets(seed))
     torch.manual_seed(seed)
-    model = TinyCNN()
-    optimizer = torch.optim.Adam(model.parameters(), lr=0.003)
-    loader = DataLoader(train_set, batch_size=batch_size, shuffle=True,
+    model = torchvision.models.get_model(model_name, weights=None, num_classes=10)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    loader = DataLoader(train_set, batch_size=batch_size, shuffle=True, drop_last=True,
                         generator=torch.Generator().manual_seed(seed))
-    run = accel.accelerate(model, optimizer, loader, plan=plan, device="cpu")
     started = time.perf_counter()
-    train_steps(run, epochs)
+    run = accel.accelerate(model, optimizer, loader, plan=plan, device="cpu")
+    setup_s = time.perf_counter() - started
+    started = time.perf_counter()
+    run.model.train()
+    for _ in range(epochs):
+        for x, y in run.loader:
+            with run.autocast():
+                loss = torch.nn.functional.cross_entropy(run.model(x), y)
+            run.backward(loss)
+            run.step()
     seconds = time.perf_counter() - started
-    return {"seconds": seconds, "accuracy": accuracy(run.model, test_set, run.autocast), "report": run.report}
+    result = {"seconds": seconds, "setup_s": setup_s, "steps": run.steps,
+              "accuracy": accuracy(run.model, test_set, run.autocast), "report": run.report}
+    run.close()
+    return result
+
+
+def plot(path: str, plain: dict, accelerated: dict) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tuning = accelerated["report"].tuning
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    names = ["plain", "accelerated"]
+    left.bar(names, [plain["seconds"], accelerated["seconds"]], color=["grey", "tab:green"])
+    for i, result in enumerate((plain, accelerated)):
+        left.text(i, result["seconds"], f"{result['seconds']:.1f} s\nacc {result['accuracy']:.3f}", ha="center",
+                  va="bottom", fontsize=8)
+    left.set_ylabel("training time, s")
+    left.set_title(f"speed-up {plain['seconds'] / accelerated['seconds']:.2f}x")
+    if tuning is not None:
+        rows = [r for r in tuning.rows if r.vs_baseline is not None]
+        right.barh([r.name for r in rows], [r.vs_baseline for r in rows], color="tab:blue")
+        right.axvline(1.0, color="grey", linestyle="--")
+        right.set_xlabel("step time vs eager (measured by plan='auto')")
+        right.invert_yaxis()
+    else:
+        right.axis("off")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def run(args) -> int:
-    plan = parse_plan_argument(args.plan)
     from accel.hardware import importable
 
     if not importable("sklearn"):
         print("accel demo trains on scikit-learn's bundled digits: pip install 'accel[demo]'", file=sys.stderr)
         return 2
     import accel
-    from accel.testing import process_state_restored
 
-    with process_state_restored():
-        plain = train([], args.epochs, args.batch_size)
-    accelerated = train(plan, args.epochs, args.batch_size)
+    plan = parse_plan_argument(args.plan)
+    if plan == "auto":
+        plan = accel.Auto(budget_s=args.budget, expected_steps=None)
+    else:
+        accel.Plan(plan)  # a bad plan is refused before any training (main() prints the PlanError)
+    import torchvision
+
+    if args.model not in torchvision.models.list_models(module=torchvision.models):
+        print(f"accel demo: {args.model!r} is not a torchvision model", file=sys.stderr)
+        return 2
+    plain = train(args.model, [], args.epochs, args.batch_size, args.image_size)
+    if isinstance(plan, accel.Auto):
+        plan.expected_steps = plain["steps"]
+    accelerated = train(args.model, plan, args.epochs, args.batch_size, args.image_size)
+    speedup = plain["seconds"] / accelerated["seconds"]
     if args.json:
         print(json.dumps({"plain": {**plain, "report": plain["report"].to_dict()},
-                          "accelerated": {**accelerated, "report": accelerated["report"].to_dict()}}, default=str))
+                          "accelerated": {**accelerated, "report": accelerated["report"].to_dict()},
+                          "speedup": speedup}, default=str))
         return 0
     print(accelerated["report"])
     print()
-    print(f"{'':12} {'train s':>8} {'test acc':>9}")
+    print(f"{args.model} on sklearn digits at {args.image_size}x{args.image_size}, batch {args.batch_size}, "
+          f"{args.epochs} epochs ({plain['steps']} steps)")
+    print(f"{'':12} {'train s':>8} {'ms/step':>8} {'test acc':>9}")
     for name, result in (("plain", plain), ("accelerated", accelerated)):
-        print(f"{name:12} {result['seconds']:8.2f} {result['accuracy']:9.3f}")
-    print(f"speed-up: {plain['seconds'] / accelerated['seconds']:.2f}x (accel {accel.__version__})")
+        print(f"{name:12} {result['seconds']:8.2f} {1000 * result['seconds'] / result['steps']:8.1f} "
+              f"{result['accuracy']:9.3f}")
+    print(f"speed-up: {speedup:.2f}x at accuracy {accelerated['accuracy']:.3f} vs {plain['accuracy']:.3f}; "
+          f"choosing the plan took {accelerated['setup_s']:.1f} s (a second run takes it from the cache)")
+    if not args.no_plot and importable("matplotlib"):
+        plot(args.plot, plain, accelerated)
+        print(f"chart: {args.plot}")
     return 0

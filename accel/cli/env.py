@@ -12,32 +12,40 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     return parser
 
 
-def accelerator_availability(hardware=None) -> dict[str, dict[str, Any]]:
-    """For each registered accelerator: its required packages and what its plan-time check says on this machine,
-    run against a tiny real model on cpu (nothing is applied)."""
+def tiny_objects():
+    """A tiny real CNN, its Adam and a loader of 1x8x8 images: enough for plan-time checks."""
     import torch
+    from torch.utils.data import DataLoader, TensorDataset
 
+    from accel.book import TinyCNN
+
+    torch.manual_seed(0)
+    model = TinyCNN()
+    data = TensorDataset(torch.randn(32, 1, 8, 8), torch.randint(0, 10, (32,)))
+    return model, torch.optim.Adam(model.parameters()), DataLoader(data, batch_size=16)
+
+
+def accelerator_availability(hardware=None) -> dict[str, dict[str, Any]]:
+    """For each registered accelerator: its required packages and what its plan-time decisions and checks say on
+    this machine, against a tiny real model on cpu (nothing is applied)."""
     from accel.accelerator import REGISTRY
-    from accel.context import Context
-    from accel.core import check_plan
-    from accel.hardware import package_version, probe
-    from accel.plan import Plan
-    from accel.testing import tiny_loader, tiny_model, tiny_optimizer
+    from accel.core import prepare
+    from accel.errors import PlanError
+    from accel.hardware import package_version
 
-    hardware = hardware or probe()
     found = {}
     for name in sorted(REGISTRY):
         cls = REGISTRY[name]
         entry: dict[str, Any] = {"stage": cls.stage.name.lower(),
                                  "requires": {pkg: package_version(pkg) for pkg in cls.requires}}
-        model = tiny_model()
-        plan = Plan([cls()])
-        ctx = Context(model=model, optimizer=tiny_optimizer(model), loader=tiny_loader(),
-                      device=torch.device("cpu"), hardware=hardware, plan=plan)
         try:
-            problems, _ = check_plan(plan, ctx)
-            entry["available"] = not problems
-            entry["reason"] = "; ".join(p.message for p in problems) or "its checks pass on cpu with a tiny model"
+            _, _, skips = prepare(*tiny_objects(), plan=[cls()], device="cpu")
+            entry["available"] = True
+            entry["reason"] = (f"would be skipped here: {skips[name]}" if name in skips
+                               else "its checks pass on cpu with a tiny model")
+        except PlanError as error:
+            entry["available"] = False
+            entry["reason"] = "; ".join(p.message for p in error.problems)
         except Exception as error:  # a check that breaks is reported, not fatal
             entry["available"], entry["reason"] = False, f"its check raised {type(error).__name__}: {error}"
         found[name] = entry

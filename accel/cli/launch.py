@@ -22,7 +22,7 @@ if __name__ == "__main__":  # a rank's start: this file's folder must not shadow
 
 from pathlib import Path  # noqa: E402
 
-CORE_MAP = "ACCEL_CORE_MAP"  # = accel.accelerators.threads.CORE_MAP_VARIABLE (not imported: see rank_main)
+CORE_MAP = "ACCEL_CORE_MAP"  # = accel.distributed.CORE_MAP_VARIABLE (not imported: see rank_main)
 ALLOCATORS = {"jemalloc": "libjemalloc.so*", "tcmalloc": "libtcmalloc*.so*"}
 JEMALLOC_CONF = "oversize_threshold:1,background_thread:true,metadata_thp:auto"  # torch's run_cpu uses these
 LIBRARY_DIRS = ("{prefix}/lib", "/usr/local/lib", "/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib")
@@ -61,7 +61,7 @@ def find_library(pattern: str, prefix: str = sys.prefix) -> str | None:
 
 def rank_layout(physical_cpus: tuple[int, ...], nproc: int, cores_per_proc: int | None, node_rank: int = 0):
     """[(global rank, local rank, cpus)] on this node: disjoint shares of its physical cores."""
-    from accel.accelerators.threads import cores_for_rank
+    from accel.distributed import cores_for_rank
 
     per = cores_per_proc or max(1, len(physical_cpus) // nproc)
     if per * nproc > len(physical_cpus):
@@ -111,15 +111,40 @@ def torchrun_command(args, master_addr: str, master_port: int) -> list[str]:
             str(Path(__file__).resolve()), args.script, *args.script_args]
 
 
+def check_numbers(args, environ=os.environ) -> int:
+    """The launch's numbers, checked before anything starts; returns the master port."""
+    for flag, value in (("--nnodes", args.nnodes), ("--nproc-per-node", args.nproc_per_node)):
+        if value < 1:
+            raise LaunchError(f"{flag} must be >= 1, got {value}")
+    if args.cores_per_proc is not None and args.cores_per_proc < 1:
+        raise LaunchError(f"--cores-per-proc must be >= 1, got {args.cores_per_proc}")
+    if not 0 <= args.node_rank < args.nnodes:
+        raise LaunchError(f"--node-rank must be in 0..{args.nnodes - 1} for --nnodes {args.nnodes}, got {args.node_rank}")
+    if args.max_restarts < 0:
+        raise LaunchError(f"--max-restarts must be >= 0, got {args.max_restarts}")
+    if args.master_port is not None:
+        port, source = args.master_port, "--master-port"
+    else:
+        text, source = environ.get("MASTER_PORT", "29500"), "MASTER_PORT"
+        if not text.strip().isdigit():
+            raise LaunchError(f"MASTER_PORT={text!r} is not a port number (1-65535)")
+        port = int(text)
+    if not 0 < port < 65536:
+        raise LaunchError(f"{source} {port} is not a port number (1-65535)")
+    return port
+
+
 def run(args) -> int:
     from accel.hardware import format_cpu_list, probe
 
     master_addr = args.master_addr or os.environ.get("MASTER_ADDR", "127.0.0.1")
-    master_port = args.master_port or int(os.environ.get("MASTER_PORT", 29500))
     physical = probe().physical_cpus
     try:
+        master_port = check_numbers(args)
         layout = rank_layout(physical, args.nproc_per_node, args.cores_per_proc, args.node_rank)
         set_, kept = environment(layout, args.iomp, args.allocator, os.environ)
+        if not args.dry_run and not Path(args.script).is_file():
+            raise LaunchError(f"the training script {args.script!r} does not exist")
     except LaunchError as error:
         print(f"accel launch: {error}", file=sys.stderr)
         return 2

@@ -1,0 +1,125 @@
+"""activation_checkpointing: recompute the activations of chosen blocks in backward instead of keeping them.
+
+What it does: on the run's own copy of the module tree (sharing the user's tensors), the forward of each
+chosen module runs under ``torch.utils.checkpoint`` (non-reentrant): its inner activations are freed after
+the forward and recomputed during backward. ``modules="auto"`` picks the repeated blocks (a class with
+child modules that occurs at least twice and is not a container, such as resnet's BasicBlock or mobilenet's
+InvertedResidual), outermost first; or name the classes (``modules=["Bottleneck"]``). Outside training with
+gradients (eval, no_grad) the forward runs as it is.
+
+When it helps: memory. Peak memory falls with the activations of the checkpointed blocks, which lets a larger
+batch or model fit (benchmarks/bench_activation_checkpointing.py measures the peak saved and the time paid).
+When it hurts: speed; every checkpointed block runs its forward twice, about a third more compute a step.
+
+What it keeps: exactly the plain loop's training: the recomputation is the same computation, dropout draws
+the same masks (the RNG state is kept), and BatchNorm statistics are updated once, as without it (the
+recomputation's updates of a block's buffers are undone).
+"""
+from __future__ import annotations
+
+import collections
+
+import torch
+from torch import nn
+
+from accel.accelerator import EXACT, Accelerator, Option, Stage, register
+from accel.errors import Problem, Skip
+
+CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
+
+
+def names_problem(value) -> str | None:
+    ok = isinstance(value, list) and value and all(isinstance(v, str) for v in value)
+    return None if ok else "must be a non-empty list of module class names"
+
+
+def repeated_blocks(model: nn.Module) -> set[str]:
+    """Class names of modules with children, no container, occurring at least twice: the model's blocks."""
+    counts = collections.Counter(type(m).__name__ for m in model.modules()
+                                 if m is not model and next(m.children(), None) is not None
+                                 and not isinstance(m, CONTAINERS))
+    return {name for name, count in counts.items() if count >= 2}
+
+
+def outermost(model: nn.Module, classes: set[str]) -> list[tuple[str, nn.Module]]:
+    """The modules of these classes that are not inside another one of them."""
+    found: list[tuple[str, nn.Module]] = []
+
+    def walk(prefix: str, module: nn.Module) -> None:
+        for name, child in module.named_children():
+            path = f"{prefix}.{name}" if prefix else name
+            if type(child).__name__ in classes:
+                found.append((path, child))
+            else:
+                walk(path, child)
+
+    walk("", model)
+    return found
+
+
+def checkpointed(module: nn.Module, preserve_rng_state: bool):
+    """A forward for ``module`` that recomputes in backward, leaving its buffers as one forward leaves them."""
+    forward = module.forward
+
+    def run(*args, **kwargs):
+        if not torch.is_grad_enabled():
+            return forward(*args, **kwargs)
+        buffers = list(module.buffers())
+        calls = [0]
+
+        def once_then_recompute(*a, **k):
+            calls[0] += 1
+            if calls[0] == 1:
+                return forward(*a, **k)
+            saved = [b.detach().clone() for b in buffers]  # the recomputation must not count a batch twice
+            try:
+                return forward(*a, **k)
+            finally:
+                with torch.no_grad():
+                    for buffer, value in zip(buffers, saved):
+                        buffer.copy_(value)
+
+        return torch.utils.checkpoint.checkpoint(once_then_recompute, *args, use_reentrant=False,
+                                                 preserve_rng_state=preserve_rng_state, **kwargs)
+
+    return run
+
+
+@register
+class ActivationCheckpointing(Accelerator):
+    name = "activation_checkpointing"
+    stage = Stage.KERNELS
+    provides = ("model.recompute",)
+    after = ("model.kernels", "model.layout")
+    keeps = EXACT
+    options = {
+        "modules": Option("auto", (str, list), choices=("auto",), check=names_problem,
+                          help="class names of the modules to checkpoint; auto = the repeated blocks"),
+        "preserve_rng_state": Option(True, (bool,), help="recompute dropout with the same random masks"),
+    }
+
+    def decide(self, ctx):
+        present = {type(m).__name__ for m in ctx.model.modules()}
+        if self.modules == "auto":
+            self.classes = repeated_blocks(ctx.model)
+            if not self.classes:
+                raise Skip("the model has no repeated block (a class with children occurring twice): name the "
+                           "modules to checkpoint with modules=[...]")
+        else:
+            self.classes = set(self.modules) & present
+        self.missing = sorted(set(self.modules) - present) if self.modules != "auto" else []
+
+    def check(self, ctx):
+        if self.missing:
+            return [Problem(self.name, f"no module of class {self.missing} in the model", field="modules",
+                            value=self.modules, allowed="class names of the model's modules, e.g. "
+                            + ", ".join(sorted(repeated_blocks(ctx.model)) or ["Bottleneck"]))]
+        return []
+
+    def apply(self, ctx):
+        model = ctx.own_model()
+        chosen = outermost(model, self.classes)
+        for _, module in chosen:
+            module.forward = checkpointed(module, self.preserve_rng_state)
+        return {"modules": f"{len(chosen)} x {', '.join(sorted(self.classes))}",
+                "recompute": "their activations in backward (non-reentrant torch.utils.checkpoint)"}

@@ -1,0 +1,91 @@
+"""grad_accumulation: N batches per optimizer step, their gradients averaged: a batch N times larger.
+
+What it does: ``run.backward`` divides each micro-batch's loss by N, so the N gradients add up to their mean;
+``run.step()`` steps the optimizer (and zeroes the gradients) only on every N-th call and returns True
+("not stepped") on the others, so a learning-rate scheduler steps with the optimizer. Under DDP, the forward
+passes of the first N-1 micro-batches run inside DDP's ``no_sync`` (entered by ``run.autocast()``, as in the
+README loop), so gradients are all-reduced once per optimizer step. ``run.save`` keeps the micro-step and
+the gradients accumulated so far: a run resumed mid-accumulation continues exactly.
+
+When it helps: the batch you want does not fit in memory, or an all-reduce per batch costs too much.
+It does not make a step faster by itself: the same work, fewer optimizer updates.
+
+What it keeps: not the plain loop's training: that is its purpose. Declared: one optimizer step every N
+batches on the mean of their gradients, the same update as one batch of N x B samples for models without
+batch statistics (BatchNorm sees micro-batches of B). Everything else (batches, structure, the user's
+objects) is kept exactly.
+"""
+from __future__ import annotations
+
+import contextlib
+
+from accel.accelerator import Accelerator, Keeps, Option, Stage, at_least, register
+from accel.errors import Problem, Skip
+
+
+def no_sync(run) -> contextlib.AbstractContextManager:
+    """The gradient-sync pause of the first wrapper that has one (DDP, FSDP), or nothing to pause."""
+    for model in run.wrappers():
+        if hasattr(model, "no_sync"):
+            return model.no_sync()
+    return contextlib.nullcontext()
+
+
+@register
+class GradAccumulation(Accelerator):
+    name = "grad_accumulation"
+    stage = Stage.STEP
+    provides = ("step.schedule",)
+    keeps = Keeps("changed", note="one optimizer step every N batches, on the mean of their gradients")
+    options = {"steps": Option(1, (int,), check=at_least(1), help="micro-batches per optimizer step")}
+
+    def decide(self, ctx):
+        if self.steps == 1:
+            raise Skip("steps=1: every batch steps the optimizer; give steps >= 2 to accumulate")
+        ctx.decide("accumulation_steps", self.steps, "asked for")
+
+    def check(self, ctx):
+        if ctx.optimizer is None:
+            return [Problem(self.name, "needs the optimizer: pass one to accel.accelerate(model, optimizer, ...)",
+                            kind="missing")]
+        return []
+
+    def apply(self, ctx):
+        self.micro = 0  # micro-batches since the last optimizer step
+        self.params = dict(ctx.model.named_parameters())
+        return {"steps": self.steps, "loss": f"divided by {self.steps} before backward",
+                "optimizer": f"steps once every {self.steps} run.step() calls; run.step() returns True in between",
+                "no_sync": "the first N-1 forwards under DDP (inside run.autocast())"}
+
+    def autocast(self, run):
+        return no_sync(run) if self.micro + 1 < self.steps else None
+
+    def backward(self, run, loss, proceed):
+        proceed(loss / self.steps)
+
+    def step(self, run, optimizer, proceed):
+        self.micro += 1
+        if self.micro < self.steps:
+            return False  # keep accumulating: no update, gradients kept
+        self.micro = 0
+        return proceed(optimizer)
+
+    def state_dict(self):
+        grads = {n: p.grad.detach().clone() for n, p in self.params.items() if p.grad is not None} if self.micro else {}
+        return {"micro": self.micro, "grads": grads}
+
+    def load_state_dict(self, state):
+        micro, grads = state.get("micro"), state.get("grads", {})
+        if not isinstance(micro, int) or not 0 <= micro < self.steps:
+            raise ValueError(f"micro-step {micro!r} does not fit steps={self.steps}")
+        unknown = set(grads) - set(self.params)
+        wrong = [n for n, g in grads.items() if n in self.params and g.shape != self.params[n].shape]
+        if unknown or wrong:
+            raise ValueError(f"accumulated gradients do not fit the model (unknown {sorted(unknown)}, "
+                             f"other shapes {sorted(wrong)})")
+        self.micro = micro
+        for name, param in self.params.items():
+            param.grad = grads[name].to(param.device, param.dtype).clone() if name in grads else None
+        if not grads:
+            for param in self.params.values():
+                param.grad = None

@@ -1,0 +1,77 @@
+"""Rebuilding a user's DataLoader with other settings (workers, pinning, a sampler) while keeping everything else.
+
+A DataLoader does not keep its constructor arguments, so a rebuild reads them back from its attributes.
+That is exact for torch's own DataLoader in every batching mode (batch_size, a batch_sampler, or no
+automatic batching) and refused for what it cannot be sure of: a subclass (whatever it adds would be lost)
+or an object that is not a DataLoader. The user's loader itself is never changed.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from torch.utils.data import DataLoader, IterableDataset
+
+
+def rebuild_problem(loader: Any) -> str | None:
+    """Why a faithful rebuild of this loader is not possible, or None."""
+    if not isinstance(loader, DataLoader):
+        return f"it is a {type(loader).__name__}, not a torch.utils.data.DataLoader"
+    if type(loader) is not DataLoader:
+        return (f"it is a DataLoader subclass ({type(loader).__name__}): a rebuild would lose what the subclass "
+                "adds")
+    return None
+
+
+def shards_by_worker(dataset: Any) -> bool:
+    """Whether an IterableDataset splits its stream between DataLoader workers (else each worker repeats it all).
+
+    True when the dataset says so (``shards_by_worker = True``) or its __iter__ asks torch which worker it is
+    (``torch.utils.data.get_worker_info()``), the documented way to shard.
+    """
+    declared = getattr(dataset, "shards_by_worker", None)
+    if declared is not None:
+        return bool(declared)
+    code = getattr(getattr(type(dataset), "__iter__", None), "__code__", None)
+    return code is not None and "get_worker_info" in code.co_names
+
+
+def constructor_arguments(loader: DataLoader) -> dict[str, Any]:
+    """The arguments that build an equal DataLoader, read back from its attributes."""
+    kwargs = dict(
+        dataset=loader.dataset, num_workers=loader.num_workers, collate_fn=loader.collate_fn,
+        pin_memory=loader.pin_memory, timeout=loader.timeout, worker_init_fn=loader.worker_init_fn,
+        multiprocessing_context=loader.multiprocessing_context, generator=loader.generator,
+        prefetch_factor=loader.prefetch_factor, persistent_workers=loader.persistent_workers,
+        pin_memory_device=loader.pin_memory_device, in_order=getattr(loader, "in_order", True),
+    )
+    if isinstance(loader.dataset, IterableDataset):
+        kwargs.update(batch_size=loader.batch_size, drop_last=loader.drop_last)
+    elif loader.batch_size is not None:  # built from batch_size (+ shuffle/sampler/drop_last)
+        kwargs.update(sampler=loader.sampler, batch_size=loader.batch_size, drop_last=loader.drop_last)
+    elif loader.batch_sampler is not None:  # the user's own batch_sampler (batch_size and drop_last left default)
+        kwargs.update(batch_sampler=loader.batch_sampler)
+    else:  # batch_size=None: no automatic batching, one sample at a time
+        kwargs.update(sampler=loader.sampler, batch_size=None)
+    if "in_order" not in DataLoader.__init__.__code__.co_varnames:
+        kwargs.pop("in_order")  # torch < 2.6
+    return kwargs
+
+
+def rebuild_loader(loader: DataLoader, **overrides: Any) -> DataLoader:
+    """A new DataLoader equal to ``loader`` but for ``overrides`` (num_workers, pin_memory, sampler, ...)."""
+    why = rebuild_problem(loader)
+    if why:
+        raise ValueError(f"cannot rebuild the loader: {why}")
+    kwargs = constructor_arguments(loader)
+    if "sampler" in overrides and "batch_sampler" in kwargs:
+        raise ValueError("cannot replace the sampler of a loader built with its own batch_sampler")
+    kwargs.update(overrides)
+    if kwargs["num_workers"] == 0:
+        kwargs.update(prefetch_factor=None, persistent_workers=False)
+    return DataLoader(**kwargs)
+
+
+def settings(loader: DataLoader) -> tuple:
+    """(num_workers, pin_memory, persistent_workers, prefetch_factor): what the loader accelerator chooses."""
+    return (loader.num_workers, loader.pin_memory, loader.persistent_workers,
+            loader.prefetch_factor if loader.num_workers else None)

@@ -1,0 +1,126 @@
+"""Remembered plan choices: plan="auto" on the same setup returns at once, saying when it was measured.
+
+The key holds everything that decides the answer: the model's structure (module classes, parameter and buffer
+names, shapes, dtypes, which are trainable), the batch's structure (shapes and dtypes), the optimizer's class
+and flags, the device, the CPU model and ISA, the thread count, torch's and accel's versions, the registered
+accelerators, and tune's settings. Any change measures again. Entries are JSON files in ``cache_dir()``:
+``$ACCEL_CACHE_DIR``, else ``$XDG_CACHE_HOME/accel/plans``, else ``~/.cache/accel/plans``.
+``accel cache list`` and ``accel cache clear`` show and remove them.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from accel.accelerator import REGISTRY
+
+
+def cache_dir(where: Any = True) -> Path:
+    if where not in (True, None) and not isinstance(where, bool):
+        return Path(where)
+    if os.environ.get("ACCEL_CACHE_DIR"):
+        return Path(os.environ["ACCEL_CACHE_DIR"])
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return base / "accel" / "plans"
+
+
+def _structure(batch: Any) -> Any:
+    from accel.run import map_tensors
+
+    described = map_tensors(lambda t: f"{str(t.dtype).replace('torch.', '')}{list(t.shape)}", batch)
+    return repr(described) if not isinstance(described, str) else described
+
+
+def _model(model: torch.nn.Module) -> str:
+    digest = hashlib.sha256()
+    for name, module in model.named_modules():
+        digest.update(f"{name}:{type(module).__module__}.{type(module).__qualname__};".encode())
+    for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+        digest.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype}:{tensor.requires_grad};".encode())
+    return digest.hexdigest()[:16]
+
+
+def key_parts(model, optimizer, batch, device, hardware, settings: dict, step) -> dict[str, Any]:
+    """The facts that decide tune's answer, readable (``accel cache list`` shows them)."""
+    import accel
+
+    flags = {k: v for k, v in sorted(optimizer.defaults.items()) if isinstance(v, (bool, str)) or v is None}
+    functions = {name: getattr(fn, "__qualname__", repr(fn)) for name, fn in
+                 (("step_fn", step.step_fn), ("loss_fn", step.loss_fn), ("split", step.split)) if fn is not None}
+    return {
+        "model": f"{type(model).__qualname__} {_model(model)}",
+        "batch": _structure(batch),
+        "optimizer": f"{type(optimizer).__name__} {flags} {len(optimizer.param_groups)} group(s)",
+        "device": str(device),
+        "cpu": f"{hardware.cpu_model} [{','.join(hardware.isa)}] {hardware.physical_cores} cores",
+        "threads": torch.get_num_threads(),
+        "versions": f"torch {torch.__version__}, accel {accel.__version__}",
+        "accelerators": sorted(REGISTRY),
+        "settings": {k: v for k, v in settings.items() if k not in ("budget_s", "steps")},
+        "functions": functions,
+    }
+
+
+def key_of(parts: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:24]
+
+
+def lookup(parts: dict[str, Any], where: Any = True):
+    """The remembered TuneResult for these facts, or None."""
+    from accel.autotune import TuneResult
+
+    path = cache_dir(where) / f"{key_of(parts)}.json"
+    try:
+        entry = json.loads(path.read_text())
+        result = TuneResult.from_dict(entry["result"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    result.from_cache = True
+    return result
+
+
+def store(parts: dict[str, Any], result, where: Any = True) -> str:
+    """Remember a choice; returns its key. A cache that cannot be written is not an error (it is said)."""
+    import warnings
+
+    key = key_of(parts)
+    folder = cache_dir(where)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        temporary = folder / f".{key}.tmp"
+        temporary.write_text(json.dumps({"key": parts, "result": {**result.to_dict(), "key": key}}, default=str,
+                                        indent=1))
+        os.replace(temporary, folder / f"{key}.json")
+    except OSError as error:
+        warnings.warn(f"accel: the plan cache {folder} cannot be written ({error}); the choice is not remembered",
+                      stacklevel=3)
+    return key
+
+
+def entries(where: Any = True) -> list[dict[str, Any]]:
+    """Every remembered choice: key, plan, when it was measured, and the facts it was measured under."""
+    found = []
+    for path in sorted(cache_dir(where).glob("*.json")):
+        try:
+            entry = json.loads(path.read_text())
+            found.append({"key": path.stem, "plan": entry["result"]["plan"],
+                          "measured_at": entry["result"].get("measured_at", ""), "facts": entry["key"],
+                          "why": entry["result"].get("why", "")})
+        except (OSError, ValueError, KeyError):
+            found.append({"key": path.stem, "plan": None, "measured_at": "", "facts": {}, "why": "unreadable entry"})
+    return found
+
+
+def clear(where: Any = True, key: str | None = None) -> int:
+    """Forget every remembered choice (or the one of this key, or key prefix); returns how many."""
+    removed = 0
+    for path in cache_dir(where).glob("*.json"):
+        if key is None or path.stem.startswith(key):
+            path.unlink(missing_ok=True)
+            removed += 1
+    return removed
