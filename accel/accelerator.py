@@ -23,16 +23,15 @@ import contextlib
 import difflib
 import enum
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, ClassVar
+from typing import Any, Callable, ClassVar
+
+import torch
 
 from accel.errors import PlanError, Problem
 
-if TYPE_CHECKING:
-    import torch
-
-    from accel.context import Context
-    from accel.hardware import Hardware
-    from accel.run import Run
+# The hooks' arguments are an accel.context.Context, an accel.run.Run and an accel.hardware.Hardware; this module
+# is the bottom of the package and imports none of those higher layers, so their names stand for Any here.
+Context = Run = Hardware = Any
 
 
 class Stage(enum.IntEnum):
@@ -109,7 +108,7 @@ class Keeps:
 
 
 EXACT = Keeps()
-SAME_MATH = Keeps("float", rtol=1e-4, atol=1e-5, loss_rtol=1e-4, note="the same math, summed in another order")
+SAME_MATH = Keeps("float", rtol=1e-3, atol=1e-4, loss_rtol=1e-4, note="the same math, summed in another order")
 
 
 class Accelerator:

@@ -32,7 +32,6 @@ from typing import Any, Callable
 import torch
 
 from accel.accelerator import REGISTRY
-from accel.errors import PlanError
 from accel.hardware import probe, resolve_device
 from accel.measure import Lab, Ratio, TrainStep, Trial, plan_label
 from accel.plan import RESOLVERS, Plan
@@ -296,8 +295,9 @@ def tune(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loader: Any, 
         hit = plancache.lookup(key_parts, cache)
         if hit is not None:
             lab.close()
-            hit.elapsed_s = time.perf_counter() - started
-            return hit
+            result = TuneResult.from_dict(hit)
+            result.from_cache, result.elapsed_s = True, time.perf_counter() - started
+            return result
     generated = candidates is None
     plans = (generate_candidates(hardware, model, optimizer, loader, accelerators) if generated
              else [Plan(c).to_dict() for c in candidates])
@@ -327,7 +327,7 @@ def tune(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loader: Any, 
     if key_parts is not None:
         from accel import plancache
 
-        result.key = plancache.store(key_parts, result, cache)
+        result.key = plancache.store(key_parts, result.to_dict(), cache)
     return result
 
 

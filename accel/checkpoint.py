@@ -149,6 +149,7 @@ def state_dict(run) -> dict[str, Any]:
         "plan": encode_plan(run.plan.to_dict()),
         "model": run.unwrap().state_dict(),
         "optimizer": run.optimizer.state_dict() if run.optimizer is not None else None,
+        "optimizer_class": type(run.optimizer).__name__ if run.optimizer is not None else None,
         "accelerators": {a.name: a.state_dict() for a in run.accelerators},
         "step": run.steps,
         "optimizer_steps": run.optimizer_steps,
@@ -194,6 +195,9 @@ def read(path) -> dict[str, Any]:
         raise CheckpointError(f"{path}: is a directory, not a checkpoint file")
     if path.stat().st_size == 0:
         raise CheckpointError(f"{path}: the file is empty (a save that never wrote, or a truncated copy)")
+    if not zipfile.is_zipfile(path):  # torch.save writes a zip archive; its end is missing when truncated
+        raise CheckpointError(f"{path}: not a whole torch checkpoint (truncated or corrupted, or another kind of "
+                              "file: torch.save writes a zip archive)")
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except (zipfile.BadZipFile, EOFError, RuntimeError, OSError, ValueError) as error:
@@ -240,7 +244,9 @@ def _model_problems(saved: dict, current: dict) -> list[str]:
     return problems
 
 
-def _optimizer_problems(saved: dict | None, optimizer) -> list[str]:
+def _optimizer_problems(saved: dict | None, optimizer, saved_class: str | None = None) -> list[str]:
+    if saved_class and optimizer is not None and saved_class != type(optimizer).__name__:
+        return [f"the checkpoint holds a {saved_class}'s state, this run's optimizer is a {type(optimizer).__name__}"]
     if (optimizer is None) != (saved is None):
         return [f"the checkpoint has {'an' if saved is not None else 'no'} optimizer state, this run has "
                 f"{'one' if optimizer is not None else 'none'}"]
@@ -272,7 +278,7 @@ def load(run, path) -> dict[str, Any]:
                               f"run with plan=accel.checkpoint.saved_plan({str(path)!r})")
     model = run.unwrap()
     problems = _model_problems(state["model"], model.state_dict())
-    problems += _optimizer_problems(state["optimizer"], run.optimizer)
+    problems += _optimizer_problems(state["optimizer"], run.optimizer, state.get("optimizer_class"))
     names = [a.name for a in run.accelerators]
     stray = sorted(set(state.get("accelerators", {})) - set(names))
     if stray:

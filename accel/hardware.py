@@ -207,6 +207,22 @@ def ipex_problem() -> str | None:
     return None
 
 
+PACKAGE_BACKENDS = ("ipex",)  # torch.compile backends an optional package registers when imported
+
+
+def compile_backend_problem(backend: str) -> str | None:
+    """Why a torch.compile backend that an optional package registers cannot be used here, or None; a backend of
+    no optional package gives None (torch's own list decides). IPEX registers 'ipex' when imported, which is
+    safe only when ipex_problem() says so."""
+    return ipex_problem() if backend == "ipex" else None
+
+
+def import_compile_backend(backend: str) -> None:
+    """Import the optional package that registers this compile backend (after compile_backend_problem passed)."""
+    if backend == "ipex":
+        import intel_extension_for_pytorch  # noqa: F401
+
+
 def resolve_device(device: str | torch.device | None = "auto", local_rank: int = 0) -> torch.device:
     """'auto' picks cuda, xpu, mps, else cpu; a device type without an index picks this local rank's device
     (each rank of a launched job on its own GPU); any torch device string is accepted as is."""

@@ -20,6 +20,21 @@ HOOK_DICTS = ("_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_al
               "_state_dict_pre_hooks", "_load_state_dict_pre_hooks", "_load_state_dict_post_hooks")
 
 
+def compiled(module: nn.Module) -> bool:
+    """A torch.compile wrapper (OptimizedModule), whose module tree cannot be copied and hooked."""
+    import torch._dynamo
+
+    return isinstance(module, torch._dynamo.eval_frame.OptimizedModule)
+
+
+def compiled_problem(module: nn.Module) -> str | None:
+    """Why an accelerator that changes how the user's modules run cannot take this model, or None."""
+    if compiled(module):
+        return ("the model is already compiled (torch.compile's OptimizedModule), so its modules cannot be given "
+                "hooks: pass the module itself (model._orig_mod) and add 'compile' to the plan")
+    return None
+
+
 def shared_copy(module: nn.Module) -> nn.Module:
     """A new module tree of the same classes whose parameters and buffers are the user's own tensors.
 

@@ -70,22 +70,18 @@ def key_of(parts: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:24]
 
 
-def lookup(parts: dict[str, Any], where: Any = True):
-    """The remembered TuneResult for these facts, or None."""
-    from accel.autotune import TuneResult
-
+def lookup(parts: dict[str, Any], where: Any = True) -> dict[str, Any] | None:
+    """The remembered result (TuneResult.to_dict()) for these facts, or None."""
     path = cache_dir(where) / f"{key_of(parts)}.json"
     try:
         entry = json.loads(path.read_text())
-        result = TuneResult.from_dict(entry["result"])
+        return entry["result"] if entry["key"] == json.loads(json.dumps(parts, default=str)) else None
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    result.from_cache = True
-    return result
 
 
-def store(parts: dict[str, Any], result, where: Any = True) -> str:
-    """Remember a choice; returns its key. A cache that cannot be written is not an error (it is said)."""
+def store(parts: dict[str, Any], result: dict[str, Any], where: Any = True) -> str:
+    """Remember a choice (TuneResult.to_dict()); returns its key. A cache that cannot be written is said, not fatal."""
     import warnings
 
     key = key_of(parts)
@@ -93,8 +89,7 @@ def store(parts: dict[str, Any], result, where: Any = True) -> str:
     try:
         folder.mkdir(parents=True, exist_ok=True)
         temporary = folder / f".{key}.tmp"
-        temporary.write_text(json.dumps({"key": parts, "result": {**result.to_dict(), "key": key}}, default=str,
-                                        indent=1))
+        temporary.write_text(json.dumps({"key": parts, "result": {**result, "key": key}}, default=str, indent=1))
         os.replace(temporary, folder / f"{key}.json")
     except OSError as error:
         warnings.warn(f"accel: the plan cache {folder} cannot be written ({error}); the choice is not remembered",

@@ -9,9 +9,11 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import accel
-from accel.accelerators.prune import config_problems, fx_trace
-from accel.errors import PlanError
-from accel.testing import BookCNN, cifar_shaped, digits_datasets, snapshot, tiny_loader, tiny_model, tiny_optimizer
+from accel.accelerators.prune import config_problems, fx_trace, retie, selected
+from accel.checkpoint import saved_plan
+from accel.errors import AccelerateError, CheckpointError, PlanError
+from accel.testing import (BookCNN, cifar_shaped, digits_datasets, snapshot, tiny_loader, tiny_model, tiny_optimizer,
+                           train_steps)
 
 pytest.importorskip("nni")
 
@@ -134,6 +136,7 @@ def test_needs_an_input_or_a_loader_and_optional_skips():
     ({"op_types": ["Conv2d"]}, "says how much to prune nowhere"),
     ({"op_types": ["Conv2d"], "sparse_ratio": 0.5, "granularity": "rows"}, "granularity"),
     ({"op_types": "Conv2d", "sparse_ratio": 0.5}, "not a list of strings"),
+    ({"op_names_re": ["conv("], "sparse_ratio": 0.5}, "not regular expressions"),
 ])
 def test_config_list_is_validated_before_anything_is_touched(config, message):
     model = tiny_model()
@@ -159,3 +162,327 @@ def test_prune_then_fused_optimizer_stack():
     before = [p.detach().clone() for p in run.model.parameters()]
     accel.testing.train_steps(run)
     assert all(not torch.equal(a, b) for a, b in zip(before, run.model.parameters()))
+
+
+# --- what it keeps: frozen layers, ties, BatchNorm statistics, the output's shape, random states, batches -------
+
+def test_frozen_layers_stay_frozen():
+    model = tiny_model()
+    model.conv1.requires_grad_(False)
+    optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=0.01)
+    run = accel.accelerate(model, optimizer, tiny_loader(), ["prune"], device="cpu")
+    assert run.model.conv1.out_channels == 4  # pruned, and still frozen
+    assert ({n: p.requires_grad for n, p in run.model.named_parameters()}
+            == {n: p.requires_grad for n, p in model.named_parameters()})
+    frozen = run.model.conv1.weight.detach().clone()
+    train_steps(run)
+    assert torch.equal(run.model.conv1.weight, frozen)
+
+
+class TiedHead(nn.Module):
+    """A conv trunk, then two Linear layers sharing one weight (b.weight = a.weight) that pruning does not reshape."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(1, 8, 3, padding=1)
+        self.fc = nn.Linear(8 * 8 * 8, 16)
+        self.a, self.b, self.out = nn.Linear(16, 16), nn.Linear(16, 16), nn.Linear(16, 10)
+        self.b.weight = self.a.weight
+
+    def forward(self, x):
+        x = self.fc(torch.relu(self.conv(x)).flatten(1))
+        return self.out(self.b(torch.relu(self.a(x))))
+
+
+def test_tied_weights_pruning_does_not_reshape_stay_one_tensor():
+    torch.manual_seed(0)
+    model = TiedHead()
+    run = accel.accelerate(model, tiny_optimizer(model), tiny_loader(), ["prune"], device="cpu")
+    assert run.model.conv.out_channels == 4 and run.model.fc.in_features == 4 * 8 * 8
+    assert run.model.a.weight is run.model.b.weight
+    assert torch.equal(run.model.a.weight, model.a.weight)
+    params = run.optimizer.param_groups[0]["params"]
+    assert [id(p) for p in params] == [id(p) for p in run.model.parameters()]
+    train_steps(run)
+    assert run.model.a.weight is run.model.b.weight
+
+
+class TiedConvs(nn.Module):
+    """c1 and c2 share one weight, and the default config prunes both."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem, self.c1, self.c2 = (nn.Conv2d(1, 8, 3, padding=1), nn.Conv2d(8, 8, 3, padding=1),
+                                       nn.Conv2d(8, 8, 3, padding=1))
+        self.c2.weight = self.c1.weight
+        self.fc = nn.Linear(8 * 8 * 8, 10)
+
+    def forward(self, x):
+        return self.fc(torch.relu(self.c2(torch.relu(self.c1(torch.relu(self.stem(x)))))).flatten(1))
+
+
+class TiedDownstream(nn.Module):
+    """fc's input shrinks when conv is pruned, and fc shares its weight with fc2."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(1, 2, 3, padding=1)
+        self.fc, self.fc2, self.out = nn.Linear(128, 128), nn.Linear(128, 128), nn.Linear(128, 10)
+        self.fc2.weight = self.fc.weight
+
+    def forward(self, x):
+        return self.out(self.fc2(torch.relu(self.fc(torch.relu(self.conv(x)).flatten(1)))))
+
+
+@pytest.mark.parametrize("make, message", [
+    (TiedConvs, r"\['c1.weight', 'c2.weight'\] are one tensor \(tied\) and pruning may reshape 'c1'"),
+    (TiedDownstream, r"\['fc.weight', 'fc2.weight'\] are one tensor \(tied\) and pruning may reshape 'fc' "
+                     r"\(fed by the pruned layer 'conv'\); .*add 'conv' to exclude_op_names"),
+])
+def test_tied_weights_pruning_would_reshape_are_refused_up_front(make, message):
+    torch.manual_seed(0)
+    model = make()
+    before = snapshot(model)
+    with pytest.raises(PlanError, match=message):
+        accel.accelerate(model, tiny_optimizer(model), tiny_loader(), ["prune"], device="cpu")
+    assert snapshot(model).changes(before) == []
+
+
+def test_retie_makes_equal_copies_one_tensor_and_refuses_what_differs():
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
+    shapes = {"0.weight": torch.Size([4, 4]), "1.weight": torch.Size([4, 4])}
+    with pytest.raises(ValueError, match=r"untied the parameters \['0.weight', '1.weight'\]"):
+        retie(model, [["0.weight", "1.weight"]], shapes)  # different values: not the same tensor any more
+    with torch.no_grad():
+        model[1].weight.copy_(model[0].weight)
+    retie(model, [["0.weight", "1.weight"]], shapes)
+    assert model[1].weight is model[0].weight
+    with pytest.raises(ValueError, match="untied"):
+        retie(nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2)), [["0.weight", "1.weight"]], shapes)
+
+
+class BatchNormNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c1, self.b1 = nn.Conv2d(1, 8, 3, padding=1), nn.BatchNorm2d(8)
+        self.c2, self.b2 = nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8)
+        self.fc = nn.Linear(8 * 8 * 8, 10)
+
+    def forward(self, x):
+        x = torch.relu(self.b1(self.c1(x)))
+        return self.fc(torch.relu(self.b2(self.c2(x))).flatten(1))
+
+
+def test_batchnorm_statistics_and_module_modes_are_kept():
+    torch.manual_seed(0)
+    model = BatchNormNet()
+    for _ in range(3):  # statistics of its own, and a batch count of 3
+        model(torch.randn(16, 1, 8, 8) * 3 + 1)
+    model.b2.eval()  # a frozen BatchNorm in a model that trains
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    run = accel.accelerate(model, tiny_optimizer(model), tiny_loader(), {"prune": {"config_list": [
+        {"op_names": ["c1"], "sparse_ratio": 0.5}]}}, device="cpu")
+    pruned = run.model
+    assert pruned.c1.out_channels == pruned.b1.num_features == 4 and pruned.c2.out_channels == 8
+    for key in ("b2.running_mean", "b2.running_var", "b2.num_batches_tracked", "b1.num_batches_tracked"):
+        assert torch.equal(pruned.state_dict()[key], before[key]), key  # a layer it did not prune: exactly
+    rows = [next(i for i, row in enumerate(before["c1.weight"]) if torch.equal(row, new))
+            for new in pruned.c1.weight.detach()]  # the channels kept, found by their weights
+    assert torch.equal(pruned.b1.running_mean, before["b1.running_mean"][rows])
+    assert torch.equal(pruned.b1.running_var, before["b1.running_var"][rows])
+    assert pruned.training and pruned.b1.training and not pruned.b2.training
+
+
+class FullyConv(nn.Module):
+    """Its last conv emits the classes: pruning it would change the output's shape."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1, self.c2 = nn.Conv2d(1, 8, 3, padding=1), nn.Conv2d(8, 16, 3, padding=1)
+        self.head = nn.Conv2d(16, 10, 1)
+
+    def forward(self, x):
+        return self.head(torch.relu(self.c2(torch.relu(self.c1(x))))).mean((2, 3))
+
+
+def test_layers_producing_the_output_are_kept_and_reported():
+    torch.manual_seed(0)
+    model = FullyConv()
+    run = accel.accelerate(model, tiny_optimizer(model), tiny_loader(), ["prune"], device="cpu")
+    row = run.report.row("prune")
+    assert row.changes["output_layers_kept"] == ["head"]
+    assert (run.model.c1.out_channels, run.model.c2.out_channels, run.model.head.out_channels) == (4, 8, 10)
+    assert run.model(torch.randn(3, 1, 8, 8)).shape == (3, 10)
+
+
+def test_an_output_layer_named_in_op_names_is_pruned_only_if_the_output_keeps_its_shape():
+    torch.manual_seed(0)
+    model = FullyConv()
+    before = snapshot(model)
+    with pytest.raises(AccelerateError, match=r"changed the model's output shape from \(16, 10\) to \(16, 5\)"):
+        accel.accelerate(model, tiny_optimizer(model), tiny_loader(), {"prune": {"config_list": [
+            {"op_names": ["head"], "sparse_ratio": 0.5}]}}, device="cpu")
+    assert snapshot(model).changes(before) == []
+    with pytest.raises(PlanError, match=r"selects only \['head'\], which produce the model's output"):
+        accel.accelerate(model, tiny_optimizer(model), tiny_loader(), {"prune": {"config_list": [
+            {"op_types": ["Conv2d"], "exclude_op_names": ["c1", "c2"], "sparse_ratio": 0.5}]}}, device="cpu")
+
+
+@settings(max_examples=6, deadline=None)
+@given(widths=st.lists(st.integers(2, 6), min_size=1, max_size=3), norms=st.lists(st.booleans(), min_size=3,
+       max_size=3), frozen=st.lists(st.booleans(), min_size=3, max_size=3), classes=st.integers(2, 5))
+def test_random_conv_stacks_keep_output_shape_and_frozen_flags(widths, norms, frozen, classes):
+    torch.manual_seed(0)
+    layers, channels = [], 1
+    for i, width in enumerate(widths):
+        layers += [nn.Conv2d(channels, width, 3, padding=1), *([nn.BatchNorm2d(width)] if norms[i] else []), nn.ReLU()]
+        channels = width
+    model = nn.Sequential(*layers, nn.Conv2d(channels, classes, 1), nn.AdaptiveAvgPool2d(1), nn.Flatten())
+    convs = [m for m in model if isinstance(m, nn.Conv2d)]
+    for conv, freeze in zip(convs, frozen):
+        conv.requires_grad_(not freeze)
+    trainable = {n: p.requires_grad for n, p in model.named_parameters()}
+    run = accel.accelerate(model, None, None, {"prune": {"dummy_input": torch.randn(4, 1, 8, 8)}}, device="cpu")
+    assert run.model(torch.randn(2, 1, 8, 8)).shape == (2, classes)
+    assert {n: p.requires_grad for n, p in run.model.named_parameters()} == trainable
+
+
+def shuffled(own_generator, **kwargs):
+    return tiny_loader(shuffle=True, generator=torch.Generator().manual_seed(5) if own_generator else None, **kwargs)
+
+
+@pytest.mark.parametrize("options, loader_options", [
+    ({}, {}), ({"warmup_steps": 2}, {}), ({"pruner": "taylor", "taylor_steps": 2}, {}),
+    ({}, {"num_workers": 1, "persistent_workers": True})], ids=["l1", "warmup", "taylor", "persistent-workers"])
+@pytest.mark.parametrize("own_generator", [True, False], ids=["loader-generator", "global-rng"])
+def test_taking_batches_advances_neither_the_loader_nor_torch(own_generator, options, loader_options):
+    model = tiny_model()
+    optimizer = tiny_optimizer(model)
+    torch.manual_seed(11)
+    plain = [y.tolist() for _, y in shuffled(own_generator, **loader_options)]  # the plain loop's first epoch
+    torch.manual_seed(11)
+    loader = shuffled(own_generator, **loader_options)
+    global_state = torch.get_rng_state()
+    loader_state = loader.generator.get_state() if own_generator else None
+    run = accel.accelerate(model, optimizer, loader, {"prune": options}, device="cpu")
+    assert torch.equal(torch.get_rng_state(), global_state)
+    if own_generator:
+        assert torch.equal(loader.generator.get_state(), loader_state)
+    assert [y.tolist() for _, y in run.loader] == plain
+
+
+class DictBatches(torch.utils.data.Dataset):
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        return {"image": torch.full((1, 8, 8), float(i)), "label": i % 10}
+
+
+def test_batches_that_are_not_inputs_and_targets_are_refused_clearly():
+    model = tiny_model()
+    loader = DataLoader(DictBatches(), batch_size=4)
+    with pytest.raises(PlanError, match=r"batches are a dict with keys \['image', 'label'\].*dummy_input=") as error:
+        accel.accelerate(model, tiny_optimizer(model), loader, ["prune"], device="cpu")
+    assert [p.field for p in error.value.problems] == ["dummy_input"]
+    dummy = torch.randn(2, 1, 8, 8)
+    run = accel.accelerate(model, tiny_optimizer(model), loader, {"prune": {"dummy_input": dummy}}, device="cpu")
+    assert run.model.conv1.out_channels == 4
+    for options, field in (({"warmup_steps": 2}, "warmup_steps"), ({"pruner": "taylor"}, "pruner")):
+        with pytest.raises(PlanError, match=r"loss_fn\(model\(batch\[0\]\), batch\[1\]\).*a dict with keys") as error:
+            accel.accelerate(model, tiny_optimizer(model), loader, {"prune": {"dummy_input": dummy, **options}},
+                             device="cpu")
+        assert [p.field for p in error.value.problems] == [field]
+
+
+def test_tensors_trained_beside_the_model_stay_in_the_optimizer_and_warmup_leaves_them_alone():
+    model = tiny_model()
+    temperature = nn.Parameter(torch.ones(1))  # the user's own, trained beside the model
+
+    def loss_fn(output, target):
+        return nn.functional.cross_entropy(output / temperature, target)
+
+    optimizer = torch.optim.Adam([{"params": model.parameters()}, {"params": [temperature], "lr": 0.1}], lr=0.01)
+    run = accel.accelerate(model, optimizer, tiny_loader(), {"prune": {"warmup_steps": 3, "loss_fn": loss_fn}},
+                           device="cpu")
+    assert run.report.row("prune").status == "applied" and run.model.conv1.out_channels == 4
+    groups = run.optimizer.param_groups
+    assert [id(p) for p in groups[0]["params"]] == [id(p) for p in run.model.parameters()]
+    assert len(groups[1]["params"]) == 1 and groups[1]["params"][0] is temperature and groups[1]["lr"] == 0.1
+    assert torch.equal(temperature.detach(), torch.ones(1)) and temperature.grad is None  # warm-up trained a copy
+    train_steps(run, loss_fn=loss_fn)
+    assert not torch.equal(temperature.detach(), torch.ones(1))  # the run trains it, as the plain loop would
+
+
+# --- checkpoints of plans holding a function and a tensor ------------------------------------------------------
+
+def smoothed_cross_entropy(output, target):
+    """A module-level loss: a checkpoint stores it by its import path."""
+    return nn.functional.cross_entropy(output, target, label_smoothing=0.1)
+
+
+def pruned_run(plan, seed=0):
+    model = tiny_model(seed)
+    return accel.accelerate(model, tiny_optimizer(model), tiny_loader(), plan, device="cpu")
+
+
+def test_a_checkpoint_of_a_plan_with_loss_fn_and_dummy_input_loads(tmp_path):
+    path = tmp_path / "ckpt.pt"
+    plan = {"prune": {"warmup_steps": 1, "loss_fn": smoothed_cross_entropy,
+                      "dummy_input": torch.randn(2, 1, 8, 8, generator=torch.Generator().manual_seed(0))}}
+    run = pruned_run(plan)
+    train_steps(run)
+    run.save(path)
+    restored = saved_plan(path).to_dict()["prune"]
+    assert restored["loss_fn"] is smoothed_cross_entropy and torch.equal(restored["dummy_input"],
+                                                                         plan["prune"]["dummy_input"])
+    for again in (plan, saved_plan(path)):
+        other = pruned_run(again, seed=1)
+        other.load(path)
+        for name, tensor in run.unwrap().state_dict().items():
+            assert torch.equal(other.unwrap().state_dict()[name], tensor), name
+
+
+def test_a_lambda_loss_fn_loads_with_the_same_plan_but_not_from_the_checkpoint_alone(tmp_path):
+    path = tmp_path / "ckpt.pt"
+    plan = {"prune": {"warmup_steps": 1, "loss_fn": lambda output, target: nn.functional.cross_entropy(output, target)}}
+    run = pruned_run(plan)
+    run.save(path)
+    pruned_run(plan, seed=1).load(path)
+    with pytest.raises(CheckpointError, match=r"prune.loss_fn was .*<lambda>, which cannot be imported"):
+        saved_plan(path)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.fixed_dictionaries({}, optional={
+    "op_types": st.lists(st.sampled_from(["Conv2d", "Linear", "MaxPool2d"]), max_size=2),
+    "op_names": st.lists(st.sampled_from(["conv1", "conv2", "fc1", "fc2", "pool"]), max_size=2),
+    "op_names_re": st.lists(st.sampled_from(["conv", "fc.*", ".*1", "c"]), max_size=2),
+    "exclude_op_names": st.lists(st.sampled_from(["conv1", "fc2"]), max_size=2),
+    "exclude_op_types": st.lists(st.sampled_from(["Conv2d", "Linear"]), max_size=1),
+    "exclude_op_names_re": st.lists(st.sampled_from(["conv2", ".*2"]), max_size=1)}))
+def test_selection_follows_nni(config):
+    from nni.compression.base.config import select_modules_by_config
+
+    model = tiny_model()
+    assert selected(config, model) == set(select_modules_by_config(model, config)[0])
+
+
+class ImageAndMask(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv, self.fc = nn.Conv2d(2, 8, 3, padding=1), nn.Linear(8 * 8 * 8, 10)
+
+    def forward(self, image, mask):
+        return self.fc(torch.relu(self.conv(torch.cat([image, mask], 1))).flatten(1))
+
+
+def test_a_model_that_cannot_run_on_the_batches_first_item_is_refused_naming_dummy_input():
+    model = ImageAndMask()
+    with pytest.raises(PlanError, match=r"prune.dummy_input: the model cannot run on the first item of the loader's "
+                                        r"batches \(TypeError: .*pass its inputs as dummy_input"):
+        accel.accelerate(model, tiny_optimizer(model), tiny_loader(), ["prune"], device="cpu")
+    dummy = (torch.randn(2, 1, 8, 8), torch.ones(2, 1, 8, 8))
+    run = accel.accelerate(model, tiny_optimizer(model), tiny_loader(), {"prune": {"dummy_input": dummy}},
+                           device="cpu")
+    assert run.model.conv.out_channels == 4 and run.model(*dummy).shape == (2, 10)

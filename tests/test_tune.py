@@ -8,7 +8,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader
 
 import accel
 from accel.accelerator import REGISTRY, Accelerator, Stage, register, unregister

@@ -24,6 +24,7 @@ from torch import nn
 
 from accel.accelerator import EXACT, Accelerator, Option, Stage, register
 from accel.errors import Problem, Skip
+from accel.modules import compiled_problem
 
 CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
 
@@ -110,6 +111,9 @@ class ActivationCheckpointing(Accelerator):
         self.missing = sorted(set(self.modules) - present) if self.modules != "auto" else []
 
     def check(self, ctx):
+        why = compiled_problem(ctx.model)
+        if why:
+            return [Problem(self.name, why, field="model", kind="conflict")]
         if self.missing:
             return [Problem(self.name, f"no module of class {self.missing} in the model", field="modules",
                             value=self.modules, allowed="class names of the model's modules, e.g. "

@@ -20,7 +20,8 @@ from __future__ import annotations
 import torch
 
 from accel.accelerator import SAME_MATH, Accelerator, Stage, register
-from accel.errors import Skip
+from accel.errors import Problem, Skip
+from accel.modules import compiled_problem
 
 
 def to_channels_last(module: torch.nn.Module, args: tuple) -> tuple | None:
@@ -48,6 +49,10 @@ class ChannelsLast(Accelerator):
     def decide(self, ctx):
         if not has_conv2d(ctx.model):
             raise Skip("the model has no Conv2d: channels_last only changes 2-D convolutions")
+
+    def check(self, ctx):
+        why = compiled_problem(ctx.model)
+        return [Problem(self.name, why, field="model", kind="conflict")] if why else []
 
     def apply(self, ctx):
         model = ctx.own_model()

@@ -21,7 +21,8 @@ import torch
 
 from accel.accelerator import SAME_MATH, Accelerator, Option, Stage, register
 from accel.errors import Problem
-from accel.hardware import ipex_problem
+from accel.hardware import PACKAGE_BACKENDS, compile_backend_problem, import_compile_backend
+from accel.modules import compiled
 
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
@@ -32,8 +33,6 @@ def available_backends() -> list[str]:
     return sorted(torch._dynamo.list_backends(exclude_tags=()))
 
 
-def is_compiled(model: torch.nn.Module) -> bool:
-    return isinstance(model, torch._dynamo.eval_frame.OptimizedModule) or hasattr(model, "_orig_mod")
 
 
 @register
@@ -45,7 +44,8 @@ class Compile(Accelerator):
     costly_setup = True
     options = {
         "mode": Option(None, (str, type(None)), choices=MODES),
-        "backend": Option("inductor", (str,), help="any name torch._dynamo.list_backends() gives, or 'ipex'"),
+        "backend": Option("inductor", (str,), help="any name torch._dynamo.list_backends() gives, or one an "
+                          "optional package registers (IPEX's)"),
         "fullgraph": Option(False, (bool,), help="fail instead of falling back to eager at graph breaks"),
         "dynamic": Option(None, (bool, type(None)), help="None: let dynamo decide when shapes change"),
         "options": Option(None, (dict, type(None)), help="backend options (inductor config); excludes mode"),
@@ -54,11 +54,11 @@ class Compile(Accelerator):
     @classmethod
     def candidates(cls, hardware, model, optimizer=None, loader=None):
         compiler = any(shutil.which(c) for c in ("g++", "c++", "clang++")) or hardware.devices.keys() - {"cpu"}
-        return [{}] if compiler and not is_compiled(model) else []
+        return [{}] if compiler and not compiled(model) else []
 
     def check(self, ctx):
         problems = []
-        if is_compiled(ctx.model):
+        if compiled(ctx.model):
             problems.append(Problem(self.name, "the model is already compiled (torch.compile's OptimizedModule): "
                                     "compiling it again would wrap it twice", field="model",
                                     value=type(ctx.model).__name__,
@@ -67,13 +67,12 @@ class Compile(Accelerator):
         if self.mode is not None and self.options is not None:
             problems.append(Problem(self.name, "torch.compile takes either mode or options, not both", field="options",
                                     value=self.options, allowed="drop mode, or drop options", kind="conflict"))
-        if self.backend == "ipex":
-            why = ipex_problem()
-            if why:
-                problems.append(Problem(self.name, why, field="backend", value="ipex", kind="missing"))
-        elif self.backend not in available_backends():
+        why = compile_backend_problem(self.backend)
+        if why:
+            problems.append(Problem(self.name, why, field="backend", value=self.backend, kind="missing"))
+        elif self.backend not in available_backends() + list(PACKAGE_BACKENDS):
             problems.append(Problem(self.name, "unknown compile backend", field="backend", value=self.backend,
-                                    allowed=", ".join(available_backends() + ["ipex"]), kind="missing"))
+                                    allowed=", ".join(available_backends() + list(PACKAGE_BACKENDS)), kind="missing"))
         if (self.backend == "inductor" and ctx.device.type == "cpu"
                 and not any(shutil.which(c) for c in ("g++", "c++", "clang++"))):
             problems.append(Problem(self.name, "inductor on CPU needs a C++ compiler (g++ or clang++) on PATH",
@@ -81,8 +80,7 @@ class Compile(Accelerator):
         return problems
 
     def apply(self, ctx):
-        if self.backend == "ipex":
-            import intel_extension_for_pytorch  # noqa: F401  (registers the backend; version checked in check())
+        import_compile_backend(self.backend)  # an optional package's backend, imported once its check passed
         kwargs = {"backend": self.backend, "fullgraph": self.fullgraph, "dynamic": self.dynamic}
         if self.mode is not None:
             kwargs["mode"] = self.mode

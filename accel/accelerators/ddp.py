@@ -137,7 +137,7 @@ class DDP(Accelerator):
         if self.comm_hook is not None:
             ctx.model.register_comm_hook(state=None, hook=comm_hooks()[self.comm_hook])
             changes["comm_hook"] = f"{self.comm_hook}_compress_hook"
-        changes["loader"] = self.shard(ctx, launch)
+        changes["sampler"] = self.shard(ctx, launch)
         return changes
 
     def unwrap(self, model):

@@ -10,9 +10,8 @@ accel's own tests use these; so can tests of a user's custom accelerator:
 from __future__ import annotations
 
 import contextlib
-import copy
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Iterator
 
 import torch
@@ -25,6 +24,12 @@ from accel.core import accelerate
 from accel.journal import pin_process
 from accel.report import Row
 from accel.run import Run
+from accel.testing.harness import Equivalence, Setup, check_equivalence  # noqa: F401  (public)
+from accel.testing.snapshots import Snapshot, snapshot  # noqa: F401  (public)
+
+__all__ = ["Applied", "BookCNN", "Equivalence", "Setup", "Snapshot", "TinyCNN", "accuracy", "apply_one",
+           "check_equivalence", "cifar_shaped", "digits_datasets", "process_state_restored", "snapshot", "tiny_loader",
+           "tiny_model", "tiny_optimizer", "train_steps"]
 
 
 def tiny_model(seed: int = 0) -> TinyCNN:
@@ -58,71 +63,6 @@ def train_steps(run: Run, epochs: int = 1, loss_fn=nn.functional.cross_entropy) 
             run.step()
             losses.append(loss.item())
     return losses
-
-
-@dataclass
-class Snapshot:
-    """What can be compared of a model, optimizer and loader, taken without changing them."""
-
-    model_id: int
-    tensors: dict[str, torch.Tensor]
-    formats: dict[str, bool]
-    param_ids: list[int]
-    modules: list[str]
-    trainable: dict[str, bool]
-    optimizer: Any = None
-    loader: dict[str, Any] = field(default_factory=dict)
-
-    def changes(self, other: Snapshot) -> list[str]:
-        """Readable differences from this snapshot to another."""
-        out = []
-        if self.model_id != other.model_id:
-            out.append("model: a different object")
-        for name in sorted(set(self.tensors) | set(other.tensors)):
-            a, b = self.tensors.get(name), other.tensors.get(name)
-            if a is None or b is None:
-                out.append(f"model.{name}: {'added' if a is None else 'removed'}")
-            elif a.shape != b.shape:
-                out.append(f"model.{name}: shape {tuple(a.shape)} -> {tuple(b.shape)}")
-            elif a.dtype != b.dtype or a.device != b.device:
-                out.append(f"model.{name}: {a.dtype}@{a.device} -> {b.dtype}@{b.device}")
-            elif not torch.equal(a, b):
-                out.append(f"model.{name}: values changed")
-            if a is not None and b is not None and self.formats[name] != other.formats[name]:
-                out.append(f"model.{name}: memory format {'channels_last' if other.formats[name] else 'contiguous'}")
-        for name, flag in other.trainable.items():
-            if name in self.trainable and self.trainable[name] != flag:
-                out.append(f"model.{name}: requires_grad {flag}")
-        if self.param_ids != other.param_ids:
-            out.append("model: parameters replaced")
-        if self.modules != other.modules:
-            out.append("model: module types changed")
-        if self.optimizer != other.optimizer:
-            out.append("optimizer: changed")
-        for key in sorted(set(self.loader) | set(other.loader)):
-            if self.loader.get(key) != other.loader.get(key):
-                out.append(f"loader.{key}: {self.loader.get(key)!r} -> {other.loader.get(key)!r}")
-        return out
-
-
-def snapshot(model: nn.Module, optimizer: torch.optim.Optimizer | None = None, loader: Any = None) -> Snapshot:
-    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    formats = {k: v.dim() == 4 and v.is_contiguous(memory_format=torch.channels_last) and not v.is_contiguous()
-               for k, v in model.state_dict().items()}
-    opt = None
-    if optimizer is not None:
-        opt = (type(optimizer).__name__,
-               [{k: v for k, v in g.items() if k != "params"} | {"params": [id(p) for p in g["params"]]}
-                for g in optimizer.param_groups],
-               repr(copy.deepcopy(optimizer.state_dict()["state"])))
-    loader_attrs = {}
-    if loader is not None:
-        loader_attrs = {k: getattr(loader, k, None) for k in
-                        ("num_workers", "pin_memory", "persistent_workers", "prefetch_factor", "batch_size", "drop_last")}
-        loader_attrs["id"] = id(loader)
-    return Snapshot(id(model), state, formats, [id(p) for p in model.parameters()],
-                    [type(m).__name__ for m in model.modules()],
-                    {n: p.requires_grad for n, p in model.named_parameters()}, opt, loader_attrs)
 
 
 @dataclass

@@ -1,0 +1,284 @@
+"""check_equivalence: train the same user code with and without a plan and compare what was trained.
+
+    from accel.testing import Setup, check_equivalence
+
+    def build():                      # called for each run: the same objects from the same seed every time
+        torch.manual_seed(0)
+        model = MyNet()
+        return Setup(model, torch.optim.SGD(model.parameters(), lr=0.1), make_loader(seed=0))
+
+    result = check_equivalence(["channels_last", "amp"], build, steps=3)
+    assert result.ok, result          # every difference named, beyond what the plan's cards declare
+
+What a plan may change is the union of its applied accelerators' cards (``Accelerator.keeps``). Always checked:
+the user's objects and the process are unchanged by accelerate() (and by a refused plan); the loop saw the same
+batches; the outputs have the same structure and shapes; parameter names, requires_grad flags and ties are the
+same, and frozen parameters never change. By the card: the weights and buffers, the optimizer's state and the
+losses, bit for bit ("exact"), to float precision ("float"), within a tolerance ("tolerance"), or not compared
+("changed", e.g. pruning).
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from accel.accelerator import EXACT, Keeps
+from accel.core import accelerate
+from accel.errors import AccelerateError, PlanError
+from accel.measure import TrainStep, endless
+from accel.run import Run, map_tensors
+from accel.testing.snapshots import snapshot
+
+LEVELS = ("exact", "float", "tolerance", "changed")
+
+
+@dataclass
+class Setup:
+    """A user's training objects; step_fn(run, batch) -> loss when batches are not (inputs, targets)."""
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    loader: Any
+    step_fn: Callable[[Run, Any], torch.Tensor] | None = None
+
+
+def combined(cards: list[Keeps]) -> Keeps:
+    """What a plan keeps: the loosest level of its applied accelerators, their largest tolerances."""
+    if not cards:
+        return EXACT
+    return Keeps(max((c.weights for c in cards), key=LEVELS.index), rtol=max(c.rtol for c in cards),
+                 atol=max(c.atol for c in cards), loss_rtol=max(c.loss_rtol for c in cards),
+                 structure=all(c.structure for c in cards), note="; ".join(c.note for c in cards if c.note))
+
+
+def fingerprint(batch: Any) -> str:
+    """The batch's containers and every tensor's dtype, shape and values, as a short text."""
+    def one(tensor: torch.Tensor) -> str:
+        data = tensor.detach().cpu().contiguous()
+        digest = hashlib.blake2b(data.reshape(-1).view(torch.uint8).numpy().tobytes(), digest_size=6).hexdigest()
+        return f"{str(data.dtype)[6:]}{list(data.shape)}:{digest}"
+
+    described = map_tensors(one, batch)
+    return f"{type(batch).__name__}:{described!r}"
+
+
+def structure(output: Any) -> str:
+    return repr(map_tensors(lambda t: f"{str(t.dtype)[6:]}{list(t.shape)}", output))
+
+
+def ties(model: torch.nn.Module) -> list[tuple[str, ...]]:
+    """Groups of parameter names that are one tensor."""
+    groups: dict[int, list[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        groups.setdefault(id(param), []).append(name)
+    return sorted(tuple(names) for names in groups.values() if len(names) > 1)
+
+
+TORCH_SETS_ON_IMPORT = ("KMP_INIT_AT_FORK", "KMP_DUPLICATE_LIB_OK", "TORCHINDUCTOR_", "_TORCHINDUCTOR_")  # torch's
+# compiler sets these (names, or prefixes) the first time it runs in a process, whoever uses it: not the plan's
+
+
+def process_state() -> tuple:
+    affinity = tuple(sorted(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") else None
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(TORCH_SETS_ON_IMPORT)}
+    return torch.get_num_threads(), environ, affinity
+
+
+@dataclass
+class Trace:
+    """What one training saw and left."""
+
+    batches: list[str] = field(default_factory=list)
+    outputs: list[str] = field(default_factory=list)
+    losses: list[float] = field(default_factory=list)
+    state: dict[str, torch.Tensor] = field(default_factory=dict)
+    optimizer: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
+    trainable: dict[str, bool] = field(default_factory=dict)
+    ties: list[tuple[str, ...]] = field(default_factory=list)
+    frozen_moved: list[str] = field(default_factory=list)
+
+
+def train(run: Run, setup: Setup, steps: int, seed: int) -> Trace:
+    """The README loop for `steps` batches, recording the batches, outputs and losses, then the model's state."""
+    trace = Trace()
+    model = run.unwrap()
+    frozen = {n: p.detach().clone() for n, p in model.named_parameters() if not p.requires_grad}
+    hook = run.model.register_forward_hook(lambda module, args, output: trace.outputs.append(structure(output)))
+    step = TrainStep(step_fn=setup.step_fn)
+    torch.manual_seed(seed)
+    try:
+        batches = endless(run.loader)
+        run.model.train()
+        for _ in range(steps):
+            batch = next(batches)
+            trace.batches.append(fingerprint(batch))
+            trace.losses.append(float(step(run, batch)))
+    finally:
+        hook.remove()
+    names = {id(p): n for n, p in model.named_parameters()}
+    trace.state = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+    trace.trainable = {n: p.requires_grad for n, p in model.named_parameters()}
+    trace.ties = ties(model)
+    trace.frozen_moved = [n for n, p in model.named_parameters() if n in frozen and
+                          (p.shape != frozen[n].shape or not torch.equal(p.detach(), frozen[n]))]
+    for group in run.optimizer.param_groups:
+        for param in group["params"]:
+            state = run.optimizer.state.get(param, {})
+            key = names.get(id(param), f"(not in the model) {tuple(param.shape)}")
+            trace.optimizer[key] = {k: v.detach().cpu().float().clone() for k, v in state.items()
+                                    if isinstance(v, torch.Tensor)}
+    return trace
+
+
+def _close(a: torch.Tensor, b: torch.Tensor, keeps: Keeps) -> bool:
+    """exact: bit for bit; float: element by element within rtol/atol."""
+    if a.shape != b.shape:
+        return False
+    if keeps.weights == "exact" or not a.is_floating_point():
+        return torch.equal(a, b)
+    return torch.allclose(a.float(), b.float(), rtol=keeps.rtol, atol=keeps.atol)
+
+
+def distance(reference: dict[str, torch.Tensor], other: dict[str, torch.Tensor]) -> float:
+    """The whole model's relative distance |a - b| / |b| over every floating tensor both have."""
+    names = [n for n, t in reference.items() if t.is_floating_point() and n in other and other[n].shape == t.shape]
+    delta = sum(float((reference[n].float() - other[n].float()).square().sum()) for n in names)
+    size = sum(float(reference[n].float().square().sum()) for n in names)
+    return (delta / max(size, 1e-30)) ** 0.5
+
+
+def compare(reference: Trace, accelerated: Trace, keeps: Keeps) -> list[str]:
+    """Every difference between the plain training and the accelerated one that the card does not declare."""
+    found = []
+    for i, (a, b) in enumerate(zip(reference.batches, accelerated.batches)):
+        if a != b:
+            found.append(f"batches: the loop saw another batch at step {i}: {b} instead of {a}")
+            break
+    if len(reference.batches) != len(accelerated.batches):
+        found.append(f"batches: {len(accelerated.batches)} steps instead of {len(reference.batches)}")
+    shapes = (lambda outputs: [o.replace("bfloat16", "").replace("float16", "").replace("float32", "")
+                               for o in outputs[:1]]) if keeps.weights in ("tolerance", "changed") else list
+    if shapes(reference.outputs) != shapes(accelerated.outputs):
+        found.append(f"outputs: {accelerated.outputs[:1]} instead of {reference.outputs[:1]}")
+    shared = set(reference.trainable) & set(accelerated.trainable)
+    if keeps.structure and set(reference.state) != set(accelerated.state):
+        found.append(f"structure: names {sorted(set(reference.state) ^ set(accelerated.state))[:4]} differ")
+    flags = [n for n in sorted(shared) if reference.trainable[n] != accelerated.trainable[n]]
+    if flags:
+        found.append(f"requires_grad: changed for {flags[:4]}")
+    if [t for t in reference.ties if set(t) <= shared] != [t for t in accelerated.ties if set(t) <= shared] or (
+            reference.ties and not accelerated.ties):
+        found.append(f"ties: {accelerated.ties} instead of {reference.ties}")
+    if accelerated.frozen_moved:
+        found.append(f"frozen parameters changed: {accelerated.frozen_moved[:4]}")
+    if keeps.weights == "changed":
+        return found
+    if keeps.weights == "tolerance":  # lower precision: single elements may move a whole (adaptive) step
+        gap = distance(reference.state, accelerated.state)
+        if gap > keeps.rtol:
+            found.append(f"weights: the model's relative distance {gap:.3g} exceeds the tolerance card's {keeps.rtol:g}")
+    for name, tensor in (reference.state.items() if keeps.weights != "tolerance" else ()):
+        other = accelerated.state.get(name)
+        if other is not None and not _close(tensor, other, keeps):
+            delta = (tensor.float() - other.float()).abs().max().item() if tensor.shape == other.shape else "shape"
+            found.append(f"weights: {name} differs beyond the {keeps.weights} card (max |difference| {delta})")
+    if keeps.weights != "tolerance":
+        for name, state in reference.optimizer.items():
+            other = accelerated.optimizer.get(name, {})
+            for key, value in state.items():
+                if key in other and not _close(value, other[key], keeps):
+                    found.append(f"optimizer state: {name}.{key} differs beyond the {keeps.weights} card")
+    loss_rtol = keeps.loss_rtol if keeps.weights != "exact" else 0.0
+    ref_loss = sum(reference.losses) / max(1, len(reference.losses))
+    acc_loss = sum(accelerated.losses) / max(1, len(accelerated.losses))
+    if abs(acc_loss - ref_loss) > loss_rtol * max(abs(ref_loss), 1e-8) + (0 if keeps.weights == "exact" else 1e-6):
+        found.append(f"losses: mean {acc_loss:.6f} instead of {ref_loss:.6f} (tolerance {loss_rtol:g})")
+    return found
+
+
+@dataclass
+class Equivalence:
+    """The verdict: what the plan changed beyond its cards, and whether it touched the user's objects."""
+
+    plan: list[str]
+    keeps: Keeps = EXACT
+    applied: list[str] = field(default_factory=list)
+    skipped: dict[str, str] = field(default_factory=dict)
+    refused: str | None = None  # a PlanError: refused up front
+    failed: str | None = None  # an AccelerateError: failed while applying, rolled back
+    differences: list[str] = field(default_factory=list)
+    objects_changed: list[str] = field(default_factory=list)
+    process_changed: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return not self.differences and not self.objects_changed and not self.process_changed and not self.failed
+
+    def __str__(self) -> str:
+        head = f"plan {self.plan}: " + ("refused" if self.refused else "failed" if self.failed
+                                        else f"applied {self.applied}")
+        lines = [head + (f", keeps {self.keeps.weights}" if not self.refused else "")]
+        lines += [f"  difference: {d}" for d in self.differences]
+        lines += [f"  your objects changed: {c}" for c in self.objects_changed]
+        if self.process_changed:
+            lines.append("  the process (threads, environment, affinity) was not put back")
+        for text in (self.refused, self.failed):
+            if text:
+                lines.append("  " + text.replace("\n", "\n  "))
+        return "\n".join(lines)
+
+
+def release_workers(loader: Any) -> None:
+    """Stop a DataLoader's persistent worker processes now (not whenever the garbage collector runs, maybe in a
+    process forked later, which cannot stop them)."""
+    loader = getattr(loader, "loader", loader)
+    iterator = getattr(loader, "_iterator", None)
+    if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+        iterator._shutdown_workers()
+        loader._iterator = None
+
+
+def check_equivalence(plan: Any, build: Callable[[], Setup], steps: int = 3, seed: int = 0,
+                      device: Any = "cpu") -> Equivalence:
+    """Train `steps` batches of build()'s objects plainly and through the plan; return what differs.
+
+    A plan refused up front (PlanError) is a valid outcome, provided the objects and the process are untouched.
+    """
+    reference = build()
+    plain = accelerate(reference.model, reference.optimizer, reference.loader, plan=[], device=device)
+    try:
+        expected = train(plain, reference, steps, seed)
+    finally:
+        release_workers(reference.loader)
+    setup = build()
+    before, process = snapshot(setup.model, setup.optimizer, setup.loader), process_state()
+    before_objects = snapshot(setup.model, setup.optimizer)
+    try:
+        run = accelerate(setup.model, setup.optimizer, setup.loader, plan=plan, device=device)
+    except (PlanError, AccelerateError) as error:
+        result = Equivalence([], **{"refused" if isinstance(error, PlanError) else "failed": str(error)})
+        result.objects_changed = before.changes(snapshot(setup.model, setup.optimizer, setup.loader))
+        result.process_changed = process_state() != process
+        release_workers(setup.loader)
+        return result
+    result = Equivalence(run.plan.names(), applied=run.report.applied,
+                         skipped={r.name: r.reason for r in run.report.rows if r.status == "skipped"})
+    result.keeps = combined([a.keeps for a in run.accelerators])
+    result.objects_changed = before.changes(snapshot(setup.model, setup.optimizer, setup.loader))
+    try:
+        accelerated = train(run, setup, steps, seed)
+    finally:
+        run.close()
+        release_workers(run.loader)
+        release_workers(setup.loader)
+    result.process_changed = process_state() != process
+    result.differences = compare(expected, accelerated, result.keeps)
+    if run.unwrap() is not setup.model:  # the plan trains a copy: the user's model and optimizer stay as they were
+        # (the loader is the user's and served the training: its generator moved as in the plain loop)
+        result.objects_changed += [f"after training: {c}" for c in
+                                   before_objects.changes(snapshot(setup.model, setup.optimizer))]
+    return result

@@ -1,0 +1,280 @@
+"""accel's plan="auto" against Hugging Face Accelerate's CPU settings, on the same training loop, in one process.
+
+The loop: Adam (lr 1e-3), a torchvision model (random weights, 1000 classes), batch 16 at 224x224, random data,
+cross-entropy; a step is the next batch, forward, loss, backward, optimizer step and zero_grad (accel.measure's
+TrainStep and timed_steps for every variant). Variants, each on its own copy of the same initial model and
+optimizer, all alive at once and measured interleaved (eager, A, B, ...; ..., B, A, eager):
+
+    eager               the plain loop, fp32
+    Accelerate fp32     Accelerator(mixed_precision="no")
+    Accelerate bf16     Accelerator(mixed_precision="bf16")
+    Accelerate bf16+dynamo
+                        Accelerator(mixed_precision="bf16", dynamo_backend="inductor")  (torch.compile)
+    accel auto          accel.tune(...) on a copy first (its search time reported apart), then its plan
+                        applied with accel.accelerate to another copy
+
+Accelerate keeps process-wide singletons (PartialState, AcceleratorState, GradientState) and refuses a second
+Accelerator with another mixed_precision. Here each Accelerator is built on freshly reset singletons, and their
+contents are saved when its variant steps aside and put back when it steps again (the same switching accel's
+Lab does for its own process-wide changes), so every prepared model runs with its own settings. A forward hook
+on the model's first conv/linear layer records its output dtype: the bf16 variants must compute in bfloat16,
+the fp32 ones in float32 (the "check" column).
+
+Reported per model: median ms/step, the first steps' extra time (warm-up, compile), the ratio to eager with its
+90% interval (accel.measure.Ratio over per-round ratios), and accel auto / Accelerate's best setting (the fastest
+of its three here) from the same paired rounds.
+
+    python benchmarks/bench_peers.py                       # resnet18 and resnet50 at 224, 6 rounds (long)
+    python benchmarks/bench_peers.py --quick               # a tiny CNN on 8x8 images, 2 rounds: does it run
+    python benchmarks/bench_peers.py --models resnet18 --rounds 8 --tune-budget 120 --json peers.json
+
+Needs `pip install accelerate` (measured with accelerate 1.15.0).
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import gc
+import itertools
+import json
+import platform
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+import accel
+from accel.bench import build_model, make_optimizer
+from accel.measure import Lab, Ratio, TrainStep, Trial, endless, plan_label, summarize, timed_steps
+from accel.report import render_table
+
+# label -> Accelerator(**kwargs)
+ACCELERATE = {
+    "Accelerate fp32": {"mixed_precision": "no"},
+    "Accelerate bf16": {"mixed_precision": "bf16"},
+    "Accelerate bf16+dynamo": {"mixed_precision": "bf16", "dynamo_backend": "inductor"},
+}
+
+
+def accelerate_singletons() -> tuple:
+    from accelerate.state import AcceleratorState, GradientState, PartialState
+
+    return PartialState, AcceleratorState, GradientState
+
+
+class AccelerateState:
+    """One Accelerator's share of Accelerate's process-wide singletons, switched like a journal by Lab.activate:
+    saved when its variant steps aside (suspend), put back when it steps again (resume)."""
+
+    def __init__(self) -> None:
+        self.suspend()
+
+    def suspend(self) -> None:
+        self.saved = [dict(cls._shared_state) for cls in accelerate_singletons()]
+
+    def resume(self) -> None:
+        for cls, saved in zip(accelerate_singletons(), self.saved):
+            cls._shared_state.clear()  # in place: every instance's __dict__ is this very dict
+            cls._shared_state.update(saved)
+
+    def rollback(self) -> None:
+        pass
+
+    @staticmethod
+    def reset() -> None:
+        """Empty singletons, so the next Accelerator may have other settings."""
+        from accelerate.state import AcceleratorState, GradientState
+
+        AcceleratorState._reset_state(reset_partial_state=True)
+        GradientState._reset_state()
+
+
+@dataclass
+class AccelerateRun:
+    """What accel.measure's TrainStep needs of a run, over an Accelerator's prepared objects: the loop an Accelerate
+    user writes (its prepared model autocasts inside its forward; accelerator.backward; optimizer step, zero_grad)."""
+
+    accelerator: Any
+    model: Any
+    optimizer: Any
+    loader: Any
+    journal: AccelerateState
+    device: torch.device
+
+    def autocast(self):
+        return contextlib.nullcontext()
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self.accelerator.backward(loss)
+
+    def step(self) -> None:
+        self.optimizer.step()
+        self.optimizer.zero_grad()
+
+
+def watch_dtype(model: torch.nn.Module) -> dict:
+    """A forward hook on the first conv/linear layer noting its output dtype (bf16 under autocast). It stays on: a
+    dict store per forward, and removing it from a compiled model would only force a recompile."""
+    seen: dict = {}
+    layer = next(m for m in model.modules() if isinstance(m, (torch.nn.Conv2d, torch.nn.Linear)))
+    layer.register_forward_hook(lambda module, inputs, output: seen.__setitem__("dtype", output.dtype))
+    return seen
+
+
+def accelerate_trial(lab: Lab, kwargs: dict) -> tuple[Trial, dict]:
+    """Like Lab.trial, for an Accelerator: copies of the model and optimizer prepared with these settings, its
+    first steps taken from the common start (timed apart: compile lands there)."""
+    from accelerate import Accelerator
+
+    trial = Trial({})
+    lab.trials.append(trial)
+    lab.activate(None)
+    model, optimizer = lab.copies()
+    seen = watch_dtype(model)
+    try:
+        AccelerateState.reset()
+        accelerator = Accelerator(cpu=lab.device.type == "cpu", **kwargs)
+        model, optimizer, loader = accelerator.prepare(model, optimizer, lab.loader)
+        trial.run = AccelerateRun(accelerator, model, optimizer, loader, AccelerateState(), accelerator.device)
+        lab.active = trial
+        lab.restore_randomness()
+        iterator = iter(loader)
+        trial.first_s, trial.check_losses = timed_steps(trial.run, iterator, lab.check_steps, lab.step)
+        trial.batches = itertools.chain(iterator, endless(loader))
+    except Exception as error:
+        trial.status, trial.error = "failed", f"{type(error).__name__}: {error}"
+        lab.retire(trial)
+    return trial, seen
+
+
+def check_note(lab: Lab, label: str, trial: Trial, seen: dict) -> str:
+    """'bfloat16 ok' when the prepared model computed as configured in its last step (and is compiled when asked),
+    and its Accelerator, made current again, reports the mixed precision it was given; else what is off."""
+    if trial.status != "ready":
+        return trial.error
+    wanted = torch.bfloat16 if "bf16" in label else torch.float32
+    got = seen.get("dtype")
+    note = f"{str(got).replace('torch.', '')} " + ("ok" if got == wanted else f"NOT AS CONFIGURED (wanted {wanted})")
+    lab.activate(trial)
+    if trial.run.accelerator.mixed_precision != ACCELERATE[label]["mixed_precision"]:
+        note += f", its state says mixed_precision={trial.run.accelerator.mixed_precision!r}: NOT AS CONFIGURED"
+    if "dynamo" in label:
+        from accelerate.utils import is_compiled_module
+
+        note += ", compiled" if is_compiled_module(trial.run.model) else ", NOT COMPILED"
+    return note
+
+
+def bench_model(name: str, args) -> dict[str, Any]:
+    torch.manual_seed(0)
+    net = build_model(name, args.classes)
+    opt = make_optimizer("adam", net)
+    size, count = args.image_size, (args.warmup + 1) * args.batch_size  # the first steps within one epoch
+    data = TensorDataset(torch.randn(count, 3, size, size), torch.randint(0, args.classes, (count,)))
+    loader = DataLoader(data, batch_size=args.batch_size, drop_last=True)
+
+    print(f"{name}: tuning (budget {args.tune_budget or 'default'} s) ...", flush=True)
+    started = time.perf_counter()
+    tuned = accel.tune(copy.deepcopy(net), make_optimizer("adam", copy.deepcopy(net)), loader, device=args.device,
+                       budget_s=args.tune_budget, cache=False)
+    tune_s = time.perf_counter() - started
+    print(f"{name}: tune chose {plan_label(tuned.plan)} in {tune_s:.1f} s; building the variants ...", flush=True)
+
+    lab = Lab(net, opt, loader, torch.device(args.device), TrainStep(), check_steps=args.warmup)
+    arms: list[tuple[str, Trial, dict | None]] = []  # label, trial, the dtype its first layer computed in
+    try:
+        base = lab.trial({})
+        arms.append(("eager", base, None))
+        for label, kwargs in ACCELERATE.items():
+            arms.append((label, *accelerate_trial(lab, kwargs)))
+        auto = lab.trial(tuned.plan.to_dict())
+        arms.append((f"accel auto ({plan_label(tuned.plan)})", auto, None))
+        if base.status != "ready":
+            raise RuntimeError(f"eager cannot train: {base.error}")
+        lab.pace(min(base.first_s[1:] or base.first_s), args.steps)
+        live = [t for _, t, _ in arms if t.status == "ready"]
+        print(f"{name}: {args.rounds} interleaved rounds of {len(live)} variants ...", flush=True)
+        ratios = lab.rounds(live, base, (), min_rounds=args.rounds, max_rounds=args.rounds)
+        rows = []
+        for label, trial, seen in arms:  # checked after the rounds: each ran as configured while interleaved
+            note = check_note(lab, label, trial, seen) if seen is not None else trial.error
+            ratio = ratios.get(id(trial), Ratio())
+            rows.append({"model": name, "variant": label, "status": trial.status, "check": note,
+                         **(summarize(trial.times) if trial.times else {}),
+                         "first_steps_s": [round(s, 3) for s in trial.first_s], "warmup_s": round(trial.warmup_s, 3),
+                         "first_losses": [round(x, 5) for x in trial.check_losses],
+                         "vs_eager": ratio.to_dict() if trial is not base else None})
+        # accel auto against the fastest of Accelerate's settings, paired round by round
+        accelerate_arms = [(label, t) for label, t, _ in arms if label in ACCELERATE and t.status == "ready"]
+        summary: dict[str, Any] = {"model": name, "tune_s": round(tune_s, 1), "tune": tuned.to_dict(),
+                                   "auto_plan": plan_label(tuned.plan), "established": tuned.established}
+        if accelerate_arms and auto.status == "ready":
+            best_label, best = min(accelerate_arms, key=lambda a: ratios[id(a[1])].estimate)
+            paired = Ratio([a / b for a, b in zip(ratios[id(auto)].samples, ratios[id(best)].samples)])
+            summary.update(accelerate_best=best_label, auto_vs_best=paired.to_dict(), auto_vs_best_text=str(paired))
+        return {"rows": rows, "summary": summary}
+    finally:
+        lab.close()
+        AccelerateState.reset()
+
+
+def print_tables(results: list[dict[str, Any]]) -> None:
+    body = []
+    for result in results:
+        for r in result["rows"]:
+            ratio = Ratio(r["vs_eager"]["samples"]) if r["vs_eager"] else None
+            body.append((r["model"], r["variant"], f"{r['median_ms']:.1f}" if "median_ms" in r else "failed",
+                         f"{r['warmup_s']:.2f}", str(ratio) if ratio else "1.00",
+                         " ".join(f"{x:.4f}" for x in r["first_losses"]), r["check"]))
+    print("\n".join(render_table(("model", "variant", "ms/step", "warm-up s", "vs eager (90%)", "first losses",
+                                  "check (first layer's output dtype)"), body, right=(2, 3))))
+    print("vs eager: step time / eager's, geometric mean of per-round ratios from interleaved rounds, 90% interval;"
+          " below 1 is faster")
+    for result in results:
+        s = result["summary"]
+        if "auto_vs_best" in s:
+            print(f"{s['model']}: accel auto ({s['auto_plan']}) / {s['accelerate_best']} (Accelerate's fastest "
+                  f"here) = {s['auto_vs_best_text']} from {s['auto_vs_best']['rounds']} paired rounds; tune searched "
+                  f"{s['tune_s']} s apart (established: {s['established']})")
+        else:
+            print(f"{s['model']}: accel auto vs Accelerate: not measured (a variant failed)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", default="resnet18,resnet50", help="torchvision names, or 'tiny' (8x8 images)")
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--image-size", type=int, default=224)
+    parser.add_argument("--classes", type=int, default=1000)
+    parser.add_argument("--rounds", type=int, default=6, help="interleaved rounds per model")
+    parser.add_argument("--steps", type=int, default=None, help="timed steps per variant and round (default: ~0.5 s)")
+    parser.add_argument("--warmup", type=int, default=3, help="first steps of every variant, timed apart")
+    parser.add_argument("--tune-budget", type=float, default=None, help="tune's search budget, s (default: tune's)")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--quick", action="store_true", help="a tiny CNN on 8x8 images, 2 rounds: does it run")
+    parser.add_argument("--json", metavar="PATH", help="write rows and summaries as JSON")
+    args = parser.parse_args()
+    if args.quick:
+        args.models, args.image_size, args.rounds, args.tune_budget = "tiny", 8, 2, args.tune_budget or 10.0
+    import accelerate
+
+    machine = {"torch": torch.__version__, "accelerate": accelerate.__version__, "accel": accel.__version__,
+               "cpu": accel.probe().cpu_model, "threads": torch.get_num_threads(), "python": platform.python_version()}
+    print(", ".join(f"{k} {v}" for k, v in machine.items()) + f"; batch {args.batch_size} at {args.image_size}px, "
+          f"{args.classes} classes, Adam")
+    results = []
+    for name in args.models.split(","):
+        results.append(bench_model(name, args))
+        gc.collect()
+        torch._dynamo.reset()  # resnet18 and resnet50 share ResNet.forward: no compiled code carried over
+    print_tables(results)
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump({"machine": machine, "settings": vars(args), "results": results}, handle, indent=1, default=str)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,347 @@
+"""The accelerator lifecycle: decisions before any stage, order from declarations, rollback, hooks, per-run state,
+and the architecture's own rules (no accelerator names another, no import circles)."""
+import ast
+import dataclasses
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+import accel
+from accel import Accelerator, Option, PlanError, Skip, Stage
+from accel.accelerator import REGISTRY, register, unregister
+from accel.hardware import probe
+from accel.testing import snapshot, tiny_loader, tiny_model, tiny_optimizer, train_steps
+
+PACKAGE = Path(accel.__file__).parent
+
+
+def user_accelerator(name, stage, **attributes):
+    return type(name.title(), (Accelerator,), {"name": name, "stage": stage, **attributes})
+
+
+@pytest.fixture
+def registered():
+    names = []
+
+    def add(cls):
+        register(cls)
+        names.append(cls.name)
+        return cls
+
+    yield add
+    for name in names:
+        unregister(name)
+
+
+# --- decisions are made before any stage runs -----------------------------------------------------------------
+
+def test_every_rank_of_a_simulated_multi_gpu_launch_decides_its_own_device_before_any_stage(monkeypatch):
+    """Four local ranks on a node with four GPUs: each rank's decisions name its own cuda device, and every
+    accelerator already sees it in decide(), before stage 0. Only the probe is mocked (there is no GPU here)."""
+    four_gpus = dataclasses.replace(probe(), devices={"cpu": 1, "cuda": 4})
+    monkeypatch.setattr(accel.hardware, "probe", lambda: four_gpus)
+    monkeypatch.setattr(accel.core, "probe", lambda: four_gpus)
+    seen = []
+
+    class Recorder(Accelerator):
+        name, stage = "recorder", Stage.ENVIRONMENT
+
+        def decide(self, ctx):
+            seen.append((str(ctx.device), ctx.decisions.rank))
+
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "29511")
+    for local_rank in range(4):
+        for key, value in {"RANK": 4 + local_rank, "WORLD_SIZE": 8, "LOCAL_RANK": local_rank,
+                           "LOCAL_WORLD_SIZE": 4}.items():
+            monkeypatch.setenv(key, str(value))
+        decisions = accel.decide(tiny_model(), tiny_optimizer(tiny_model()), tiny_loader(), [Recorder(), "ddp"],
+                                 device="auto")
+        assert decisions.device == torch.device("cuda", local_rank)
+        assert decisions.by["device"] == "accel" and "local rank" in decisions.why["device"]
+    assert seen == [(f"cuda:{r}", 4 + r) for r in range(4)]
+
+
+def test_the_model_is_on_the_decided_device_before_stage_zero_applies():
+    where = []
+
+    class Early(Accelerator):
+        name, stage = "early", Stage.ENVIRONMENT
+
+        def apply(self, ctx):
+            where.append((next(ctx.model.parameters()).device, ctx.device))
+            return {}
+
+    accel.accelerate(tiny_model(), None, None, [Early()], device="cpu")
+    assert where == [(torch.device("cpu"), torch.device("cpu"))]
+
+
+def test_a_device_that_is_not_here_is_a_plan_error_naming_what_was_found():
+    model = tiny_model()
+    before = snapshot(model)
+    if "cuda" in probe().devices:
+        pytest.skip("this machine has cuda")
+    with pytest.raises(PlanError, match=r"device: 'cuda': there is no cuda device here \(found: cpu\)"):
+        accel.accelerate(model, None, None, ["amp"], device="cuda")
+    assert before.changes(snapshot(model)) == []
+
+
+def test_decisions_are_typed_read_by_later_stages_and_conflicting_ones_refused(registered):
+    seen = {}
+
+    @registered
+    class Reader(Accelerator):  # an early stage reading a later stage's decision
+        name, stage = "reader", Stage.ENVIRONMENT
+
+        def check(self, ctx):
+            seen["dtype"] = ctx.decisions.compute_dtype
+            return []
+
+    decisions = accel.decide(tiny_model(), tiny_optimizer(tiny_model()), tiny_loader(),
+                             ["reader", {"amp": {"dtype": "bfloat16"}}], device="cpu")
+    assert seen["dtype"] is torch.bfloat16 and decisions.by["compute_dtype"] == "amp"
+
+    @registered
+    class Half(Accelerator):
+        name, stage = "half", Stage.PRECISION
+
+        def decide(self, ctx):
+            ctx.decide("compute_dtype", torch.float16, "my own precision")
+
+    with pytest.raises(PlanError, match="half.compute_dtype: decides compute_dtype=torch.float16, but amp decided"):
+        accel.decide(tiny_model(), None, None, ["half", {"amp": {"dtype": "bfloat16"}}], device="cpu")
+
+
+def test_an_accelerator_that_skips_in_decide_takes_its_decisions_back(registered):
+    @registered
+    class Shy(Accelerator):
+        name, stage = "shy", Stage.ENVIRONMENT
+
+        def decide(self, ctx):
+            ctx.decide("threads", 1, "would like one")
+            raise Skip("changed its mind")
+
+    run = accel.accelerate(tiny_model(), None, None, ["shy"], device="cpu")
+    assert run.decisions.threads is None and "threads" not in run.decisions.by
+    assert run.report.row("shy").reason == "changed its mind"
+
+
+# --- order, conflicts ------------------------------------------------------------------------------------------
+
+def test_order_follows_declared_constraints_inside_a_stage_not_names(registered):
+    registered(user_accelerator("zeta", Stage.KERNELS, provides=("model.first",)))
+    registered(user_accelerator("alpha", Stage.KERNELS, after=("model.first",)))
+    registered(user_accelerator("mid", Stage.KERNELS, before=("alpha",), after=("zeta",)))
+    assert accel.Plan(["alpha", "mid", "zeta", "amp", "threads"]).names() == ["threads", "zeta", "mid", "alpha", "amp"]
+    # the built-ins' own declarations
+    assert accel.Plan(["grad_clipping", "grad_accumulation"]).names() == ["grad_accumulation", "grad_clipping"]
+    assert accel.Plan(["activation_checkpointing", "channels_last"]).names() == ["channels_last",
+                                                                                 "activation_checkpointing"]
+
+
+def test_cycles_and_constraints_against_the_stages_are_plan_errors(registered):
+    registered(user_accelerator("one", Stage.KERNELS, after=("two",)))
+    registered(user_accelerator("two", Stage.KERNELS, after=("one",)))
+    registered(user_accelerator("late", Stage.ENVIRONMENT, after=("amp",)))
+    with pytest.raises(PlanError, match="form a cycle"):
+        accel.Plan(["one", "two"])
+    with pytest.raises(PlanError, match=r"late.after: declares after='amp'.*stage precision comes after environment"):
+        accel.Plan(["late", "amp"])
+
+
+def test_conflicts_are_declared_by_capability_and_refused_together(registered):
+    registered(user_accelerator("my_fused_step", Stage.KERNELS, provides=("optimizer.update",),
+                                conflicts=("optimizer.update",)))
+    with pytest.raises(PlanError) as error:
+        accel.Plan(["my_fused_step", "fused_optimizer"])
+    assert len(error.value.problems) == 1 and "conflicts with" in str(error.value)
+
+
+def test_register_checks_the_declarations():
+    with pytest.raises(TypeError, match="must be a tuple of strings"):
+        register(user_accelerator("bad", Stage.KERNELS, after="amp"))
+
+
+# --- rollback ----------------------------------------------------------------------------------------------------
+
+class Breaks(Accelerator):
+    name, stage = "breaks", Stage.STEP
+
+    def apply(self, ctx):
+        raise RuntimeError("no")
+
+
+def test_a_failure_mid_apply_rolls_back_the_process_and_the_users_objects():
+    model, optimizer, loader = tiny_model(), None, tiny_loader()
+    optimizer = tiny_optimizer(model)
+    before = snapshot(model, optimizer, loader)
+    process = (torch.get_num_threads(), dict(os.environ), os.sched_getaffinity(0))
+    cpu = probe().physical_cpus[-1]
+    with pytest.raises(accel.AccelerateError, match="breaks failed while being applied.*rolled back"):
+        accel.accelerate(model, optimizer, loader, [{"threads": {"threads": 1}}, "channels_last",
+                                                    {"activation_checkpointing": {"modules": ["TinyCNN"]}},
+                                                    "fused_optimizer", "amp", Breaks()], device="cpu")
+    assert (torch.get_num_threads(), dict(os.environ), os.sched_getaffinity(0)) == process
+    assert before.changes(snapshot(model, optimizer, loader)) == []
+    assert not any(m._forward_pre_hooks or "forward" in m.__dict__ for m in model.modules())
+    assert cpu in os.sched_getaffinity(0)
+
+
+def test_run_close_puts_the_process_back():
+    process = (torch.get_num_threads(), dict(os.environ), os.sched_getaffinity(0))
+    run = accel.accelerate(tiny_model(), None, None, [{"threads": {"threads": 1}}], device="cpu")
+    assert torch.get_num_threads() == 1 and os.environ["OMP_NUM_THREADS"] == "1"
+    run.close()
+    assert (torch.get_num_threads(), dict(os.environ), os.sched_getaffinity(0)) == process
+
+
+# --- runtime hooks and state -------------------------------------------------------------------------------------
+
+def test_hooks_chain_in_plan_order_the_earliest_outermost(registered):
+    calls = []
+
+    def recording(name, stage):
+        class Recording(Accelerator):
+            def autocast(self, run):
+                calls.append(f"{name}.autocast")
+                return None
+
+            def backward(self, run, loss, proceed):
+                calls.append(f"{name}.backward>")
+                proceed(loss)
+                calls.append(f"{name}.backward<")
+
+            def step(self, run, optimizer, proceed):
+                calls.append(f"{name}.step>")
+                stepped = proceed(optimizer)
+                calls.append(f"{name}.step<{stepped}")
+                return stepped
+
+        return registered(type(name, (Recording,), {"name": name, "stage": stage}))
+
+    recording("outer", Stage.KERNELS), recording("inner", Stage.STEP)
+    model = tiny_model()
+    run = accel.accelerate(model, tiny_optimizer(model), tiny_loader(), ["inner", "outer"], device="cpu")
+    x, y = next(iter(run.loader))
+    with run.autocast():
+        loss = torch.nn.functional.cross_entropy(run.model(x), y)
+    run.backward(loss)
+    assert run.step() is False
+    assert calls == ["outer.autocast", "inner.autocast", "outer.backward>", "inner.backward>", "inner.backward<",
+                     "outer.backward<", "outer.step>", "inner.step>", "inner.step<True", "outer.step<True"]
+    assert all(p.grad is None for p in model.parameters())  # the innermost step zeroes the gradients
+
+
+class Counter(Accelerator):
+    """Counts optimizer steps: runtime state kept per run and saved per accelerator by run.save."""
+
+    name, stage = "counter", Stage.STEP
+    options = {"start": Option(0, (int,))}
+
+    def apply(self, ctx):
+        self.count = self.start
+        return {}
+
+    def step(self, run, optimizer, proceed):
+        stepped = proceed(optimizer)
+        self.count += stepped
+        return stepped
+
+    def state_dict(self):
+        return {"count": self.count}
+
+    def load_state_dict(self, state):
+        if not isinstance(state.get("count"), int):
+            raise ValueError(f"no step count in {state}")
+        self.count = state["count"]
+
+
+def test_each_run_has_its_own_accelerator_state_and_run_save_keeps_it(registered, tmp_path):
+    registered(Counter)
+    plan = accel.Plan(["counter"])
+    first = accel.accelerate(tiny_model(), tiny_optimizer(tiny_model()), tiny_loader(), plan, device="cpu")
+    second = accel.accelerate(tiny_model(), tiny_optimizer(tiny_model()), tiny_loader(), plan, device="cpu")
+    train_steps(first, epochs=2)
+    assert first.accelerator("counter").count == 8 and second.accelerator("counter").count == 0
+    assert not hasattr(plan.get("counter"), "count")  # the plan's object is a configuration, never run state
+    first.save(tmp_path / "ckpt.pt")
+    second.load(tmp_path / "ckpt.pt")
+    assert second.accelerator("counter").count == 8
+
+
+# --- the architecture's rules ------------------------------------------------------------------------------------
+
+def accelerator_modules():
+    return sorted((PACKAGE / "accelerators").glob("*.py"))
+
+
+def test_no_accelerator_module_names_another_accelerator():
+    """Accelerators read decisions and declare capabilities; no code of theirs names another one."""
+    builtin = {p.stem for p in accelerator_modules()} - {"__init__"}
+    for path in accelerator_modules():
+        tree = ast.parse(path.read_text())
+        docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                      if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef)) and node.body
+                      and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+        own = path.stem
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+                assert node.value not in builtin - {own}, f"{path.name} names {node.value!r}"
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                module = getattr(node, "module", None) or ""
+                names = [module] + [a.name for a in node.names]
+                assert not any(n.startswith("accel.accelerators.") for n in names), f"{path.name} imports {names}"
+
+
+def import_graph():
+    graph = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        module = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("accel"):
+                found.add(node.module)
+                found |= {f"{node.module}.{a.name}" for a in node.names}
+            elif isinstance(node, ast.Import):
+                found |= {a.name for a in node.names if a.name.startswith("accel")}
+        graph[module] = found
+    return {m: {d for d in deps if d in graph and d != m} for m, deps in graph.items()}
+
+
+def test_the_import_graph_has_no_circles_and_the_core_imports_no_measurement():
+    graph = import_graph()
+    facade = {"accel", "accel.accelerators", "accel.cli"}  # packages that import their parts to register them
+
+    def reach(start):
+        seen, todo = set(), [start]
+        while todo:
+            for dep in graph.get(todo.pop(), ()):
+                if dep not in seen and dep not in facade:
+                    seen.add(dep)
+                    todo.append(dep)
+        return seen
+
+    circles = [m for m in graph if m not in facade and m in reach(m)]
+    assert circles == [], f"modules on an import circle: {circles}"
+    core = ("accel.core", "accel.context", "accel.plan", "accel.run", "accel.accelerator", "accel.journal")
+    measurement = {"accel.measure", "accel.autotune", "accel.bench", "accel.plancache", "accel.testing"}
+    for module in core:
+        assert not reach(module) & measurement, f"{module} reaches {reach(module) & measurement}"
+    for module in graph:
+        if not module.startswith("accel.testing"):
+            assert "accel.testing" not in graph[module], f"{module} imports accel.testing"
+
+
+def test_each_built_in_accelerator_file_reads_as_its_card():
+    for path in accelerator_modules():
+        if path.stem == "__init__":
+            continue
+        card = ast.get_docstring(ast.parse(path.read_text()))
+        assert card and card.startswith(f"{path.stem}:"), path.name
+        for part in ("What it does", "When it helps", "What it keeps"):
+            assert part in card, f"{path.name}'s card has no '{part}'"
+    for name, cls in REGISTRY.items():
+        assert cls.keeps.weights in ("exact", "float", "tolerance", "changed"), name
