@@ -1,6 +1,6 @@
 """The one contract every accelerator follows, built-in or yours, and the name registry.
 
-The lifecycle, in the order accelerate() calls it (docs/accelerators.md):
+The lifecycle, in the order accelerate() calls it (docs/lifecycle.md):
 
 1. Options are checked when the plan is built (``options``: typed ``Option`` specs).
 2. ``decide(ctx)``: every accelerator writes typed decisions (``ctx.decide``); nothing is touched yet.
@@ -118,12 +118,15 @@ class Accelerator:
     stage: ClassVar[Stage]
     options: ClassVar[dict[str, Option]] = {}
     requires: ClassVar[tuple[str, ...]] = ()  # distribution names, probed without importing
+    needs: ClassVar[tuple[str, ...]] = ()  # "optimizer" and/or "loader": the core says when one is not given
     provides: ClassVar[tuple[str, ...]] = ()  # capabilities, e.g. "optimizer.update", for after/before/conflicts
     after: ClassVar[tuple[str, ...]] = ()  # names or capabilities applied before this one (within its stage)
     before: ClassVar[tuple[str, ...]] = ()
     conflicts: ClassVar[tuple[str, ...]] = ()  # names or capabilities that cannot be in the same plan
     keeps: ClassVar[Keeps] = EXACT
     costly_setup: ClassVar[bool] = False  # its first step is long (compile): tune tries it last, on the best stack
+    state_per_rank: ClassVar[bool] = False  # its state differs between ranks (accumulated gradients): saved per rank
+    example: ClassVar[dict[str, Any]] = {}  # options that make a valid example (what `accel env` checks)
 
     def __init__(self, **options: Any):
         problems = self.option_problems(options)
@@ -222,10 +225,14 @@ def register(cls: type[Accelerator]) -> type[Accelerator]:
         raise TypeError(f"{cls.__name__} needs a non-empty 'name' and a 'stage' from accel.Stage")
     if cls.name in REGISTRY and REGISTRY[cls.name] is not cls:
         raise ValueError(f"an accelerator named {cls.name!r} is already registered ({REGISTRY[cls.name].__name__})")
-    for attribute in ("provides", "after", "before", "conflicts"):
+    for attribute in ("provides", "after", "before", "conflicts", "needs"):
         value = getattr(cls, attribute)
         if not isinstance(value, tuple) or not all(isinstance(v, str) for v in value):
             raise TypeError(f"{cls.__name__}.{attribute} must be a tuple of strings, got {value!r}")
+    unknown = set(cls.needs) - {"optimizer", "loader"}
+    if unknown:
+        raise TypeError(f"{cls.__name__}.needs: {sorted(unknown)} are not things accelerate() is given "
+                        "(allowed: 'optimizer', 'loader')")
     REGISTRY[cls.name] = cls
     return cls
 

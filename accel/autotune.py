@@ -32,7 +32,9 @@ from typing import Any, Callable
 import torch
 
 from accel.accelerator import REGISTRY
-from accel.hardware import probe, resolve_device
+from accel.distributed import launcher_environment
+from accel.errors import MeasureError, PlanError, Problem
+from accel.hardware import Hardware, device_problem, probe, resolve_device
 from accel.measure import Lab, Ratio, TrainStep, Trial, plan_label
 from accel.plan import RESOLVERS, Plan
 from accel.report import render_table
@@ -41,6 +43,14 @@ MARGIN = 0.02  # a plan must be faster than the one it replaces by more than thi
 MIN_BUDGET_S = 90.0  # default budget: at least this, or BUDGET_STEPS baseline steps for slow models
 BUDGET_STEPS = 100
 SLOW_STOP = 3.0  # a candidate whose first steps take this many baseline steps (and over 0.5 s) is not timed
+
+
+def for_device(hardware: Hardware, device: torch.device) -> Hardware:
+    """The hardware as a run on this device sees it: a CPU run is offered no GPU's candidates."""
+    import dataclasses
+
+    devices = {"cpu": 1, **({device.type: hardware.devices.get(device.type, 1)} if device.type != "cpu" else {})}
+    return dataclasses.replace(hardware, devices=devices)
 
 
 def generate_candidates(hardware, model, optimizer=None, loader=None,
@@ -71,6 +81,7 @@ class TuneRow:
     loss_ok: bool | None = None
     decision: str = ""
     reason: str = ""
+    tests: str = ""  # the accelerator this row measures the effect of (dropped, kept, or added on top)
     losses: list[float] = field(default_factory=list, repr=False)
 
 
@@ -95,11 +106,8 @@ class TuneResult:
             ratio = (row.ratio or {}).get("estimate")
             if row.against == "eager" and len(row.plan) == 1:
                 effects[row.name] = ratio
-            elif row.decision.startswith(("dropped ", "kept ")):
-                name = row.decision.split()[1]
-                effects[name] = round(1 / ratio, 4) if ratio else None
-            elif row.decision.startswith("compile"):
-                effects[row.name.split("+")[-1]] = ratio
+            elif row.tests and ratio:  # a stack without it (1 / ratio) or with it on top (ratio)
+                effects[row.tests] = round(ratio if row.tests in row.plan else 1 / ratio, 4)
         return effects
 
     def row(self, name: str) -> TuneRow:
@@ -199,22 +207,25 @@ class _Search:
         return row
 
     def finish_row(self, row: TuneRow, trial: Trial, ratio: Ratio | None = None) -> None:
-        if ratio is not None:
+        if trial.status == "failed" and row.status == "measured":  # broke in a later round
+            row.status, row.reason = "failed", trial.error
+        if ratio is not None and ratio.samples:
             row.ratio = ratio.to_dict()
         if trial.median_s is not None:
             row.median_ms = round(trial.median_s * 1000, 3)
         row.warmup_s = round(trial.warmup_s, 4) if trial.first_s else None
 
     def usable(self, trial: Trial, row: TuneRow) -> bool:
-        """Applied, trained, kept the loss, and not hopelessly slow: its last first step (past any compile)
-        over SLOW_STOP baseline steps and over 0.5 s is not worth timing rounds (bf16 emulated on a Zen 3)."""
+        """Applied, trained, kept the loss, and not hopelessly slow: when every one of its first steps took over
+        SLOW_STOP baseline steps and over 0.5 s (a single spike of load is not enough), timing rounds would only
+        spend the budget (bf16 emulated on a Zen 3 is 14x slower)."""
         if row.status != "measured":
             return False
         base_step = min(self.base.first_s[1:] or self.base.first_s)
-        last = trial.first_s[-1]
-        if len(trial.first_s) > 1 and last > max(SLOW_STOP * base_step, 0.5):
+        fastest = min(trial.first_s)
+        if len(trial.first_s) > 1 and fastest > max(SLOW_STOP * base_step, 0.5):
             row.status = "stopped early"
-            row.reason = f"a step took {last:.2f} s, over {SLOW_STOP:g}x the baseline's {base_step:.3f} s"
+            row.reason = f"each first step took over {fastest:.2f} s, over {SLOW_STOP:g}x the baseline's {base_step:.3f} s"
             return False
         return True
 
@@ -227,7 +238,10 @@ class _Search:
         ratio = None
         if self.usable(trial, row):
             ratio = self.compare(self.base, trial, (1.0, 1 - self.margin))
-            row.vs_baseline = round(ratio.estimate, 4)
+            if trial.status == "ready":
+                row.vs_baseline = round(ratio.estimate, 4)
+            else:
+                ratio = None
         self.finish_row(row, trial, ratio)
         return trial, row, ratio
 
@@ -265,7 +279,7 @@ def tune(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loader: Any, 
     """Measure plans on the user's model and loader; return the fastest established plan that keeps the loss.
 
     candidates: plans to compare with the baseline instead of the search over generated stacks.
-    steps: timed steps per plan and round (default: as many as take about 0.3 s). warmup: first steps of every
+    steps: timed steps per plan and round (default: as many as take about 0.5 s). warmup: first steps of every
     plan from the common start, timed apart and compared for the loss. budget_s: the search's time (default:
     the larger of 90 s and 100 baseline steps); what it leaves out is reported. step_fn(run, batch) -> loss,
     or loss_fn(output, targets) with split(batch) -> (inputs, targets): how a batch becomes a loss (default:
@@ -273,19 +287,23 @@ def tune(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loader: Any, 
     (default: every registered accelerator). cache: a path or True to remember the choice.
     """
     if optimizer is None or loader is None:
-        raise ValueError("tune measures training steps: it needs an optimizer and a loader")
+        raise MeasureError("tune measures training steps: it needs an optimizer and a loader")
     started = time.perf_counter()
-    resolved = resolve_device(device)
+    launch = launcher_environment()
+    resolved = resolve_device(device, local_rank=launch.local_rank if launch else 0)
+    hardware = probe()
+    why = device_problem(resolved, hardware)
+    if why:
+        raise PlanError([Problem("device", why, value=str(device), kind="missing")])
+    hardware = for_device(hardware, resolved)
     step = TrainStep(loss_fn=loss_fn, split=split, step_fn=step_fn)
     lab = Lab(model, optimizer, loader, resolved, step, check_steps=max(1, warmup))
-    hardware = probe()
     settings = {"budget_s": budget_s, "steps": steps, "warmup": warmup, "tolerance": tolerance, "margin": margin,
                 "expected_steps": expected_steps, "device": str(resolved), "accelerators": accelerators,
                 "candidates": [Plan(c).to_dict() for c in candidates] if candidates is not None else "generated"}
-    try:
-        batch = lab.first_batch()
-    except StopIteration:
-        raise ValueError("tune needs batches, and the loader yields none") from None
+    batch = lab.first_batch()
+    if batch is None:
+        raise MeasureError("tune needs batches, and the loader yields none")
     step.check(batch)
     key_parts = None
     if cache:
@@ -298,6 +316,10 @@ def tune(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loader: Any, 
             result = TuneResult.from_dict(hit)
             result.from_cache, result.elapsed_s = True, time.perf_counter() - started
             return result
+    if launch is not None and launch.world_size > 1:
+        raise MeasureError(f"plan='auto' in a launched job ({launch.world_size} ranks) would let every rank choose "
+                           "on its own: run it once in a single process (the cache remembers the answer for the "
+                           "ranks), or pass the plan it chose")
     generated = candidates is None
     plans = (generate_candidates(hardware, model, optimizer, loader, accelerators) if generated
              else [Plan(c).to_dict() for c in candidates])
@@ -307,8 +329,10 @@ def tune(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loader: Any, 
         base = lab.trial({})
         search.base = base
         base_row = search.row_of(base, against="")
+        if base.status == "refused":
+            raise PlanError([Problem("tune", f"the baseline (empty plan) is refused: {base.error}")])
         if base.status != "ready":
-            raise RuntimeError(f"the baseline (empty plan) cannot train: {base.error}")
+            raise MeasureError(f"the baseline (empty plan) cannot train: {base.error}")
         step_s = min(base.first_s[1:] or base.first_s)
         lab.pace(step_s, steps)
         budget = budget_s if budget_s is not None else max(MIN_BUDGET_S, BUDGET_STEPS * step_s)
@@ -324,7 +348,8 @@ def tune(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loader: Any, 
                         None, time.perf_counter() - started, settings,
                         measured_at=_dt.datetime.now().isoformat(timespec="seconds"),
                         established=chosen is not None or not any("noisy" in n for n in search.notes))
-    if key_parts is not None:
+    complete = result.established and not any(r.status == "not measured" for r in result.rows)
+    if key_parts is not None and complete:  # a noisy or cut-short answer is not one to remember
         from accel import plancache
 
         result.key = plancache.store(key_parts, result.to_dict(), cache)
@@ -367,20 +392,30 @@ def _search_stacks(search: _Search, candidates: list[dict[str, dict]]) -> Trial 
         row.decision = "the full stack"
         if trial.status == "ready" and row.status == "measured":
             best, best_ratio = trial, ratio
-        elif len(stack) > 1:  # one member spoils it (fails, too slow, off in loss): measure each alone
-            row.decision = "the full stack: cannot be timed; each alone instead"
+        else:
             search.lab.retire(trial)
-            best, best_ratio = _singles_then_stack(search, [{k: v} for k, v in stack.items()])
-    incumbent = _drop_what_does_not_pay(search, best) if best is not None and len(best.plan) > 1 else best
-    if incumbent is not None and incumbent is not best:  # confirm the smaller stack against the baseline
-        ratio = search.compare(search.base, incumbent, (1.0, 1 - search.margin))
-        row = next(r for r in reversed(search.rows) if r.plan == incumbent.plan)
-        row.vs_baseline = round(ratio.estimate, 4)
-        row.decision += f"; vs eager {ratio}"
-        best_ratio = ratio
-    if not search.established(best_ratio):
-        if best_ratio is not None:
-            search.notes.append(search.verdict(best_ratio))
+            if len(stack) > 1:  # one member spoils it (fails, too slow, off in loss): measure each alone
+                row.decision = "the full stack: cannot be timed; each alone instead"
+                best, best_ratio = _singles_then_stack(search, [{k: v} for k, v in stack.items()])
+    incumbent, incumbent_ratio = best, best_ratio
+    if best is not None and len(best.plan) > 1 and search.left() > 0:
+        smaller = _drop_what_does_not_pay(search, best)
+        if smaller is not best:  # confirm the smaller stack against the baseline before giving up the full one
+            ratio = search.compare(search.base, smaller, (1.0, 1 - search.margin))
+            row = next(r for r in reversed(search.rows) if r.plan == smaller.plan)
+            row.vs_baseline = round(ratio.estimate, 4)
+            if search.established(ratio) or not search.established(best_ratio):
+                row.decision += f"; vs eager {ratio}"
+                search.lab.retire(best)
+                incumbent, incumbent_ratio = smaller, ratio
+            else:
+                row.decision += f"; vs eager {ratio}, not established: the full stack stays"
+                search.lab.retire(smaller)
+    if not search.established(incumbent_ratio):
+        if incumbent_ratio is not None:
+            search.notes.append(search.verdict(incumbent_ratio))
+        if incumbent is not None:
+            search.lab.retire(incumbent)
         incumbent = None
     for candidate in costly:
         incumbent = _try_costly(search, incumbent, candidate)
@@ -397,7 +432,7 @@ def _drop_what_does_not_pay(search: _Search, full: Trial) -> Trial:
             break
         smaller = {k: v for k, v in full.plan.items() if k != name}
         trial = search.lab.trial(smaller)
-        row = search.row_of(trial, against=full.name)
+        row = search.row_of(trial, against=full.name, tests=name)
         if search.usable(trial, row):
             arms.append((name, trial, row))
         else:
@@ -411,7 +446,9 @@ def _drop_what_does_not_pay(search: _Search, full: Trial) -> Trial:
     for name, trial, row in arms:
         ratio = ratios[id(trial)]
         search.finish_row(row, trial, ratio)
-        if ratio.estimate <= 1 + search.margin:
+        if trial.status != "ready":
+            row.decision = f"kept {name}: the stack without it broke"
+        elif ratio.estimate <= 1 + search.margin:
             row.decision = f"dropped {name}: it does not pay ({1 / ratio.estimate:.2f} of the time with it)"
             dropped.append((ratio.estimate, name, trial))
         else:
@@ -426,14 +463,14 @@ def _drop_what_does_not_pay(search: _Search, full: Trial) -> Trial:
             ratio = search.compare(full, together, (1 + search.margin,))
             search.finish_row(row, together, ratio)
             names = ", ".join(n for _, n, _ in dropped)
-            if ratio.estimate <= 1 + search.margin:
+            if together.status == "ready" and ratio.estimate <= 1 + search.margin:
                 row.decision, chosen = f"dropped {names} together: not slower", together
             else:
                 row.decision = f"without {names} together: slower; dropped only {dropped[0][1]}"
-    for trial in [full, *(t for _, t, _ in arms), *([together] if together is not None else [])]:
+    for trial in [*(t for _, t, _ in arms), *([together] if together is not None else [])]:
         if trial is not chosen:
             search.lab.retire(trial)
-    return chosen
+    return chosen  # the full stack itself is the caller's to keep or retire
 
 
 def _singles_then_stack(search: _Search, singles: list[dict[str, dict]]) -> tuple[Trial | None, Ratio | None]:
@@ -452,7 +489,10 @@ def _singles_then_stack(search: _Search, singles: list[dict[str, dict]]) -> tupl
         return None, None
     trial, row, ratio = search.measure_vs_base(helped)
     row.decision = "the stack of what helped alone"
-    return (trial, ratio) if row.status == "measured" else (None, None)
+    if row.status == "measured":
+        return trial, ratio
+    search.lab.retire(trial)
+    return None, None
 
 
 def _try_costly(search: _Search, incumbent: Trial | None, candidate: dict[str, dict]) -> Trial | None:
@@ -464,12 +504,15 @@ def _try_costly(search: _Search, incumbent: Trial | None, candidate: dict[str, d
                                    reason="time budget"))
         return incumbent
     trial = search.lab.trial(plan)
-    row = search.row_of(trial, against=reference.name)
+    row = search.row_of(trial, against=reference.name, tests=next(iter(candidate)))
     if row.status != "measured":
         search.finish_row(row, trial)
+        search.lab.retire(trial)
         return incumbent
     ratio = search.compare(reference, trial, (1 - search.margin,))
     search.finish_row(row, trial, ratio)
+    if trial.status != "ready":
+        return incumbent
     step_ref = reference.median_s or 0.0
     gain_s = step_ref * (1 - ratio.estimate)
     extra_warmup = trial.warmup_s - reference.warmup_s

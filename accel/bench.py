@@ -156,16 +156,20 @@ def bench(models=DEFAULT_MODELS, plans=("auto",), rounds: int = 3, steps: int | 
 
     A plan is anything accelerate() accepts (a list of names, a dict, a Plan) or "auto" (tune's choice, with
     tune_budget_s: None = tune's default, which scales with the model's step time). steps: timed steps per plan
-    and round (None: about 0.3 s worth, at least 1).
+    and round (None: about 0.5 s worth, at least 1).
     """
     from tqdm import tqdm
 
     from accel.autotune import tune
-    from accel.hardware import probe, resolve_device
+    from accel.errors import PlanError, Problem
+    from accel.hardware import device_problem, probe, resolve_device
     from accel.plan import Plan
 
     resolved = resolve_device(device)
     hardware = probe()
+    why = device_problem(resolved, hardware)
+    if why:
+        raise PlanError([Problem("device", why, value=str(device), kind="missing")])
     peaks = matmul_peaks(resolved, hardware)
     machine = {"cpu_model": hardware.cpu_model, "physical_cores": hardware.physical_cores,
                "threads": torch.get_num_threads(), "isa": list(hardware.isa), "device": str(resolved),
@@ -176,7 +180,7 @@ def bench(models=DEFAULT_MODELS, plans=("auto",), rounds: int = 3, steps: int | 
                 "classes": classes, "tune_budget_s": tune_budget_s, "expected_steps": expected_steps}
     for plan in wanted:
         if plan != "auto":
-            Plan(plan)  # a misspelt plan fails before anything is measured
+            Plan(plan)  # a misspelt plan fails before anything is measured (PlanError)
     rows: list[dict[str, Any]] = []
     bar = tqdm(total=len(models) * (len(wanted) + rounds), disable=not progress, file=sys.stderr, unit="step")
     for name in models:
@@ -231,9 +235,8 @@ def _bench_model(name, wanted, rounds, steps, warmup, optimizer, batch_size, ima
         live = [t for _, t, _ in trials if t.status == "ready"]
         bar.set_description(f"{name}: {rounds} interleaved rounds")
         ratios = lab.rounds(live, base, (), min_rounds=rounds, max_rounds=rounds)
-        ratios[id(base)] = Ratio()
         bar.update(rounds)
-        return [_row(name, label, trial, setup_s, ratios[id(trial)], flops, tuned if label == "auto" else {},
+        return [_row(name, label, trial, setup_s, ratios.get(id(trial), Ratio()), flops, tuned if label == "auto" else {},
                      optimizer, batch_size, image_size, rounds, lab.chunk_steps) for label, trial, setup_s in trials]
     finally:
         lab.close()

@@ -16,7 +16,6 @@ import copy
 import hashlib
 import importlib
 import os
-import random
 import tempfile
 import warnings
 import zipfile
@@ -27,39 +26,10 @@ import torch
 
 from accel.distributed import barrier, rank, world_size
 from accel.errors import CheckpointError
+from accel.randomness import rng_state, set_rng_state
 
 FORMAT = 2
 CALLABLE = "__callable__"
-
-
-def rng_state() -> dict[str, Any]:
-    """This process's random states, as tensors and plain types (loadable with weights_only=True)."""
-    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
-    try:
-        import numpy as np
-    except ImportError:
-        return state
-    kind, keys, pos, has_gauss, gauss = np.random.get_state()
-    state["numpy"] = (kind, torch.from_numpy(keys.astype("int64")), pos, has_gauss, gauss)
-    for kind in ("cuda", "xpu"):
-        module = getattr(torch, kind, None)
-        if module is not None and module.is_available() and module.is_initialized():
-            state[kind] = module.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
-    kind, version_state, gauss = state["python"]
-    random.setstate((kind, tuple(version_state), gauss))
-    if "numpy" in state:
-        import numpy as np
-
-        kind, keys, pos, has_gauss, gauss = state["numpy"]
-        np.random.set_state((kind, keys.numpy().astype("uint32"), pos, has_gauss, gauss))
-    for kind in ("cuda", "xpu"):
-        if kind in state and getattr(torch, kind).is_available():
-            getattr(torch, kind).set_rng_state_all(state[kind])
 
 
 def _gather(obj: Any) -> list[Any]:
@@ -150,7 +120,7 @@ def state_dict(run) -> dict[str, Any]:
         "model": run.unwrap().state_dict(),
         "optimizer": run.optimizer.state_dict() if run.optimizer is not None else None,
         "optimizer_class": type(run.optimizer).__name__ if run.optimizer is not None else None,
-        "accelerators": {a.name: a.state_dict() for a in run.accelerators},
+        "accelerators": {a.name: a.state_dict() for a in run.accelerators if not a.state_per_rank},
         "step": run.steps,
         "optimizer_steps": run.optimizer_steps,
         "epoch": run.loader.epoch if run.loader is not None else 0,
@@ -164,8 +134,9 @@ def save(run, path) -> None:
     """Write the run's state to path; a collective when distributed (every rank calls it, rank 0 writes)."""
     path = Path(path)
     rng = _gather(rng_state())
+    per_rank = _gather({a.name: a.state_dict() for a in run.accelerators if a.state_per_rank})
     if rank() == 0:
-        state = {**state_dict(run), "rng": rng}
+        state = {**state_dict(run), "rng": rng, "accelerators_per_rank": per_rank}
         state["checksum"] = checksum(state)
         path.parent.mkdir(parents=True, exist_ok=True)
         handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -238,7 +209,8 @@ def _model_problems(saved: dict, current: dict) -> list[str]:
     if unexpected:
         problems.append(f"the checkpoint's {unexpected[:5]}{' ...' if len(unexpected) > 5 else ''} are not in the model")
     shapes = [f"{k} {tuple(saved[k].shape)} vs {tuple(v.shape)}" for k, v in current.items()
-              if k in saved and isinstance(v, torch.Tensor) and tuple(saved[k].shape) != tuple(v.shape)]
+              if k in saved and isinstance(v, torch.Tensor) and isinstance(saved[k], torch.Tensor)
+              and tuple(saved[k].shape) != tuple(v.shape)]
     if shapes:
         problems.append("shapes differ (checkpoint vs model): " + "; ".join(shapes[:5]))
     return problems
@@ -280,9 +252,14 @@ def load(run, path) -> dict[str, Any]:
     problems = _model_problems(state["model"], model.state_dict())
     problems += _optimizer_problems(state["optimizer"], run.optimizer, state.get("optimizer_class"))
     names = [a.name for a in run.accelerators]
-    stray = sorted(set(state.get("accelerators", {})) - set(names))
+    per_rank = state.get("accelerators_per_rank") or [{}]
+    stray = sorted((set(state.get("accelerators", {})) | set(per_rank[0])) - set(names))
     if stray:
         problems.append(f"state of accelerators this run did not apply: {stray}")
+    if len(per_rank) != world_size() and any(s.get("micro") for s in per_rank):
+        problems.append(f"saved by {len(per_rank)} rank(s) in the middle of accumulating gradients, which differ "
+                        f"per rank; loaded by {world_size()}: resume from a checkpoint saved on an optimizer step")
+    mine = per_rank[rank()] if len(per_rank) == world_size() else per_rank[0]
     if problems:
         raise CheckpointError(f"{path} does not fit this run; nothing was loaded: " + "; ".join(problems))
     backup = _snapshot(run)
@@ -291,7 +268,8 @@ def load(run, path) -> dict[str, Any]:
         if run.optimizer is not None:
             run.optimizer.load_state_dict(state["optimizer"])
         for accelerator in run.accelerators:
-            accelerator.load_state_dict(state.get("accelerators", {}).get(accelerator.name, {}))
+            source = mine if accelerator.state_per_rank else state.get("accelerators", {})
+            accelerator.load_state_dict(source.get(accelerator.name, {}))
         _restore_counters(run, state)
     except Exception as error:
         _restore(run, backup)
@@ -318,7 +296,8 @@ def _restore_counters(run, state: dict) -> None:
 
 def _snapshot(run) -> dict[str, Any]:
     sampler, generator = _sampler(run)
-    return {"model": {k: v.detach().clone() for k, v in run.unwrap().state_dict().items()},
+    return {"model": {k: v.detach().clone() if isinstance(v, torch.Tensor) else copy.deepcopy(v)
+                      for k, v in run.unwrap().state_dict().items()},
             "optimizer": copy.deepcopy(run.optimizer.state_dict()) if run.optimizer is not None else None,
             "accelerators": {a.name: copy.deepcopy(a.state_dict()) for a in run.accelerators},
             "counters": (run.steps, run.optimizer_steps, run.loader.epoch if run.loader is not None else None,

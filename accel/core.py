@@ -91,11 +91,15 @@ def prepare(model, optimizer, loader, plan: PlanSpec, device: Any = "auto") -> t
     accelerators = [copy.copy(a) for a in plan]  # each run keeps its own state on its own objects
     skips: dict[str, str] = {}
     checked: dict[str, list[Problem]] = {}
+    given = {"optimizer": optimizer, "loader": loader}
     for accelerator in accelerators:
         checked[accelerator.name] = [
             Problem(accelerator.name, f"needs the package {name!r}, which is not installed",
                     allowed=f"pip install {name}", kind="missing")
             for name in accelerator.requires if package_version(name) is None]
+        checked[accelerator.name] += [
+            Problem(accelerator.name, f"needs the {what}: pass one to accel.accelerate(model, optimizer, loader, ...)",
+                    kind="missing") for what in accelerator.needs if given[what] is None]
     for accelerator in accelerators:
         if checked[accelerator.name]:
             continue
@@ -137,12 +141,14 @@ def _place(ctx: Context) -> None:
     tensors = [*ctx.model.parameters(), *ctx.model.buffers()]
     if all(t.device == device for t in tensors):
         return
-    ctx.journal.move_module(ctx.model, device)
     optimizer = ctx.optimizer
-    if optimizer is not None and optimizer.state:
-        saved = copy.copy(optimizer.state_dict())
-        ctx.journal.change(f"optimizer state to {device}", lambda: optimizer.load_state_dict(optimizer.state_dict()),
-                           lambda: optimizer.load_state_dict(saved), process=False)
+    if optimizer is not None and optimizer.state:  # recorded first, so it is undone after the parameters go back
+        saved = {param: dict(state) for param, state in optimizer.state.items()}
+        ctx.journal.change(f"optimizer state to {device}", lambda: None,
+                           lambda: (optimizer.state.clear(), optimizer.state.update(saved)), process=False)
+    ctx.journal.move_module(ctx.model, device)
+    if optimizer is not None and optimizer.state:  # load_state_dict casts the state to each parameter's device
+        optimizer.load_state_dict(optimizer.state_dict())
 
 
 def accelerate(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None, loader: Any = None,
@@ -176,11 +182,15 @@ def accelerate(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None =
                     applied.append(accelerator)
                 except Skip as skip:
                     row.reason = skip.reason
+                    _retract(ctx, accelerator.name)
             for warning in caught:  # keep them in the report and still show them to the user
                 row.warnings.append(str(warning.message))
                 warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
     except BaseException as error:
-        ctx.journal.rollback()
+        try:
+            ctx.journal.rollback()
+        except RuntimeError as undo_error:  # said, never hiding why the plan failed
+            warnings.warn(f"accel: {undo_error}", stacklevel=2)
         if isinstance(error, Exception) and not isinstance(error, PlanError):
             raise AccelerateError(f"{current} failed while being applied: {type(error).__name__}: {error}; every "
                                   "change was rolled back (your objects and the process are as they were)") from error

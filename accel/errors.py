@@ -59,6 +59,10 @@ class AccelerateError(AccelError, RuntimeError):
     """An accelerator failed while being applied; every change made so far was rolled back."""
 
 
+class MeasureError(AccelError, ValueError):
+    """What measuring (tune, plan="auto", bench) needs is not there: an optimizer, batches it can use, a copy."""
+
+
 class CheckpointError(AccelError, ValueError):
     """A checkpoint cannot be read, or cannot be loaded into this run; the run was left as it was."""
 

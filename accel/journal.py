@@ -64,11 +64,13 @@ class Journal:
         self.change(f"torch threads {threads}", lambda: torch.set_num_threads(threads),
                     lambda: torch.set_num_threads(old))
 
-    def set_affinity(self, cpus) -> None:
+    def set_affinity(self, cpus) -> bool:
+        """Pin every thread to these CPUs; False where the OS offers no affinity (then nothing changed)."""
         old, cpus = _affinity(), tuple(cpus)
         if old is None:
-            return
+            return False
         self.change(f"affinity {cpus}", lambda: pin_process(cpus), lambda: pin_process(old))
+        return True
 
     def setattr(self, obj: Any, name: str, value: Any) -> None:
         """A flag on a module-level object, e.g. torch.backends.cudnn.benchmark."""
@@ -90,12 +92,19 @@ class Journal:
         self.change(f"model to {device}", lambda: module.to(device), undo, process=False)
 
     def rollback(self) -> None:
-        """Undo every change, newest first (process state and tensor placement), and forget them."""
+        """Undo every change, newest first (process state and tensor placement), and forget them. An undo that
+        fails does not stop the others; the failures are raised together at the end."""
+        failed = []
         for entry in reversed(self.entries):
             if entry.process is False or self.active:
-                entry.undo()
+                try:
+                    entry.undo()
+                except Exception as error:
+                    failed.append(f"{entry.what}: {type(error).__name__}: {error}")
         self.entries.clear()
         self.active = True
+        if failed:
+            raise RuntimeError("could not undo " + "; ".join(failed))
 
     def suspend(self) -> None:
         """Undo the process-wide changes only, keeping them to redo (tune switching between candidates)."""

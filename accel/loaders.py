@@ -75,3 +75,12 @@ def settings(loader: DataLoader) -> tuple:
     """(num_workers, pin_memory, persistent_workers, prefetch_factor): what the loader accelerator chooses."""
     return (loader.num_workers, loader.pin_memory, loader.persistent_workers,
             loader.prefetch_factor if loader.num_workers else None)
+
+
+def release_workers(loader: Any) -> None:
+    """Stop a DataLoader's persistent worker processes now, not whenever the garbage collector runs (maybe in a
+    process forked later, which cannot stop them)."""
+    iterator = getattr(loader, "_iterator", None)
+    if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+        iterator._shutdown_workers()
+        loader._iterator = None

@@ -16,6 +16,10 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from accel import randomness
+from accel.errors import MeasureError
+from accel.run import describe_batch
+
 # one-sided 95% quantiles of Student's t by degrees of freedom (a ratio "clearly below x" has 95% confidence)
 T95 = {1: 6.314, 2: 2.920, 3: 2.353, 4: 2.132, 5: 2.015, 6: 1.943, 7: 1.895, 8: 1.860, 9: 1.833, 10: 1.812,
        12: 1.782, 15: 1.753, 20: 1.725, 30: 1.697}
@@ -24,7 +28,9 @@ T95 = {1: 6.314, 2: 2.920, 3: 2.353, 4: 2.132, 5: 2.015, 6: 1.943, 7: 1.895, 8: 
 def t95(df: int) -> float:
     if df <= 0:
         return math.inf
-    return T95.get(df) or next((v for k, v in sorted(T95.items()) if k >= df), 1.645)
+    if df > max(T95):
+        return 1.645
+    return T95[max(k for k in T95 if k <= df)]  # the nearest smaller df: a slightly wider, never narrower, interval
 
 
 def synchronize(device: torch.device) -> None:
@@ -33,23 +39,12 @@ def synchronize(device: torch.device) -> None:
         module.synchronize()
 
 
-def describe_batch(batch: Any) -> str:
-    """'dict with keys image, mask, label' / 'tuple of 3' / 'Tensor of shape (16, 3, 8, 8)': for error messages."""
-    if isinstance(batch, torch.Tensor):
-        return f"Tensor of shape {tuple(batch.shape)}"
-    if hasattr(batch, "keys"):
-        return f"{type(batch).__name__} with keys {', '.join(map(str, batch.keys()))}"
-    if isinstance(batch, (list, tuple)):
-        return f"{type(batch).__name__} of {len(batch)}"
-    return type(batch).__name__
-
-
 def split_pair(batch: Any) -> tuple[Any, Any]:
     """(inputs, targets) of a tuple or list batch: its first two items."""
     if isinstance(batch, (list, tuple)) and len(batch) >= 2 and not hasattr(batch, "keys"):
         return batch[0], batch[1]
-    raise ValueError(f"accel's default training step takes (inputs, targets) batches, and this loader yields a "
-                     f"{describe_batch(batch)}; pass step_fn=fn(run, batch) -> loss, or split=fn(batch) -> "
+    raise MeasureError(f"accel's default training step takes (inputs, targets) batches, and this loader yields "
+                       f"{describe_batch(batch)}; pass step_fn=fn(run, batch) -> loss, or split=fn(batch) -> "
                      "(inputs, targets) (and loss_fn=fn(output, targets) for another loss)")
 
 
@@ -89,7 +84,7 @@ class TrainStep:
         with run.autocast():
             loss = self.loss(run, batch)
         if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
-            raise ValueError(f"the step's loss must be a scalar tensor, got {describe_batch(loss)}")
+            raise MeasureError(f"the step's loss must be a scalar tensor, got {describe_batch(loss)}")
         run.backward(loss)
         run.step()
         return loss.detach()
@@ -299,24 +294,14 @@ class Lab:
         self.trials: list[Trial] = []
         self.active: Trial | None = None
         self.chunk_steps, self.settle = 1, 0
-        generator = getattr(loader, "generator", None)
-        self.generator = (generator, generator.get_state()) if generator is not None else None
-        self.rng = torch.get_rng_state()
-        self.cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+        self.start = randomness.save(loader)  # every trial's first steps start from here; close() comes back
 
     def restore_randomness(self) -> None:
-        if self.generator is not None:
-            self.generator[0].set_state(self.generator[1])
-        torch.set_rng_state(self.rng)
-        if self.cuda_rng is not None:
-            torch.cuda.set_rng_state_all(self.cuda_rng)
+        self.start.restore()
 
     def first_batch(self) -> Any:
-        """The loader's first batch, taken without advancing its generator or torch's RNG."""
-        try:
-            return next(iter(self.loader))
-        finally:
-            self.restore_randomness()
+        """The loader's first batch, taken without advancing its generators or any RNG."""
+        return randomness.first_batch(self.loader)
 
     def copies(self) -> tuple[torch.nn.Module, Any]:
         import copy
@@ -326,8 +311,8 @@ class Lab:
         try:
             model = copy.deepcopy(self.model)
         except Exception as error:
-            raise ValueError(f"measuring copies your model so that it stays untouched, and copy.deepcopy(model) "
-                             f"failed: {type(error).__name__}: {error}") from error
+            raise MeasureError(f"measuring copies your model so that it stays untouched, and copy.deepcopy(model) "
+                               f"failed: {type(error).__name__}: {error}") from error
         if self.optimizer is None:
             return model, None
         return model, rebuild_optimizer(self.optimizer, params=same_params(self.optimizer, self.model, model))
@@ -403,9 +388,19 @@ class Lab:
             order = arms[shift:] + arms[:shift]
             if index % 2:
                 order.reverse()
-            medians = {id(t): self.chunk(t, limit_s=limit) for t in order}
+            medians = {}
+            for trial in order:
+                try:
+                    medians[id(trial)] = self.chunk(trial, limit_s=limit)
+                except Exception as error:  # a plan that breaks later (out of memory, NaN checks): it leaves
+                    if trial is reference:
+                        raise
+                    trial.status, trial.error = "failed", f"{type(error).__name__}: {error}"
+                    arms.remove(trial)
+                    self.retire(trial)
             for key, ratio in ratios.items():
-                ratio.samples.append(medians[key] / medians[id(reference)])
+                if key in medians:
+                    ratio.samples.append(medians[key] / medians[id(reference)])
             decided = all(r.below(x) or r.above(x) for r in ratios.values() for x in thresholds)
             if (index + 1 >= min_rounds and decided) or (index + 1 >= 2 and time.perf_counter() > deadline):
                 break

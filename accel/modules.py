@@ -65,3 +65,11 @@ def shared_copy(module: nn.Module) -> nn.Module:
 def origin(module: nn.Module) -> nn.Module:
     """The user's module a shared copy was made from (the module itself otherwise)."""
     return _ORIGINS.get(module, module)
+
+
+def tied_groups(model: nn.Module) -> list[list[str]]:
+    """Names of the parameters that are one tensor (model.b.weight = model.a.weight), one list per tensor."""
+    groups: dict[int, list[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        groups.setdefault(id(param), []).append(name)
+    return [names for names in groups.values() if len(names) > 1]

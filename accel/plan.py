@@ -42,6 +42,10 @@ def _entries(spec: PlanSpec, problems: list[Problem]) -> list[tuple[str, Any]]:
                                         value=str(spec), allowed="an existing .toml, .yaml or .yml file",
                                         kind="missing"))
                 return []
+            if str(spec) in RESOLVERS:
+                problems.append(Problem("plan", "is chosen by measuring: pass plan='auto' to accel.accelerate(), or "
+                                        "call accel.tune(...) and use its .plan", value=str(spec), kind="unknown"))
+                return []
             known = ", ".join(sorted(REGISTRY))
             problems.append(Problem("plan", f"is neither a plan file nor a plan; a one-accelerator plan is written "
                                     f"[{str(spec)!r}]", value=str(spec), allowed=f"a .toml/.yaml path, or a list of: {known}",

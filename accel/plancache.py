@@ -45,20 +45,34 @@ def _model(model: torch.nn.Module) -> str:
     return digest.hexdigest()[:16]
 
 
+def function_key(fn: Any) -> str:
+    """Where a function comes from and a digest of its code: two different lambdas are two keys."""
+    import functools
+
+    if isinstance(fn, functools.partial):
+        return f"partial({function_key(fn.func)}, {len(fn.args)} args, {sorted(fn.keywords)})"
+    code = getattr(fn, "__code__", None)
+    digest = hashlib.sha256(code.co_code + repr(code.co_consts).encode()).hexdigest()[:12] if code else ""
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__name__)} {digest}".strip()
+
+
 def key_parts(model, optimizer, batch, device, hardware, settings: dict, step) -> dict[str, Any]:
-    """The facts that decide tune's answer, readable (``accel cache list`` shows them)."""
+    """The facts that decide tune's answer, readable (``accel cache list`` shows them).
+
+    The device counts by type (rank 3's cuda:3 takes what a single process measured on cuda:0); the thread count
+    by the cores it comes from (a launcher sets OMP_NUM_THREADS per rank; the threads accelerator decides).
+    """
     import accel
 
     flags = {k: v for k, v in sorted(optimizer.defaults.items()) if isinstance(v, (bool, str)) or v is None}
-    functions = {name: getattr(fn, "__qualname__", repr(fn)) for name, fn in
+    functions = {name: function_key(fn) for name, fn in
                  (("step_fn", step.step_fn), ("loss_fn", step.loss_fn), ("split", step.split)) if fn is not None}
     return {
         "model": f"{type(model).__qualname__} {_model(model)}",
         "batch": _structure(batch),
         "optimizer": f"{type(optimizer).__name__} {flags} {len(optimizer.param_groups)} group(s)",
-        "device": str(device),
+        "device": torch.device(device).type,
         "cpu": f"{hardware.cpu_model} [{','.join(hardware.isa)}] {hardware.physical_cores} cores",
-        "threads": torch.get_num_threads(),
         "versions": f"torch {torch.__version__}, accel {accel.__version__}",
         "accelerators": sorted(REGISTRY),
         "settings": {k: v for k, v in settings.items() if k not in ("budget_s", "steps")},
@@ -81,10 +95,15 @@ def lookup(parts: dict[str, Any], where: Any = True) -> dict[str, Any] | None:
 
 
 def store(parts: dict[str, Any], result: dict[str, Any], where: Any = True) -> str:
-    """Remember a choice (TuneResult.to_dict()); returns its key. A cache that cannot be written is said, not fatal."""
+    """Remember a choice (TuneResult.to_dict()); returns its key, or "" when it is not kept: a plan holding
+    tensors or functions (it would not come back as it was) or a cache that cannot be written (said)."""
     import warnings
 
     key = key_of(parts)
+    try:
+        json.dumps(result["plan"])
+    except (TypeError, ValueError):
+        return ""
     folder = cache_dir(where)
     try:
         folder.mkdir(parents=True, exist_ok=True)

@@ -25,6 +25,7 @@ from accel.accelerator import Accelerator
 from accel.checkpoint import load as load_checkpoint
 from accel.checkpoint import save as save_checkpoint
 from accel.context import Context
+from accel.loaders import release_workers
 from accel.modules import origin
 from accel.report import Report
 
@@ -57,6 +58,18 @@ def map_tensors(fn: Callable[[torch.Tensor], Any], batch: Any) -> Any:
         fields = {f.name: map_tensors(fn, getattr(batch, f.name)) for f in dataclasses.fields(batch) if f.init}
         return dataclasses.replace(batch, **fields)
     return batch
+
+
+def describe_batch(batch: Any) -> str:
+    """'a dict with keys ['image', 'label']' / 'a tuple of [Tensor, Tensor]' / 'a Tensor of shape (16, 3, 8, 8)':
+    what a batch is, for the messages that say what was expected instead."""
+    if isinstance(batch, torch.Tensor):
+        return f"a Tensor of shape {tuple(batch.shape)}"
+    if isinstance(batch, Mapping) or hasattr(batch, "keys"):
+        return f"a {type(batch).__name__} with keys {list(batch.keys())}"
+    if isinstance(batch, (list, tuple)):
+        return f"a {type(batch).__name__} of {[type(item).__name__ for item in batch]}"
+    return f"a {type(batch).__name__}"
 
 
 def move(batch: Any, device: torch.device, non_blocking: bool = False, transforms=()) -> Any:
@@ -122,6 +135,7 @@ class Run:
         self.accelerators = list(accelerators)  # the applied ones, in plan order, each with its own state
         self.loader = (DeviceLoader(ctx.loader, ctx.device, ctx.decisions.non_blocking, ctx.batch_transforms)
                        if ctx.loader is not None else None)
+        self._user_loader = ctx.user_loader
         self.steps = 0  # run.step() calls (one per batch), restored by run.load
         self.optimizer_steps = 0  # steps the optimizer really took (not skipped, not accumulating)
         self._autocasts = [a for a in self.accelerators if a.overrides("autocast")]
@@ -160,14 +174,16 @@ class Run:
 
     def autocast(self) -> contextlib.AbstractContextManager:
         """The contexts the plan chose for the forward pass and the loss (a no-op when none did)."""
-        if not self._autocasts:
-            return contextlib.nullcontext()
-        stack = contextlib.ExitStack()
-        for accelerator in self._autocasts:
-            context = accelerator.autocast(self)
-            if context is not None:
-                stack.enter_context(context)
-        return stack
+        return self._entered() if self._autocasts else contextlib.nullcontext()
+
+    @contextlib.contextmanager
+    def _entered(self) -> Iterator[None]:
+        with contextlib.ExitStack() as stack:  # entered at `with`; one that fails exits those before it
+            for accelerator in self._autocasts:
+                context = accelerator.autocast(self)
+                if context is not None:
+                    stack.enter_context(context)
+            yield
 
     def backward(self, loss: torch.Tensor) -> None:
         """loss.backward(), through the plan's hooks (loss scaling, accumulation)."""
@@ -226,5 +242,8 @@ class Run:
         return load_checkpoint(self, path)
 
     def close(self) -> None:
-        """Put the process back as it was before accelerate(): threads, affinity, environment, backend flags."""
+        """Put the process back as it was before accelerate() (threads, affinity, environment, backend flags, a
+        process group accel started) and stop the workers of a loader the run rebuilt."""
+        if self.loader is not None and self.loader.loader is not self._user_loader:
+            release_workers(self.loader.loader)
         self.journal.rollback()

@@ -19,7 +19,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import accel
-from accel.testing import BookCNN
+from accel.book import BookCNN
 
 
 def make_model(name: str) -> nn.Module:

@@ -8,7 +8,6 @@ call with an empty plan, which is the plain PyTorch loop (nothing is wrapped or 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import socket
@@ -26,6 +25,7 @@ from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 import accel  # noqa: E402
 from accel.book import BookCNN, cifar_shaped, digits_datasets  # noqa: E402
+from accel.testing import process_state_restored  # noqa: E402
 
 RESULT_MARK = "EXAMPLE-RESULT "  # a child process prints its result as one JSON line after this mark
 
@@ -98,17 +98,9 @@ def train(model: nn.Module, loader, plan, epochs: int = 1, lr: float = 0.003, te
     return result
 
 
-@contextlib.contextmanager
 def isolated():
     """Put back the thread count, CPU affinity and environment an accelerator (threads) changes, between variants."""
-    threads, environ, affinity = torch.get_num_threads(), dict(os.environ), os.sched_getaffinity(0)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
-        os.environ.clear()
-        os.environ.update(environ)
-        os.sched_setaffinity(0, affinity)
+    return process_state_restored()
 
 
 def parser(description: str) -> argparse.ArgumentParser:

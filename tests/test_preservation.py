@@ -64,7 +64,8 @@ def test_workers_are_never_added_to_a_stream_that_does_not_shard_itself():
                          device="cpu")
     torch.set_num_threads(1)  # a spare CPU: auto would add a worker to a map-style dataset, not to this stream
     run = accel.accelerate(tiny_model(), None, DataLoader(Stream(), batch_size=16), ["loader"], device="cpu")
-    assert run.decisions.workers == 0 and "does not shard its stream" in run.decisions.why["workers"]
+    row = run.report.row("loader")
+    assert row.status == "skipped" and "num_workers=0: kept: this IterableDataset does not shard" in row.reason
     assert sum(len(x) for x, _ in run.loader) == 48  # every sample once
 
 

@@ -1,6 +1,5 @@
 """grad_accumulation, grad_clipping and activation_checkpointing: each alone, against the loop written by hand."""
 import copy
-import os
 import socket
 
 import pytest

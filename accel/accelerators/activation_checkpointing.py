@@ -63,7 +63,7 @@ def checkpointed(module: nn.Module, preserve_rng_state: bool):
     forward = module.forward
 
     def run(*args, **kwargs):
-        if not torch.is_grad_enabled():
+        if not (torch.is_grad_enabled() and module.training):  # eval or no_grad: nothing to keep for backward
             return forward(*args, **kwargs)
         buffers = list(module.buffers())
         calls = [0]

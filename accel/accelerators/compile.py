@@ -27,12 +27,15 @@ from accel.modules import compiled
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
+def has_compiler() -> bool:
+    """inductor on a CPU writes C++: a compiler must be on PATH."""
+    return any(shutil.which(c) for c in ("g++", "c++", "clang++"))
+
+
 def available_backends() -> list[str]:
     import torch._dynamo
 
     return sorted(torch._dynamo.list_backends(exclude_tags=()))
-
-
 
 
 @register
@@ -53,8 +56,7 @@ class Compile(Accelerator):
 
     @classmethod
     def candidates(cls, hardware, model, optimizer=None, loader=None):
-        compiler = any(shutil.which(c) for c in ("g++", "c++", "clang++")) or hardware.devices.keys() - {"cpu"}
-        return [{}] if compiler and not compiled(model) else []
+        return [{}] if (has_compiler() or hardware.devices.keys() - {"cpu"}) and not compiled(model) else []
 
     def check(self, ctx):
         problems = []
@@ -73,8 +75,7 @@ class Compile(Accelerator):
         elif self.backend not in available_backends() + list(PACKAGE_BACKENDS):
             problems.append(Problem(self.name, "unknown compile backend", field="backend", value=self.backend,
                                     allowed=", ".join(available_backends() + list(PACKAGE_BACKENDS)), kind="missing"))
-        if (self.backend == "inductor" and ctx.device.type == "cpu"
-                and not any(shutil.which(c) for c in ("g++", "c++", "clang++"))):
+        if self.backend == "inductor" and ctx.device.type == "cpu" and not has_compiler():
             problems.append(Problem(self.name, "inductor on CPU needs a C++ compiler (g++ or clang++) on PATH",
                                     field="backend", value="inductor", kind="missing"))
         return problems

@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 
 from accel.accelerator import SAME_MATH, Accelerator, Stage, register
-from accel.errors import Problem, Skip
+from accel.errors import Skip
 from accel.optim import describe_optimizer, rebuild_optimizer
 
 FUSABLE = (torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD, torch.optim.Adagrad)
@@ -49,6 +49,7 @@ def fused_problem(optimizer: torch.optim.Optimizer) -> str | None:
 class FusedOptimizer(Accelerator):
     name = "fused_optimizer"
     stage = Stage.KERNELS  # after surgery, which rebuilds the optimizer on the new parameters
+    needs = ("optimizer",)
     provides = ("optimizer.update",)
     conflicts = ("optimizer.update",)
     keeps = SAME_MATH
@@ -56,12 +57,6 @@ class FusedOptimizer(Accelerator):
     @classmethod
     def candidates(cls, hardware, model, optimizer=None, loader=None):
         return [{}] if optimizer is not None and not optimizer.defaults.get("fused") and not fused_problem(optimizer) else []
-
-    def check(self, ctx):
-        if ctx.optimizer is None:
-            return [Problem(self.name, "needs the optimizer: pass one to accel.accelerate(model, optimizer, ...)",
-                            kind="missing")]
-        return []
 
     def apply(self, ctx):
         optimizer = ctx.optimizer

@@ -5,7 +5,8 @@ What it does: ``run.backward`` divides each micro-batch's loss by N, so the N gr
 ("not stepped") on the others, so a learning-rate scheduler steps with the optimizer. Under DDP, the forward
 passes of the first N-1 micro-batches run inside DDP's ``no_sync`` (entered by ``run.autocast()``, as in the
 README loop), so gradients are all-reduced once per optimizer step. ``run.save`` keeps the micro-step and
-the gradients accumulated so far: a run resumed mid-accumulation continues exactly.
+the gradients accumulated so far, each rank's own (they differ under no_sync): a run resumed mid-accumulation
+continues exactly.
 
 When it helps: the batch you want does not fit in memory, or an all-reduce per batch costs too much.
 It does not make a step faster by itself: the same work, fewer optimizer updates.
@@ -20,7 +21,7 @@ from __future__ import annotations
 import contextlib
 
 from accel.accelerator import Accelerator, Keeps, Option, Stage, at_least, register
-from accel.errors import Problem, Skip
+from accel.errors import Skip
 
 
 def no_sync(run) -> contextlib.AbstractContextManager:
@@ -34,21 +35,18 @@ def no_sync(run) -> contextlib.AbstractContextManager:
 @register
 class GradAccumulation(Accelerator):
     name = "grad_accumulation"
+    example = {"steps": 2}
     stage = Stage.STEP
+    needs = ("optimizer",)
     provides = ("step.schedule",)
     keeps = Keeps("changed", note="one optimizer step every N batches, on the mean of their gradients")
+    state_per_rank = True  # under DDP's no_sync each rank accumulates its own gradients
     options = {"steps": Option(1, (int,), check=at_least(1), help="micro-batches per optimizer step")}
 
     def decide(self, ctx):
         if self.steps == 1:
             raise Skip("steps=1: every batch steps the optimizer; give steps >= 2 to accumulate")
         ctx.decide("accumulation_steps", self.steps, "asked for")
-
-    def check(self, ctx):
-        if ctx.optimizer is None:
-            return [Problem(self.name, "needs the optimizer: pass one to accel.accelerate(model, optimizer, ...)",
-                            kind="missing")]
-        return []
 
     def apply(self, ctx):
         self.micro = 0  # micro-batches since the last optimizer step
@@ -86,6 +84,3 @@ class GradAccumulation(Accelerator):
         self.micro = micro
         for name, param in self.params.items():
             param.grad = grads[name].to(param.device, param.dtype).clone() if name in grads else None
-        if not grads:
-            for param in self.params.values():
-                param.grad = None

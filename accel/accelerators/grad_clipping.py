@@ -28,7 +28,9 @@ def norm_type_problem(value) -> str | None:
 @register
 class GradClipping(Accelerator):
     name = "grad_clipping"
+    example = {"max_norm": 1.0}
     stage = Stage.STEP
+    needs = ("optimizer",)
     provides = ("gradients.clip",)
     after = ("step.schedule",)  # clip the accumulated gradient, once per optimizer step
     keeps = Keeps("changed", note="gradients above max_norm scaled down to it (or clamped to +-value)")
@@ -46,9 +48,6 @@ class GradClipping(Accelerator):
             problems.append(Problem(self.name, "give max_norm (clip the total norm) or value (clamp each gradient), "
                                     "one of them", field="max_norm", value=self.max_norm,
                                     allowed="max_norm=1.0, or value=0.5"))
-        if ctx.optimizer is None:
-            problems.append(Problem(self.name, "needs the optimizer (it clips the optimizer's parameters)",
-                                    kind="missing"))
         return problems
 
     def apply(self, ctx):

@@ -38,6 +38,7 @@ class Ipex(Accelerator):
     provides = ("model.kernels", "optimizer.update")
     conflicts = ("optimizer.update",)
     after = ("model.layout",)
+    needs = ("optimizer",)
     keeps = SAME_MATH
 
     @classmethod
@@ -64,10 +65,7 @@ class Ipex(Accelerator):
         if ctx.device.type not in ("cpu", "xpu"):
             problems.append(Problem(self.name, "IPEX optimizes for Intel CPUs and GPUs only", field="device",
                                     value=str(ctx.device), allowed="cpu, xpu", kind="missing"))
-        if ctx.optimizer is None:
-            problems.append(Problem(self.name, "ipex.optimize for training needs the optimizer: pass one to "
-                                    "accel.accelerate(model, optimizer, ...)", kind="missing"))
-        elif foreign_tensors(ctx.optimizer, ctx.model):
+        if ctx.optimizer is not None and foreign_tensors(ctx.optimizer, ctx.model):
             problems.append(Problem(self.name, "the optimizer trains tensors that are not parameters of the model "
                                     f"(param group, shape: {foreign_tensors(ctx.optimizer, ctx.model)}); "
                                     "ipex.optimize rebuilds the optimizer on the model's parameters and would drop "

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import warnings
 
+import torch
 from torch.utils.data import IterableDataset
 
 from accel.accelerator import Accelerator, Option, Stage, at_least, register
@@ -32,6 +33,7 @@ class Loader(Accelerator):
 
     name = "loader"
     stage = Stage.DATA
+    needs = ("loader",)
     provides = ("data.loader",)
     options = {
         "num_workers": Option("auto", (str, int), choices=("auto",), check=at_least(0),
@@ -50,25 +52,21 @@ class Loader(Accelerator):
 
     def decide(self, ctx):
         loader = ctx.loader
-        if loader is None:
-            return  # check() says it is missing
         why = rebuild_problem(loader)
         if why:
             raise Skip(f"left as it was: {why}")
         stream = isinstance(loader.dataset, IterableDataset) and not shards_by_worker(loader.dataset)
-        threads = ctx.decisions.threads
-        if threads is None:
-            import torch
-
-            threads = torch.get_num_threads()
-        allowed = len(ctx.hardware.cpus_allowed)
+        threads = ctx.decisions.threads or torch.get_num_threads()
+        ranks = ctx.decisions.launch.local_world_size if ctx.decisions.launch else 1
+        allowed = len(ctx.hardware.cpus_allowed) // ranks  # this rank's share of the CPUs
         if self.num_workers != "auto":
             workers, why = self.num_workers, "asked for"
         elif stream:
             workers, why = loader.num_workers, ("kept: this IterableDataset does not shard its stream by worker, "
                                                 "so every worker would repeat every sample")
         else:
-            workers, why = max(0, allowed - threads), f"{allowed} CPUs - {threads} compute threads"
+            share = f"this rank's {allowed} of {len(ctx.hardware.cpus_allowed)} CPUs" if ranks > 1 else f"{allowed} CPUs"
+            workers, why = max(0, allowed - threads), f"{share} - {threads} compute threads"
         self.stream = stream
         ctx.decide("workers", workers, why)
         accelerator_device = is_accelerator(ctx.device)
@@ -77,8 +75,6 @@ class Loader(Accelerator):
                    "pinned memory" if pin else "no pinned memory")
 
     def check(self, ctx):
-        if ctx.loader is None:
-            return [Problem(self.name, "needs a loader: pass a DataLoader to accelerate()", kind="conflict")]
         if self.stream and ctx.decisions.workers > ctx.loader.num_workers:
             return [Problem(self.name, "this IterableDataset does not shard its stream by worker: every worker "
                             "would yield every sample", field="num_workers", value=self.num_workers,
@@ -111,8 +107,8 @@ class Loader(Accelerator):
             changes["prefetch_factor"] = prefetch
         changes["non_blocking"] = decisions.non_blocking
         if (workers, pin, persistent, prefetch) == settings(loader) and not decisions.non_blocking:
-            raise Skip(f"the loader already has these settings (num_workers={workers}, pin_memory={pin}); "
-                       "nothing to change")
+            raise Skip(f"the loader already has these settings (num_workers={workers}: {decisions.why['workers']}; "
+                       f"pin_memory={pin}); nothing to change")
         ctx.loader = rebuild_loader(loader, num_workers=workers, pin_memory=pin, persistent_workers=persistent,
                                     prefetch_factor=prefetch)
         return changes

@@ -35,10 +35,12 @@ import torch
 from torch import nn
 
 from accel.accelerator import Accelerator, Keeps, Option, Stage, at_least, register
-from accel.checkpoint import rng_state, set_rng_state
 from accel.errors import Problem
 from accel.optim import copy_with_optimizer, describe_optimizer, init_kwargs, rebuild_optimizer, same_params
-from accel.run import map_tensors, move
+from accel import randomness
+from accel.randomness import first_batch
+from accel.modules import tied_groups
+from accel.run import describe_batch, map_tensors, move
 
 PRUNERS = {"l1": "L1NormPruner", "l2": "L2NormPruner", "fpgm": "FPGMPruner", "taylor": "TaylorPruner"}
 QUIET = logging.getLogger("accel.prune.nni")  # ModelSpeedup logs every node at INFO by default
@@ -221,14 +223,6 @@ def reshaped(graph: torch.fx.GraphModule, pruned: set[str]) -> dict[str, str]:
     return found
 
 
-def tied_groups(model: nn.Module) -> list[list[str]]:
-    """Names of the parameters that are one tensor (model.b.weight = model.a.weight), one list per tensor."""
-    groups: dict[int, list[str]] = {}
-    for name, param in model.named_parameters(remove_duplicate=False):
-        groups.setdefault(id(param), []).append(name)
-    return [names for names in groups.values() if len(names) > 1]
-
-
 def keep_outputs(config_list: list[dict], model: nn.Module, graph: torch.fx.GraphModule) -> tuple[list[dict],
                                                                                                     list[str]]:
     """The config list with the layers producing the model's output excluded (unless a config names them in
@@ -266,14 +260,6 @@ def structure_problems(config_list: list[dict], model: nn.Module, graph: torch.f
     return found
 
 
-def describe(batch: Any) -> str:
-    if isinstance(batch, Mapping):
-        return f"a {type(batch).__name__} with keys {list(batch)}"
-    if isinstance(batch, (list, tuple)):
-        return f"a {type(batch).__name__} of {[type(item).__name__ for item in batch]}"
-    return f"a {type(batch).__name__}"
-
-
 def model_input(batch: Any) -> torch.Tensor | None:
     """The model's input in a batch: the batch itself when it is a tensor, or the first item of an (inputs, ...)
     tuple or list; None for anything else (a dict of a tokenizer, say), which needs a dummy_input."""
@@ -287,31 +273,6 @@ def model_input(batch: Any) -> torch.Tensor | None:
 def trainable_batch(batch: Any) -> bool:
     """Warm-up and Taylor steps compute loss_fn(model(batch[0]), batch[1])."""
     return isinstance(batch, (list, tuple)) and len(batch) >= 2 and isinstance(batch[0], torch.Tensor)
-
-
-@contextlib.contextmanager
-def loader_kept(loader: Any):
-    """Random states and the loader as they were on entry: iterating a DataLoader draws a seed from its generator
-    (or torch's global RNG when it has none) and, with persistent workers, keeps its iterator; NNI draws random
-    probes. The training loop must see none of it."""
-    generators = {id(g): g for g in (getattr(loader, "generator", None),
-                                     getattr(getattr(loader, "sampler", None), "generator", None))
-                  if isinstance(g, torch.Generator)}
-    saved = rng_state(), [(g, g.get_state()) for g in generators.values()], getattr(loader, "_iterator", None)
-    try:
-        yield
-    finally:
-        set_rng_state(saved[0])
-        for generator, state in saved[1]:
-            generator.set_state(state)
-        if hasattr(loader, "_iterator"):
-            loader._iterator = saved[2]
-
-
-def first_batch(loader: Any) -> Any:
-    """The loader's first batch (None if it has none), leaving the loader and the random states as they were."""
-    with loader_kept(loader):
-        return next(iter(loader), None)
 
 
 @contextlib.contextmanager
@@ -441,12 +402,12 @@ class Prune(Accelerator):
             return [Problem(self.name, "the loader yields no batch", field="dummy_input" if not trains else trains[0])]
         problems = []
         if self.dummy_input is None and model_input(batch) is None:
-            problems.append(Problem(self.name, f"the loader's batches are {describe(batch)}, not a tensor or an "
+            problems.append(Problem(self.name, f"the loader's batches are {describe_batch(batch)}, not a tensor or an "
                                     "(inputs, ...) tuple: pass the model's input as dummy_input=...",
                                     field="dummy_input"))
         for field in trains if not trainable_batch(batch) else ():
             problems.append(Problem(self.name, f"trains with loss_fn(model(batch[0]), batch[1]), but the loader's "
-                                    f"batches are {describe(batch)}: use a loader of (inputs, targets) batches, or "
+                                    f"batches are {describe_batch(batch)}: use a loader of (inputs, targets) batches, or "
                                     "no warm-up and a pruner that does not train (l1, l2, fpgm)", field=field,
                                     value=getattr(self, field)))
         return problems
@@ -457,7 +418,7 @@ class Prune(Accelerator):
         model = copy.deepcopy(ctx.model).eval()
         device = next(model.parameters(), torch.empty(0)).device
         try:
-            with loader_kept(None):
+            with randomness.kept(None):
                 output_shapes(model, move(dummy, device, False))
         except Exception as error:
             what = "the dummy_input" if self.dummy_input is not None else "the first item of the loader's batches"
@@ -478,7 +439,7 @@ class Prune(Accelerator):
 
         changes: dict[str, Any] = {"pruner": PRUNERS[self.pruner], "parameters_before": count(user_model)}
         modes = {name: module.training for name, module in model.named_modules()}  # a frozen BatchNorm's eval
-        with loader_kept(ctx.loader), foreign_kept(optimizer, model), nni_quiet():
+        with randomness.kept(ctx.loader), foreign_kept(optimizer, model), nni_quiet():
             if self.warmup_steps:
                 self._train(model, optimizer, ctx, loss_of, self.warmup_steps)
                 changes["warmup_steps"] = self.warmup_steps

@@ -71,11 +71,11 @@ class Threads(Accelerator):
             warnings.warn(f"{threads} threads on {len(ctx.hardware.cpus_allowed)} allowed CPUs oversubscribe the cores",
                           stacklevel=2)
         journal.set_threads(threads)
-        if self.interop_threads is not None:
+        if self.interop_threads is not None:  # torch takes it once per process and cannot give it back
             try:
-                journal.change(f"inter-op threads {self.interop_threads}",
-                               lambda: torch.set_num_interop_threads(self.interop_threads), lambda: None)
-                changes["interop_threads"] = self.interop_threads
+                torch.set_num_interop_threads(self.interop_threads)
+                changes["interop_threads"] = f"{self.interop_threads} (for the rest of the process: run.close() " \
+                                             "cannot undo it)"
             except RuntimeError:
                 changes["interop_threads"] = "unchanged (set once per process, before any parallel work)"
         launch = decisions.launch
@@ -83,8 +83,8 @@ class Threads(Accelerator):
             local = f"{launch.local_rank}/{launch.local_world_size}" if launch else "0/1"
             changes["rank_cores"] = f"local rank {local} -> cpus {format_cpu_list(cpus)} ({self.source})"
         if self.affinity:
-            journal.set_affinity(cpus)
-            changes["affinity"] = format_cpu_list(cpus)
+            pinned = journal.set_affinity(cpus)
+            changes["affinity"] = format_cpu_list(cpus) if pinned else "not set: this OS offers no CPU affinity"
         runtime = loaded_openmp()
         changes["openmp"] = runtime
         if self.export_env:

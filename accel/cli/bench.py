@@ -21,11 +21,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--rounds", type=positive, default=3,
                         help="interleaved rounds: every plan measured once per round, in turn (default 3)")
     parser.add_argument("--steps", type=positive, default=None,
-                        help="timed steps per plan and round (default: about 0.3 s worth, at least 1)")
+                        help="timed steps per plan and round (default: about 0.5 s worth, at least 1)")
     parser.add_argument("--warmup", type=positive, default=2, help="first steps of each plan, timed apart")
     parser.add_argument("--tune-budget", type=float, default=None,
                         help="seconds the 'auto' search may take per model (default: tune's, which grows with the "
-                             "model's step time: the larger of 90 s and 60 steps)")
+                             "model's step time: the larger of 90 s and 100 steps)")
     parser.add_argument("--expected-steps", type=positive, default=None,
                         help="the run length 'auto' optimises for, warm-up included (default: steady steps)")
     parser.add_argument("--optimizer", choices=("adam", "sgd"), default="adam")

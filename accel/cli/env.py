@@ -39,7 +39,7 @@ def accelerator_availability(hardware=None) -> dict[str, dict[str, Any]]:
         entry: dict[str, Any] = {"stage": cls.stage.name.lower(),
                                  "requires": {pkg: package_version(pkg) for pkg in cls.requires}}
         try:
-            _, _, skips = prepare(*tiny_objects(), plan=[cls()], device="cpu")
+            _, _, skips = prepare(*tiny_objects(), plan=[cls(**cls.example)], device="cpu")
             entry["available"] = True
             entry["reason"] = (f"would be skipped here: {skips[name]}" if name in skips
                                else "its checks pass on cpu with a tiny model")

@@ -5,7 +5,7 @@ accel's own tests use these; so can tests of a user's custom accelerator:
     with accel.testing.process_state_restored():
         result = accel.testing.apply_one(MyAccelerator(level=2))
     assert result.row.status == "applied"
-    print(result.changed)   # e.g. ['model.conv.weight: memory format channels_last']
+    print(result.changed)   # e.g. ['model: a different object', 'optimizer: changed']
 """
 from __future__ import annotations
 

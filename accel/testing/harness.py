@@ -29,6 +29,8 @@ import torch
 from accel.accelerator import EXACT, Keeps
 from accel.core import accelerate
 from accel.errors import AccelerateError, PlanError
+from accel.loaders import release_workers
+from accel.modules import tied_groups
 from accel.measure import TrainStep, endless
 from accel.run import Run, map_tensors
 from accel.testing.snapshots import snapshot
@@ -71,11 +73,8 @@ def structure(output: Any) -> str:
 
 
 def ties(model: torch.nn.Module) -> list[tuple[str, ...]]:
-    """Groups of parameter names that are one tensor."""
-    groups: dict[int, list[str]] = {}
-    for name, param in model.named_parameters(remove_duplicate=False):
-        groups.setdefault(id(param), []).append(name)
-    return sorted(tuple(names) for names in groups.values() if len(names) > 1)
+    """Groups of parameter names that are one tensor, in a fixed order."""
+    return sorted(tuple(names) for names in tied_groups(model))
 
 
 TORCH_SETS_ON_IMPORT = ("KMP_INIT_AT_FORK", "KMP_DUPLICATE_LIB_OK", "TORCHINDUCTOR_", "_TORCHINDUCTOR_")  # torch's
@@ -232,16 +231,6 @@ class Equivalence:
         return "\n".join(lines)
 
 
-def release_workers(loader: Any) -> None:
-    """Stop a DataLoader's persistent worker processes now (not whenever the garbage collector runs, maybe in a
-    process forked later, which cannot stop them)."""
-    loader = getattr(loader, "loader", loader)
-    iterator = getattr(loader, "_iterator", None)
-    if iterator is not None and hasattr(iterator, "_shutdown_workers"):
-        iterator._shutdown_workers()
-        loader._iterator = None
-
-
 def check_equivalence(plan: Any, build: Callable[[], Setup], steps: int = 3, seed: int = 0,
                       device: Any = "cpu") -> Equivalence:
     """Train `steps` batches of build()'s objects plainly and through the plan; return what differs.
@@ -273,7 +262,6 @@ def check_equivalence(plan: Any, build: Callable[[], Setup], steps: int = 3, see
         accelerated = train(run, setup, steps, seed)
     finally:
         run.close()
-        release_workers(run.loader)
         release_workers(setup.loader)
     result.process_changed = process_state() != process
     result.differences = compare(expected, accelerated, result.keeps)

@@ -9,6 +9,24 @@ import torch
 from torch import nn
 
 
+class OptimizerState:
+    """An optimizer's state, compared tensor by tensor (repr() would summarise large tensors)."""
+
+    def __init__(self, state: dict):
+        self.state = state
+
+    def __eq__(self, other: object) -> bool:
+        def same(a, b):
+            if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+                return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape \
+                    and torch.equal(a, b)
+            if isinstance(a, dict) and isinstance(b, dict):
+                return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+            return a == b
+
+        return isinstance(other, OptimizerState) and same(self.state, other.state)
+
+
 @dataclass
 class Snapshot:
     """What can be compared of a model, optimizer and loader, taken without changing them."""
@@ -71,7 +89,7 @@ def snapshot(model: nn.Module, optimizer: torch.optim.Optimizer | None = None, l
         opt = (type(optimizer).__name__,
                [{k: v for k, v in g.items() if k != "params"} | {"params": [id(p) for p in g["params"]]}
                 for g in optimizer.param_groups],
-               repr(copy.deepcopy(optimizer.state_dict()["state"])))
+               OptimizerState(copy.deepcopy(optimizer.state_dict()["state"])))
     loader_attrs = {}
     if loader is not None:
         loader_attrs = {k: getattr(loader, k, None) for k in
