@@ -6,6 +6,7 @@ import socket
 
 import pytest
 import torch
+import torch._dynamo
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -47,6 +48,19 @@ def plans(names, required=()):
                                                      for n in [*required, *chosen]]))
 
 
+def equivalence(plan, case, steps):
+    """One zoo case; plans that compile start from an empty dynamo cache.
+
+    A run compiles one model; this test compiles hundreds of instances of one class in one process. On torch 2.8,
+    once that class's forward passed dynamo's recompile limit (8), a later compiled instance trained differently
+    from eager (the same first loss, 0.3% off by the third step; reproduced, and gone with a larger limit or a
+    reset: dynamo then compiles the inner frames one by one, pytorch/pytorch#128954). torch 2.15 never showed it.
+    """
+    if any("compile" in entry for entry in plan):
+        torch._dynamo.reset()
+    return check_equivalence(list(plan), case.build, steps=steps)
+
+
 def expect_kept(result, case, plan):
     assert result.failed is None, f"{case}\n{result}"
     assert not result.objects_changed and not result.process_changed, f"{case}\n{result}"
@@ -60,7 +74,7 @@ def test_every_built_in_accelerator_is_in_the_zoo_run():
 @settings(max_examples=int(os.environ.get("ACCEL_ZOO_EXAMPLES", 1000)), **SLOW)
 @given(case=cases, plan=plans(COMMON))
 def test_plans_of_up_to_three_train_what_the_plain_loop_trains(case, plan):
-    result = check_equivalence(list(plan), case.build, steps=3)
+    result = equivalence(plan, case, steps=3)
     assert result.refused is None, f"{case}\n{result}"
     expect_kept(result, case, plan)
 
@@ -72,7 +86,7 @@ PRUNE_REFUSES = ("dummy_input", "tied", "cannot run", "torch.fx cannot trace", "
 @settings(max_examples=40, **SLOW)
 @given(case=cases, plan=plans(COMMON, required=("prune",)))
 def test_prune_with_up_to_two_others_keeps_every_promise_but_the_structure_it_removes(case, plan):
-    result = check_equivalence(list(plan), case.build, steps=2)
+    result = equivalence(plan, case, steps=2)
     if result.refused:  # refused up front, for a reason it names, the objects untouched
         assert any(reason in result.refused for reason in PRUNE_REFUSES), result.refused
     else:
@@ -105,7 +119,7 @@ def one_rank_group():
 @settings(max_examples=40, **SLOW)
 @given(case=cases, plan=plans(COMMON, required=("ddp",)))
 def test_ddp_in_a_launched_job_with_up_to_two_others(one_rank_group, case, plan):
-    result = check_equivalence(list(plan), case.build, steps=3)
+    result = equivalence(plan, case, steps=3)
     assert result.refused is None and "ddp" in result.applied, f"{case}\n{result}"
     expect_kept(result, case, plan)
 
@@ -115,7 +129,7 @@ def test_ddp_in_a_launched_job_with_up_to_two_others(one_rank_group, case, plan)
 @settings(max_examples=20, **SLOW)
 @given(case=cases, plan=plans([n for n in COMMON if n not in ("fused_optimizer", "compile")], required=("ipex",)))
 def test_ipex_with_up_to_two_others(case, plan):
-    result = check_equivalence(list(plan), case.build, steps=2)
+    result = equivalence(plan, case, steps=2)
     if result.refused:  # e.g. an optimizer that trains a tensor beside the model
         assert "not parameters of the model" in result.refused, result.refused
     expect_kept(result, case, plan)

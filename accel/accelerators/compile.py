@@ -12,6 +12,9 @@ resnet18 (1.03x eager on a Zen 3): ``plan="auto"`` with ``expected_steps`` picks
 enough to pay that back.
 
 What it keeps: the same math, in generated kernels (``SAME_MATH``: float sums in another order).
+On torch 2.8, a process that compiled many instances of one model class past dynamo's recompile limit (8)
+trained a later instance differently (loss 0.3% off by the third step; pytorch/pytorch#128954: dynamo then
+compiles the inner frames one by one). One run compiles one model; torch 2.15 never showed it in 1,000 zoo cases.
 """
 from __future__ import annotations
 
