@@ -7,7 +7,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from accel.hardware import (format_cpu_list, ipex_problem, loaded_openmp, parse_cpu_list, probe, resolve_device)
+from accel.hardware import format_cpu_list, loaded_openmp, parse_cpu_list, probe, resolve_device
 
 
 @given(st.sets(st.integers(0, 512), min_size=1))
