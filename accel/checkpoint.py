@@ -26,7 +26,7 @@ import torch
 
 from accel.distributed import barrier, rank, world_size
 from accel.errors import CheckpointError
-from accel.randomness import rng_state, set_rng_state
+from accel.randomness import loader_generators, rng_state, set_rng_state
 
 FORMAT = 2
 CALLABLE = "__callable__"
@@ -108,12 +108,13 @@ def checksum(state: dict[str, Any]) -> str:
 # --- save ----------------------------------------------------------------------------------------------------
 
 def _sampler(run):
+    """The loader's sampler and every generator it draws from (its own, its sampler's, its batch sampler's)."""
     loader = getattr(run.loader, "loader", None)
-    return getattr(loader, "sampler", None), getattr(loader, "generator", None)
+    return getattr(loader, "sampler", None), loader_generators(loader)
 
 
 def state_dict(run) -> dict[str, Any]:
-    sampler, generator = _sampler(run)
+    sampler, generators = _sampler(run)
     return {
         "format": FORMAT,
         "plan": encode_plan(run.plan.to_dict()),
@@ -125,7 +126,7 @@ def state_dict(run) -> dict[str, Any]:
         "optimizer_steps": run.optimizer_steps,
         "epoch": run.loader.epoch if run.loader is not None else 0,
         "sampler": {k: getattr(sampler, k) for k in ("seed", "epoch", "num_replicas") if hasattr(sampler, k)},
-        "loader_generator": generator.get_state() if generator is not None else None,
+        "loader_generators": [g.get_state() for g in generators],
         "world_size": world_size(),
     }
 
@@ -282,11 +283,11 @@ def _restore_counters(run, state: dict) -> None:
     run.steps, run.optimizer_steps = state["step"], state.get("optimizer_steps", state["step"])
     if run.loader is not None:
         run.loader.epoch = state["epoch"]
-    sampler, generator = _sampler(run)
+    sampler, generators = _sampler(run)
     if "seed" in state["sampler"] and hasattr(sampler, "seed"):
         sampler.seed = state["sampler"]["seed"]
-    if generator is not None and state["loader_generator"] is not None:
-        generator.set_state(state["loader_generator"])
+    for generator, saved in zip(generators, state.get("loader_generators", [])):
+        generator.set_state(saved)
     rngs = state["rng"]
     if len(rngs) != world_size():
         warnings.warn(f"checkpoint saved by {len(rngs)} rank(s), loaded by {world_size()}: every rank takes rank 0's "
@@ -295,14 +296,14 @@ def _restore_counters(run, state: dict) -> None:
 
 
 def _snapshot(run) -> dict[str, Any]:
-    sampler, generator = _sampler(run)
+    sampler, generators = _sampler(run)
     return {"model": {k: v.detach().clone() if isinstance(v, torch.Tensor) else copy.deepcopy(v)
                       for k, v in run.unwrap().state_dict().items()},
             "optimizer": copy.deepcopy(run.optimizer.state_dict()) if run.optimizer is not None else None,
             "accelerators": {a.name: copy.deepcopy(a.state_dict()) for a in run.accelerators},
             "counters": (run.steps, run.optimizer_steps, run.loader.epoch if run.loader is not None else None,
                          getattr(sampler, "seed", None)),
-            "generator": generator.get_state() if generator is not None else None, "rng": rng_state()}
+            "generators": [g.get_state() for g in generators], "rng": rng_state()}
 
 
 def _restore(run, backup: dict[str, Any]) -> None:
@@ -314,9 +315,9 @@ def _restore(run, backup: dict[str, Any]) -> None:
     run.steps, run.optimizer_steps, epoch, seed = backup["counters"]
     if run.loader is not None:
         run.loader.epoch = epoch
-    sampler, generator = _sampler(run)
+    sampler, generators = _sampler(run)
     if seed is not None:
         sampler.seed = seed
-    if generator is not None:
-        generator.set_state(backup["generator"])
+    for generator, saved in zip(generators, backup["generators"]):
+        generator.set_state(saved)
     set_rng_state(backup["rng"])

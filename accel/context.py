@@ -101,10 +101,11 @@ class Context:
         by = self.deciding or "accel"
         known = name in Decisions.__dataclass_fields__ and name not in ("extra", "by", "why")
         current = getattr(self.decisions, name) if known else self.decisions.extra.get(name)
-        if name in self.decisions.by and self.decisions.by[name] != by and current != value:
-            self.problems.append(Problem(by, f"decides {name}={value}, but {self.decisions.by[name]} decided "
-                                         f"{current}", field=name, kind="conflict"))
-            return
+        if name in self.decisions.by and self.decisions.by[name] != by:
+            if current != value:
+                self.problems.append(Problem(by, f"decides {name}={value}, but {self.decisions.by[name]} decided "
+                                             f"{current}", field=name, kind="conflict"))
+            return  # the same value: the first to decide keeps it (a later one that skips takes back nothing)
         if known:
             setattr(self.decisions, name, value)
         else:

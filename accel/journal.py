@@ -7,6 +7,7 @@ and switches candidates by undoing one and redoing the other; run.close() puts t
 """
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -50,8 +51,14 @@ class Journal:
         self.active = True
 
     def change(self, what: str, redo: Callable[[], None], undo: Callable[[], None], process: bool = True) -> None:
-        """Make a change now (``redo``) and remember how to take it back (``undo``)."""
-        redo()
+        """Make a change now (``redo``) and remember how to take it back (``undo``). A redo that fails half-way
+        is undone at once, so a rollback never meets a half-made change."""
+        try:
+            redo()
+        except BaseException:
+            with contextlib.suppress(Exception):  # the redo's own error is the one to report
+                undo()
+            raise
         self.entries.append(Entry(what, redo, undo, process))
 
     def setenv(self, key: str, value: str) -> None:
@@ -79,14 +86,24 @@ class Journal:
                     lambda: setattr(obj, name, value), lambda: setattr(obj, name, old))
 
     def move_module(self, module: torch.nn.Module, device: torch.device) -> None:
-        """module.to(device) in place, remembering every tensor it replaced so undo restores them exactly."""
-        saved = [(m, {k: (p, p.data, p.grad) for k, p in m._parameters.items() if p is not None}, dict(m._buffers))
+        """module.to(device) in place, remembering every tensor it replaced so undo restores them exactly.
+
+        torch moves a gradient by assigning its .data (the same object, moved) and may swap in new Parameter
+        objects; so the parameter dicts, each parameter's data and each gradient's data are all kept.
+        """
+        saved = [(m, dict(m._parameters), {k: (p, p.data, p.grad, None if p.grad is None else p.grad.data)
+                                           for k, p in m._parameters.items() if p is not None}, dict(m._buffers))
                  for m in module.modules()]
 
         def undo():
-            for m, params, buffers in saved:
-                for p, data, grad in params.values():
-                    p.data, p.grad = data, grad
+            for m, parameters, params, buffers in saved:
+                m._parameters.update(parameters)
+                for p, data, grad, grad_data in params.values():
+                    if grad is not None:
+                        p.grad = None  # a moved gradient may no longer match the restored data's device/dtype
+                        grad.data = grad_data
+                    p.data = data
+                    p.grad = grad
                 m._buffers.update(buffers)
 
         self.change(f"model to {device}", lambda: module.to(device), undo, process=False)

@@ -8,6 +8,8 @@ user's tensors, tied weights stay tied and frozen ones stay frozen.
 from __future__ import annotations
 
 import copy
+import sys
+import types
 import weakref
 from collections import OrderedDict
 
@@ -22,9 +24,8 @@ HOOK_DICTS = ("_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_al
 
 def compiled(module: nn.Module) -> bool:
     """A torch.compile wrapper (OptimizedModule), whose module tree cannot be copied and hooked."""
-    import torch._dynamo
-
-    return isinstance(module, torch._dynamo.eval_frame.OptimizedModule)
+    dynamo = sys.modules.get("torch._dynamo")  # never imported: nothing can be compiled (and importing costs 1 s)
+    return dynamo is not None and isinstance(module, dynamo.eval_frame.OptimizedModule)
 
 
 def compiled_problem(module: nn.Module) -> str | None:
@@ -59,7 +60,17 @@ def shared_copy(module: nn.Module) -> nn.Module:
 
     clone = copy_one(module)
     _ORIGINS[clone] = _ORIGINS.get(module, module)
+    clone.train = types.MethodType(_train_both, clone)  # run.model.eval() / .train() reach the user's modules too
     return clone
+
+
+def _train_both(self: nn.Module, mode: bool = True) -> nn.Module:
+    """train()/eval() on the run's copy also switches the user's modules: one model, one mode (dropout, BatchNorm
+    statistics). Switch modes through the run's model: the user's own model.eval() does not reach the copy."""
+    user = origin(self)
+    if user is not self:
+        nn.Module.train(user, mode)
+    return nn.Module.train(self, mode)
 
 
 def origin(module: nn.Module) -> nn.Module:

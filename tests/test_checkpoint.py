@@ -110,3 +110,24 @@ def test_a_pruned_model_loads_into_its_pruned_shape(tmp_path):
     for name, tensor in run.unwrap().state_dict().items():
         assert torch.equal(other.unwrap().state_dict()[name], tensor), name
     assert {k: v.shape for k, v in other.unwrap().state_dict().items()} == pruned
+
+
+def test_a_samplers_own_generator_resumes_on_the_same_batches(tmp_path):
+    """A RandomSampler(generator=g) draws from g, not the loader's generator: it is saved and restored too."""
+    def batches(run):
+        return [label.tolist() for _, label in run.loader]
+
+    def build(seed):
+        model = tiny_model(seed)
+        data = tiny_loader(samples=48, batch_size=16).dataset
+        sampler = torch.utils.data.RandomSampler(data, generator=torch.Generator().manual_seed(5))
+        loader = torch.utils.data.DataLoader(data, batch_size=16, sampler=sampler)
+        return accel.accelerate(model, tiny_optimizer(model), loader, plan=[], device="cpu")
+
+    run = build(0)
+    run.save(tmp_path / "ckpt.pt")
+    expected = batches(run)
+    other = build(1)
+    batches(other)  # its sampler's generator moves on
+    other.load(tmp_path / "ckpt.pt")
+    assert batches(other) == expected

@@ -345,3 +345,70 @@ def test_each_built_in_accelerator_file_reads_as_its_card():
             assert part in card, f"{path.name}'s card has no '{part}'"
     for name, cls in REGISTRY.items():
         assert cls.keeps.weights in ("exact", "float", "tolerance", "changed"), name
+
+
+@pytest.mark.parametrize("target", [torch.float64, "meta"], ids=["dtype", "meta"])
+def test_the_journal_puts_a_moved_model_back_with_its_gradients(target):
+    """torch moves a gradient by assigning its .data (and may swap Parameter objects): undo restores all of it."""
+    from accel.journal import Journal
+
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.BatchNorm1d(2))
+    model(torch.randn(4, 3)).sum().backward()
+    before = [(p, p.detach().clone(), p.grad, p.grad.clone()) for p in model.parameters()]
+    journal = Journal()
+    journal.move_module(model, target)
+    journal.rollback()
+    for (param, data, grad, grad_data), now in zip(before, model.parameters()):
+        assert now is param and now.grad is grad
+        assert now.dtype == torch.float32 and now.device.type == "cpu" and torch.equal(now.detach(), data)
+        assert torch.equal(now.grad, grad_data)
+    assert model[1].running_mean.device.type == "cpu"
+
+
+def test_a_change_that_fails_half_way_is_undone_at_once():
+    from accel.journal import Journal
+
+    class Breaks(torch.nn.Module):
+        def _apply(self, fn, recurse=True):
+            raise RuntimeError("out of memory")
+
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), Breaks())
+    journal = Journal()
+    with pytest.raises(RuntimeError, match="out of memory"):
+        journal.move_module(model, torch.float64)
+    assert model[0].weight.dtype == torch.float32 and not journal.entries
+
+
+def test_train_and_eval_on_the_run_reach_the_users_modules():
+    """The run's model is a copy sharing the user's tensors; its mode is the user's mode (dropout, BatchNorm)."""
+    model = torch.nn.Sequential(torch.nn.Conv2d(1, 2, 3), torch.nn.BatchNorm2d(2))
+    run = accel.accelerate(model, torch.optim.SGD(model.parameters(), 0.1), None, ["channels_last"], device="cpu")
+    assert run.model is not model
+    run.model.eval()
+    assert not model.training and not model[1].training
+    statistics = model[1].running_mean.clone()
+    with torch.no_grad():
+        run.unwrap()(torch.randn(4, 1, 5, 5))
+    assert torch.equal(model[1].running_mean, statistics)
+    run.unwrap().train()
+    assert model.training and model[1].training
+
+
+def test_a_skipped_accelerator_keeps_a_decision_another_made_first(registered):
+    @registered
+    class SameThreads(Accelerator):
+        name = "same_threads"
+        stage = Stage.ENVIRONMENT
+        after = ("threads",)
+
+        def decide(self, ctx):
+            ctx.decide("threads", ctx.decisions.threads, "the same")
+            raise Skip("stands aside")
+
+        def apply(self, ctx):
+            return {}
+
+    model = tiny_model()
+    run = accel.accelerate(model, tiny_optimizer(model), tiny_loader(), ["threads", "same_threads"], device="cpu")
+    assert run.report.row("threads").status == "applied" and run.report.row("same_threads").status == "skipped"
+    run.close()

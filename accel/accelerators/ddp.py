@@ -117,6 +117,9 @@ class DDP(Accelerator):
         if backend == "ccl":
             import oneccl_bindings_for_pytorch  # noqa: F401  (registers the ccl backend)
         if not torch.distributed.is_initialized():
+            for key, value in ctx.decisions.launch.to_env().items():  # the launcher's variables, as env:// reads
+                if key not in os.environ:  # them, journaled so a failed plan and run.close() take them back
+                    ctx.journal.setenv(key, value)
             ctx.journal.change(f"process group ({backend})", lambda: init_process_group(backend, self.timeout_s),
                                torch.distributed.destroy_process_group)
         launch = ctx.decisions.launch
