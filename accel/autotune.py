@@ -184,9 +184,17 @@ class _Search:
         self.rows: list[TuneRow] = []
         self.base: Trial | None = None
         self.notes: list[str] = []
+        self.cut_short = False  # a step of the search skipped for the budget: the answer is not one to remember
 
     def left(self) -> float:
         return self.deadline - time.perf_counter()
+
+    def time_left(self) -> bool:
+        """Budget left for the next step of the search (when not, the search is marked cut short)."""
+        if self.left() > 0:
+            return True
+        self.cut_short = True
+        return False
 
     def row_of(self, trial: Trial, **fields: Any) -> TuneRow:
         row = TuneRow(trial.name, trial.plan, "measured", **fields)
@@ -309,7 +317,7 @@ def tune(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loader: Any, 
     if cache:
         from accel import plancache
 
-        key_parts = plancache.key_parts(model, optimizer, batch, resolved, hardware, settings, step)
+        key_parts = plancache.key_parts(model, optimizer, loader, batch, resolved, hardware, settings, step)
         hit = plancache.lookup(key_parts, cache)
         if hit is not None:
             lab.close()
@@ -348,7 +356,8 @@ def tune(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loader: Any, 
                         None, time.perf_counter() - started, settings,
                         measured_at=_dt.datetime.now().isoformat(timespec="seconds"),
                         established=chosen is not None or not any("noisy" in n for n in search.notes))
-    complete = result.established and not any(r.status == "not measured" for r in result.rows)
+    complete = result.established and not search.cut_short and not any(r.status == "not measured"
+                                                                        for r in result.rows)
     if key_parts is not None and complete:  # a noisy or cut-short answer is not one to remember
         from accel import plancache
 
@@ -398,7 +407,7 @@ def _search_stacks(search: _Search, candidates: list[dict[str, dict]]) -> Trial 
                 row.decision = "the full stack: cannot be timed; each alone instead"
                 best, best_ratio = _singles_then_stack(search, [{k: v} for k, v in stack.items()])
     incumbent, incumbent_ratio = best, best_ratio
-    if best is not None and len(best.plan) > 1 and search.left() > 0:
+    if best is not None and len(best.plan) > 1 and search.time_left():
         smaller = _drop_what_does_not_pay(search, best)
         if smaller is not best:  # confirm the smaller stack against the baseline before giving up the full one
             ratio = search.compare(search.base, smaller, (1.0, 1 - search.margin))
@@ -428,7 +437,7 @@ def _drop_what_does_not_pay(search: _Search, full: Trial) -> Trial:
     checked against the stack when it is more than one)."""
     arms: list[tuple[str, Trial, TuneRow]] = []
     for name in list(full.plan):
-        if search.left() <= 0:
+        if not search.time_left():
             break
         smaller = {k: v for k, v in full.plan.items() if k != name}
         trial = search.lab.trial(smaller)
@@ -456,7 +465,7 @@ def _drop_what_does_not_pay(search: _Search, full: Trial) -> Trial:
     dropped.sort(key=lambda d: d[0])
     chosen = dropped[0][2] if dropped else full
     together = None
-    if len(dropped) > 1 and search.left() > 0:  # dropping them together may cost what each alone did not
+    if len(dropped) > 1 and search.time_left():  # dropping them together may cost what each alone did not
         together = search.lab.trial({k: v for k, v in full.plan.items() if k not in {n for _, n, _ in dropped}})
         row = search.row_of(together, against=full.name)
         if together.plan and search.usable(together, row):

@@ -170,6 +170,9 @@ def bench(models=DEFAULT_MODELS, plans=("auto",), rounds: int = 3, steps: int | 
     why = device_problem(resolved, hardware)
     if why:
         raise PlanError([Problem("device", why, value=str(device), kind="missing")])
+    for plan in plans:
+        if plan != "auto":
+            Plan(plan)  # a misspelt plan fails before anything is measured (PlanError)
     peaks = matmul_peaks(resolved, hardware)
     machine = {"cpu_model": hardware.cpu_model, "physical_cores": hardware.physical_cores,
                "threads": torch.get_num_threads(), "isa": list(hardware.isa), "device": str(resolved),
@@ -178,9 +181,6 @@ def bench(models=DEFAULT_MODELS, plans=("auto",), rounds: int = 3, steps: int | 
     settings = {"models": list(models), "plans": [plan_label(p) for p in wanted], "rounds": rounds, "steps": steps,
                 "warmup": warmup, "optimizer": optimizer, "batch_size": batch_size, "image_size": image_size,
                 "classes": classes, "tune_budget_s": tune_budget_s, "expected_steps": expected_steps}
-    for plan in wanted:
-        if plan != "auto":
-            Plan(plan)  # a misspelt plan fails before anything is measured (PlanError)
     rows: list[dict[str, Any]] = []
     bar = tqdm(total=len(models) * (len(wanted) + rounds), disable=not progress, file=sys.stderr, unit="step")
     for name in models:
@@ -197,17 +197,17 @@ def _bench_model(name, wanted, rounds, steps, warmup, optimizer, batch_size, ima
     from torch.utils.data import DataLoader, TensorDataset
 
     bar.set_description(f"{name}: building")
-    try:
+    try:  # a model that cannot be built or run at this size is a row of errors, not a traceback
         torch.manual_seed(0)
         net = build_model(name, classes)
         opt = make_optimizer(optimizer, net)
+        example = torch.randn(batch_size, 3, image_size, image_size)
+        data = TensorDataset(torch.randn(2 * batch_size, 3, image_size, image_size),
+                             torch.randint(0, classes, (2 * batch_size,)))
+        loader = DataLoader(data, batch_size=batch_size, drop_last=True)
+        flops = training_flops(net, example)
     except Exception as error:
         return [error_row(name, plan_label(p), f"{type(error).__name__}: {error}") for p in wanted]
-    example = torch.randn(batch_size, 3, image_size, image_size)
-    data = TensorDataset(torch.randn(2 * batch_size, 3, image_size, image_size),
-                         torch.randint(0, classes, (2 * batch_size,)))
-    loader = DataLoader(data, batch_size=batch_size, drop_last=True)
-    flops = training_flops(net, example)
     step = TrainStep()
     resolved_plans, tuned = [], {}
     for plan in wanted:
@@ -244,7 +244,7 @@ def _bench_model(name, wanted, rounds, steps, warmup, optimizer, batch_size, ima
 
 def _row(model, label, trial, setup_s, ratio: Ratio, flops, tuned, optimizer, batch_size, image_size, rounds,
          steps) -> dict[str, Any]:
-    if trial.status != "ready" and not trial.times:
+    if trial.status != "ready":  # refused, or broke in a later round: its times are not a result
         return error_row(model, label, trial.error)
     run_dtype = trial.plan and _dtype(trial)
     row = {"model": model, "plan": label, "status": "ok", **summarize(trial.times),

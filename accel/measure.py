@@ -29,7 +29,7 @@ def t95(df: int) -> float:
     if df <= 0:
         return math.inf
     if df > max(T95):
-        return 1.645
+        return T95[max(T95)]  # never narrower than the table's last entry
     return T95[max(k for k in T95 if k <= df)]  # the nearest smaller df: a slightly wider, never narrower, interval
 
 
@@ -384,7 +384,7 @@ class Lab:
         ratios = {id(t): Ratio() for t in arms if t is not reference}
         limit = max(2.0, 5 * (self.settle + self.chunk_steps) * (reference.median_s or 0.1))
         for index in range(max_rounds):
-            shift = index % len(arms)
+            shift = (index // 2) % len(arms)  # rotate every two rounds, reversing every other: A B, B A, B A, A B
             order = arms[shift:] + arms[:shift]
             if index % 2:
                 order.reverse()
@@ -401,14 +401,17 @@ class Lab:
             for key, ratio in ratios.items():
                 if key in medians:
                     ratio.samples.append(medians[key] / medians[id(reference)])
-            decided = all(r.below(x) or r.above(x) for r in ratios.values() for x in thresholds)
+            if len(arms) == 1:  # every challenger failed: nothing left to compare
+                break
+            live = {id(t) for t in arms}
+            decided = all(r.below(x) or r.above(x) for k, r in ratios.items() if k in live for x in thresholds)
             if (index + 1 >= min_rounds and decided) or (index + 1 >= 2 and time.perf_counter() > deadline):
                 break
         return ratios
 
     def compare(self, reference: Trial, challenger: Trial, thresholds: tuple[float, ...], min_rounds: int = 3,
                 max_rounds: int = 8, deadline: float = math.inf) -> Ratio:
-        """challenger/reference step-time ratio from interleaved rounds (A B, B A, ...)."""
+        """challenger/reference step-time ratio from interleaved rounds (A B, B A, B A, A B, ...)."""
         return self.rounds([challenger], reference, thresholds, min_rounds, max_rounds, deadline)[id(challenger)]
 
     def pace(self, step_s: float, steps: int | None = None) -> None:

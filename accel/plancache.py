@@ -2,8 +2,8 @@
 
 The key holds everything that decides the answer: the model's structure (module classes, parameter and buffer
 names, shapes, dtypes, which are trainable), the batch's structure (shapes and dtypes), the optimizer's class
-and flags, the device, the CPU model and ISA, the thread count, torch's and accel's versions, the registered
-accelerators, and tune's settings. Any change measures again. Entries are JSON files in ``cache_dir()``:
+and flags, the device (type and model), the CPU model, ISA and physical cores, the loader's workers and
+pinning, torch's and accel's versions, the registered accelerators, and tune's settings. Any change measures again. Entries are JSON files in ``cache_dir()``:
 ``$ACCEL_CACHE_DIR``, else ``$XDG_CACHE_HOME/accel/plans``, else ``~/.cache/accel/plans``.
 ``accel cache list`` and ``accel cache clear`` show and remove them.
 """
@@ -56,11 +56,12 @@ def function_key(fn: Any) -> str:
     return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__name__)} {digest}".strip()
 
 
-def key_parts(model, optimizer, batch, device, hardware, settings: dict, step) -> dict[str, Any]:
+def key_parts(model, optimizer, loader, batch, device, hardware, settings: dict, step) -> dict[str, Any]:
     """The facts that decide tune's answer, readable (``accel cache list`` shows them).
 
-    The device counts by type (rank 3's cuda:3 takes what a single process measured on cuda:0); the thread count
-    by the cores it comes from (a launcher sets OMP_NUM_THREADS per rank; the threads accelerator decides).
+    The device counts by type and model (rank 3's cuda:3 takes what a single process measured on cuda:0); the
+    thread count by the cores it comes from (a launcher sets OMP_NUM_THREADS per rank; the threads accelerator
+    decides); the loader by what its candidates read (workers, pinning).
     """
     import accel
 
@@ -71,13 +72,23 @@ def key_parts(model, optimizer, batch, device, hardware, settings: dict, step) -
         "model": f"{type(model).__qualname__} {_model(model)}",
         "batch": _structure(batch),
         "optimizer": f"{type(optimizer).__name__} {flags} {len(optimizer.param_groups)} group(s)",
-        "device": torch.device(device).type,
+        "device": _device(torch.device(device)),
         "cpu": f"{hardware.cpu_model} [{','.join(hardware.isa)}] {hardware.physical_cores} cores",
         "versions": f"torch {torch.__version__}, accel {accel.__version__}",
         "accelerators": sorted(REGISTRY),
-        "settings": {k: v for k, v in settings.items() if k not in ("budget_s", "steps")},
+        "loader": f"{type(loader).__name__} workers={getattr(loader, 'num_workers', 0)} "
+                  f"pin_memory={getattr(loader, 'pin_memory', False)}",
+        "settings": {k: v for k, v in settings.items() if k not in ("budget_s", "steps", "device")},
         "functions": functions,
     }
+
+
+def _device(device: torch.device) -> str:
+    """The device's type, and its model where torch names it (an H100's answer is not an A100's)."""
+    module = getattr(torch, device.type, None)
+    if device.type == "cpu" or not hasattr(module, "get_device_name"):
+        return device.type
+    return f"{device.type} {module.get_device_name(device)}"
 
 
 def key_of(parts: dict[str, Any]) -> str:
@@ -113,6 +124,7 @@ def store(parts: dict[str, Any], result: dict[str, Any], where: Any = True) -> s
     except OSError as error:
         warnings.warn(f"accel: the plan cache {folder} cannot be written ({error}); the choice is not remembered",
                       stacklevel=3)
+        return ""
     return key
 
 

@@ -57,6 +57,12 @@ def test_a_model_that_cannot_be_built_is_an_error_row_not_a_crash():
     assert "error" in str(result)
 
 
+def test_a_model_that_cannot_run_at_the_size_asked_is_an_error_row_not_a_crash():
+    result = bench(models=["tiny"], plans=[], rounds=1, image_size=224)
+    (row,) = result.rows
+    assert row["status"] == "error" and row["plan"] == "eager"
+
+
 def test_unknown_models_and_misspelt_plans_fail_before_anything_is_measured(capsys):
     assert main(["bench", "--models", "resnt18", "tiny"]) == 2
     assert "unknown model(s): resnt18 (did you mean 'resnet18'?)" in capsys.readouterr().err

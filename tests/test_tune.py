@@ -14,7 +14,7 @@ import accel
 from accel.accelerator import REGISTRY, Accelerator, Stage, register, unregister
 from accel.autotune import TuneResult, generate_candidates
 from accel.hardware import ISA_FLAGS, probe
-from accel.measure import Ratio
+from accel.measure import Lab, Ratio, Trial
 from accel.report import Report
 from accel.testing import snapshot, tiny_loader, tiny_model, tiny_optimizer
 
@@ -328,3 +328,60 @@ def test_a_ratio_interval_holds_its_estimate_and_narrows_with_agreeing_rounds(sa
 
 def test_one_round_decides_nothing():
     assert Ratio([0.5]).noisy() and math.isinf(Ratio([0.5]).high)
+
+
+class OrderLab(Lab):
+    """A Lab whose chunks only record the order they run in (the rotation under test), at fixed speeds."""
+
+    def __init__(self, speeds, fails=()):
+        self.order, self.speeds, self.fails, self.settle, self.chunk_steps, self.active = [], speeds, fails, 0, 1, None
+
+    def chunk(self, trial, limit_s=math.inf):
+        self.order.append(trial.plan["name"])
+        if trial.plan["name"] in self.fails:
+            raise RuntimeError("out of memory")
+        return self.speeds[trial.plan["name"]]
+
+
+def test_rounds_alternate_which_plan_runs_first():
+    """A B, B A, B A, A B: a load that rises or falls during the rounds weighs on both plans alike."""
+    lab = OrderLab({"A": 1.0, "B": 1.0})
+    ratio = lab.compare(Trial({"name": "A"}), Trial({"name": "B"}), (0.5,), min_rounds=4, max_rounds=4)
+    assert "".join(lab.order) == "ABBABAAB" and ratio.estimate == pytest.approx(1.0)
+    lab = OrderLab({"A": 1.0, "B": 1.0, "C": 1.0})
+    lab.rounds([Trial({"name": "B"}), Trial({"name": "C"})], Trial({"name": "A"}), (0.5,),
+               min_rounds=6, max_rounds=6)
+    firsts = [lab.order[i] for i in range(0, 18, 3)]
+    assert sorted(set(firsts)) == ["A", "B", "C"]  # every plan leads some rounds
+
+
+def test_rounds_stop_once_every_challenger_failed():
+    lab = OrderLab({"A": 1.0, "B": 0.5}, fails=("B",))
+    ratios = lab.rounds([Trial({"name": "B"})], Trial({"name": "A"}), (0.9,), max_rounds=8)
+    assert lab.order.count("A") == 1 and not ratios[next(iter(ratios))].samples
+
+
+def test_the_cache_key_holds_the_loaders_workers_but_not_the_device_index():
+    from accel import plancache
+    from accel.measure import TrainStep
+
+    model, optimizer, loader = objects()
+    batch = next(iter(loader))
+
+    def key(device="cpu", workers=0):
+        data = DataLoader(loader.dataset, batch_size=loader.batch_size, num_workers=workers)
+        parts = plancache.key_parts(model, optimizer, data, batch, device, probe(), {"device": str(device)},
+                                    TrainStep())
+        return plancache.key_of(parts)
+
+    assert key() == key() and key(workers=2) != key()
+    assert key("cpu:0") == key("cpu")  # the index is not in the key: rank 3 takes what rank 0 measured
+
+
+def test_a_drop_phase_cut_by_the_budget_marks_the_search_cut_short():
+    """Nothing measured for lack of time is still a gap: such an answer is never remembered."""
+    from accel.autotune import _drop_what_does_not_pay, _Search
+
+    search = _Search(lab=None, tolerance=0.05, margin=0.02, deadline=time.perf_counter() - 1, expected_steps=None)
+    full = Trial({"threads": {}, "channels_last": {}})
+    assert _drop_what_does_not_pay(search, full) is full and search.cut_short

@@ -43,7 +43,6 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 def run(args) -> int:
     from accel.bench import DEFAULT_MODELS, MODELS, bench, model_names
     from accel.hardware import importable
-    from accel.plan import Plan
 
     models = args.models or (MODELS if args.full else DEFAULT_MODELS)
     known = model_names()
@@ -55,9 +54,6 @@ def run(args) -> int:
               + "; torchvision.models.list_models() has them, and 'tiny'", file=sys.stderr)
         return 2
     plans = [p if p == "auto" else [] if p in ("eager", "baseline") else parse_plan_argument(p) for p in args.plans]
-    for plan in plans:
-        if plan != "auto":
-            Plan(plan)  # raises PlanError: main() prints it
     if args.plot and not importable("matplotlib"):
         print("accel bench: --plot needs matplotlib: pip install 'accel[bench]'", file=sys.stderr)
         return 2

@@ -32,5 +32,5 @@ def run(args) -> int:
         print(f"  {entry['key'][:12]}  {entry['measured_at'] or '?':19}  {'+'.join(names)}")
         if facts:
             print(f"      {facts.get('model', '')}; batch {facts.get('batch', '')}; {facts.get('optimizer', '')}; "
-                  f"{facts.get('device', '')}, {facts.get('threads', '')} threads; {facts.get('versions', '')}")
+                  f"{facts.get('device', '')}, {facts.get('cpu', '')}; {facts.get('versions', '')}")
     return 0
