@@ -32,9 +32,9 @@ from typing import Any, Callable
 import torch
 
 from accel.accelerator import REGISTRY
-from accel.distributed import launcher_environment
+from accel.context import placement
 from accel.errors import MeasureError, PlanError, Problem
-from accel.hardware import Hardware, device_problem, probe, resolve_device
+from accel.hardware import Hardware, probe
 from accel.measure import Lab, Ratio, TrainStep, Trial, plan_label
 from accel.plan import RESOLVERS, Plan
 from accel.report import render_table
@@ -297,12 +297,11 @@ def tune(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loader: Any, 
     if optimizer is None or loader is None:
         raise MeasureError("tune measures training steps: it needs an optimizer and a loader")
     started = time.perf_counter()
-    launch = launcher_environment()
-    resolved = resolve_device(device, local_rank=launch.local_rank if launch else 0)
-    hardware = probe()
-    why = device_problem(resolved, hardware)
-    if why:
-        raise PlanError([Problem("device", why, value=str(device), kind="missing")])
+    hardware, problems = probe(), []
+    decided = placement(device, hardware, problems)  # the same launch and device accelerate() decides
+    if decided is None:
+        raise PlanError(problems)
+    launch, resolved = decided.launch, decided.device
     hardware = for_device(hardware, resolved)
     step = TrainStep(loss_fn=loss_fn, split=split, step_fn=step_fn)
     lab = Lab(model, optimizer, loader, resolved, step, check_steps=max(1, warmup))

@@ -161,15 +161,16 @@ def bench(models=DEFAULT_MODELS, plans=("auto",), rounds: int = 3, steps: int | 
     from tqdm import tqdm
 
     from accel.autotune import tune
-    from accel.errors import PlanError, Problem
-    from accel.hardware import device_problem, probe, resolve_device
+    from accel.context import placement
+    from accel.errors import PlanError
+    from accel.hardware import probe
     from accel.plan import Plan
 
-    resolved = resolve_device(device)
-    hardware = probe()
-    why = device_problem(resolved, hardware)
-    if why:
-        raise PlanError([Problem("device", why, value=str(device), kind="missing")])
+    hardware, problems = probe(), []
+    decided = placement(device, hardware, problems)
+    if decided is None:
+        raise PlanError(problems)
+    resolved = decided.device
     for plan in plans:
         if plan != "auto":
             Plan(plan)  # a misspelt plan fails before anything is measured (PlanError)

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.utils._pytree import tree_map_only
 
 from accel.distributed import barrier, rank, world_size
 from accel.errors import CheckpointError
@@ -297,9 +298,11 @@ def _restore_counters(run, state: dict) -> None:
 
 def _snapshot(run) -> dict[str, Any]:
     sampler, generators = _sampler(run)
-    return {"model": {k: v.detach().clone() if isinstance(v, torch.Tensor) else copy.deepcopy(v)
-                      for k, v in run.unwrap().state_dict().items()},
-            "optimizer": copy.deepcopy(run.optimizer.state_dict()) if run.optimizer is not None else None,
+    def on_cpu(state):  # the backup waits in host memory: no second copy of the weights on a GPU
+        return tree_map_only(torch.Tensor, lambda t: t.detach().to("cpu", copy=True), state)
+
+    return {"model": on_cpu(dict(run.unwrap().state_dict())),
+            "optimizer": on_cpu(run.optimizer.state_dict()) if run.optimizer is not None else None,
             "accelerators": {a.name: copy.deepcopy(a.state_dict()) for a in run.accelerators},
             "counters": (run.steps, run.optimizer_steps, run.loader.epoch if run.loader is not None else None,
                          getattr(sampler, "seed", None)),

@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
-from accel.distributed import Launch
+from accel.distributed import Launch, launcher_environment
 from accel.errors import Problem
-from accel.hardware import Hardware
+from accel.hardware import Hardware, device_problem, resolve_device
 from accel.journal import Journal
 from accel.modules import shared_copy
 
@@ -86,7 +86,7 @@ class Context:
     problems: list[Problem] = field(default_factory=list, repr=False)
 
     def __post_init__(self):
-        self.user_model, self.user_optimizer, self.user_loader = self.model, self.optimizer, self.loader
+        self.user_model, self.user_loader = self.model, self.loader
         self.deciding = ""  # the accelerator whose decide() runs now (Context.decide records it)
 
     @property
@@ -118,3 +118,29 @@ class Context:
         if self.model is self.user_model:
             self.model = shared_copy(self.model)
         return self.model
+
+
+def placement(device: Any, hardware: Hardware, problems: list[Problem]) -> Decisions | None:
+    """The launch (rank) and this rank's device, decided before any accelerator runs (accelerate, tune and bench
+    alike); None with the problems said when they cannot be."""
+    try:
+        launch = launcher_environment()
+    except ValueError as error:  # e.g. RANK=abc
+        problems.append(Problem("launch", f"the launcher's variables cannot be read: {error}", kind="value"))
+        return None
+    try:
+        resolved = resolve_device(device, local_rank=launch.local_rank if launch else 0)
+    except (RuntimeError, TypeError, ValueError) as error:
+        problems.append(Problem("device", str(error), value=device,
+                                allowed="'auto', 'cpu', 'cuda[:N]', 'xpu[:N]', 'mps' or any torch device string"))
+        return None
+    why = device_problem(resolved, hardware)
+    if why:
+        problems.append(Problem("device", why, value=device if isinstance(device, str) else str(device),
+                                allowed="'auto', 'cpu', or a device that is here", kind="missing"))
+        return None
+    decisions = Decisions(device=resolved, launch=launch)
+    decisions.by["device"] = "accel"
+    decisions.why["device"] = (f"local rank {launch.local_rank}'s device" if launch and resolved.index is not None
+                               else "asked for" if device not in (None, "auto") else "the fastest device here")
+    return decisions

@@ -18,10 +18,9 @@ from typing import Any
 import torch
 
 from accel.accelerator import Accelerator
-from accel.context import Context, Decisions
-from accel.distributed import launcher_environment
+from accel.context import Context, Decisions, placement
 from accel.errors import AccelerateError, PlanError, Problem, Skip
-from accel.hardware import Hardware, device_problem, package_version, probe, resolve_device
+from accel.hardware import Hardware, package_version, probe
 from accel.plan import RESOLVERS, Plan, PlanSpec
 from accel.report import Report, Row
 from accel.run import Run
@@ -39,29 +38,6 @@ def _resolve_plan(plan: Any, model, optimizer, loader, device) -> tuple[PlanSpec
     return plan, None
 
 
-def _placement(device: Any, hardware: Hardware, problems: list[Problem]) -> Decisions | None:
-    """The launch (rank) and this rank's device, decided before any accelerator runs."""
-    try:
-        launch = launcher_environment()
-    except ValueError as error:  # e.g. RANK=abc
-        problems.append(Problem("launch", f"the launcher's variables cannot be read: {error}", kind="value"))
-        return None
-    try:
-        resolved = resolve_device(device, local_rank=launch.local_rank if launch else 0)
-    except (RuntimeError, TypeError, ValueError) as error:
-        problems.append(Problem("device", str(error), value=device,
-                                allowed="'auto', 'cpu', 'cuda[:N]', 'xpu[:N]', 'mps' or any torch device string"))
-        return None
-    why = device_problem(resolved, hardware)
-    if why:
-        problems.append(Problem("device", why, value=device if isinstance(device, str) else str(device),
-                                allowed="'auto', 'cpu', or a device that is here", kind="missing"))
-        return None
-    decisions = Decisions(device=resolved, launch=launch)
-    decisions.by["device"] = "accel"
-    decisions.why["device"] = (f"local rank {launch.local_rank}'s device" if launch and resolved.index is not None
-                               else "asked for" if device not in (None, "auto") else "the fastest device here")
-    return decisions
 
 
 def _retract(ctx: Context, name: str) -> None:
@@ -84,7 +60,7 @@ def prepare(model, optimizer, loader, plan: PlanSpec, device: Any = "auto") -> t
         problems.append(Problem("model", "is not a torch.nn.Module", value=type(model).__name__))
         raise PlanError(problems)
     hardware = probe()
-    decisions = _placement(device, hardware, problems)
+    decisions = placement(device, hardware, problems)
     if decisions is None:
         raise PlanError(problems)
     ctx = Context(model=model, optimizer=optimizer, loader=loader, hardware=hardware, plan=plan, decisions=decisions)

@@ -142,8 +142,5 @@ class Journal:
         """After a plan succeeded: forget the user's old tensors (placement stays), keep process changes."""
         self.entries = [e for e in self.entries if e.process]
 
-    def __len__(self) -> int:
-        return len(self.entries)
-
     def __repr__(self) -> str:
         return f"Journal({[e.what for e in self.entries]})"

@@ -7,19 +7,16 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
 
-def render_table(header: Sequence[str], rows: Sequence[Sequence[Any]], right: Sequence[int] = (),
-                 last_free: bool = True) -> list[str]:
+def render_table(header: Sequence[str], rows: Sequence[Sequence[Any]], right: Sequence[int] = ()) -> list[str]:
     """Aligned text lines: columns padded to their widest cell; ``right`` columns right-aligned; the last column
-    left as it is (a free-text note) when ``last_free``."""
+    left as it is (a free-text note)."""
     cells = [[str(c) for c in header]] + [["" if c is None else str(c) for c in row] for row in rows]
-    fixed = len(header) - 1 if last_free else len(header)
+    fixed = len(header) - 1
     widths = [max(len(row[i]) for row in cells) for i in range(fixed)]
     lines = []
     for row in cells:
         parts = [row[i].rjust(widths[i]) if i in right else row[i].ljust(widths[i]) for i in range(fixed)]
-        if last_free:
-            parts.append(row[-1])
-        lines.append("  ".join(parts).rstrip())
+        lines.append("  ".join([*parts, row[-1]]).rstrip())
     return lines
 
 

@@ -385,3 +385,10 @@ def test_a_drop_phase_cut_by_the_budget_marks_the_search_cut_short():
     search = _Search(lab=None, tolerance=0.05, margin=0.02, deadline=time.perf_counter() - 1, expected_steps=None)
     full = Trial({"threads": {}, "channels_last": {}})
     assert _drop_what_does_not_pay(search, full) is full and search.cut_short
+
+
+def test_tune_decides_the_launch_and_device_as_accelerate_does(monkeypatch):
+    monkeypatch.setenv("RANK", "abc")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(accel.PlanError, match="launcher's variables cannot be read"):
+        accel.tune(*objects(), device="cpu")

@@ -25,7 +25,7 @@ def tiny_objects():
     return model, torch.optim.Adam(model.parameters()), DataLoader(data, batch_size=16)
 
 
-def accelerator_availability(hardware=None) -> dict[str, dict[str, Any]]:
+def accelerator_availability() -> dict[str, dict[str, Any]]:
     """For each registered accelerator: its required packages and what its plan-time decisions and checks say on
     this machine, against a tiny real model on cpu (nothing is applied)."""
     from accel.accelerator import REGISTRY
@@ -66,7 +66,7 @@ def environment() -> dict[str, Any]:
         "runtime": {"torch_threads": torch.get_num_threads(), "interop_threads": torch.get_num_interop_threads(),
                     "mkldnn": torch.backends.mkldnn.is_available(), "cuda_build": torch.version.cuda,
                     "ipex": ipex_problem() or "installed, and its version matches torch's: safe to import"},
-        "accelerators": accelerator_availability(hardware),
+        "accelerators": accelerator_availability(),
     }
 
 
