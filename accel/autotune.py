@@ -229,7 +229,7 @@ class _Search:
         spend the budget (bf16 emulated on a Zen 3 is 14x slower)."""
         if row.status != "measured":
             return False
-        base_step = min(self.base.first_s[1:] or self.base.first_s)
+        base_step = self.base.settled_step_s
         fastest = min(trial.first_s)
         if len(trial.first_s) > 1 and fastest > max(SLOW_STOP * base_step, 0.5):
             row.status = "stopped early"
@@ -340,7 +340,7 @@ def tune(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loader: Any, 
             raise PlanError([Problem("tune", f"the baseline (empty plan) is refused: {base.error}")])
         if base.status != "ready":
             raise MeasureError(f"the baseline (empty plan) cannot train: {base.error}")
-        step_s = min(base.first_s[1:] or base.first_s)
+        step_s = base.settled_step_s
         lab.pace(step_s, steps)
         budget = budget_s if budget_s is not None else max(MIN_BUDGET_S, BUDGET_STEPS * step_s)
         search.deadline = started + budget

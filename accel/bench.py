@@ -232,7 +232,7 @@ def _bench_model(name, wanted, rounds, steps, warmup, optimizer, batch_size, ima
         base = trials[0][1]
         if base.status != "ready":
             return [error_row(name, label, trial.error or base.error) for label, trial, _ in trials]
-        lab.pace(min(base.first_s[1:] or base.first_s), steps)
+        lab.pace(base.settled_step_s, steps)
         live = [t for _, t, _ in trials if t.status == "ready"]
         bar.set_description(f"{name}: {rounds} interleaved rounds")
         ratios = lab.rounds(live, base, (), min_rounds=rounds, max_rounds=rounds)

@@ -272,6 +272,12 @@ class Trial:
         return statistics.median(self.times) if self.times else None
 
     @property
+    def settled_step_s(self) -> float:
+        """Its quickest first step after the very first (which holds compile and warm-up): what pace() needs
+        before any timed round."""
+        return min(self.first_s[1:] or self.first_s)
+
+    @property
     def warmup_s(self) -> float:
         """Time of the first steps beyond what as many steady steps take (compile and warm-up)."""
         steady = self.median_s or (min(self.first_s) if self.first_s else 0.0)

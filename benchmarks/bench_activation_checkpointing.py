@@ -89,7 +89,7 @@ def bench_model(name: str, args) -> dict:
         plain, checkpointed = lab.trial(PLANS["plain"]), lab.trial(PLANS["checkpointed"])
         if plain.status != "ready" or checkpointed.status != "ready":
             return {"model": name, "peaks": peaks, "error": plain.error or checkpointed.error}
-        lab.pace(min(plain.first_s[1:] or plain.first_s), args.steps_per_round)
+        lab.pace(plain.settled_step_s, args.steps_per_round)
         ratio = lab.rounds([checkpointed], plain, (), min_rounds=args.rounds, max_rounds=args.rounds)[id(checkpointed)]
         what = checkpointed.run.report.row("activation_checkpointing").changes.get("modules", "")
         times = {"plain": summarize(plain.times), "checkpointed": summarize(checkpointed.times)}

@@ -104,7 +104,7 @@ def one_run(index: int, args) -> dict:
         eager, chosen = lab.trial({}), lab.trial(result.plan.to_dict())
         if eager.status != "ready" or chosen.status != "ready":
             return {**row, "ratio": None, "verdict": f"failed: {eager.error or chosen.error}", "at_least_as_fast": None}
-        lab.pace(min(eager.first_s[1:] or eager.first_s))
+        lab.pace(eager.settled_step_s)
         ratio = lab.compare(eager, chosen, (), min_rounds=args.rounds, max_rounds=args.rounds)
     finally:
         lab.close()

@@ -194,7 +194,7 @@ def bench_model(name: str, args) -> dict[str, Any]:
         arms.append((f"accel auto ({plan_label(tuned.plan)})", auto, None))
         if base.status != "ready":
             raise RuntimeError(f"eager cannot train: {base.error}")
-        lab.pace(min(base.first_s[1:] or base.first_s), args.steps)
+        lab.pace(base.settled_step_s, args.steps)
         live = [t for _, t, _ in arms if t.status == "ready"]
         print(f"{name}: {args.rounds} interleaved rounds of {len(live)} variants ...", flush=True)
         ratios = lab.rounds(live, base, (), min_rounds=args.rounds, max_rounds=args.rounds)
