@@ -66,8 +66,8 @@ def rebuild_loader(loader: DataLoader, **overrides: Any) -> DataLoader:
     if "sampler" in overrides and "batch_sampler" in kwargs:
         raise ValueError("cannot replace the sampler of a loader built with its own batch_sampler")
     kwargs.update(overrides)
-    if kwargs["num_workers"] == 0:  # settings torch accepts only with worker processes
-        kwargs.update(prefetch_factor=None, persistent_workers=False, multiprocessing_context=None)
+    if kwargs["num_workers"] == 0:  # settings torch accepts only with worker processes (a timeout waits on them)
+        kwargs.update(prefetch_factor=None, persistent_workers=False, multiprocessing_context=None, timeout=0)
     return DataLoader(**kwargs)
 
 

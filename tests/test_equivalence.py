@@ -2,7 +2,6 @@
 three of them trains what the plain loop trains, beyond only what their cards declare, and never touches the
 user's objects or the process. At least 1,000 generated cases per run (tests below add up to more)."""
 import os
-import socket
 
 import pytest
 import torch
@@ -14,12 +13,13 @@ import accel
 from accel.accelerator import REGISTRY
 from accel.hardware import ipex_problem, package_version
 from accel.testing import check_equivalence
-from accel.testing.harness import combined
+from accel.testing.harness import LEVELS, combined
 from accel.testing.zoo import BATCHES, EXTRAS, LOADERS, MODELS, OPTIMIZERS, Case
+from scripts.launching import one_rank_env
 
 OPTIONS = {  # a few configurations of each built-in, every one valid for every zoo case
     "threads": [{}, {"threads": 1}, {"affinity": False, "export_env": False}],
-    "loader": [{}, {"num_workers": 0}],
+    "loader": [{}, {"num_workers": 0}, {"num_workers": 1}],  # 1: a rebuild for every loader but "workers"
     "channels_last": [{}],
     "fused_optimizer": [{}],
     "amp": [{}, {"dtype": "bfloat16"}],
@@ -46,6 +46,9 @@ def plans(names, required=()):
     others = st.lists(st.sampled_from(names), max_size=3 - len(required), unique=True)
     return others.flatmap(lambda chosen: st.tuples(*[st.sampled_from(OPTIONS[n]).map(lambda o, n=n: {n: o})
                                                      for n in [*required, *chosen]]))
+
+
+LOADER_REFUSES = "does not shard"  # workers over an IterableDataset that does not shard itself would repeat it
 
 
 def equivalence(plan, case, steps):
@@ -75,7 +78,7 @@ def test_every_built_in_accelerator_is_in_the_zoo_run():
 @given(case=cases, plan=plans(COMMON))
 def test_plans_of_up_to_three_train_what_the_plain_loop_trains(case, plan):
     result = equivalence(plan, case, steps=3)
-    assert result.refused is None, f"{case}\n{result}"
+    assert result.refused is None or LOADER_REFUSES in result.refused, f"{case}\n{result}"
     expect_kept(result, case, plan)
 
 
@@ -94,19 +97,12 @@ def test_prune_with_up_to_two_others_keeps_every_promise_but_the_structure_it_re
     expect_kept(result, case, plan)
 
 
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def one_rank_group():
     """A real gloo process group of one rank, as `torchrun --nproc-per-node 1` gives."""
     import os
 
-    env = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
-           "MASTER_PORT": str(free_port())}
+    env = one_rank_env()
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     torch.distributed.init_process_group("gloo", rank=0, world_size=1)
@@ -120,7 +116,10 @@ def one_rank_group():
 @given(case=cases, plan=plans(COMMON, required=("ddp",)))
 def test_ddp_in_a_launched_job_with_up_to_two_others(one_rank_group, case, plan):
     result = equivalence(plan, case, steps=3)
-    assert result.refused is None and "ddp" in result.applied, f"{case}\n{result}"
+    if result.refused:
+        assert LOADER_REFUSES in result.refused, f"{case}\n{result}"
+    else:
+        assert "ddp" in result.applied, f"{case}\n{result}"
     expect_kept(result, case, plan)
 
 
@@ -158,3 +157,79 @@ def test_the_harness_finds_what_a_plan_changes_beyond_its_card(monkeypatch):
     result = check_equivalence([{"grad_clipping": {"max_norm": 1e-3}}], Case(optimizer="sgd").build)
     assert not result.ok and any(d.startswith("weights:") for d in result.differences)
     assert combined([accel.Keeps(), accel.Keeps("float", 1e-4, 1e-5, 1e-4)]).weights == "float"
+
+
+def reference_trace():
+    from accel.testing.harness import Trace
+
+    return Trace(batches=["b0", "b1"], outputs=["float32[16, 10]", "float32[16, 10]"], losses=[2.3, 2.2],
+                 state={"fc.weight": torch.ones(10, 4), "bn.num_batches_tracked": torch.tensor(2)},
+                 optimizer={"fc.weight": {"exp_avg": torch.zeros(10, 4), "step": torch.tensor(2.0)}},
+                 trainable={"fc.weight": True}, groups=[{"lr": 0.01, "betas": (0.9, 0.999)}])
+
+
+def changed_batches(t):
+    t.batches[1] = "other"
+
+
+def changed_second_output(t):
+    t.outputs[1] = "float32[99]"
+
+
+def changed_shape(t):
+    t.state["fc.weight"] = torch.ones(10, 5)
+
+
+def changed_flag(t):
+    t.trainable["fc.weight"] = False
+
+
+def changed_frozen(t):
+    t.frozen_moved = ["conv1.weight"]
+
+
+def changed_lr(t):
+    t.groups = [{"lr": 0.015, "betas": (0.9, 0.999)}]
+
+
+def changed_counter(t):
+    t.state["bn.num_batches_tracked"] = torch.tensor(4)
+
+
+def changed_optimizer_keys(t):
+    del t.optimizer["fc.weight"]["exp_avg"]
+
+
+def changed_weights(t):
+    t.state["fc.weight"] = torch.full((10, 4), 1.5)
+
+
+def changed_losses(t):
+    t.losses = [2.3, 2.9]
+
+
+# (what the accelerated run changed, the levels at which the harness must say so, the word it starts with)
+BRANCHES = [(changed_batches, LEVELS, "batches"), (changed_second_output, LEVELS, "outputs"),
+            (changed_shape, LEVELS, "structure"), (changed_flag, LEVELS, "requires_grad"),
+            (changed_frozen, LEVELS, "frozen"), (changed_lr, LEVELS, "optimizer hyper-parameters"),
+            (changed_counter, ("exact", "float", "tolerance"), "counters"),
+            (changed_optimizer_keys, ("exact", "float", "tolerance"), "optimizer state"),
+            (changed_weights, ("exact", "float", "tolerance"), "weights"),
+            (changed_losses, ("exact", "float", "tolerance"), "losses")]
+
+
+@pytest.mark.parametrize("change,levels,word", BRANCHES, ids=[b[0].__name__ for b in BRANCHES])
+@pytest.mark.parametrize("level", LEVELS)
+def test_every_comparison_of_the_harness_can_fail(change, levels, word, level):
+    import copy
+
+    from accel.testing.harness import compare
+
+    keeps = accel.Keeps(level, rtol=1e-3, atol=1e-4, loss_rtol=0.05)
+    reference = reference_trace()
+    assert compare(reference, reference_trace(), keeps) == []
+    accelerated = copy.deepcopy(reference)
+    change(accelerated)
+    found = compare(reference, accelerated, keeps)
+    if level in levels:
+        assert any(d.startswith(word) for d in found), found

@@ -412,3 +412,26 @@ def test_a_skipped_accelerator_keeps_a_decision_another_made_first(registered):
     run = accel.accelerate(model, tiny_optimizer(model), tiny_loader(), ["threads", "same_threads"], device="cpu")
     assert run.report.row("threads").status == "applied" and run.report.row("same_threads").status == "skipped"
     run.close()
+
+
+def test_a_load_that_fails_half_way_puts_the_run_back(registered, tmp_path, monkeypatch):
+    """The model and optimizer are restored before the accelerators: one failing there is undone, all of it."""
+    registered(Counter)
+    model = tiny_model()
+    run = accel.accelerate(model, tiny_optimizer(model), tiny_loader(), ["counter"], device="cpu")
+    train_steps(run)
+    run.save(tmp_path / "ckpt.pt")
+    train_steps(run)  # the run moves on from the checkpoint
+    before, steps, count = snapshot(run.model, run.optimizer), run.steps, run.accelerators[0].count
+
+    def broken(self, state, original=Counter.load_state_dict):  # refuses the checkpoint's state, takes the backup
+        if state.get("count") != self.count:
+            raise RuntimeError("a state this version cannot read")
+        original(self, state)
+
+    monkeypatch.setattr(Counter, "load_state_dict", broken)
+    with pytest.raises(accel.CheckpointError, match="was put back"):
+        run.load(tmp_path / "ckpt.pt")
+    monkeypatch.undo()
+    assert not before.changes(snapshot(run.model, run.optimizer))
+    assert run.steps == steps and run.accelerators[0].count == count

@@ -1,6 +1,7 @@
 """Each way accel used to change what is trained, or touch the user's objects, fixed: one test per finding."""
 import argparse
 import collections
+import dataclasses
 import zipfile
 
 import pytest
@@ -42,14 +43,32 @@ def test_a_dataloader_subclass_is_left_alone_with_the_reason():
     assert run.loader.loader is user
 
 
+def seed_workers(worker_id):
+    torch.manual_seed(worker_id)
+
+
 def test_the_rebuild_keeps_prefetch_and_every_argument():
     user = DataLoader(TensorDataset(*digits()), batch_size=16, num_workers=1, prefetch_factor=4,
-                      persistent_workers=True, timeout=30, drop_last=True, multiprocessing_context="fork")
-    run = accel.accelerate(tiny_model(), None, user, [{"loader": {"num_workers": 1, "pin_memory": False}}],
+                      persistent_workers=True, timeout=30, drop_last=True, multiprocessing_context="fork",
+                      worker_init_fn=seed_workers)
+    run = accel.accelerate(tiny_model(), None, user, [{"loader": {"num_workers": 2, "pin_memory": False}}],
                            device="cpu")
-    if run.report.row("loader").status == "applied":
-        new = run.loader.loader
-        assert (new.prefetch_factor, new.timeout, new.drop_last) == (4, 30, True)
+    assert run.report.row("loader").status == "applied"  # 1 -> 2 workers: a rebuild, whatever the core count
+    new = run.loader.loader
+    assert new is not user and new.num_workers == 2
+    assert (new.prefetch_factor, new.timeout, new.drop_last) == (4, 30, True)
+    assert new.persistent_workers and new.worker_init_fn is seed_workers
+    assert new.multiprocessing_context is user.multiprocessing_context
+    run.close()
+
+
+def test_a_rebuild_to_no_workers_drops_what_only_workers_take():
+    user = DataLoader(TensorDataset(*digits()), batch_size=16, num_workers=1, prefetch_factor=4, timeout=30,
+                      persistent_workers=True)
+    run = accel.accelerate(tiny_model(), None, user, [{"loader": {"num_workers": 0}}], device="cpu")
+    assert run.report.row("loader").status == "applied"
+    assert len(list(run.loader)) == len(user) and run.loader.loader.timeout == 0 and user.timeout == 30
+    run.close()
 
 
 class Stream(IterableDataset):
@@ -97,11 +116,18 @@ def test_moving_batches_keeps_every_container_type():
     from accel.run import move
 
     Pair = collections.namedtuple("Pair", "x y")
+
+    @dataclasses.dataclass
+    class Sample:
+        image: torch.Tensor
+        name: str
+
     batch = collections.OrderedDict(a=Pair(torch.ones(1), [torch.zeros(1)]), b=Encoding({"t": torch.ones(2)}, "s"),
-                                    c=collections.defaultdict(list, k=torch.ones(1)))
+                                    c=collections.defaultdict(list, k=torch.ones(1)), d=Sample(torch.ones(3), "x"))
     moved = move(batch, torch.device("cpu"), False, [lambda t: t * 2])
     assert type(moved) is collections.OrderedDict and type(moved["a"]) is Pair and type(moved["b"]) is Encoding
     assert moved["b"].source == "s" and moved["b"]["t"].tolist() == [2, 2] and moved["c"].default_factory is list
+    assert type(moved["d"]) is Sample and moved["d"].image.tolist() == [2, 2, 2] and moved["d"].name == "x"
     assert batch["b"]["t"].tolist() == [1, 1]  # the user's batch itself unchanged
 
 

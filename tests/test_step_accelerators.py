@@ -1,6 +1,5 @@
 """grad_accumulation, grad_clipping and activation_checkpointing: each alone, against the loop written by hand."""
 import copy
-import socket
 
 import pytest
 import torch
@@ -14,6 +13,7 @@ from accel.accelerators.activation_checkpointing import ActivationCheckpointing,
 from accel.accelerators.grad_accumulation import GradAccumulation
 from accel.accelerators.grad_clipping import GradClipping
 from accel.testing import apply_one, snapshot, tiny_loader, tiny_model, train_steps
+from scripts.launching import one_rank_env
 
 
 def data(samples=64, seed=0):
@@ -93,16 +93,9 @@ def test_a_checkpoint_that_does_not_fit_the_accumulation_is_refused_and_changes_
     assert state.micro == 0
 
 
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def test_under_ddp_the_first_micro_batches_do_not_synchronise(monkeypatch):
     """A real one-rank gloo group: DDP's gradient sync is off inside run.autocast() for micro-batches 1..N-1."""
-    for key, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
-                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}.items():
+    for key, value in one_rank_env().items():
         monkeypatch.setenv(key, value)
     model = tiny_model()
     run = accel.accelerate(model, torch.optim.SGD(model.parameters(), lr=0.1), tiny_loader(),

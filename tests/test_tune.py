@@ -1,7 +1,6 @@
 """tune / plan="auto": candidates from the accelerators, stacks searched, interleaved ratios, the plan cache."""
 import dataclasses
 import math
-import os
 import time
 
 import pytest
@@ -17,6 +16,7 @@ from accel.hardware import ISA_FLAGS, probe
 from accel.measure import Lab, Ratio, Trial
 from accel.report import Report
 from accel.testing import snapshot, tiny_loader, tiny_model, tiny_optimizer
+from accel.testing.harness import process_state
 
 
 class Wrapped(torch.nn.Module):
@@ -120,10 +120,6 @@ def objects(model=None):
     optimizer = tiny_optimizer(model)
     loader = tiny_loader(samples=64, batch_size=16, shuffle=True, generator=torch.Generator().manual_seed(1))
     return model, optimizer, loader
-
-
-def process_state():
-    return torch.get_num_threads(), dict(os.environ), os.sched_getaffinity(0)
 
 
 def test_a_slow_candidate_is_never_chosen_and_everything_ends_as_it_started(custom):

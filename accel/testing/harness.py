@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -82,9 +83,15 @@ TORCH_SETS_ON_IMPORT = ("KMP_INIT_AT_FORK", "KMP_DUPLICATE_LIB_OK", "TORCHINDUCT
 
 
 def process_state() -> tuple:
+    """Threads, environment, affinity and the backend flags an accelerator may set (amp sets TF32 on CUDA)."""
     affinity = tuple(sorted(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") else None
     environ = {k: v for k, v in os.environ.items() if not k.startswith(TORCH_SETS_ON_IMPORT)}
-    return torch.get_num_threads(), environ, affinity
+    flags = (torch.backends.cudnn.benchmark, torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32,
+             torch.get_float32_matmul_precision())
+    return torch.get_num_threads(), environ, affinity, flags
+
+
+KERNEL_CHOICES = ("params", "fused", "foreach", "capturable", "differentiable")  # how a step runs, not what it does
 
 
 @dataclass
@@ -98,6 +105,7 @@ class Trace:
     optimizer: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
     trainable: dict[str, bool] = field(default_factory=dict)
     ties: list[tuple[str, ...]] = field(default_factory=list)
+    groups: list[dict[str, Any]] = field(default_factory=list)  # the optimizer's hyper-parameters, per group
     frozen_moved: list[str] = field(default_factory=list)
 
 
@@ -124,12 +132,19 @@ def train(run: Run, setup: Setup, steps: int, seed: int) -> Trace:
     trace.ties = ties(model)
     trace.frozen_moved = [n for n, p in model.named_parameters() if n in frozen and
                           (p.shape != frozen[n].shape or not torch.equal(p.detach(), frozen[n]))]
-    # Through state_dict(), what the user saves: engines may hold states in their own layout (IPEX keeps a
-    # conv's momentum in its blocked weight layout and converts it back there).
+    # Through state_dict(), what the user saves (IPEX keeps a conv's momentum in its blocked layout and converts
+    # it back there), named by position in the user's optimizer: engines may step master copies that are not
+    # the model's parameters (IPEX's fp32 weights beside a bf16 model), in the same order.
+    user_names = {id(p): n for n, p in setup.model.named_parameters()}
+    positions = [user_names.get(id(p), f"(not in the model) {tuple(p.shape)}")
+                 for group in setup.optimizer.param_groups for p in group["params"]]
     params = [param for group in run.optimizer.param_groups for param in group["params"]]
-    states = run.optimizer.state_dict()["state"]
-    for index, param in enumerate(params):
-        key = names.get(id(param), f"(not in the model) {tuple(param.shape)}")
+    if len(params) != len(positions):
+        positions = [names.get(id(p), f"(not in the model) {tuple(p.shape)}") for p in params]
+    saved = run.optimizer.state_dict()
+    states = saved["state"]
+    trace.groups = [{k: v for k, v in group.items() if k not in KERNEL_CHOICES} for group in saved["param_groups"]]
+    for index, key in enumerate(positions):
         trace.optimizer[key] = {k: v.detach().cpu().float().clone() for k, v in states.get(index, {}).items()
                                 if isinstance(v, torch.Tensor)}
     return trace
@@ -161,7 +176,13 @@ def distance(reference: dict[str, torch.Tensor], other: dict[str, torch.Tensor])
 
 
 def compare(reference: Trace, accelerated: Trace, keeps: Keeps) -> list[str]:
-    """Every difference between the plain training and the accelerated one that the card does not declare."""
+    """Every difference between the plain training and the accelerated one that the card does not declare.
+
+    At every level: the batches, the outputs' structure (dtypes aside below float), parameter and buffer names and
+    shapes (unless the card declares surgery), requires_grad, ties, frozen parameters, the optimizer's
+    hyper-parameters. Below "changed" also: counters and other non-float tensors (BatchNorm's batch count),
+    and which optimizer states exist. Then the weights and states at the card's level.
+    """
     found = []
     for i, (a, b) in enumerate(zip(reference.batches, accelerated.batches)):
         if a != b:
@@ -169,13 +190,21 @@ def compare(reference: Trace, accelerated: Trace, keeps: Keeps) -> list[str]:
             break
     if len(reference.batches) != len(accelerated.batches):
         found.append(f"batches: {len(accelerated.batches)} steps instead of {len(reference.batches)}")
-    shapes = (lambda outputs: [o.replace("bfloat16", "").replace("float16", "").replace("float32", "")
-                               for o in outputs[:1]]) if keeps.weights in ("tolerance", "changed") else list
+    precise = keeps.weights in ("exact", "float")
+    shapes = list if precise else (lambda outputs: [re.sub(r"b?float(16|32|64)", "", o) for o in outputs])
     if shapes(reference.outputs) != shapes(accelerated.outputs):
-        found.append(f"outputs: {accelerated.outputs[:1]} instead of {reference.outputs[:1]}")
+        step = next((i for i, (a, b) in enumerate(zip(shapes(reference.outputs), shapes(accelerated.outputs)))
+                     if a != b), min(len(reference.outputs), len(accelerated.outputs)))
+        found.append(f"outputs: {accelerated.outputs[step:step + 1]} instead of {reference.outputs[step:step + 1]} "
+                     f"(forward {step})")
     shared = set(reference.trainable) & set(accelerated.trainable)
-    if keeps.structure and set(reference.state) != set(accelerated.state):
-        found.append(f"structure: names {sorted(set(reference.state) ^ set(accelerated.state))[:4]} differ")
+    if keeps.structure:
+        if set(reference.state) != set(accelerated.state):
+            found.append(f"structure: names {sorted(set(reference.state) ^ set(accelerated.state))[:4]} differ")
+        reshaped = [n for n, t in reference.state.items() if n in accelerated.state and
+                    t.shape != accelerated.state[n].shape]
+        if reshaped:
+            found.append(f"structure: shapes of {reshaped[:4]} differ")
     flags = [n for n in sorted(shared) if reference.trainable[n] != accelerated.trainable[n]]
     if flags:
         found.append(f"requires_grad: changed for {flags[:4]}")
@@ -184,18 +213,28 @@ def compare(reference: Trace, accelerated: Trace, keeps: Keeps) -> list[str]:
         found.append(f"ties: {accelerated.ties} instead of {reference.ties}")
     if accelerated.frozen_moved:
         found.append(f"frozen parameters changed: {accelerated.frozen_moved[:4]}")
+    if reference.groups != accelerated.groups:
+        found.append(f"optimizer hyper-parameters: {accelerated.groups} instead of {reference.groups}")
     if keeps.weights == "changed":
         return found
+    counters = [n for n, t in reference.state.items() if not t.is_floating_point() and n in accelerated.state
+                and not _close(t, accelerated.state[n], EXACT)]
+    if counters:
+        found.append(f"counters: {counters[:4]} differ (e.g. BatchNorm counting batches twice)")
+    for name, state in reference.optimizer.items():
+        other = accelerated.optimizer.get(name, {})
+        if set(state) != set(other):
+            found.append(f"optimizer state: {name} holds {sorted(other)} instead of {sorted(state)}")
     if keeps.weights == "tolerance":  # lower precision: single elements may move a whole (adaptive) step
         gap = distance(reference.state, accelerated.state)
         if gap > keeps.rtol:
             found.append(f"weights: the model's relative distance {gap:.3g} exceeds the tolerance card's {keeps.rtol:g}")
-    for name, tensor in (reference.state.items() if keeps.weights != "tolerance" else ()):
+    for name, tensor in (reference.state.items() if precise else ()):
         other = accelerated.state.get(name)
         if other is not None and not _close(tensor, other, keeps):
             delta = (tensor.float() - other.float()).abs().max().item() if tensor.shape == other.shape else "shape"
             found.append(f"weights: {name} differs beyond the {keeps.weights} card (max |difference| {delta})")
-    if keeps.weights != "tolerance":
+    if precise:
         for name, state in reference.optimizer.items():
             other = accelerated.optimizer.get(name, {})
             for key, value in state.items():

@@ -194,8 +194,8 @@ def loader_for(kind: str, container: str, extra: str, seed: int) -> DataLoader:
     if kind == "batch_sampler":
         return DataLoader(samples, batch_sampler=BatchSampler(SequentialSampler(samples), 12, drop_last=False))
     if kind == "collate":
-        return DataLoader(samples, batch_size=16, collate_fn=counting_collate, timeout=0, in_order=True)
-    return DataLoader(samples, batch_size=16, num_workers=1, prefetch_factor=2, persistent_workers=True,
+        return DataLoader(samples, batch_size=16, collate_fn=counting_collate)
+    return DataLoader(samples, batch_size=16, num_workers=1, prefetch_factor=4, timeout=30, persistent_workers=True,
                       multiprocessing_context="fork", generator=generator, shuffle=True,
                       worker_init_fn=seed_worker)
 

@@ -16,6 +16,12 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def one_rank_env() -> dict:
+    """The variables torchrun --nproc-per-node 1 gives its one rank, on a free loopback port."""
+    return {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(free_port())}
+
+
 def clean_env() -> dict:
     env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARIABLES}
     return {**env, "GLOO_SOCKET_IFNAME": "lo"}
