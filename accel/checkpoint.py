@@ -287,7 +287,8 @@ def _restore_counters(run, state: dict) -> None:
     sampler, generators = _sampler(run)
     if "seed" in state["sampler"] and hasattr(sampler, "seed"):
         sampler.seed = state["sampler"]["seed"]
-    for generator, saved in zip(generators, state.get("loader_generators", [])):
+    legacy = [state["loader_generator"]] if state.get("loader_generator") is not None else []  # format 1
+    for generator, saved in zip(generators, state.get("loader_generators", legacy)):
         generator.set_state(saved)
     rngs = state["rng"]
     if len(rngs) != world_size():

@@ -25,7 +25,8 @@ def test_loader_rebuilds_with_workers_and_keeps_everything_else():
     new = result.run.loader.loader
     assert result.row.status == "applied"
     assert new is not user and user.num_workers == 0  # the user's loader is left as it was
-    assert (new.num_workers, new.prefetch_factor, new.persistent_workers, new.pin_memory) == (1, 3, True, False)
+    # persistent_workers kept as the user had it: turning it on would shift the shuffle from the second epoch
+    assert (new.num_workers, new.prefetch_factor, new.persistent_workers, new.pin_memory) == (1, 3, False, False)
     assert (new.dataset, new.sampler, new.batch_size, new.drop_last, new.generator) == (
         user.dataset, user.sampler, user.batch_size, user.drop_last, user.generator)
     assert "loader.num_workers: 0 -> 1" in result.changed

@@ -9,7 +9,7 @@ from accel.accelerator import REGISTRY
 from accel.testing import snapshot, tiny_loader, tiny_model, tiny_optimizer
 
 GOOD_OPTIONS = {
-    "threads": [{}, {"threads": 1}, {"affinity": False}, {"interop_threads": None}],
+    "threads": [{}, {"threads": 1}, {"affinity": False}],
     "loader": [{}, {"num_workers": 0}, {"pin_memory": "auto", "prefetch_factor": 2}],
     "amp": [{}, {"dtype": "bfloat16"}, {"dtype": "fp16", "grad_scaler": "auto"}],
     "channels_last": [{}, {"optional": True}],

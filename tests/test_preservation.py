@@ -12,8 +12,8 @@ import accel
 from accel import CheckpointError, PlanError
 from accel.cli import main
 from accel.cli.launch import LaunchError, check_numbers
-from accel.testing import snapshot, tiny_loader, tiny_model, tiny_optimizer, train_steps
-from accel.testing.zoo import Encoding
+from accel.testing import check_equivalence, snapshot, tiny_loader, tiny_model, tiny_optimizer, train_steps
+from accel.testing.zoo import Case, Encoding
 
 
 def digits(n=48):
@@ -63,12 +63,26 @@ def test_the_rebuild_keeps_prefetch_and_every_argument():
 
 
 def test_a_rebuild_to_no_workers_drops_what_only_workers_take():
-    user = DataLoader(TensorDataset(*digits()), batch_size=16, num_workers=1, prefetch_factor=4, timeout=30,
-                      persistent_workers=True)
+    user = DataLoader(TensorDataset(*digits()), batch_size=16, num_workers=1, prefetch_factor=4, timeout=30)
     run = accel.accelerate(tiny_model(), None, user, [{"loader": {"num_workers": 0}}], device="cpu")
     assert run.report.row("loader").status == "applied"
     assert len(list(run.loader)) == len(user) and run.loader.loader.timeout == 0 and user.timeout == 30
     run.close()
+
+
+@pytest.mark.parametrize("kind,options", [("shuffled", {"num_workers": 1}), ("no_batching", {"num_workers": 1}),
+                                          ("shuffled", {}), ("workers", {})])
+def test_the_loader_keeps_the_batches_across_epochs(kind, options):
+    """A DataLoader draws from its generator once per iterator; persistent workers make one for the whole run."""
+    result = check_equivalence([{"loader": options}], Case("cnn", "tuple", "none", kind, "sgd").build, steps=14)
+    assert result.refused is None and not result.differences, result
+
+
+def test_a_change_to_persistent_workers_is_refused_with_why():
+    user = DataLoader(TensorDataset(*digits()), batch_size=16, shuffle=True, num_workers=1, persistent_workers=True)
+    for options in ({"num_workers": 0}, {"persistent_workers": False}):
+        with pytest.raises(PlanError, match="shifts the shuffle from the second epoch"):
+            accel.accelerate(tiny_model(), None, user, [{"loader": options}], device="cpu")
 
 
 class Stream(IterableDataset):

@@ -42,30 +42,30 @@ def repeated_blocks(model: nn.Module) -> set[str]:
     return {name for name, count in counts.items() if count >= 2}
 
 
-def outermost(model: nn.Module, classes: set[str]) -> list[tuple[str, nn.Module]]:
+def outermost(model: nn.Module, classes: set[str]) -> list[nn.Module]:
     """The modules of these classes that are not inside another one of them."""
-    found: list[tuple[str, nn.Module]] = []
+    found: list[nn.Module] = []
 
-    def walk(prefix: str, module: nn.Module) -> None:
-        for name, child in module.named_children():
-            path = f"{prefix}.{name}" if prefix else name
+    def walk(module: nn.Module) -> None:
+        for child in module.children():
             if type(child).__name__ in classes:
-                found.append((path, child))
+                found.append(child)
             else:
-                walk(path, child)
+                walk(child)
 
-    walk("", model)
+    walk(model)
     return found
 
 
-def checkpointed(module: nn.Module, preserve_rng_state: bool):
-    """A forward for ``module`` that recomputes in backward, leaving its buffers as one forward leaves them."""
+def checkpointed(module: nn.Module):
+    """A forward for ``module`` that recomputes in backward, leaving its buffers as one forward leaves them and
+    drawing the same random numbers (dropout masks) as the first pass: the same training, less memory."""
     forward = module.forward
+    buffers = list(module.buffers())
 
     def run(*args, **kwargs):
         if not (torch.is_grad_enabled() and module.training):  # eval or no_grad: nothing to keep for backward
             return forward(*args, **kwargs)
-        buffers = list(module.buffers())
         calls = [0]
 
         def once_then_recompute(*a, **k):
@@ -81,7 +81,7 @@ def checkpointed(module: nn.Module, preserve_rng_state: bool):
                         buffer.copy_(value)
 
         return torch.utils.checkpoint.checkpoint(once_then_recompute, *args, use_reentrant=False,
-                                                 preserve_rng_state=preserve_rng_state, **kwargs)
+                                                 preserve_rng_state=True, **kwargs)
 
     return run
 
@@ -96,7 +96,6 @@ class ActivationCheckpointing(Accelerator):
     options = {
         "modules": Option("auto", (str, list), choices=("auto",), check=names_problem,
                           help="class names of the modules to checkpoint; auto = the repeated blocks"),
-        "preserve_rng_state": Option(True, (bool,), help="recompute dropout with the same random masks"),
     }
 
     def decide(self, ctx):
@@ -121,9 +120,11 @@ class ActivationCheckpointing(Accelerator):
         return []
 
     def apply(self, ctx):
-        model = ctx.own_model()
-        chosen = outermost(model, self.classes)
-        for _, module in chosen:
-            module.forward = checkpointed(module, self.preserve_rng_state)
+        if not outermost(ctx.model, self.classes):  # e.g. IPEX replaced the named classes with its own
+            raise Skip(f"no module of class {sorted(self.classes)} left in the model to checkpoint "
+                       f"(found: {sorted({type(m).__name__ for m in ctx.model.modules()})[:6]})")
+        chosen = outermost(ctx.own_model(), self.classes)
+        for module in chosen:
+            module.forward = checkpointed(module)
         return {"modules": f"{len(chosen)} x {', '.join(sorted(self.classes))}",
                 "recompute": "their activations in backward (non-reentrant torch.utils.checkpoint)"}

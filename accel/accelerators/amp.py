@@ -13,7 +13,7 @@ the Zen 3 of NOTES.md (``auto`` skips it there, a forced dtype warns); fp16 on a
 14x slower on the book's CNN.
 
 What it keeps, within a declared tolerance: the mean loss of the first steps within 5% of fp32 training's, and
-each weight tensor within 30% of its fp32 value by relative distance (measured over 3 steps of the test zoo:
+the whole model's weights within 30% of their fp32 values by relative distance (measured over 3 steps of the test zoo:
 0.03% with SGD, 3% with Adam, 20% with Adagrad and RMSprop, whose first steps divide bf16 rounding by tiny
 accumulators; the losses stayed within 0.05%). Parameters stay fp32; the outputs are bf16/fp16 tensors of the
 same shapes; every other promise (batches, structure, the user's objects) is kept exactly.

@@ -5,7 +5,7 @@ Conv2d turns the tensor entering it into channels_last. From the first convoluti
 and oneDNN/cuDNN use their NHWC kernels. Only what enters a convolution is converted: masks, soft targets
 and other 4-D tensors of the batch that a loss may ``view`` are left as they are, and so are the user's
 parameters (measured here: converting the inputs alone is as fast as converting the weights too:
-resnet18 0.76 vs 0.80 of eager, mobilenet_v2 0.55 vs 0.62, under bf16 autocast 0.87 vs 0.87).
+resnet18 0.76 vs 0.80 of eager, mobilenet_v2 0.55 vs 0.62, fp32, benchmarks/bench_overhead.py).
 
 When it helps: convolution models on CPUs with AVX-512 and on GPUs with tensor cores. Here (Zen 4, Adam,
 batch 16, 224x224) it took 0.77 (mobilenet_v2), 0.80 (resnet50), 0.89 (resnet18), 0.93 (alexnet) and 0.78

@@ -5,8 +5,10 @@ compilation happens on the first step, and the report keeps that step (compile a
 steady step time. ``run.unwrap()`` peels the wrapper off. A model that is already compiled is refused (its
 wrapper would be compiled again and ``run.unwrap()`` would not reach your module): pass the module itself.
 
-When it helps: GPUs, and models with many small element-wise ops to fuse; on top of channels_last + bf16 +
-fused Adam it took resnet18 from 0.46 to 0.43 of eager's step here (Zen 4). When it hurts: its warm-up is
+When it helps: GPUs, and models with many small element-wise ops to fuse. On top of channels_last + bf16 +
+fused Adam on resnet18 here (Zen 4) it read 0.43 against 0.46 of eager's step in one run and 0.49 against 0.46
+in the seed-model run of docs/measurement.md: within the noise, and the search dropped it on every seed model.
+When it hurts: its warm-up is
 long on 2 cores (24-41 s for resnet18, about 27 s for a tiny CNN), and alone, in fp32, it gained nothing on
 resnet18 (1.03x eager on a Zen 3): ``plan="auto"`` with ``expected_steps`` picks it only when the run is long
 enough to pay that back.

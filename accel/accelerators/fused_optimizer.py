@@ -7,9 +7,11 @@ device or dtype has no fused kernel. It declares ``optimizer.update``: another a
 update (IPEX's fused step) conflicts with it.
 
 When it helps: the update is a large part of the step (big models, small batches). An Adam step on resnet18's
-parameters took 4.7x less time fused (6.6 ms against 20 ms foreach); in a whole training step, alexnet ran
-0.78 and vgg16 0.85 of eager. When it does nothing: on resnet18 alone 1.01 (its step is mostly convolutions),
-yet on top of channels_last + bf16 it helps (0.47 -> 0.46); resnet50 read 1.17 in one fresh-process run,
+parameters took 4.7x less time fused here (7.9 ms against 36.8 ms foreach, benchmarks/bench_fused_optimizer.py
+on the Zen 4; 3.0x, 6.6 against 20 ms, on the Zen 3 of NOTES.md); in a whole training step, alexnet ran 0.78
+and vgg16 0.85 of eager. When it does nothing: on resnet18 alone 1.01 (its step is mostly convolutions), and
+on top of channels_last + bf16 it read 0.47 -> 0.46 in one run and 0.45 -> 0.46 in the seed-model run
+(docs/measurement.md): within the noise; resnet50 read 1.17 in one fresh-process run,
 inside that measurement's noise. Build learning-rate schedulers on ``run.optimizer``.
 
 What it keeps: the same update math in one kernel (``SAME_MATH``): weights and optimizer state equal to

@@ -10,7 +10,8 @@ chapter 5 pipeline 1.13x faster here), and on GPUs, where pinned memory and non-
 transfer with compute. When it does nothing: tensors already in memory; 2 cores that both compute.
 
 What it keeps: exactly the batches the plain loop sees, in the same order (workers preserve the sampler's
-order). It leaves the loader alone, and says why, when it cannot rebuild it faithfully (a DataLoader
+order), epoch after epoch: it keeps the loader's persistent_workers, since a DataLoader draws one number from
+its generator per iterator and persistent workers make one iterator for the whole run. It leaves the loader alone, and says why, when it cannot rebuild it faithfully (a DataLoader
 subclass, another iterable) or when nothing would change; it never adds workers to an IterableDataset that
 does not shard its stream by worker (each worker would repeat every sample).
 """
@@ -27,6 +28,10 @@ from accel.hardware import is_accelerator
 from accel.loaders import rebuild_loader, rebuild_problem, settings, shards_by_worker
 
 
+PERSISTENT = ("persistent workers draw the loader's seed once per run, others once per epoch: changing them, or "
+              "dropping the workers they need, shifts the shuffle from the second epoch on")
+
+
 @register
 class Loader(Accelerator):
     """Workers from the cores the compute threads leave free; pinned memory only where a bus is crossed."""
@@ -39,7 +44,7 @@ class Loader(Accelerator):
         "num_workers": Option("auto", (str, int), choices=("auto",), check=at_least(0),
                               help="auto = allowed CPUs left after the compute threads"),
         "pin_memory": Option("auto", (str, bool), choices=("auto",), help="auto = only for accelerator devices"),
-        "persistent_workers": Option("auto", (str, bool), choices=("auto",), help="auto = when there are workers"),
+        "persistent_workers": Option("auto", (str, bool), choices=("auto",), help="auto = the loader's own setting"),
         "prefetch_factor": Option(None, (int, type(None)), check=at_least(1), help="batches each worker loads ahead"),
         "non_blocking": Option("auto", (str, bool), choices=("auto",), help="auto = when memory is pinned"),
     }
@@ -67,6 +72,8 @@ class Loader(Accelerator):
         else:
             share = f"this rank's {allowed} of {len(ctx.hardware.cpus_allowed)} CPUs" if ranks > 1 else f"{allowed} CPUs"
             workers, why = max(0, allowed - threads), f"{share} - {threads} compute threads"
+            if workers == 0 and loader.persistent_workers:
+                workers, why = loader.num_workers, f"kept ({why} = 0): {PERSISTENT}"
         self.stream = stream
         ctx.decide("workers", workers, why)
         accelerator_device = is_accelerator(ctx.device)
@@ -75,6 +82,13 @@ class Loader(Accelerator):
                    "pinned memory" if pin else "no pinned memory")
 
     def check(self, ctx):
+        user = ctx.loader.persistent_workers
+        persistent = user if self.persistent_workers == "auto" else self.persistent_workers
+        if ctx.decisions.workers == 0 and user or ctx.decisions.workers > 0 and persistent != user:
+            return [Problem(self.name, PERSISTENT, field="persistent_workers" if persistent != user else "num_workers",
+                            value=self.persistent_workers if persistent != user else ctx.decisions.workers,
+                            allowed=f"the loader's own persistent_workers={user}"
+                                    + (" with workers" if user else ""), kind="conflict")]
         if self.stream and ctx.decisions.workers > ctx.loader.num_workers:
             return [Problem(self.name, "this IterableDataset does not shard its stream by worker: every worker "
                             "would yield every sample", field="num_workers", value=self.num_workers,
@@ -94,12 +108,9 @@ class Loader(Accelerator):
             warnings.warn(f"loader: pin_memory=True ignored: device {ctx.device} needs no host-to-device copy",
                           stacklevel=2)
         changes["pin_memory"] = pin
-        persistent = workers > 0 if self.persistent_workers == "auto" else self.persistent_workers
-        if persistent and workers == 0:
-            persistent = False
-            changes["persistent_workers"] = "False (no workers to keep)"
-        else:
-            changes["persistent_workers"] = persistent
+        persistent = (loader.persistent_workers if self.persistent_workers == "auto" else self.persistent_workers
+                      ) and workers > 0  # check() refused any other change of it
+        changes["persistent_workers"] = persistent
         prefetch = (self.prefetch_factor or loader.prefetch_factor) if workers > 0 else None
         if self.prefetch_factor is not None and workers == 0:
             changes["prefetch_factor"] = "ignored (no workers)"

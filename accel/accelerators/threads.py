@@ -19,7 +19,6 @@ from __future__ import annotations
 import os
 import warnings
 
-import torch
 
 from accel.accelerator import SAME_MATH, Accelerator, Option, Stage, at_least, register
 from accel.distributed import rank_cores
@@ -47,8 +46,6 @@ class Threads(Accelerator):
     options = {
         "threads": Option("auto", (str, int), choices=("auto",), check=at_least(1),
                           help="intra-op threads; auto = this rank's physical cores"),
-        "interop_threads": Option(None, (int, type(None)), check=at_least(1),
-                                  help="inter-op threads; None leaves torch's default"),
         "affinity": Option(True, (bool,), help="pin this process's threads to its physical cores"),
         "export_env": Option(True, (bool,), help="export the OpenMP variables for child processes"),
     }
@@ -71,13 +68,6 @@ class Threads(Accelerator):
             warnings.warn(f"{threads} threads on {len(ctx.hardware.cpus_allowed)} allowed CPUs oversubscribe the cores",
                           stacklevel=2)
         journal.set_threads(threads)
-        if self.interop_threads is not None:  # torch takes it once per process and cannot give it back
-            try:
-                torch.set_num_interop_threads(self.interop_threads)
-                changes["interop_threads"] = f"{self.interop_threads} (for the rest of the process: run.close() " \
-                                             "cannot undo it)"
-            except RuntimeError:
-                changes["interop_threads"] = "unchanged (set once per process, before any parallel work)"
         launch = decisions.launch
         if (launch and launch.local_world_size > 1) or self.source == "accel launch":
             local = f"{launch.local_rank}/{launch.local_world_size}" if launch else "0/1"

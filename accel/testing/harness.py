@@ -27,11 +27,12 @@ from typing import Any, Callable
 
 import torch
 
-from accel.accelerator import EXACT, Keeps
+from accel.accelerator import EXACT, REGISTRY, Keeps
 from accel.core import accelerate
 from accel.errors import AccelerateError, PlanError
 from accel.loaders import release_workers
 from accel.modules import tied_groups
+from accel.plan import Plan
 from accel.measure import TrainStep, endless
 from accel.run import Run, map_tensors
 from accel.testing.snapshots import snapshot
@@ -78,8 +79,9 @@ def ties(model: torch.nn.Module) -> list[tuple[str, ...]]:
     return sorted(tuple(names) for names in tied_groups(model))
 
 
-TORCH_SETS_ON_IMPORT = ("KMP_INIT_AT_FORK", "KMP_DUPLICATE_LIB_OK", "TORCHINDUCTOR_", "_TORCHINDUCTOR_")  # torch's
-# compiler sets these (names, or prefixes) the first time it runs in a process, whoever uses it: not the plan's
+TORCH_SETS_ON_IMPORT = ("KMP_INIT_AT_FORK", "KMP_DUPLICATE_LIB_OK", "TORCHINDUCTOR_", "_TORCHINDUCTOR_",
+                        "CUDA_MODULE_LOADING")  # torch's compiler sets these (names, or prefixes) the first time it
+# runs in a process, whoever uses it: not the plan's (torch 2.8's inductor sets CUDA_MODULE_LOADING=LAZY)
 
 
 def process_state() -> tuple:
@@ -280,14 +282,32 @@ class Equivalence:
         return "\n".join(lines)
 
 
+def declares_training(keeps: Keeps) -> bool:
+    """A card that changes what one step does (when or how much it steps) but no structure."""
+    return keeps.weights == "changed" and keeps.structure
+
+
+def in_reference(plan: Any) -> list[dict[str, Any]]:
+    """The plan's accelerators that the plain reference runs too (see check_equivalence)."""
+    try:
+        entries = Plan(plan).to_dict()
+    except PlanError:
+        return []  # the accelerated run reports it
+    return [{name: options} for name, options in entries.items()
+            if name in REGISTRY and declares_training(REGISTRY[name].keeps)]
+
+
 def check_equivalence(plan: Any, build: Callable[[], Setup], steps: int = 3, seed: int = 0,
                       device: Any = "cpu") -> Equivalence:
     """Train `steps` batches of build()'s objects plainly and through the plan; return what differs.
 
     A plan refused up front (PlanError) is a valid outcome, provided the objects and the process are untouched.
+    Accelerators that declare a change of the training itself and keep the structure (grad_accumulation,
+    grad_clipping) run in the reference too, so the rest of the plan is still held to its own cards.
     """
     reference = build()
-    plain = accelerate(reference.model, reference.optimizer, reference.loader, plan=[], device=device)
+    plain = accelerate(reference.model, reference.optimizer, reference.loader, plan=in_reference(plan),
+                       device=device)
     try:
         expected = train(plain, reference, steps, seed)
     finally:
@@ -305,7 +325,7 @@ def check_equivalence(plan: Any, build: Callable[[], Setup], steps: int = 3, see
         return result
     result = Equivalence(run.plan.names(), applied=run.report.applied,
                          skipped={r.name: r.reason for r in run.report.rows if r.status == "skipped"})
-    result.keeps = combined([a.keeps for a in run.accelerators])
+    result.keeps = combined([a.keeps for a in run.accelerators if not declares_training(a.keeps)])
     result.objects_changed = before.changes(snapshot(setup.model, setup.optimizer, setup.loader))
     try:
         accelerated = train(run, setup, steps, seed)
