@@ -9,8 +9,10 @@ The lifecycle, in the order accelerate() calls it (docs/lifecycle.md):
 4. ``apply(ctx)``: in plan order, the change; returns what changed, for the report. Process-wide changes
    go through ``ctx.journal``, so a failure anywhere rolls every change back.
 5. Runtime hooks, chained by the Run over the applied accelerators in plan order (the earliest is the
-   outermost and calls ``proceed`` to go on): ``autocast``, ``backward``, ``step``, and ``unwrap`` (innermost
-   wrapper first). ``state_dict``/``load_state_dict`` are saved per accelerator by ``run.save``.
+   outermost and calls ``proceed`` to go on): ``forward_context`` (entered by run.autocast()), ``backward``,
+   ``step``, ``optimizer_step`` (the update itself), ``unscale_gradients`` (called by whoever reads gradients),
+   and ``unwrap`` (innermost wrapper first). ``state_dict``/``load_state_dict`` are the accelerator's part of
+   ``Run.state_dict()`` (what run.save writes).
 
 ``candidates(hardware, model, optimizer, loader)`` lists the configurations tune should measure here.
 Ordering beyond the stage is declared with ``after``/``before``; ``conflicts`` refuses a plan. Their tokens
@@ -168,7 +170,10 @@ class Accelerator:
         return []
 
     def apply(self, ctx: Context) -> dict[str, Any]:
-        """The change: replace ctx.model/optimizer/loader (never change the user's), return what changed."""
+        """The change; returns what changed. Change how the user's objects run through ``ctx.journal`` (a hook,
+        a flag: undone by run.close() or a failed plan), never what they hold, so they stay live; or wrap them
+        (ctx.model = Wrapper(ctx.model)). Replacing one (a copy of the model) makes the user's stale: the core
+        names it in the report and warns."""
         return {}
 
     @classmethod
@@ -179,8 +184,8 @@ class Accelerator:
 
     # --- runtime hooks (chained by the Run; the defaults pass through) ---------------------------------------
 
-    def autocast(self, run: Run) -> contextlib.AbstractContextManager | None:
-        """A context entered around the forward pass and loss (run.autocast()), or None."""
+    def forward_context(self, run: Run) -> contextlib.AbstractContextManager | None:
+        """A context entered around the forward pass and loss (run.autocast()): autocast, DDP's no_sync... or None."""
         return None
 
     def backward(self, run: Run, loss: torch.Tensor, proceed: Callable[[torch.Tensor], None]) -> None:
@@ -190,6 +195,15 @@ class Accelerator:
              proceed: Callable[[torch.optim.Optimizer], bool]) -> bool:
         """Around the update; returns whether the optimizer stepped. The innermost step steps and zeroes grads."""
         return proceed(optimizer)
+
+    def optimizer_step(self, run: Run, optimizer: torch.optim.Optimizer,
+                       proceed: Callable[[torch.optim.Optimizer], bool]) -> bool:
+        """The update itself (innermost: ``optimizer.step()``); returns whether it stepped. A loss scaler steps
+        through its GradScaler here instead of proceeding."""
+        return proceed(optimizer)
+
+    def unscale_gradients(self, run: Run, optimizer: torch.optim.Optimizer) -> None:
+        """Make the gradients true gradients (an accelerator that scaled the loss divides them back), once a step."""
 
     def unwrap(self, model: torch.nn.Module) -> torch.nn.Module:
         """Peel this accelerator's own wrapper off the model (run.unwrap()), or return it as it is."""

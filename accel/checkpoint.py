@@ -1,18 +1,19 @@
-"""Checkpoints of a Run: everything needed to continue training exactly where it stopped.
+"""Checkpoint files of a Run: the file format and its integrity checks. The run owns what is in them
+(``Run.state_dict()`` / ``Run.load_state_dict()``).
 
-Call run.save(path) on every rank: RNG states are gathered from all ranks, rank 0 writes to a temporary file in
-the same folder and renames it over the old one (a crash mid-save leaves the previous checkpoint whole), and
-every rank returns once the file is in place. The file holds a checksum over its tensors.
+Call run.save(path) on every rank: the random states and per-rank accelerator states are gathered from all
+ranks, rank 0 writes to a temporary file in the same folder and renames it over the old one (a crash mid-save
+leaves the previous checkpoint whole), and every rank returns once the file is in place. The file holds a
+checksum over its tensors.
 
 run.load(path) checks everything before changing anything: that the file is a whole accel checkpoint
 (empty, truncated, corrupted or foreign files are refused, naming the file and what is wrong), that its
 tensors match their checksum, that it was saved under the same plan (the plan decides the model's shapes),
-and that the model, optimizer and accelerator states fit this run. If restoring still fails, the run is put
-back as it was. Every error is a CheckpointError.
+and that the state fits this run (``Run.load_state_dict`` checks and restores, or puts the run back). Every
+error is a CheckpointError.
 """
 from __future__ import annotations
 
-import copy
 import hashlib
 import importlib
 import os
@@ -23,11 +24,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_map_only
 
 from accel.distributed import barrier, rank, world_size
 from accel.errors import CheckpointError
-from accel.randomness import loader_generators, rng_state, set_rng_state
 
 FORMAT = 2
 CALLABLE = "__callable__"
@@ -108,37 +107,17 @@ def checksum(state: dict[str, Any]) -> str:
 
 # --- save ----------------------------------------------------------------------------------------------------
 
-def _sampler(run):
-    """The loader's sampler and every generator it draws from (its own, its sampler's, its batch sampler's)."""
-    loader = getattr(run.loader, "loader", None)
-    return getattr(loader, "sampler", None), loader_generators(loader)
-
-
-def state_dict(run) -> dict[str, Any]:
-    sampler, generators = _sampler(run)
-    return {
-        "format": FORMAT,
-        "plan": encode_plan(run.plan.to_dict()),
-        "model": run.unwrap().state_dict(),
-        "optimizer": run.optimizer.state_dict() if run.optimizer is not None else None,
-        "optimizer_class": type(run.optimizer).__name__ if run.optimizer is not None else None,
-        "accelerators": {a.name: a.state_dict() for a in run.accelerators if not a.state_per_rank},
-        "step": run.steps,
-        "optimizer_steps": run.optimizer_steps,
-        "epoch": run.loader.epoch if run.loader is not None else 0,
-        "sampler": {k: getattr(sampler, k) for k in ("seed", "epoch", "num_replicas") if hasattr(sampler, k)},
-        "loader_generators": [g.get_state() for g in generators],
-        "world_size": world_size(),
-    }
-
-
 def save(run, path) -> None:
     """Write the run's state to path; a collective when distributed (every rank calls it, rank 0 writes)."""
     path = Path(path)
-    rng = _gather(rng_state())
-    per_rank = _gather({a.name: a.state_dict() for a in run.accelerators if a.state_per_rank})
+    state = run.state_dict()
+    ranked = {a.name for a in run.accelerators if a.state_per_rank}
+    rng = _gather(state["rng"])
+    per_rank = _gather({name: s for name, s in state["accelerators"].items() if name in ranked})
     if rank() == 0:
-        state = {**state_dict(run), "rng": rng, "accelerators_per_rank": per_rank}
+        state.update(format=FORMAT, plan=encode_plan(state["plan"]), rng=rng, accelerators_per_rank=per_rank,
+                     accelerators={name: s for name, s in state["accelerators"].items() if name not in ranked},
+                     world_size=world_size())
         state["checksum"] = checksum(state)
         path.parent.mkdir(parents=True, exist_ok=True)
         handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -183,6 +162,10 @@ def read(path) -> dict[str, Any]:
         found = f"format {state.get('format')!r}" if isinstance(state, dict) and "format" in state else (
             f"a {type(state).__name__} without accel's format marker")
         raise CheckpointError(f"{path}: not an accel checkpoint ({found}; run.save writes format {FORMAT})")
+    missing = [k for k in ("plan", "model", "optimizer", "step", "epoch", "rng") if k not in state]
+    if missing:
+        raise CheckpointError(f"{path}: incomplete accel checkpoint (format {state['format']}), missing {missing}; "
+                              "nothing was loaded")
     if state["format"] == 1:  # accel 0.1: the GradScaler was saved at the top level
         scaler = state.pop("scaler", None)
         state["accelerators"] = {"amp": {"scaler": scaler}} if scaler is not None else {}
@@ -190,9 +173,6 @@ def read(path) -> dict[str, Any]:
     elif state.get("checksum") != checksum(state):
         raise CheckpointError(f"{path}: its tensors do not match the checksum saved with them: the file was "
                               "corrupted after it was written; nothing was loaded")
-    missing = [k for k in ("plan", "model", "optimizer", "step", "epoch", "rng") if k not in state]
-    if missing:
-        raise CheckpointError(f"{path}: incomplete accel checkpoint, missing {missing}")
     return state
 
 
@@ -201,41 +181,6 @@ def saved_plan(path):
     from accel.plan import Plan
 
     return Plan(decode_plan(read(path)["plan"], path))
-
-
-def _model_problems(saved: dict, current: dict) -> list[str]:
-    problems = []
-    missing, unexpected = sorted(set(current) - set(saved)), sorted(set(saved) - set(current))
-    if missing:
-        problems.append(f"the model's {missing[:5]}{' ...' if len(missing) > 5 else ''} are not in the checkpoint")
-    if unexpected:
-        problems.append(f"the checkpoint's {unexpected[:5]}{' ...' if len(unexpected) > 5 else ''} are not in the model")
-    shapes = [f"{k} {tuple(saved[k].shape)} vs {tuple(v.shape)}" for k, v in current.items()
-              if k in saved and isinstance(v, torch.Tensor) and isinstance(saved[k], torch.Tensor)
-              and tuple(saved[k].shape) != tuple(v.shape)]
-    if shapes:
-        problems.append("shapes differ (checkpoint vs model): " + "; ".join(shapes[:5]))
-    return problems
-
-
-def _optimizer_problems(saved: dict | None, optimizer, saved_class: str | None = None) -> list[str]:
-    if saved_class and optimizer is not None and saved_class != type(optimizer).__name__:
-        return [f"the checkpoint holds a {saved_class}'s state, this run's optimizer is a {type(optimizer).__name__}"]
-    if (optimizer is None) != (saved is None):
-        return [f"the checkpoint has {'an' if saved is not None else 'no'} optimizer state, this run has "
-                f"{'one' if optimizer is not None else 'none'}"]
-    if optimizer is None:
-        return []
-    groups, current = saved.get("param_groups", []), optimizer.param_groups
-    sizes, mine = [len(g["params"]) for g in groups], [len(g["params"]) for g in current]
-    if sizes != mine:
-        return [f"the optimizer's param groups hold {mine} parameters, the checkpoint's {sizes}"]
-    params = [p for g in current for p in g["params"]]
-    index = [i for g in groups for i in g["params"]]
-    wrong = [f"param {i}" for i, p in zip(index, params)
-             for t in saved.get("state", {}).get(i, {}).values()
-             if isinstance(t, torch.Tensor) and t.dim() and tuple(t.shape) != tuple(p.shape)]
-    return [f"optimizer state of another shape for {wrong[:5]}"] if wrong else []
 
 
 def load(run, path) -> dict[str, Any]:
@@ -250,78 +195,26 @@ def load(run, path) -> dict[str, Any]:
     if not same_options(state["plan"], mine):
         raise CheckpointError(f"{path} was saved with the plan {state['plan']}, but this run has {mine}; create the "
                               f"run with plan=accel.checkpoint.saved_plan({str(path)!r})")
-    model = run.unwrap()
-    problems = _model_problems(state["model"], model.state_dict())
-    problems += _optimizer_problems(state["optimizer"], run.optimizer, state.get("optimizer_class"))
-    names = [a.name for a in run.accelerators]
     per_rank = state.get("accelerators_per_rank") or [{}]
-    stray = sorted((set(state.get("accelerators", {})) | set(per_rank[0])) - set(names))
-    if stray:
-        problems.append(f"state of accelerators this run did not apply: {stray}")
+    problems = []
     if len(per_rank) != world_size() and any(s.get("micro") for s in per_rank):
         problems.append(f"saved by {len(per_rank)} rank(s) in the middle of accumulating gradients, which differ "
                         f"per rank; loaded by {world_size()}: resume from a checkpoint saved on an optimizer step")
+    rngs = state["rng"] if isinstance(state["rng"], list) else [state["rng"]]
     mine = per_rank[rank()] if len(per_rank) == world_size() else per_rank[0]
+    legacy = [state["loader_generator"]] if state.get("loader_generator") is not None else []  # format 1
+    state = {**state, "accelerators": {**state.get("accelerators", {}), **mine},
+             "rng": rngs[rank()] if len(rngs) == world_size() else rngs[0],
+             "loader_generators": state.get("loader_generators", legacy)}
+    problems += run.state_problems(state)
     if problems:
         raise CheckpointError(f"{path} does not fit this run; nothing was loaded: " + "; ".join(problems))
-    backup = _snapshot(run)
-    try:
-        model.load_state_dict(state["model"])
-        if run.optimizer is not None:
-            run.optimizer.load_state_dict(state["optimizer"])
-        for accelerator in run.accelerators:
-            source = mine if accelerator.state_per_rank else state.get("accelerators", {})
-            accelerator.load_state_dict(source.get(accelerator.name, {}))
-        _restore_counters(run, state)
-    except Exception as error:
-        _restore(run, backup)
-        raise CheckpointError(f"{path} could not be restored ({type(error).__name__}: {error}); the run was put back "
-                              "as it was") from error
-    return {"step": state["step"], "epoch": state["epoch"], "path": str(path)}
-
-
-def _restore_counters(run, state: dict) -> None:
-    run.steps, run.optimizer_steps = state["step"], state.get("optimizer_steps", state["step"])
-    if run.loader is not None:
-        run.loader.epoch = state["epoch"]
-    sampler, generators = _sampler(run)
-    if "seed" in state["sampler"] and hasattr(sampler, "seed"):
-        sampler.seed = state["sampler"]["seed"]
-    legacy = [state["loader_generator"]] if state.get("loader_generator") is not None else []  # format 1
-    for generator, saved in zip(generators, state.get("loader_generators", legacy)):
-        generator.set_state(saved)
-    rngs = state["rng"]
     if len(rngs) != world_size():
         warnings.warn(f"checkpoint saved by {len(rngs)} rank(s), loaded by {world_size()}: every rank takes rank 0's "
                       "random state", stacklevel=3)
-    set_rng_state(rngs[rank()] if len(rngs) == world_size() else rngs[0])
-
-
-def _snapshot(run) -> dict[str, Any]:
-    sampler, generators = _sampler(run)
-    def on_cpu(state):  # the backup waits in host memory: no second copy of the weights on a GPU
-        return tree_map_only(torch.Tensor, lambda t: t.detach().to("cpu", copy=True), state)
-
-    return {"model": on_cpu(dict(run.unwrap().state_dict())),
-            "optimizer": on_cpu(run.optimizer.state_dict()) if run.optimizer is not None else None,
-            "accelerators": {a.name: copy.deepcopy(a.state_dict()) for a in run.accelerators},
-            "counters": (run.steps, run.optimizer_steps, run.loader.epoch if run.loader is not None else None,
-                         getattr(sampler, "seed", None)),
-            "generators": [g.get_state() for g in generators], "rng": rng_state()}
-
-
-def _restore(run, backup: dict[str, Any]) -> None:
-    run.unwrap().load_state_dict(backup["model"])
-    if run.optimizer is not None:
-        run.optimizer.load_state_dict(backup["optimizer"])
-    for accelerator in run.accelerators:
-        accelerator.load_state_dict(backup["accelerators"][accelerator.name])
-    run.steps, run.optimizer_steps, epoch, seed = backup["counters"]
-    if run.loader is not None:
-        run.loader.epoch = epoch
-    sampler, generators = _sampler(run)
-    if seed is not None:
-        sampler.seed = seed
-    for generator, saved in zip(generators, backup["generators"]):
-        generator.set_state(saved)
-    set_rng_state(backup["rng"])
+    try:
+        run.load_state_dict(state)
+    except Exception as error:
+        raise CheckpointError(f"{path} could not be restored ({type(error).__name__}: {error}); the run was put back "
+                              "as it was") from error
+    return {"step": state["step"], "epoch": state["epoch"], "path": str(path)}

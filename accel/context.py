@@ -15,7 +15,6 @@ from accel.distributed import Launch, launcher_environment
 from accel.errors import Problem
 from accel.hardware import Hardware, device_problem, resolve_device
 from accel.journal import Journal
-from accel.modules import shared_copy
 
 if TYPE_CHECKING:
     from accel.plan import Plan
@@ -67,10 +66,10 @@ class Decisions:
 
 @dataclass
 class Context:
-    """The user's objects (never changed), the run's objects (what accelerators replace), and the decisions.
-
-    ``batch_transforms`` run on every batch the run's loader yields, after it reaches the device.
-    ``grad_scaler`` is the run's loss scaler when one accelerator scales losses (amp with fp16).
+    """The user's objects, the run's objects (the user's own unless an accelerator wraps or replaces them), and
+    the decisions. Accelerators change how the user's objects run through the journal (``journal.hook``,
+    ``journal.set_item``), never what they hold; what they wrap or replace they put in ``model``/``optimizer``/
+    ``loader``. ``batch_transforms`` run on every batch the run's loader yields, after it reaches the device.
     """
 
     model: torch.nn.Module
@@ -81,7 +80,6 @@ class Context:
     decisions: Decisions
     journal: Journal = field(default_factory=Journal)
     batch_transforms: list[Callable[[Any], Any]] = field(default_factory=list)
-    grad_scaler: Any = None
     extras: dict[str, Any] = field(default_factory=dict)
     problems: list[Problem] = field(default_factory=list, repr=False)
 
@@ -112,12 +110,6 @@ class Context:
             self.decisions.extra[name] = value
         self.decisions.by[name] = by
         self.decisions.why[name] = why
-
-    def own_model(self) -> torch.nn.Module:
-        """The run's own module tree sharing the user's tensors (made once): change it, not the user's modules."""
-        if self.model is self.user_model:
-            self.model = shared_copy(self.model)
-        return self.model
 
 
 def placement(device: Any, hardware: Hardware, problems: list[Problem]) -> Decisions | None:

@@ -19,11 +19,12 @@ import torch
 
 from accel.accelerator import Accelerator
 from accel.context import Context, Decisions, placement
-from accel.errors import AccelerateError, PlanError, Problem, Skip
+from accel.errors import AccelerateError, PlanError, Problem, Skip, StaleWarning
 from accel.hardware import Hardware, package_version, probe
+from accel.journal import Journal
 from accel.plan import RESOLVERS, Plan, PlanSpec
 from accel.report import Report, Row
-from accel.run import Run
+from accel.run import Run, open_run
 
 __all__ = ["AccelerateError", "accelerate", "decide"]
 
@@ -52,8 +53,8 @@ def _retract(ctx: Context, name: str) -> None:
             del ctx.decisions.by[field], ctx.decisions.why[field]
 
 
-def prepare(model, optimizer, loader, plan: PlanSpec, device: Any = "auto") -> tuple[Context, list[Accelerator],
-                                                                                     dict[str, str]]:
+def prepare(model, optimizer, loader, plan: PlanSpec, device: Any = "auto",
+            journal: Journal | None = None) -> tuple[Context, list[Accelerator], dict[str, str]]:
     """Parse, decide and check the whole plan; raise one PlanError with every problem. Changes nothing."""
     plan, problems = Plan.parse(plan)
     if not isinstance(model, torch.nn.Module):
@@ -63,7 +64,8 @@ def prepare(model, optimizer, loader, plan: PlanSpec, device: Any = "auto") -> t
     decisions = placement(device, hardware, problems)
     if decisions is None:
         raise PlanError(problems)
-    ctx = Context(model=model, optimizer=optimizer, loader=loader, hardware=hardware, plan=plan, decisions=decisions)
+    ctx = Context(model=model, optimizer=optimizer, loader=loader, hardware=hardware, plan=plan, decisions=decisions,
+                  journal=journal or Journal())
     accelerators = [copy.copy(a) for a in plan]  # each run keeps its own state on its own objects
     skips: dict[str, str] = {}
     checked: dict[str, list[Problem]] = {}
@@ -121,7 +123,7 @@ def _place(ctx: Context) -> None:
     if optimizer is not None and optimizer.state:  # recorded first, so it is undone after the parameters go back
         saved = {param: dict(state) for param, state in optimizer.state.items()}
         ctx.journal.change(f"optimizer state to {device}", lambda: None,
-                           lambda: (optimizer.state.clear(), optimizer.state.update(saved)), process=False)
+                           lambda: (optimizer.state.clear(), optimizer.state.update(saved)), kind="setup")
     ctx.journal.move_module(ctx.model, device)
     if optimizer is not None and optimizer.state:  # load_state_dict casts the state to each parameter's device
         optimizer.load_state_dict(optimizer.state_dict())
@@ -137,9 +139,20 @@ def accelerate(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None =
     """
     started = time.perf_counter()
     plan, tuning = _resolve_plan(plan, model, optimizer, loader, device)
-    ctx, accelerators, skips = prepare(model, optimizer, loader, plan, device)
+    journal = Journal()
+    earlier = open_run(model)
+    if earlier is not None:  # one run trains a model at a time: the earlier one's changes are undone first, and
+        handed = earlier.journal.detach()  # put back if this plan is refused or fails
+        journal.change("the earlier run on this model closed", handed.undo_all,
+                       lambda: (handed.redo_all(), earlier.journal.attach(handed)), kind="setup")
+    try:
+        ctx, accelerators, skips = prepare(model, optimizer, loader, plan, device, journal)
+    except BaseException:
+        journal.rollback()
+        raise
     report = Report(device=str(ctx.device), hardware=describe(ctx.hardware), tuning=tuning)
     applied: list[Accelerator] = []
+    replaced: dict[str, str] = {}  # "model"/"optimizer" -> the accelerator that replaced the user's
     current = "placement"
     try:
         _place(ctx)
@@ -150,6 +163,7 @@ def accelerate(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None =
             if accelerator.name in skips:
                 row.reason = skips[accelerator.name]
                 continue
+            model_before, optimizer_before = ctx.model, ctx.optimizer
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
                 try:
@@ -162,6 +176,10 @@ def accelerate(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None =
             for warning in caught:  # keep them in the report and still show them to the user
                 row.warnings.append(str(warning.message))
                 warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+            if accelerator.unwrap(ctx.model) is not model_before:  # a wrapper (DDP, compile) keeps the model live
+                replaced.setdefault("model", accelerator.name)
+            if ctx.optimizer is not optimizer_before:
+                replaced.setdefault("optimizer", accelerator.name)
     except BaseException as error:
         try:
             ctx.journal.rollback()
@@ -171,10 +189,29 @@ def accelerate(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None =
             raise AccelerateError(f"{current} failed while being applied: {type(error).__name__}: {error}; every "
                                   "change was rolled back (your objects and the process are as they were)") from error
         raise
-    ctx.journal.release_objects()
+    ctx.journal.commit()
     report.decisions = ctx.decisions.summary()
+    report.stale = stale_objects(replaced)
+    for text in report.stale.values():
+        warnings.warn(f"accel: {text}", StaleWarning, stacklevel=2)
+    run = Run(ctx, report, applied)
+    if earlier is not None:
+        earlier.hand_over(run)
     report.setup_s = time.perf_counter() - started
-    return Run(ctx, report, applied)
+    return run
+
+
+STALE = {
+    "model": ("{name} replaced it with its own copy, which is what trains: your model.train()/eval(), hooks, EMA "
+              "and state_dict() do not reach the training; use run.unwrap() (and run.model.train()/.eval()) instead"),
+    "optimizer": ("{name} replaced it with its own, which is what steps: schedulers, learning-rate writes, "
+                  "add_param_group and state_dict() on yours do not reach the training; use run.optimizer instead"),
+}
+
+
+def stale_objects(replaced: dict[str, str]) -> dict[str, str]:
+    """What the user holds that no longer drives the training, and what to use instead (never silent)."""
+    return {what: STALE[what].format(name=name) for what, name in replaced.items()}
 
 
 def describe(hardware: Hardware) -> str:

@@ -14,6 +14,10 @@ class AccelError(Exception):
     """Base of the errors accel raises for a user's mistake or an unusable input (never a bug of accel's)."""
 
 
+class StaleWarning(UserWarning):
+    """An object the user holds no longer drives the training (a plan replaced it); the message says what to use."""
+
+
 @dataclass(frozen=True)
 class Problem:
     """One thing wrong with a plan.

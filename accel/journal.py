@@ -1,9 +1,17 @@
 """The undo journal: every change an accelerator makes outside its own new objects, with how to undo and redo it.
 
-Process state (threads, CPU affinity, environment variables, backend flags) and the placement of the user's
-tensors (a model moved to its device) go through a Journal. accelerate() rolls it back when a plan fails
-half-way, so the user's objects and the process are exactly as they were; tune keeps one journal per candidate
-and switches candidates by undoing one and redoing the other; run.close() puts the process back.
+Three kinds of change go through a Journal:
+
+- ``process``: threads, CPU affinity, environment variables, backend flags, a process group;
+- ``setup``: what stays once the plan succeeded and is undone only if it fails: the user's tensors moved to the
+  run's device, an earlier run on the same model closed;
+- ``object``: how the user's own objects run, never what they hold: a pre-hook on a conv, a checkpointed forward,
+  ``fused=True`` in the optimizer's param groups. The run trains the user's objects themselves, so everything
+  the user does to them stays live; these changes are what makes them faster.
+
+accelerate() rolls everything back when a plan fails half-way, so the user's objects and the process are exactly
+as they were; run.close() undoes the process and object changes (the training it did stays); tune keeps one
+journal per candidate and switches candidates by undoing one and redoing the other.
 """
 from __future__ import annotations
 
@@ -40,7 +48,10 @@ class Entry:
     what: str
     redo: Callable[[], None]
     undo: Callable[[], None]
-    process: bool  # process-wide (threads, env, flags) rather than the placement of the user's tensors
+    kind: str  # "process", "setup" or "object" (see the module's docstring)
+
+
+KINDS = ("process", "setup", "object")
 
 
 class Journal:
@@ -50,16 +61,18 @@ class Journal:
         self.entries: list[Entry] = []
         self.active = True
 
-    def change(self, what: str, redo: Callable[[], None], undo: Callable[[], None], process: bool = True) -> None:
+    def change(self, what: str, redo: Callable[[], None], undo: Callable[[], None], kind: str = "process") -> None:
         """Make a change now (``redo``) and remember how to take it back (``undo``). A redo that fails half-way
         is undone at once, so a rollback never meets a half-made change."""
+        if kind not in KINDS:
+            raise ValueError(f"journal: kind {kind!r} is not one of {KINDS}")
         try:
             redo()
         except BaseException:
             with contextlib.suppress(Exception):  # the redo's own error is the one to report
                 undo()
             raise
-        self.entries.append(Entry(what, redo, undo, process))
+        self.entries.append(Entry(what, redo, undo, kind))
 
     def setenv(self, key: str, value: str) -> None:
         old = os.environ.get(key, _MISSING)
@@ -106,14 +119,26 @@ class Journal:
                     p.grad = grad
                 m._buffers.update(buffers)
 
-        self.change(f"model to {device}", lambda: module.to(device), undo, process=False)
+        self.change(f"model to {device}", lambda: module.to(device), undo, kind="setup")
+
+    def hook(self, what: str, register: Callable[[], Any]) -> None:
+        """A hook on one of the user's objects (``register`` returns its handle), removed by undo."""
+        handles = []
+        self.change(what, lambda: handles.append(register()), lambda: handles.pop().remove(), kind="object")
+
+    def set_item(self, mapping: Any, key: str, value: Any, what: str = "") -> None:
+        """mapping[key] = value on one of the user's objects (e.g. an optimizer's param group), undone exactly
+        (a key that was missing is removed again)."""
+        old = mapping.get(key, _MISSING)
+        self.change(what or f"{key}={value}", lambda: mapping.__setitem__(key, value),
+                    lambda: mapping.pop(key, None) if old is _MISSING else mapping.__setitem__(key, old), kind="object")
 
     def rollback(self) -> None:
         """Undo every change, newest first (process state and tensor placement), and forget them. An undo that
         fails does not stop the others; the failures are raised together at the end."""
         failed = []
         for entry in reversed(self.entries):
-            if entry.process is False or self.active:
+            if entry.kind != "process" or self.active:
                 try:
                     entry.undo()
                 except Exception as error:
@@ -127,20 +152,44 @@ class Journal:
         """Undo the process-wide changes only, keeping them to redo (tune switching between candidates)."""
         if self.active:
             for entry in reversed(self.entries):
-                if entry.process:
+                if entry.kind == "process":
                     entry.undo()
             self.active = False
 
     def resume(self) -> None:
         if not self.active:
             for entry in self.entries:
-                if entry.process:
+                if entry.kind == "process":
                     entry.redo()
             self.active = True
 
-    def release_objects(self) -> None:
-        """After a plan succeeded: forget the user's old tensors (placement stays), keep process changes."""
-        self.entries = [e for e in self.entries if e.process]
+    def commit(self) -> None:
+        """After a plan succeeded: the setup stays (the model on its device, the earlier run closed); the process
+        and object changes stay recorded, for run.close()."""
+        self.entries = [e for e in self.entries if e.kind != "setup"]
+
+    def detach(self) -> "Journal":
+        """A journal that owns these changes (made, still recorded), leaving this one empty: a run hands its
+        changes over to the journal of the run that replaces it, which can put them back if its plan fails."""
+        moved = Journal()
+        moved.entries, moved.active = self.entries, self.active
+        self.entries, self.active = [], True
+        return moved
+
+    def attach(self, moved: "Journal") -> None:
+        """Take back the changes ``detach`` handed over (an earlier run put back when the next plan failed)."""
+        self.entries, self.active = moved.entries + self.entries, moved.active
+
+    def undo_all(self) -> None:
+        """Undo every change, newest first, keeping them to redo (``redo_all``)."""
+        for entry in reversed(self.entries):
+            if entry.kind != "process" or self.active:
+                entry.undo()
+
+    def redo_all(self) -> None:
+        for entry in self.entries:
+            if entry.kind != "process" or self.active:
+                entry.redo()
 
     def __repr__(self) -> str:
         return f"Journal({[e.what for e in self.entries]})"

@@ -7,9 +7,14 @@ or an object that is not a DataLoader. The user's loader itself is never changed
 """
 from __future__ import annotations
 
-from typing import Any
+import os
+from pathlib import Path
+from typing import Any, Callable
 
 from torch.utils.data import DataLoader, IterableDataset
+
+from accel.hardware import format_cpu_list, parse_cpu_list
+from accel.journal import pin_process
 
 
 def rebuild_problem(loader: Any) -> str | None:
@@ -69,6 +74,50 @@ def rebuild_loader(loader: DataLoader, **overrides: Any) -> DataLoader:
     if kwargs["num_workers"] == 0:  # settings torch accepts only with worker processes (a timeout waits on them)
         kwargs.update(prefetch_factor=None, persistent_workers=False, multiprocessing_context=None, timeout=0)
     return DataLoader(**kwargs)
+
+
+class PinWorkers:
+    """A DataLoader ``worker_init_fn`` that pins each worker process to ``cpus``, then calls the user's own
+    ``worker_init_fn`` (if there was one) with the worker id, exactly as the DataLoader would have.
+
+    Worker processes start with the main process's CPU affinity (a fork inherits it), so under the threads
+    accelerator they would run on the compute threads' cores. A module-level class, so that the spawn and
+    forkserver contexts can pickle it (the user's function must be picklable there, as before). Wrapping a
+    PinWorkers again replaces its CPUs instead of nesting: the user's function stays the one called.
+    """
+
+    def __init__(self, cpus, user_fn: Callable[[int], Any] | None = None):
+        self.cpus = tuple(sorted(cpus))
+        self.user_fn = user_fn.user_fn if isinstance(user_fn, PinWorkers) else user_fn
+
+    def __call__(self, worker_id: int) -> None:
+        if hasattr(os, "sched_setaffinity"):
+            pin_process(self.cpus)  # every thread this worker has so far; later ones inherit the main thread's
+        if self.user_fn is not None:
+            self.user_fn(worker_id)
+
+    def __eq__(self, other: Any) -> bool:
+        return isinstance(other, PinWorkers) and (self.cpus, self.user_fn) == (other.cpus, other.user_fn)
+
+    def __hash__(self) -> int:
+        return hash(self.cpus)
+
+    def __repr__(self) -> str:
+        then = f", then {getattr(self.user_fn, '__qualname__', self.user_fn)!s}" if self.user_fn is not None else ""
+        return f"PinWorkers(cpus {format_cpu_list(self.cpus)}{then})"
+
+
+def hyperthread_siblings(cpus) -> tuple[int, ...]:
+    """The logical CPUs that share a physical core with any of ``cpus`` (themselves excluded), from /sys; () where
+    the topology is not exposed."""
+    found: set[int] = set()
+    for cpu in cpus:
+        try:
+            text = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list").read_text()
+        except OSError:
+            continue
+        found.update(parse_cpu_list(text))
+    return tuple(sorted(found - set(cpus)))
 
 
 def settings(loader: DataLoader) -> tuple:

@@ -18,7 +18,7 @@ import torch
 
 from accel import randomness
 from accel.errors import MeasureError
-from accel.run import describe_batch
+from accel.batches import describe_batch
 
 # one-sided 95% quantiles of Student's t by degrees of freedom (a ratio "clearly below x" has 95% confidence)
 T95 = {1: 6.314, 2: 2.920, 3: 2.353, 4: 2.132, 5: 2.015, 6: 1.943, 7: 1.895, 8: 1.860, 9: 1.833, 10: 1.812,
@@ -235,7 +235,7 @@ def training_flops(model: torch.nn.Module, inputs: Any) -> float:
 
     from torch.utils.flop_counter import FlopCounterMode
 
-    from accel.run import map_tensors
+    from accel.batches import map_tensors
 
     meta = copy.deepcopy(model).to("meta")
     meta_inputs = map_tensors(lambda t: torch.empty_like(t, device="meta"), inputs)

@@ -30,7 +30,7 @@ def cache_dir(where: Any = True) -> Path:
 
 
 def _structure(batch: Any) -> Any:
-    from accel.run import map_tensors
+    from accel.batches import map_tensors
 
     described = map_tensors(lambda t: f"{str(t.dtype).replace('torch.', '')}{list(t.shape)}", batch)
     return repr(described) if not isinstance(described, str) else described

@@ -39,6 +39,8 @@ class Report:
     setup_s: float = 0.0
     tuning: Any = None  # accel.autotune.TuneResult when the plan was measured ("auto"): the ablation and the why
     decisions: dict[str, str] = field(default_factory=dict)  # device, rank, dtype, threads, workers...
+    stale: dict[str, str] = field(default_factory=dict)  # "model"/"optimizer" -> what went stale and what to use
+    continued: str = ""  # what this run took over from an earlier run on the same model
 
     def row(self, name: str) -> Row:
         for row in self.rows:
@@ -70,7 +72,7 @@ class Report:
 
     def to_dict(self) -> dict[str, Any]:
         return {"device": self.device, "hardware": self.hardware, "setup_s": round(self.setup_s, 4),
-                "decisions": self.decisions, "accelerators": [asdict(r) for r in self.rows], "timing": self.timing(),
+                "decisions": self.decisions, "stale": self.stale, "continued": self.continued, "accelerators": [asdict(r) for r in self.rows], "timing": self.timing(),
                 **({"tuning": self.tuning.to_dict()} if self.tuning is not None else {})}
 
     def to_json(self, **kwargs: Any) -> str:
@@ -91,6 +93,9 @@ class Report:
         lines += render_table(("accelerator", "stage", "status", "why / what changed"), body)
         if not self.rows:
             lines.append("(empty plan: nothing applied)")
+        lines += [f"stale: your {what}: {why}" for what, why in self.stale.items()]
+        if self.continued:
+            lines.append(f"continued: {self.continued}")
         if self.tuning is not None:
             lines.append(str(self.tuning))
         timing = self.timing()

@@ -6,81 +6,41 @@
         run.backward(loss)
         run.step()
 
-The Run chains the runtime hooks of the applied accelerators in plan order (the earliest outermost). The
-innermost backward is ``loss.backward()``; the innermost step is the optimizer's step (through the run's
-GradScaler when an accelerator set one) followed by ``zero_grad``.
+The Run trains the user's own objects (an accelerator may wrap the model, and prune or IPEX replace it, which the
+report and a StaleWarning then say), so what the user does to them stays live. It chains the runtime hooks of
+the applied accelerators in plan order (the earliest outermost): ``forward_context`` (run.autocast()),
+``backward``, ``step``, ``optimizer_step`` (the update itself: amp's GradScaler steps there) and
+``unscale_gradients``. The innermost backward is ``loss.backward()``; the innermost step is the optimizer's
+update followed by ``zero_grad``. The run owns its state: ``state_dict()``/``load_state_dict()`` hold the model,
+the optimizer, the counters, each accelerator's state, the loader's generators and the random state.
 """
 from __future__ import annotations
 
 import contextlib
 import copy
-import dataclasses
 import time
-from collections.abc import Mapping, MutableMapping, MutableSequence
+import weakref
 from typing import Any, Callable, Iterator
 
 import torch
 
 from accel.accelerator import Accelerator
+from accel.batches import move
 from accel.checkpoint import load as load_checkpoint
 from accel.checkpoint import save as save_checkpoint
 from accel.context import Context
 from accel.loaders import release_workers
-from accel.modules import origin
+from accel.randomness import loader_generators, rng_state, set_rng_state
 from accel.report import Report
 
-
-def map_tensors(fn: Callable[[torch.Tensor], Any], batch: Any) -> Any:
-    """fn applied to every tensor of a batch, each container keeping its own type.
-
-    Tuples, namedtuples, lists, dicts, OrderedDicts, defaultdicts, UserDicts (Hugging Face's BatchEncoding,
-    with its attributes) and dataclasses; anything else (strings, numbers) passes unchanged.
-    """
-    if isinstance(batch, torch.Tensor):
-        return fn(batch)
-    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # namedtuple
-        return type(batch)(*(map_tensors(fn, item) for item in batch))
-    if isinstance(batch, (list, tuple)):
-        items = [map_tensors(fn, item) for item in batch]
-        if type(batch) in (list, tuple) or not isinstance(batch, MutableSequence):
-            return type(batch)(items)
-        clone = copy.copy(batch)  # a list subclass keeps its type and attributes
-        clone[:] = items
-        return clone
-    if isinstance(batch, Mapping):
-        if not isinstance(batch, MutableMapping):
-            return {key: map_tensors(fn, value) for key, value in batch.items()}
-        clone = copy.copy(batch)  # keeps the type, a defaultdict's factory, a BatchEncoding's attributes
-        for key, value in batch.items():
-            clone[key] = map_tensors(fn, value)
-        return clone
-    if dataclasses.is_dataclass(batch) and not isinstance(batch, type):
-        fields = {f.name: map_tensors(fn, getattr(batch, f.name)) for f in dataclasses.fields(batch) if f.init}
-        return dataclasses.replace(batch, **fields)
-    return batch
+_OPEN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # the user's model -> weakref to its open Run
 
 
-def describe_batch(batch: Any) -> str:
-    """'a dict with keys ['image', 'label']' / 'a tuple of [Tensor, Tensor]' / 'a Tensor of shape (16, 3, 8, 8)':
-    what a batch is, for the messages that say what was expected instead."""
-    if isinstance(batch, torch.Tensor):
-        return f"a Tensor of shape {tuple(batch.shape)}"
-    if isinstance(batch, Mapping) or hasattr(batch, "keys"):
-        return f"a {type(batch).__name__} with keys {list(batch.keys())}"
-    if isinstance(batch, (list, tuple)):
-        return f"a {type(batch).__name__} of {[type(item).__name__ for item in batch]}"
-    return f"a {type(batch).__name__}"
-
-
-def move(batch: Any, device: torch.device, non_blocking: bool = False, transforms=()) -> Any:
-    """Every tensor of a batch on the device (then each per-tensor transform), containers kept."""
-    def one(tensor: torch.Tensor) -> torch.Tensor:
-        tensor = tensor.to(device, non_blocking=non_blocking)
-        for transform in transforms:
-            tensor = transform(tensor)
-        return tensor
-
-    return map_tensors(one, batch)
+def open_run(model: torch.nn.Module) -> "Run | None":
+    """The run that trains this model now (made by accelerate() and not closed), or None."""
+    ref = _OPEN.get(model)
+    run = ref() if ref is not None else None
+    return run if run is not None and not run.closed else None
 
 
 class DeviceLoader:
@@ -130,7 +90,6 @@ class Run:
         self.report = report
         self.decisions = ctx.decisions
         self.extras = ctx.extras
-        self.grad_scaler = ctx.grad_scaler
         self.journal = ctx.journal
         self.accelerators = list(accelerators)  # the applied ones, in plan order, each with its own state
         self.loader = (DeviceLoader(ctx.loader, ctx.device, ctx.decisions.non_blocking, ctx.batch_transforms)
@@ -138,10 +97,14 @@ class Run:
         self._user_loader = ctx.user_loader
         self.steps = 0  # run.step() calls (one per batch), restored by run.load
         self.optimizer_steps = 0  # steps the optimizer really took (not skipped, not accumulating)
-        self._autocasts = [a for a in self.accelerators if a.overrides("autocast")]
+        self.closed = False
+        self._contexts = [a for a in self.accelerators if a.overrides("forward_context")]
+        self._unscalers = [a for a in self.accelerators if a.overrides("unscale_gradients")]
         self._backward = self._chain("backward", lambda loss: loss.backward())
+        self._optimizer_step = self._chain("optimizer_step", lambda optimizer: optimizer.step() or True)
         self._step = self._chain("step", self._update)
         self._last_step = time.perf_counter()  # the first step's time includes compile and warm-up
+        _OPEN[ctx.user_model] = weakref.ref(self)
 
     def _chain(self, hook: str, innermost: Callable) -> Callable:
         call = innermost
@@ -150,37 +113,30 @@ class Run:
         return call
 
     def _update(self, optimizer: torch.optim.Optimizer) -> bool:
-        """The innermost step: the optimizer's update (skipped by the GradScaler on inf/NaN), then zero_grad."""
-        scaler = self.grad_scaler
-        if scaler is None:
-            optimizer.step()
-            stepped = True
-        else:
-            scale = scaler.get_scale()
-            scaler.step(optimizer)
-            scaler.update()
-            stepped = scaler.get_scale() >= scale  # the scaler lowers its scale exactly when it skipped
+        """The innermost step: the optimizer's update (through the optimizer_step hooks), then zero_grad."""
+        stepped = self._optimizer_step(optimizer)
         optimizer.zero_grad(set_to_none=True)
-        return stepped
+        return bool(stepped)
 
     @property
     def scaler(self):
-        """The run's GradScaler (amp with fp16), or None."""
-        return self.grad_scaler
+        """The GradScaler of the plan (amp's, with fp16), or None: to read its scale; amp steps it."""
+        return next((a.scaler for a in self.accelerators if getattr(a, "scaler", None) is not None), None)
 
     @property
     def autocast_dtype(self) -> torch.dtype | None:
-        return self.decisions.compute_dtype if self._autocasts else None
+        return self.decisions.compute_dtype if any("precision.autocast" in a.provides for a in self._contexts) else None
 
     def autocast(self) -> contextlib.AbstractContextManager:
-        """The contexts the plan chose for the forward pass and the loss (a no-op when none did)."""
-        return self._entered() if self._autocasts else contextlib.nullcontext()
+        """The contexts the plan chose for the forward pass and the loss: autocast, DDP's no_sync while
+        accumulating... (a no-op when none did)."""
+        return self._entered() if self._contexts else contextlib.nullcontext()
 
     @contextlib.contextmanager
     def _entered(self) -> Iterator[None]:
         with contextlib.ExitStack() as stack:  # entered at `with`; one that fails exits those before it
-            for accelerator in self._autocasts:
-                context = accelerator.autocast(self)
+            for accelerator in self._contexts:
+                context = accelerator.forward_context(self)
                 if context is not None:
                     stack.enter_context(context)
             yield
@@ -188,6 +144,12 @@ class Run:
     def backward(self, loss: torch.Tensor) -> None:
         """loss.backward(), through the plan's hooks (loss scaling, accumulation)."""
         self._backward(loss)
+
+    def unscale_gradients(self, optimizer: torch.optim.Optimizer | None = None) -> None:
+        """Make the gradients true gradients before reading them (clipping, logging a norm): a plan that scales
+        the loss (amp with fp16) divides them back here, once per step. A no-op otherwise."""
+        for accelerator in self._unscalers:
+            accelerator.unscale_gradients(self, optimizer if optimizer is not None else self.optimizer)
 
     def step(self) -> bool:
         """The optimizer step through the plan's hooks, then zero_grad; call it once per batch.
@@ -213,24 +175,95 @@ class Run:
         raise KeyError(f"no applied accelerator {name!r} in this run; applied: {[a.name for a in self.accelerators]}")
 
     def wrappers(self) -> list[torch.nn.Module]:
-        """The model at each level, outermost first (compiled, DDP, ...) down to the user's module."""
+        """The model at each level, outermost first (compiled, DDP, ...) down to the module that trains."""
         levels = [self.model]
         for accelerator in reversed(self.accelerators):
             inner = accelerator.unwrap(levels[-1])
             if inner is not levels[-1]:
                 levels.append(inner)
-        if origin(levels[-1]) is not levels[-1]:
-            levels.append(origin(levels[-1]))
         return levels
 
     def unwrap(self) -> torch.nn.Module:
-        """The user's plain module under every wrapper (DDP, compile, hooks): what to save and evaluate."""
+        """The module under every wrapper (DDP, compile): your model itself, unless the report names it stale
+        (prune and IPEX train a copy of their own). What to save, evaluate and average."""
         return self.wrappers()[-1]
 
-    def save(self, path) -> None:
-        """Checkpoint model, optimizer, each accelerator's state, counters, RNG states and the plan.
+    # --- state ---------------------------------------------------------------------------------------------------
 
-        Every rank calls it; rank 0 writes, atomically, with a checksum over the tensors.
+    def state_dict(self) -> dict[str, Any]:
+        """Everything this process needs to continue the run exactly: the model, the optimizer, the counters, each
+        accelerator's state, the loader's sampler and generators, and the random state."""
+        sampler, generators = self._sampling()
+        return {
+            "plan": self.plan.to_dict(),
+            "model": self.unwrap().state_dict(),
+            "optimizer": self.optimizer.state_dict() if self.optimizer is not None else None,
+            "optimizer_class": type(self.optimizer).__name__ if self.optimizer is not None else None,
+            "accelerators": {a.name: a.state_dict() for a in self.accelerators},
+            "step": self.steps,
+            "optimizer_steps": self.optimizer_steps,
+            "epoch": self.loader.epoch if self.loader is not None else 0,
+            "sampler": {k: getattr(sampler, k) for k in ("seed", "epoch", "num_replicas") if hasattr(sampler, k)},
+            "loader_generators": [g.get_state() for g in generators],
+            "rng": rng_state(),
+        }
+
+    def state_problems(self, state: dict[str, Any]) -> list[str]:
+        """Why a state does not fit this run (model keys and shapes, the optimizer, accelerators), or nothing."""
+        problems = _model_problems(state["model"], self.unwrap().state_dict())
+        problems += _optimizer_problems(state["optimizer"], self.optimizer, state.get("optimizer_class"))
+        stray = sorted(set(state.get("accelerators", {})) - {a.name for a in self.accelerators})
+        if stray:
+            problems.append(f"state of accelerators this run did not apply: {stray}")
+        return problems
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what state_dict() returned. Everything is checked first: a ValueError names every part that
+        does not fit, with nothing changed; a restore that fails half-way puts the run back as it was."""
+        problems = self.state_problems(state)
+        if problems:
+            raise ValueError("; ".join(problems))
+        backup = self._backup()
+        try:
+            self._restore(state)
+        except Exception:
+            self._restore(backup)
+            raise
+
+    def _backup(self) -> dict[str, Any]:
+        """The run's state, with its tensors copied to host memory (no second copy of the weights on a GPU)."""
+        state = self.state_dict()
+        state["model"] = {k: v.detach().to("cpu", copy=True) if isinstance(v, torch.Tensor) else v
+                          for k, v in state["model"].items()}
+        state["optimizer"] = copy.deepcopy(state["optimizer"])  # load_state_dict casts it back to each device
+        state["accelerators"] = copy.deepcopy(state["accelerators"])
+        return state
+
+    def _restore(self, state: dict[str, Any]) -> None:
+        self.unwrap().load_state_dict(state["model"])
+        if self.optimizer is not None:
+            self.optimizer.load_state_dict(state["optimizer"])
+        for accelerator in self.accelerators:
+            accelerator.load_state_dict(state.get("accelerators", {}).get(accelerator.name, {}))
+        self.steps, self.optimizer_steps = state["step"], state.get("optimizer_steps", state["step"])
+        if self.loader is not None:
+            self.loader.epoch = state["epoch"]
+        sampler, generators = self._sampling()
+        if "seed" in state.get("sampler", {}) and hasattr(sampler, "seed"):
+            sampler.seed = state["sampler"]["seed"]
+        for generator, saved in zip(generators, state.get("loader_generators", [])):
+            generator.set_state(saved)
+        set_rng_state(state["rng"])
+
+    def _sampling(self):
+        """The loader's sampler and every generator it draws from (its own, its sampler's, its batch sampler's)."""
+        loader = getattr(self.loader, "loader", None)
+        return getattr(loader, "sampler", None), loader_generators(loader)
+
+    def save(self, path) -> None:
+        """Checkpoint the run's state_dict() to a file, with the plan and a checksum.
+
+        Every rank calls it; rank 0 writes, atomically, with every rank's random state.
         """
         save_checkpoint(self, path)
 
@@ -241,9 +274,72 @@ class Run:
         """
         return load_checkpoint(self, path)
 
-    def close(self) -> None:
-        """Put the process back as it was before accelerate() (threads, affinity, environment, backend flags, a
-        process group accel started) and stop the workers of a loader the run rebuilt."""
+    # --- lifetime ------------------------------------------------------------------------------------------------
+
+    def hand_over(self, successor: "Run") -> None:
+        """This run is replaced by another on the same model (accelerate() again, once per epoch or with another
+        plan): the successor continues its counters, the loader's epoch and the state of every accelerator both
+        plans apply; this run is closed (accelerate() already undid its changes)."""
+        successor.steps, successor.optimizer_steps = self.steps, self.optimizer_steps
+        kept = [f"steps={self.steps}", f"optimizer_steps={self.optimizer_steps}"]
+        if successor.loader is not None and self.loader is not None:
+            successor.loader.epoch = self.loader.epoch
+            kept.append(f"epoch={self.loader.epoch}")
+        mine = {a.name: a for a in self.accelerators}
+        for accelerator in successor.accelerators:
+            if accelerator.name in mine:
+                try:
+                    accelerator.load_state_dict(mine[accelerator.name].state_dict())
+                    kept.append(f"{accelerator.name}'s state")
+                except ValueError as error:
+                    kept.append(f"{accelerator.name} started afresh ({error})")
+        successor.report.continued = "the earlier run on this model, now closed: " + ", ".join(kept)
+        self._release_loader()
+        self.closed = True
+
+    def _release_loader(self) -> None:
         if self.loader is not None and self.loader.loader is not self._user_loader:
             release_workers(self.loader.loader)
+
+    def close(self) -> None:
+        """Put your objects and the process back as they were before accelerate() (hooks, optimizer flags, threads,
+        affinity, environment, backend flags, a process group accel started), keeping what was trained, and stop
+        the workers of a loader the run rebuilt."""
+        self._release_loader()
         self.journal.rollback()
+        self.closed = True
+
+
+def _model_problems(saved: dict, current: dict) -> list[str]:
+    problems = []
+    missing, unexpected = sorted(set(current) - set(saved)), sorted(set(saved) - set(current))
+    if missing:
+        problems.append(f"the model's {missing[:5]}{' ...' if len(missing) > 5 else ''} are not in the checkpoint")
+    if unexpected:
+        problems.append(f"the checkpoint's {unexpected[:5]}{' ...' if len(unexpected) > 5 else ''} are not in the model")
+    shapes = [f"{k} {tuple(saved[k].shape)} vs {tuple(v.shape)}" for k, v in current.items()
+              if k in saved and isinstance(v, torch.Tensor) and isinstance(saved[k], torch.Tensor)
+              and tuple(saved[k].shape) != tuple(v.shape)]
+    if shapes:
+        problems.append("shapes differ (checkpoint vs model): " + "; ".join(shapes[:5]))
+    return problems
+
+
+def _optimizer_problems(saved: dict | None, optimizer, saved_class: str | None = None) -> list[str]:
+    if saved_class and optimizer is not None and saved_class != type(optimizer).__name__:
+        return [f"the checkpoint holds a {saved_class}'s state, this run's optimizer is a {type(optimizer).__name__}"]
+    if (optimizer is None) != (saved is None):
+        return [f"the checkpoint has {'an' if saved is not None else 'no'} optimizer state, this run has "
+                f"{'one' if optimizer is not None else 'none'}"]
+    if optimizer is None:
+        return []
+    groups, current = saved.get("param_groups", []), optimizer.param_groups
+    sizes, mine = [len(g["params"]) for g in groups], [len(g["params"]) for g in current]
+    if sizes != mine:
+        return [f"the optimizer's param groups hold {mine} parameters, the checkpoint's {sizes}"]
+    params = [p for g in current for p in g["params"]]
+    index = [i for g in groups for i in g["params"]]
+    wrong = [f"param {i}" for i, p in zip(index, params)
+             for t in saved.get("state", {}).get(i, {}).values()
+             if isinstance(t, torch.Tensor) and t.dim() and tuple(t.shape) != tuple(p.shape)]
+    return [f"optimizer state of another shape for {wrong[:5]}"] if wrong else []

@@ -192,3 +192,10 @@ def test_bf16_gradient_compression_and_ddp_options_train_in_step(tmp_path):
     assert first["report"]["accelerators"][0]["changes"]["comm_hook"] == "bf16_compress_hook"
     assert all(torch.equal(t, second["params"][n]) for n, t in first["params"].items())
     assert first["losses"][-1] < first["losses"][0]
+
+
+def test_a_layer_unfrozen_under_ddp_is_named_and_accelerate_again_syncs_it():
+    """DDP registers the parameters that require gradients when it wraps: one unfrozen later would train apart on
+    each rank. accel warns at the next step; accelerate() again wraps anew and the ranks train together."""
+    result = torchrun("unfreeze_ddp.py")
+    assert result.returncode == 0 and result.stdout.count("OK") == 2, output(result)

@@ -39,19 +39,20 @@ def test_fused_keeps_hyperparameters_state_and_updates(name):
     applied = apply_one(FusedOptimizer(), model=model, optimizer=optimizer)
     assert applied.row.status == "applied", applied.row.reason
     fused = applied.run.optimizer
-    assert type(fused) is type(optimizer) and fused is not optimizer and fused.defaults["fused"] is True
-    assert optimizer.defaults["fused"] is None  # the user's optimizer is left as it was
-    for old, new in zip(optimizer.param_groups, fused.param_groups):
-        assert {k: v for k, v in old.items() if k not in ("params", "fused")} == \
-               {k: v for k, v in new.items() if k not in ("params", "fused")}
-    for p in model.parameters():  # state kept, tensor for tensor
-        for key, value in optimizer.state[p].items():
+    assert fused is optimizer and fused.defaults["fused"] is True  # your optimizer, stepping fused: it stays live
+    for old, new in zip(reference.param_groups, fused.param_groups):
+        assert {k: v for k, v in old.items() if k not in ("params", "fused", "foreach")} == \
+               {k: v for k, v in new.items() if k not in ("params", "fused", "foreach")}
+    for p, q in zip(model.parameters(), reference_model.parameters()):  # state kept, tensor for tensor
+        for key, value in reference.state[q].items():
             assert torch.equal(torch.as_tensor(fused.state[p][key]).float(), torch.as_tensor(value).float()), key
     # the next update equals the unfused one
     steps(model, fused, n=1, seed=1)
     steps(reference_model, reference, n=1, seed=1)
     for a, b in zip(model.parameters(), reference_model.parameters()):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    applied.run.close()
+    assert optimizer.defaults["fused"] is None and all(g["fused"] is None for g in optimizer.param_groups)
 
 
 def test_unsupported_or_already_fused_is_skipped_with_the_reason():
@@ -72,9 +73,11 @@ def test_foreach_true_is_replaced():
     model = tiny_model()
     applied = apply_one(FusedOptimizer(), model=model,
                         optimizer=torch.optim.AdamW(model.parameters(), foreach=True))
-    assert applied.row.status == "applied" and "foreach" in applied.row.changes
-    assert applied.run.optimizer.defaults["foreach"] is None
+    assert applied.row.status == "applied" and applied.run.optimizer.defaults["foreach"] is None
     accel.testing.train_steps(applied.run)
+    assert applied.run.optimizer.state_dict()["param_groups"][0]["foreach"] is True  # what you save: yours
+    applied.run.close()
+    assert applied.run.optimizer.defaults["foreach"] is True
 
 
 def test_conflicts_with_ipex_and_needs_an_optimizer():

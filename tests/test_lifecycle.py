@@ -204,8 +204,8 @@ def test_hooks_chain_in_plan_order_the_earliest_outermost(registered):
 
     def recording(name, stage):
         class Recording(Accelerator):
-            def autocast(self, run):
-                calls.append(f"{name}.autocast")
+            def forward_context(self, run):
+                calls.append(f"{name}.forward_context")
                 return None
 
             def backward(self, run, loss, proceed):
@@ -219,6 +219,10 @@ def test_hooks_chain_in_plan_order_the_earliest_outermost(registered):
                 calls.append(f"{name}.step<{stepped}")
                 return stepped
 
+            def optimizer_step(self, run, optimizer, proceed):
+                calls.append(f"{name}.optimizer_step")
+                return proceed(optimizer)
+
         return registered(type(name, (Recording,), {"name": name, "stage": stage}))
 
     recording("outer", Stage.KERNELS), recording("inner", Stage.STEP)
@@ -229,8 +233,9 @@ def test_hooks_chain_in_plan_order_the_earliest_outermost(registered):
         loss = torch.nn.functional.cross_entropy(run.model(x), y)
     run.backward(loss)
     assert run.step() is False
-    assert calls == ["outer.autocast", "inner.autocast", "outer.backward>", "inner.backward>", "inner.backward<",
-                     "outer.backward<", "outer.step>", "inner.step>", "inner.step<True", "outer.step<True"]
+    assert calls == ["outer.forward_context", "inner.forward_context", "outer.backward>", "inner.backward>",
+                     "inner.backward<", "outer.backward<", "outer.step>", "inner.step>", "outer.optimizer_step",
+                     "inner.optimizer_step", "inner.step<True", "outer.step<True"]
     assert all(p.grad is None for p in model.parameters())  # the innermost step zeroes the gradients
 
 
@@ -380,11 +385,11 @@ def test_a_change_that_fails_half_way_is_undone_at_once():
 
 
 def test_train_and_eval_on_the_run_reach_the_users_modules():
-    """The run's model is a copy sharing the user's tensors; its mode is the user's mode (dropout, BatchNorm)."""
+    """The run's model is the user's model: one model, one mode (dropout, BatchNorm), whichever is switched."""
     model = torch.nn.Sequential(torch.nn.Conv2d(1, 2, 3), torch.nn.BatchNorm2d(2))
     run = accel.accelerate(model, torch.optim.SGD(model.parameters(), 0.1), None, ["channels_last"], device="cpu")
-    assert run.model is not model
-    run.model.eval()
+    assert run.model is model
+    model.eval()
     assert not model.training and not model[1].training
     statistics = model[1].running_mean.clone()
     with torch.no_grad():

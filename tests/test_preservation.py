@@ -127,7 +127,7 @@ def test_channels_last_converts_no_tensor_of_the_batch_and_keeps_its_container()
 
 
 def test_moving_batches_keeps_every_container_type():
-    from accel.run import move
+    from accel.batches import move
 
     Pair = collections.namedtuple("Pair", "x y")
 

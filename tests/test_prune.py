@@ -486,3 +486,118 @@ def test_a_model_that_cannot_run_on_the_batches_first_item_is_refused_naming_dum
     run = accel.accelerate(model, tiny_optimizer(model), tiny_loader(), {"prune": {"dummy_input": dummy}},
                            device="cpu")
     assert run.model.conv.out_channels == 4 and run.model(*dummy).shape == (2, 10)
+
+
+# --- layers NNI would empty: ViT and ConvNeXt with fresh weights ---------------------------------------------------
+
+def tiny_vit(torchvision):
+    return torchvision.models.VisionTransformer(image_size=32, patch_size=8, num_layers=2, num_heads=2,
+                                                hidden_dim=32, mlp_dim=64, num_classes=10)
+
+
+def tiny_convnext(torchvision):
+    from torchvision.models.convnext import CNBlockConfig, ConvNeXt
+
+    return ConvNeXt([CNBlockConfig(8, 16, 1), CNBlockConfig(16, None, 1)], num_classes=10)
+
+
+def images32(samples=16, batch_size=8):
+    generator = torch.Generator().manual_seed(0)
+    return DataLoader(TensorDataset(torch.randn(samples, 3, 32, 32, generator=generator),
+                                    torch.randint(0, 10, (samples,), generator=generator)), batch_size=batch_size)
+
+
+VIT_MLP = [{"op_names_re": [r"encoder\.layers\.encoder_layer_\d+\.mlp\.0"], "sparse_ratio": 0.5}]
+
+
+def test_a_vit_whose_head_starts_at_zero_is_refused_naming_the_layers_nni_would_empty():
+    """torchvision zero-initializes a ViT's head: NNI's mask inference takes an output that is the same for every
+    input for pruned, so the whole output, and going back, the last encoder layer and the head would lose every
+    channel."""
+    torchvision = pytest.importorskip("torchvision")
+    torch.manual_seed(0)
+    model = tiny_vit(torchvision)
+    optimizer = tiny_optimizer(model)
+    before = snapshot(model, optimizer)
+    with pytest.raises(PlanError) as refused:
+        accel.accelerate(model, optimizer, images32(), {"prune": {"config_list": VIT_MLP}}, device="cpu")
+    [problem] = refused.value.problems
+    assert (problem.accelerator, problem.field) == ("prune", "config_list")
+    text = str(problem)
+    assert text.startswith("prune.config_list: pruning would leave layer 'encoder.layers.encoder_layer_1.ln_2' "
+                           "(LayerNorm) with no input channel (0 of 32 kept)")
+    assert "'heads.head'" in text and "weight is all zero" in text and "the model's whole output" in text
+    assert "warmup_steps" in problem.allowed
+    assert snapshot(model, optimizer).changes(before) == []  # refused before anything was touched
+
+
+def test_the_same_vit_with_a_head_that_varies_prunes_its_mlps():
+    torchvision = pytest.importorskip("torchvision")
+    torch.manual_seed(0)
+    model = tiny_vit(torchvision)
+    nn.init.normal_(model.heads.head.weight, std=0.02)  # as trained (or pretrained) weights would be
+    run = accel.accelerate(model, tiny_optimizer(model), images32(), {"prune": {"config_list": VIT_MLP}},
+                           device="cpu")
+    changed = run.report.row("prune").changes["layers_changed"]
+    assert changed["encoder.layers.encoder_layer_0.mlp.0"] == "weight (64, 32) -> (32, 32)"
+    assert changed["encoder.layers.encoder_layer_1.mlp.3"] == "weight (32, 64) -> (32, 32)"
+
+
+def test_a_convnext_is_refused_naming_its_stem_and_the_constant_tensors_that_empty_it():
+    """ConvNeXt's LayerNorm2d gives its weight (ones) and bias (zeros) to F.layer_norm and its blocks multiply by a
+    layer_scale (1e-6 everywhere): NNI takes such tensors (16 values, a multiple of its batch of 8) for batches of
+    identical samples, so for pruned, and spreads that back from the output to the stem: NNI's own error,
+    "Pruning a Layer to empty is not legal", named no layer."""
+    torchvision = pytest.importorskip("torchvision")
+    torch.manual_seed(0)
+    model = tiny_convnext(torchvision)
+    optimizer = tiny_optimizer(model)
+    before = snapshot(model, optimizer)
+    with pytest.raises(PlanError) as refused:
+        accel.accelerate(model, optimizer, images32(), ["prune"], device="cpu")
+    [problem] = refused.value.problems
+    text = str(problem)
+    assert text.startswith("prune.config_list: pruning would leave layer 'features.0.0' (Conv2d) with no input "
+                           "channel (0 of 3 kept) and no output channel (0 of 8 kept)")
+    for cause in ("'features.3.0.layer_scale' (1e-06 everywhere)", "'classifier.0.weight' (1 everywhere)",
+                  "'classifier.0.bias' (0 everywhere)"):
+        assert cause in text
+    assert snapshot(model, optimizer).changes(before) == []
+
+
+def test_when_warmup_leaves_the_weights_as_they_were_applying_names_the_layer_and_rolls_back():
+    """Warm-up steps train before pruning, so the check cannot know the weights NNI will see: apply() names the
+    layer instead of NNI's EmptyLayerError (here the steps change nothing: lr=0)."""
+    torchvision = pytest.importorskip("torchvision")
+    torch.manual_seed(0)
+    model = tiny_convnext(torchvision)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    before = snapshot(model, optimizer)
+    with pytest.raises(AccelerateError, match=r"ValueError: pruning would leave layer 'features\.0\.0' \(Conv2d\) "
+                                              r"with no input channel .* 'classifier\.0\.weight' \(1 everywhere\)"):
+        accel.accelerate(model, optimizer, images32(), {"prune": {"warmup_steps": 1}}, device="cpu")
+    assert snapshot(model, optimizer).changes(before) == []
+
+
+def test_a_depthwise_convolution_whose_groups_would_lose_their_channels_apart_is_named():
+    """With weights that vary (as trained), ConvNeXt's depthwise convolutions, selected by op_types Conv2d, get their
+    input channels from the stem's mask and their output channels from their own: NNI's UnBalancedGroupError (or
+    EmptyLayerError) named no layer. Excluding them prunes."""
+    torchvision = pytest.importorskip("torchvision")
+    torch.manual_seed(0)
+    model = tiny_convnext(torchvision)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if param.dim() <= 1 or "layer_scale" in name:
+                param.uniform_(0.5, 1.5)
+    optimizer = tiny_optimizer(model)
+    before = snapshot(model, optimizer)
+    with pytest.raises(AccelerateError, match=r"ValueError: pruning would leave layer 'features\.1\.0\.block\.0' "
+                                              r"\(Conv2d, groups=8\) with group \d+ keeping 1 input and 0 output "
+                                              r"channels .*exclude_op_names=\['features\.1\.0\.block\.0'"):
+        accel.accelerate(model, optimizer, images32(), ["prune"], device="cpu")
+    assert snapshot(model, optimizer).changes(before) == []
+    depthwise = [n for n, m in model.named_modules() if isinstance(m, nn.Conv2d) and m.groups > 1]
+    run = accel.accelerate(model, optimizer, images32(), {"prune": {"config_list": [
+        {"op_types": ["Conv2d"], "sparse_ratio": 0.5, "exclude_op_names": depthwise}]}}, device="cpu")
+    assert run.report.row("prune").status == "applied"

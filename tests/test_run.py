@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import accel
-from accel.run import move
+from accel.batches import move
 from accel.testing import tiny_loader, tiny_model, tiny_optimizer, train_steps
 
 Pair = namedtuple("Pair", "x y")

@@ -226,9 +226,9 @@ def test_checkpointed_blocks_train_exactly_like_the_plain_loop():
     before = snapshot(user)
     run = accel.accelerate(user, torch.optim.Adam(user.parameters(), lr=0.01), tiny_loader(),
                            ["activation_checkpointing"], device="cpu")
-    assert run.report.row("activation_checkpointing").changes["modules"] == "3 x Block"
-    assert not any("forward" in m.__dict__ for m in user.modules())  # the user's modules run as they are
-    assert before.changes(snapshot(user)) == []
+    assert run.report.row("activation_checkpointing").changes["modules"] == "3 x Block: blocks.0, blocks.1, blocks.2"
+    assert sum("forward" in m.__dict__ for m in user.modules()) == 3  # your blocks, checkpointed (undone by close)
+    assert before.changes(snapshot(user), how=False) == []
     torch.manual_seed(1)
     train_steps(run, epochs=2)
     optimizer = torch.optim.Adam(reference.parameters(), lr=0.01)
@@ -242,6 +242,9 @@ def test_checkpointed_blocks_train_exactly_like_the_plain_loop():
     for (name, a), b in zip(user.state_dict().items(), reference.state_dict().values()):
         assert torch.equal(a, b), name  # weights, and BatchNorm statistics counted once per batch
     assert run.unwrap() is user
+    run.close()
+    assert before.changes(snapshot(user), how=True)[0].startswith("model.")  # trained values, no hook left
+    assert not any("forward" in m.__dict__ for m in user.modules())
 
 
 def test_named_modules_are_checked_and_a_model_without_blocks_is_skipped_with_the_reason():
@@ -251,7 +254,7 @@ def test_named_modules_are_checked_and_a_model_without_blocks_is_skipped_with_th
     skipped = apply_one(ActivationCheckpointing())
     assert skipped.row.status == "skipped" and "no repeated block" in skipped.row.reason
     chosen = apply_one(ActivationCheckpointing(modules=["Conv2d"]), model=Blocks())
-    assert chosen.row.changes["modules"] == "4 x Conv2d"
+    assert chosen.row.changes["modules"].startswith("4 x Conv2d: ")
 
 
 def test_in_eval_and_without_gradients_the_forward_runs_as_it_is():

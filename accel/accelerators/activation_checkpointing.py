@@ -1,8 +1,10 @@
 """activation_checkpointing: recompute the activations of chosen blocks in backward instead of keeping them.
 
-What it does: on the run's own copy of the module tree (sharing the user's tensors), the forward of each
-chosen module runs under ``torch.utils.checkpoint`` (non-reentrant): its inner activations are freed after
-the forward and recomputed during backward. ``modules="auto"`` picks the repeated blocks (a class with
+What it does: the forward of each chosen module of your model runs under ``torch.utils.checkpoint``
+(non-reentrant): its inner activations are freed after the forward and recomputed during backward. The
+checkpointed forward is a method bound to the module (recorded in the run's journal; ``run.close()`` takes it
+away), so your ``train()``/``eval()``, hooks and a deep copy of the model (an EMA, ``AveragedModel``) keep
+working: a copy's forward is bound to the copy. ``modules="auto"`` picks the repeated blocks (a class with
 child modules that occurs at least twice and is not a container, such as resnet's BasicBlock or mobilenet's
 InvertedResidual), outermost first; or name the classes (``modules=["Bottleneck"]``). Outside training with
 gradients (eval, no_grad) the forward runs as it is.
@@ -18,6 +20,7 @@ recomputation's updates of a block's buffers are undone).
 from __future__ import annotations
 
 import collections
+import types
 
 import torch
 from torch import nn
@@ -42,6 +45,12 @@ def repeated_blocks(model: nn.Module) -> set[str]:
     return {name for name, count in counts.items() if count >= 2}
 
 
+def listed(names: list[str], most: int = 8) -> str:
+    """'layer1.0, layer1.1, ... (12 in all)': which modules, without a wall of text."""
+    shown = ", ".join(names[:most])
+    return shown + (f", ... ({len(names)} in all)" if len(names) > most else "")
+
+
 def outermost(model: nn.Module, classes: set[str]) -> list[nn.Module]:
     """The modules of these classes that are not inside another one of them."""
     found: list[nn.Module] = []
@@ -57,33 +66,35 @@ def outermost(model: nn.Module, classes: set[str]) -> list[nn.Module]:
     return found
 
 
-def checkpointed(module: nn.Module):
-    """A forward for ``module`` that recomputes in backward, leaving its buffers as one forward leaves them and
-    drawing the same random numbers (dropout masks) as the first pass: the same training, less memory."""
-    forward = module.forward
-    buffers = list(module.buffers())
+def checkpointed_forward(self: nn.Module, *args, **kwargs):
+    """The class's forward, recomputed in backward: it leaves the buffers as one forward leaves them and draws the
+    same random numbers (dropout masks) as the first pass: the same training, less memory. Bound to the module
+    (``types.MethodType``), so a deep copy of the model binds it to the copy."""
+    forward = type(self).forward.__get__(self)
+    if not (torch.is_grad_enabled() and self.training):  # eval or no_grad: nothing to keep for backward
+        return forward(*args, **kwargs)
+    buffers = list(self.buffers())
+    calls = [0]
 
-    def run(*args, **kwargs):
-        if not (torch.is_grad_enabled() and module.training):  # eval or no_grad: nothing to keep for backward
-            return forward(*args, **kwargs)
-        calls = [0]
+    def once_then_recompute(*a, **k):
+        calls[0] += 1
+        if calls[0] == 1:
+            return forward(*a, **k)
+        saved = [b.detach().clone() for b in buffers]  # the recomputation must not count a batch twice
+        try:
+            return forward(*a, **k)
+        finally:
+            with torch.no_grad():
+                for buffer, value in zip(buffers, saved):
+                    buffer.copy_(value)
 
-        def once_then_recompute(*a, **k):
-            calls[0] += 1
-            if calls[0] == 1:
-                return forward(*a, **k)
-            saved = [b.detach().clone() for b in buffers]  # the recomputation must not count a batch twice
-            try:
-                return forward(*a, **k)
-            finally:
-                with torch.no_grad():
-                    for buffer, value in zip(buffers, saved):
-                        buffer.copy_(value)
+    return torch.utils.checkpoint.checkpoint(once_then_recompute, *args, use_reentrant=False,
+                                             preserve_rng_state=True, **kwargs)
 
-        return torch.utils.checkpoint.checkpoint(once_then_recompute, *args, use_reentrant=False,
-                                                 preserve_rng_state=True, **kwargs)
 
-    return run
+def is_checkpointed(module: nn.Module) -> bool:
+    forward = module.__dict__.get("forward")
+    return getattr(forward, "__func__", None) is checkpointed_forward
 
 
 @register
@@ -120,11 +131,19 @@ class ActivationCheckpointing(Accelerator):
         return []
 
     def apply(self, ctx):
-        if not outermost(ctx.model, self.classes):  # e.g. IPEX replaced the named classes with its own
+        chosen = outermost(ctx.model, self.classes)
+        if not chosen:  # e.g. IPEX replaced the named classes with its own
             raise Skip(f"no module of class {sorted(self.classes)} left in the model to checkpoint "
                        f"(found: {sorted({type(m).__name__ for m in ctx.model.modules()})[:6]})")
-        chosen = outermost(ctx.own_model(), self.classes)
+        names = {id(m): name for name, m in ctx.model.named_modules()}
+        replaced = [names[id(m)] for m in chosen if "forward" in m.__dict__ and not is_checkpointed(m)]
+        if replaced:
+            raise Skip(f"the forward of {replaced[:4]} is already replaced on the instance (by your code or another "
+                       "tool): checkpointing it would hide that")
         for module in chosen:
-            module.forward = checkpointed(module)
-        return {"modules": f"{len(chosen)} x {', '.join(sorted(self.classes))}",
+            if not is_checkpointed(module):
+                ctx.journal.change(f"checkpointed forward on {names[id(module)]}",
+                                   lambda m=module: setattr(m, "forward", types.MethodType(checkpointed_forward, m)),
+                                   lambda m=module: m.__dict__.pop("forward", None), kind="object")
+        return {"modules": f"{len(chosen)} x {', '.join(sorted(self.classes))}: " + listed([names[id(m)] for m in chosen]),
                 "recompute": "their activations in backward (non-reentrant torch.utils.checkpoint)"}

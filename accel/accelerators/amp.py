@@ -2,9 +2,11 @@
 
 What it does: decides the compute dtype (``auto``: bf16 on GPUs that have it, fp16 with a GradScaler on those
 that do not, bf16 on Intel GPUs, fp16 on mps, bf16 on CPUs with avx512_bf16 or AMX, and nothing on CPUs
-without native bf16); ``run.autocast()`` enters ``torch.autocast`` in it; with fp16, ``run.backward`` scales
-the loss and the step goes through the GradScaler (a step with inf/NaN gradients is skipped and
-``run.step()`` says so). On CUDA it sets cudnn.benchmark and TF32, recorded in the journal.
+without native bf16); ``run.autocast()`` enters ``torch.autocast`` in it. With fp16 it owns a GradScaler,
+through its hooks alone: ``backward`` scales the loss, ``optimizer_step`` steps through the scaler (a step with
+inf/NaN gradients is skipped and ``run.step()`` says so), and ``unscale_gradients`` gives true gradients to
+whoever reads them (grad_clipping, or you: ``run.unscale_gradients()``). On CUDA it sets cudnn.benchmark and
+TF32, recorded in the journal.
 
 When it helps: tensor-core GPUs; CPUs with AMX; CPUs with avx512_bf16, like this repository's Zen 4, where it
 took 0.55 (resnet18), 0.50 (resnet50), 0.56 (vgg16), 0.74 (mobilenet_v2) and 0.87 (alexnet) of the fp32 step
@@ -107,7 +109,7 @@ class Amp(Accelerator):
         changes = {"dtype": short(dtype), "why": ctx.decisions.why["compute_dtype"]}
         self.scaler = None
         if ctx.decisions.loss_scaling:
-            self.scaler = ctx.grad_scaler = torch.amp.GradScaler(device.type)
+            self.scaler = torch.amp.GradScaler(device.type)
         changes["grad_scaler"] = self.scaler is not None
         if device.type == "cuda":
             ctx.journal.setattr(torch.backends.cudnn, "benchmark", self.cudnn_benchmark)
@@ -117,11 +119,23 @@ class Amp(Accelerator):
         self.device_type, self.dtype_ = device.type, dtype
         return changes
 
-    def autocast(self, run):
+    def forward_context(self, run):
         return torch.autocast(self.device_type, dtype=self.dtype_)
 
     def backward(self, run, loss, proceed):
         proceed(self.scaler.scale(loss) if self.scaler is not None else loss)
+
+    def unscale_gradients(self, run, optimizer):
+        if self.scaler is not None:
+            self.scaler.unscale_(optimizer)  # once per step: the scaler's step then uses these gradients
+
+    def optimizer_step(self, run, optimizer, proceed):
+        if self.scaler is None:
+            return proceed(optimizer)
+        scale = self.scaler.get_scale()
+        self.scaler.step(optimizer)
+        self.scaler.update()
+        return self.scaler.get_scale() >= scale  # the scaler lowers its scale exactly when it skipped the step
 
     def state_dict(self):
         return {"scaler": self.scaler.state_dict()} if self.scaler is not None else {}

@@ -1,10 +1,11 @@
 """channels_last: NHWC memory format for the inputs of a model's 2-D convolutions.
 
-What it does: on the run's own copy of the module tree (sharing the user's tensors), a pre-hook on every
-Conv2d turns the tensor entering it into channels_last. From the first convolution on, activations stay NHWC
-and oneDNN/cuDNN use their NHWC kernels. Only what enters a convolution is converted: masks, soft targets
-and other 4-D tensors of the batch that a loss may ``view`` are left as they are, and so are the user's
-parameters (measured here: converting the inputs alone is as fast as converting the weights too:
+What it does: a forward pre-hook on every Conv2d of your model turns the tensor entering it into
+channels_last (recorded in the run's journal: ``run.close()`` removes the hooks). From the first convolution on,
+activations stay NHWC and oneDNN/cuDNN use their NHWC kernels. The run trains your model itself, so its
+``train()``/``eval()``, your hooks and an EMA of it stay live. Only what enters a convolution is converted:
+masks, soft targets and other 4-D tensors of the batch that a loss may ``view`` are left as they are, and so
+are your parameters (measured here: converting the inputs alone is as fast as converting the weights too:
 resnet18 0.76 vs 0.80 of eager, mobilenet_v2 0.55 vs 0.62, fp32, benchmarks/bench_overhead.py).
 
 When it helps: convolution models on CPUs with AVX-512 and on GPUs with tensor cores. Here (Zen 4, Adam,
@@ -55,9 +56,10 @@ class ChannelsLast(Accelerator):
         return [Problem(self.name, why, field="model", kind="conflict")] if why else []
 
     def apply(self, ctx):
-        model = ctx.own_model()
-        convs = [m for m in model.modules() if isinstance(m, torch.nn.Conv2d)]
-        for conv in convs:
-            conv.register_forward_pre_hook(to_channels_last)
+        convs = [(name, m) for name, m in ctx.model.named_modules() if isinstance(m, torch.nn.Conv2d)]
+        for name, conv in convs:
+            if to_channels_last not in conv._forward_pre_hooks.values():  # once, whatever runs came before
+                ctx.journal.hook(f"channels_last pre-hook on {name}",
+                                 lambda conv=conv: conv.register_forward_pre_hook(to_channels_last))
         return {"memory_format": "channels_last", "conv2d_layers": len(convs),
                 "inputs": "each Conv2d's input converted (the batch itself and your parameters unchanged)"}

@@ -13,7 +13,10 @@ long on 2 cores (24-41 s for resnet18, about 27 s for a tiny CNN), and alone, in
 resnet18 (1.03x eager on a Zen 3): ``plan="auto"`` with ``expected_steps`` picks it only when the run is long
 enough to pay that back.
 
-What it keeps: the same math, in generated kernels (``SAME_MATH``: float sums in another order).
+What it keeps: the same math, in generated kernels (``SAME_MATH``: float sums in another order). It compiles
+your model itself (wrapped, not copied), so its ``train()``/``eval()``, ``requires_grad_()`` and your hooks stay
+live: dynamo guards on them and recompiles when they change (accel turns on the hook guards that dynamo skips by
+default; without them a forward hook registered after compiling never ran here).
 On torch 2.8, a process that compiled many instances of one model class past dynamo's recompile limit (8)
 trained a later instance differently (loss 0.3% off by the third step; pytorch/pytorch#128954: dynamo then
 compiles the inner frames one by one). One run compiles one model; torch 2.15 never showed it in 1,000 zoo cases.
@@ -92,8 +95,14 @@ class Compile(Accelerator):
             kwargs["mode"] = self.mode
         if self.options is not None:
             kwargs["options"] = self.options
+        import torch._dynamo
+
+        # Hooks you register or remove after accelerate() must reach the compiled code: dynamo guards on them
+        # (its default skips those guards, and a hook added later would silently never run). Put back by close.
+        ctx.journal.setattr(torch._dynamo.config, "skip_nnmodule_hook_guards", False)
         self.wrapper = ctx.model = torch.compile(ctx.model, **kwargs)
-        return {**{k: v for k, v in kwargs.items() if v is not None}, "compiles": "on the first step (see timing)"}
+        return {**{k: v for k, v in kwargs.items() if v is not None}, "compiles": "on the first step (see timing)",
+                "hooks": "guarded: hooks you add or remove later recompile"}
 
     def unwrap(self, model):
         return model._orig_mod if model is getattr(self, "wrapper", None) else model

@@ -11,6 +11,12 @@ When it helps: more devices or machines. When it hurts: on one 2-core CPU, 2 glo
 book's CNN at 0.60x the speed of 1 process x 2 threads here (the all-reduce of 8.5 MB a step costs more than
 it saves); NOTES.md found the two equal on a Zen 3.
 
+Live objects: DDP wraps your model (``run.unwrap()`` is it), so its modes, hooks and state stay live. One
+thing DDP cannot follow: it registers the parameters that require gradients when it wraps the model, so a
+layer unfrozen later (``requires_grad_(True)``) would train on each rank's own gradients. With more than one
+rank, accel warns (``StaleWarning``) at the first step after such a change: call ``accel.accelerate()`` again
+after unfreezing, which wraps the model anew and continues the run.
+
 What it keeps: the same math as one process training on the global batch (2 ranks x 32 samples matched
 1 process x 64 to 1e-5 in loss); with world size 1, exactly the plain loop, the user's sampler kept. DDP
 broadcasts rank 0's weights and registers gradient hooks on the parameters, as PyTorch's DDP always does.
@@ -25,7 +31,7 @@ from torch.utils.data import DataLoader, IterableDataset, RandomSampler, Sequent
 
 from accel.accelerator import SAME_MATH, Accelerator, Option, Stage, positive, register
 from accel.distributed import init_process_group
-from accel.errors import Problem, Skip
+from accel.errors import Problem, Skip, StaleWarning
 from accel.hardware import importable, is_accelerator
 from accel.loaders import rebuild_loader, rebuild_problem
 
@@ -141,7 +147,22 @@ class DDP(Accelerator):
             ctx.model.register_comm_hook(state=None, hook=comm_hooks()[self.comm_hook])
             changes["comm_hook"] = f"{self.comm_hook}_compress_hook"
         changes["sampler"] = self.shard(ctx, launch)
+        self.synced = self.trainable(ctx.model)
+        self.world_size, self.warned = launch.world_size, False
         return changes
+
+    @staticmethod
+    def trainable(model) -> frozenset[int]:
+        return frozenset(id(p) for p in model.parameters() if p.requires_grad)
+
+    def step(self, run, optimizer, proceed):
+        if self.world_size > 1 and not self.warned and self.trainable(self.wrapper) != self.synced:
+            self.warned = True
+            warnings.warn("accel: ddp: parameters were frozen or unfrozen after DDP wrapped the model; DDP "
+                          "synchronizes only those that required gradients then, so the ranks now train apart: "
+                          "call accel.accelerate() again after unfreezing (it wraps the model anew and continues "
+                          "the run)", StaleWarning, stacklevel=3)
+        return proceed(optimizer)
 
     def unwrap(self, model):
         return model.module if model is getattr(self, "wrapper", None) else model

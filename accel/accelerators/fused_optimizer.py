@@ -1,10 +1,14 @@
 """fused_optimizer: rebuild Adam, AdamW, SGD or Adagrad with ``fused=True``, one kernel for the whole update.
 
-What it does: the run gets a new optimizer of the same class over the same parameters, with the same param
-groups and hyperparameters, the same state (moments, step counts), and ``fused=True``. The user's optimizer is
-not changed. It is skipped with the reason for other classes, an already fused optimizer, and parameters whose
-device or dtype has no fused kernel. It declares ``optimizer.update``: another accelerator that replaces the
-update (IPEX's fused step) conflicts with it.
+What it does: sets ``fused=True`` (and ``foreach`` off, which torch refuses beside it) in the param groups of
+**your own optimizer**, which the run steps: torch reads both per group at every step. Nothing else changes, so
+everything you do to the optimizer stays live: schedulers built before or after ``accelerate()``, learning rates
+written into ``param_groups``, ``add_param_group`` (a new group takes the fused default), your own
+``state_dict()``/``load_state_dict()``. Your checkpoints save your own ``fused``/``foreach`` values (a state-dict
+hook), and loading one keeps the run fused. ``run.close()`` (or a failed plan) puts the values back. It is
+skipped with the reason for other classes, an already fused optimizer, and parameters whose device or dtype has
+no fused kernel. It declares ``optimizer.update``: another accelerator that replaces the update (IPEX's fused
+step) conflicts with it.
 
 When it helps: the update is a large part of the step (big models, small batches). An Adam step on resnet18's
 parameters took 4.7x less time fused here (7.9 ms against 36.8 ms foreach, benchmarks/bench_fused_optimizer.py
@@ -12,7 +16,7 @@ on the Zen 4; 3.0x, 6.6 against 20 ms, on the Zen 3 of NOTES.md); in a whole tra
 and vgg16 0.85 of eager. When it does nothing: on resnet18 alone 1.01 (its step is mostly convolutions), and
 on top of channels_last + bf16 it read 0.47 -> 0.46 in one run and 0.45 -> 0.46 in the seed-model run
 (docs/measurement.md): within the noise; resnet50 read 1.17 in one fresh-process run,
-inside that measurement's noise. Build learning-rate schedulers on ``run.optimizer``.
+inside that measurement's noise. ``run.optimizer`` is your optimizer.
 
 What it keeps: the same update math in one kernel (``SAME_MATH``): weights and optimizer state equal to
 float precision.
@@ -23,7 +27,7 @@ import torch
 
 from accel.accelerator import SAME_MATH, Accelerator, Stage, register
 from accel.errors import Skip
-from accel.optim import describe_optimizer, rebuild_optimizer
+from accel.optim import describe_optimizer
 
 FUSABLE = (torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD, torch.optim.Adagrad)
 
@@ -47,6 +51,23 @@ def fused_problem(optimizer: torch.optim.Optimizer) -> str | None:
     return None
 
 
+KERNEL_KEYS = ("fused", "foreach")
+
+
+def kernel_settings(optimizer: torch.optim.Optimizer) -> list[dict]:
+    """Each param group's fused/foreach values, then the defaults' (what add_param_group gives a new group)."""
+    return [{k: group.get(k) for k in KERNEL_KEYS} for group in [*optimizer.param_groups, optimizer.defaults]]
+
+
+def steps_on_device(optimizer: torch.optim.Optimizer) -> None:
+    """A fused step reads each parameter's step count on the parameter's device, as float32 (torch's own rule for
+    fused and capturable states in load_state_dict); the tensors are replaced in the state, the groups kept."""
+    for param, state in optimizer.state.items():
+        step = state.get("step")
+        if isinstance(step, torch.Tensor) and (step.device != param.device or step.dtype != torch.float32):
+            state["step"] = step.to(param.device, torch.float32)
+
+
 @register
 class FusedOptimizer(Accelerator):
     name = "fused_optimizer"
@@ -67,12 +88,51 @@ class FusedOptimizer(Accelerator):
         why = fused_problem(optimizer)
         if why:
             raise Skip(why)
-        changes = {"optimizer": f"{type(optimizer).__name__} rebuilt with fused=True",
-                   "state": "kept" if optimizer.state else "empty (no step taken yet)"}
-        overrides = {"fused": True}
-        if optimizer.defaults.get("foreach"):
-            overrides["foreach"] = None  # torch refuses foreach=True together with fused=True
-            changes["foreach"] = "True -> None (fused replaces it)"
-        ctx.optimizer = rebuild_optimizer(optimizer, **overrides)
-        changes["now"] = describe_optimizer(ctx.optimizer)
-        return changes
+        journal = ctx.journal
+        self.user_settings = kernel_settings(optimizer)
+        journal.change(f"your {type(optimizer).__name__}: fused=True", lambda: self._fused_again(optimizer),
+                       lambda: self._as_yours(optimizer.param_groups, optimizer.defaults),
+                       kind="object")
+        journal.hook("optimizer state_dict hook: saves your fused/foreach",
+                     lambda: optimizer.register_state_dict_post_hook(self._saved_as_yours))
+        journal.hook("optimizer load_state_dict hook: stays fused",
+                     lambda: optimizer.register_load_state_dict_post_hook(self._fused_again))
+        return {"optimizer": f"your {type(optimizer).__name__} steps with fused=True (its param groups; "
+                             "run.close() puts them back)",
+                "state": "kept" if optimizer.state else "empty (no step taken yet)",
+                "now": describe_optimizer(optimizer)}
+
+    def optimizer_step(self, run, optimizer, proceed):
+        """torch's fused SGD with momentum cannot step a group where some parameters have a momentum buffer and
+        others have none yet (a layer just unfrozen: TypeError); that one step runs unfused, as the plain loop."""
+        if not isinstance(optimizer, torch.optim.SGD):
+            return proceed(optimizer)
+        mixed = [group for group in optimizer.param_groups if group.get("fused") and group["momentum"]
+                 and len({optimizer.state.get(p, {}).get("momentum_buffer") is None
+                          for p in group["params"] if p.grad is not None}) > 1]
+        for group in mixed:
+            group["fused"] = False
+        try:
+            return proceed(optimizer)
+        finally:
+            for group in mixed:
+                group["fused"] = True
+
+    def _as_yours(self, groups: list[dict], defaults: dict | None = None) -> None:
+        """Your own fused/foreach values in these groups (a group added later takes your defaults' values)."""
+        *own, own_defaults = self.user_settings
+        for index, group in enumerate(groups):
+            group.update(own[index] if index < len(own) else own_defaults)
+        if defaults is not None:
+            defaults.update(own_defaults)
+
+    def _saved_as_yours(self, optimizer, state_dict):
+        """Your optimizer's state_dict() holds your own fused/foreach values: a checkpoint as the plain loop's."""
+        self._as_yours(state_dict["param_groups"])
+        return state_dict
+
+    def _fused_again(self, optimizer):
+        """load_state_dict() restores the saved param groups, fused=False among them: the run stays fused."""
+        for group in [*optimizer.param_groups, optimizer.defaults]:
+            group["foreach"], group["fused"] = None, True
+        steps_on_device(optimizer)

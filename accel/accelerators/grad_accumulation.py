@@ -55,7 +55,7 @@ class GradAccumulation(Accelerator):
                 "optimizer": f"steps once every {self.steps} run.step() calls; run.step() returns True in between",
                 "no_sync": "the first N-1 forwards under DDP (inside run.autocast())"}
 
-    def autocast(self, run):
+    def forward_context(self, run):
         return no_sync(run) if self.micro + 1 < self.steps else None
 
     def backward(self, run, loss, proceed):

@@ -1,7 +1,8 @@
 """grad_clipping: clip the gradients' total norm (or each value) before every optimizer step.
 
 What it does: on each real optimizer step (not on accumulation's micro-steps: it is declared after
-``step.schedule``), it first unscales the gradients when the run has a GradScaler (fp16), then applies
+``step.schedule``), it first asks for true gradients (``run.unscale_gradients()``: amp with fp16 unscales
+them; a no-op otherwise), then applies
 ``torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type)`` or ``clip_grad_value_(params, value)`` to the
 optimizer's parameters. Under DDP the gradients are already averaged over ranks, so every rank clips the
 same global gradient. ``run.accelerator("grad_clipping").last_norm`` is the norm before clipping.
@@ -54,12 +55,11 @@ class GradClipping(Accelerator):
         self.last_norm = None
         if self.max_norm is not None:
             return {"max_norm": self.max_norm, "norm_type": self.norm_type,
-                    "under_grad_scaler": "unscaled first" if ctx.grad_scaler is not None else "no scaler"}
+                    "under_grad_scaler": "unscaled first" if ctx.decisions.loss_scaling else "no scaler"}
         return {"value": self.value}
 
     def step(self, run, optimizer, proceed):
-        if run.grad_scaler is not None:
-            run.grad_scaler.unscale_(optimizer)  # the scaler's step then uses these unscaled gradients
+        run.unscale_gradients(optimizer)  # true gradients under a loss scaler (fp16), before they are read
         params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
         if self.max_norm is not None:
             norm_type = float(self.norm_type)

@@ -3,7 +3,11 @@
 What it does: decides the workers (the CPUs this process may use minus the compute threads decided for the
 plan), pinned memory (only when batches cross a bus to an accelerator) and non-blocking copies, and gives the
 run a new DataLoader over the same dataset, sampler or batch sampler, batch size (``None`` included),
-collate_fn, generator, worker_init_fn, timeout, prefetch factor, multiprocessing context and order.
+collate_fn, generator, worker_init_fn, timeout, prefetch factor, multiprocessing context and order. When the
+threads accelerator pins the compute threads to some CPUs (``decisions.cpus``), the workers, which would inherit
+that pin, are pinned to the spare CPUs instead (the allowed ones minus the compute ones, hyper-threads of the
+compute cores included) by a worker_init_fn (``accel.loaders.PinWorkers``) that then calls the user's own; with no
+spare CPU they stay where they are, and the row says so.
 
 When it helps: when loading is part of the step (decoding and augmenting images: 2 workers ran the book's
 chapter 5 pipeline 1.13x faster here), and on GPUs, where pinned memory and non-blocking copies overlap the
@@ -17,15 +21,56 @@ does not shard its stream by worker (each worker would repeat every sample).
 """
 from __future__ import annotations
 
+import dataclasses
+import os
 import warnings
 
 import torch
 from torch.utils.data import IterableDataset
 
 from accel.accelerator import Accelerator, Option, Stage, at_least, register
+from accel.distributed import cores_for_rank, rank_cores
 from accel.errors import Problem, Skip
-from accel.hardware import is_accelerator
-from accel.loaders import rebuild_loader, rebuild_problem, settings, shards_by_worker
+from accel.hardware import format_cpu_list, is_accelerator
+from accel.loaders import (PinWorkers, hyperthread_siblings, rebuild_loader, rebuild_problem, settings,
+                           shards_by_worker)
+
+
+def worker_cpus(ctx) -> tuple[tuple[int, ...] | None, str]:
+    """Where the loader's workers should run: (the CPUs to pin them to, or None to leave them where they start;
+    what the report says).
+
+    Workers start with the main process's affinity, which the threads accelerator pins to the compute CPUs
+    (``decisions.cpus``). The spare CPUs are those allowed to the process minus the compute CPUs (the hyper-thread
+    siblings of the compute cores are spare: threads computes on one logical CPU per core). With several local
+    ranks, every rank's compute CPUs are taken out, and the rest is shared between the ranks as the cores are.
+    """
+    compute = ctx.decisions.cpus
+    if compute is None:
+        return None, "not pinned: where the main process runs (no compute CPUs decided: threads is not in the plan)"
+    if not hasattr(os, "sched_setaffinity"):
+        return None, "not pinned: this OS offers no CPU affinity"
+    allowed = tuple(ctx.hardware.cpus_allowed)
+    launch = ctx.decisions.launch
+    ranks = launch.local_world_size if launch else 1
+    busy = set(compute)
+    if ranks > 1:  # the other local ranks compute on their own cores
+        for rank in range(ranks):
+            busy.update(rank_cores(ctx.hardware.physical_cpus, dataclasses.replace(launch, local_rank=rank))[0])
+    spare = tuple(cpu for cpu in allowed if cpu not in busy)
+    if ranks > 1 and spare:
+        spare = cores_for_rank(spare, launch.local_rank, ranks)
+    if not spare:
+        return None, (f"workers share the compute CPUs {format_cpu_list(compute)}: no spare CPU (allowed: "
+                      f"{format_cpu_list(allowed)})")
+    why = (f"the spare CPUs: {format_cpu_list(allowed)} allowed minus the compute CPUs "
+           f"{format_cpu_list(sorted(busy) if ranks > 1 else compute)}")
+    if ranks > 1:
+        why += f", this local rank's share ({launch.local_rank} of {ranks})"
+    siblings = [cpu for cpu in hyperthread_siblings(compute) if cpu in spare]
+    if siblings:
+        why += f"; {format_cpu_list(siblings)} are hyper-threads of the compute cores"
+    return spare, why
 
 
 PERSISTENT = ("persistent workers draw the loader's seed once per run, others once per epoch: changing them, or "
@@ -117,9 +162,21 @@ class Loader(Accelerator):
         elif prefetch is not None:
             changes["prefetch_factor"] = prefetch
         changes["non_blocking"] = decisions.non_blocking
-        if (workers, pin, persistent, prefetch) == settings(loader) and not decisions.non_blocking:
+        init = loader.worker_init_fn
+        if workers > 0:
+            cpus, where = worker_cpus(ctx)
+            changes["worker_cpus"] = f"{format_cpu_list(cpus)} ({where})" if cpus else where
+            if cpus and not (isinstance(init, PinWorkers) and init.cpus == cpus):
+                init = PinWorkers(cpus, init)
+                user = init.user_fn
+                changes["worker_init_fn"] = "pins each worker to its CPUs, then calls " + (
+                    f"yours ({getattr(user, '__qualname__', type(user).__name__)})" if user is not None
+                    else "nothing (the loader had none)")
+        if (workers, pin, persistent, prefetch) == settings(loader) and init is loader.worker_init_fn \
+                and not decisions.non_blocking:
+            where = f"; {changes['worker_cpus']}" if "worker_cpus" in changes else ""
             raise Skip(f"the loader already has these settings (num_workers={workers}: {decisions.why['workers']}; "
-                       f"pin_memory={pin}); nothing to change")
+                       f"pin_memory={pin}{where}); nothing to change")
         ctx.loader = rebuild_loader(loader, num_workers=workers, pin_memory=pin, persistent_workers=persistent,
-                                    prefetch_factor=prefetch)
+                                    prefetch_factor=prefetch, worker_init_fn=init)
         return changes

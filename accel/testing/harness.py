@@ -1,5 +1,10 @@
 """check_equivalence: train the same user code with and without a plan and compare what was trained.
 
+The user code is a model, an optimizer, a loader, a step, and a loop (``accel.testing.loops``): what the loop
+does with the objects it holds (schedulers, learning-rate writes, unfreezing, its own checkpoints, validation,
+hooks, an EMA, accelerate() again). The objects stay live: the loop drives the accelerated training exactly
+as the plain one, or the report names what went stale.
+
     from accel.testing import Setup, check_equivalence
 
     def build():                      # called for each run: the same objects from the same seed every time
@@ -34,7 +39,9 @@ from accel.loaders import release_workers
 from accel.modules import tied_groups
 from accel.plan import Plan
 from accel.measure import TrainStep, endless
-from accel.run import Run, map_tensors
+from accel.batches import map_tensors
+from accel.run import Run
+from accel.testing.loops import Held, Loop
 from accel.testing.snapshots import snapshot
 
 LEVELS = ("exact", "float", "tolerance", "changed")
@@ -42,12 +49,21 @@ LEVELS = ("exact", "float", "tolerance", "changed")
 
 @dataclass
 class Setup:
-    """A user's training objects; step_fn(run, batch) -> loss when batches are not (inputs, targets)."""
+    """A user's training objects; step_fn(run, batch) -> loss when batches are not (inputs, targets); the loop's
+    behaviour around the steps; evaluate(model) -> the model's output on held-out data (for validation, EMA)."""
 
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
     loader: Any
     step_fn: Callable[[Run, Any], torch.Tensor] | None = None
+    loop: Loop = field(default_factory=Loop)
+    evaluate: Callable[[torch.nn.Module], torch.Tensor] | None = None
+
+    def held(self, run: Run | None = None) -> Held:
+        """What the loop holds: the user's objects, or where the run's report names one stale, the run's."""
+        stale = run.report.stale if run is not None else {}
+        return Held(run.unwrap() if "model" in stale else self.model,
+                    run.optimizer if "optimizer" in stale else self.optimizer, self.loader, self.evaluate)
 
 
 def combined(cards: list[Keeps]) -> Keeps:
@@ -109,31 +125,53 @@ class Trace:
     ties: list[tuple[str, ...]] = field(default_factory=list)
     groups: list[dict[str, Any]] = field(default_factory=list)  # the optimizer's hyper-parameters, per group
     frozen_moved: list[str] = field(default_factory=list)
+    rates: list[list[float]] = field(default_factory=list)  # the learning rates each step used, per group
+    steps_counted: int = 0  # run.steps at the end (accelerate() again continues it)
+    user: dict[str, torch.Tensor] = field(default_factory=dict)  # the user's own model and optimizer state
+    observed: dict[str, torch.Tensor] = field(default_factory=dict)  # what the loop built (EMA, validation)
+    closed: tuple = ()  # hooks and optimizer flags on the user's objects after run.close()
+    run: Any = None
 
 
 def train(run: Run, setup: Setup, steps: int, seed: int) -> Trace:
-    """The README loop for `steps` batches, recording the batches, outputs and losses, then the model's state."""
+    """The README loop for `steps` batches, with the setup's loop behaviour, recording the batches, outputs,
+    losses and learning rates, then the model's, the user's and the loop's state."""
     trace = Trace()
+    loop, held = setup.loop, setup.held(run)
     model = run.unwrap()
     frozen = {n: p.detach().clone() for n, p in model.named_parameters() if not p.requires_grad}
-    hook = run.model.register_forward_hook(lambda module, args, output: trace.outputs.append(structure(output)))
+    hook = model.register_forward_hook(lambda module, args, output: trace.outputs.append(structure(output)))
     step = TrainStep(step_fn=setup.step_fn)
     torch.manual_seed(seed)
     try:
         batches = endless(run.loader)
         run.model.train()
-        for _ in range(steps):
+        loop.start(held, run)
+        for i in range(steps):
+            again = loop.before(i, held, run)
+            if again is not run:  # accelerate() again: the new run's loader, from the start of an epoch
+                run, batches = again, endless(again.loader)
             batch = next(batches)
             trace.batches.append(fingerprint(batch))
-            trace.losses.append(float(step(run, batch)))
+            trace.rates.append([group["lr"] for group in run.optimizer.param_groups])
+            loss = float(step(run, batch))
+            trace.losses.append(loss)
+            loop.after(i, held, run, loss)
     finally:
         hook.remove()
+    trace.run = run  # the run at the end (the loop may have made another): the one to close
+    trace.steps_counted = run.steps
+    trace.observed = {k: v.detach().cpu().clone() for k, v in loop.observed().items()}
     names = {id(p): n for n, p in model.named_parameters()}
     trace.state = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+    trace.user = {f"your model's {k}": v.detach().cpu().clone() for k, v in setup.model.state_dict().items()}
+    for index, state in setup.optimizer.state_dict()["state"].items():
+        trace.user.update({f"your optimizer's {index}.{k}": v.detach().cpu().float().clone() for k, v in state.items()
+                           if isinstance(v, torch.Tensor)})
     trace.trainable = {n: p.requires_grad for n, p in model.named_parameters()}
     trace.ties = ties(model)
-    trace.frozen_moved = [n for n, p in model.named_parameters() if n in frozen and
-                          (p.shape != frozen[n].shape or not torch.equal(p.detach(), frozen[n]))]
+    trace.frozen_moved = [n for n, p in model.named_parameters() if n in frozen and not p.requires_grad and
+                          (p.shape != frozen[n].shape or not torch.equal(p.detach(), frozen[n]))]  # (unfrozen: trains)
     # Through state_dict(), what the user saves (IPEX keeps a conv's momentum in its blocked layout and converts
     # it back there), named by position in the user's optimizer: engines may step master copies that are not
     # the model's parameters (IPEX's fp32 weights beside a bf16 model), in the same order.
@@ -150,6 +188,12 @@ def train(run: Run, setup: Setup, steps: int, seed: int) -> Trace:
         trace.optimizer[key] = {k: v.detach().cpu().float().clone() for k, v in states.get(index, {}).items()
                                 if isinstance(v, torch.Tensor)}
     return trace
+
+
+def closed_state(setup: Setup) -> tuple:
+    """How the user's objects run once the run is closed: their hooks and forwards, the optimizer's flags."""
+    after = snapshot(setup.model, setup.optimizer)
+    return tuple(after.hooks), repr(after.kernels)
 
 
 def _close(a: torch.Tensor, b: torch.Tensor, keeps: Keeps) -> bool:
@@ -175,6 +219,24 @@ def distance(reference: dict[str, torch.Tensor], other: dict[str, torch.Tensor])
     delta = sum(float((reference[n].float() - other[n].float()).square().sum()) for n in names)
     size = sum(float(reference[n].float().square().sum()) for n in names)
     return (delta / max(size, 1e-30)) ** 0.5
+
+
+def compare_tensors(what: str, reference: dict[str, torch.Tensor], other: dict[str, torch.Tensor],
+                    keeps: Keeps) -> list[str]:
+    """Tensors by name at the card's level: each within exact/float, or the whole within the tolerance."""
+    if keeps.weights == "tolerance":  # lower precision: single elements may move a whole (adaptive) step
+        gap = distance(reference, other)
+        return [f"{what}: the relative distance {gap:.3g} exceeds the tolerance card's {keeps.rtol:g}"] \
+            if gap > keeps.rtol else []
+    found = []
+    for name, tensor in reference.items():
+        theirs = other.get(name)
+        if theirs is None:
+            found.append(f"{what}: {name} is missing")
+        elif not _close(tensor, theirs, keeps):
+            delta = (tensor.float() - theirs.float()).abs().max().item() if tensor.shape == theirs.shape else "shape"
+            found.append(f"{what}: {name} differs beyond the {keeps.weights} card (max |difference| {delta})")
+    return found
 
 
 def compare(reference: Trace, accelerated: Trace, keeps: Keeps) -> list[str]:
@@ -217,6 +279,14 @@ def compare(reference: Trace, accelerated: Trace, keeps: Keeps) -> list[str]:
         found.append(f"frozen parameters changed: {accelerated.frozen_moved[:4]}")
     if reference.groups != accelerated.groups:
         found.append(f"optimizer hyper-parameters: {accelerated.groups} instead of {reference.groups}")
+    for i, (a, b) in enumerate(zip(reference.rates, accelerated.rates)):
+        if a != b:
+            found.append(f"learning rates: step {i} used {b} instead of {a}")
+            break
+    if accelerated.steps_counted != len(accelerated.batches):
+        found.append(f"counters: run.steps is {accelerated.steps_counted} after {len(accelerated.batches)} steps")
+    if reference.closed != accelerated.closed:
+        found.append(f"after run.close(): your objects run with {accelerated.closed} instead of {reference.closed}")
     if keeps.weights == "changed":
         return found
     counters = [n for n, t in reference.state.items() if not t.is_floating_point() and n in accelerated.state
@@ -227,15 +297,10 @@ def compare(reference: Trace, accelerated: Trace, keeps: Keeps) -> list[str]:
         other = accelerated.optimizer.get(name, {})
         if set(state) != set(other):
             found.append(f"optimizer state: {name} holds {sorted(other)} instead of {sorted(state)}")
-    if keeps.weights == "tolerance":  # lower precision: single elements may move a whole (adaptive) step
-        gap = distance(reference.state, accelerated.state)
-        if gap > keeps.rtol:
-            found.append(f"weights: the model's relative distance {gap:.3g} exceeds the tolerance card's {keeps.rtol:g}")
-    for name, tensor in (reference.state.items() if precise else ()):
-        other = accelerated.state.get(name)
-        if other is not None and not _close(tensor, other, keeps):
-            delta = (tensor.float() - other.float()).abs().max().item() if tensor.shape == other.shape else "shape"
-            found.append(f"weights: {name} differs beyond the {keeps.weights} card (max |difference| {delta})")
+    for what, ours, theirs in (("weights", reference.state, accelerated.state),
+                               ("your objects", reference.user, accelerated.user),
+                               ("what the loop built", reference.observed, accelerated.observed)):
+        found += compare_tensors(what, ours, theirs, keeps)
     if precise:
         for name, state in reference.optimizer.items():
             other = accelerated.optimizer.get(name, {})
@@ -258,6 +323,7 @@ class Equivalence:
     keeps: Keeps = EXACT
     applied: list[str] = field(default_factory=list)
     skipped: dict[str, str] = field(default_factory=dict)
+    stale: dict[str, str] = field(default_factory=dict)  # what the report named stale (the user's model/optimizer)
     refused: str | None = None  # a PlanError: refused up front
     failed: str | None = None  # an AccelerateError: failed while applying, rolled back
     differences: list[str] = field(default_factory=list)
@@ -306,15 +372,19 @@ def check_equivalence(plan: Any, build: Callable[[], Setup], steps: int = 3, see
     grad_clipping) run in the reference too, so the rest of the plan is still held to its own cards.
     """
     reference = build()
+    reference.loop.prepare(reference.held())
     plain = accelerate(reference.model, reference.optimizer, reference.loader, plan=in_reference(plan),
                        device=device)
+    expected = None
     try:
         expected = train(plain, reference, steps, seed)
     finally:
+        (expected.run if expected is not None else plain).close()
         release_workers(reference.loader)
+    expected.closed = closed_state(reference)
     setup = build()
+    setup.loop.prepare(setup.held())
     before, process = snapshot(setup.model, setup.optimizer, setup.loader), process_state()
-    before_objects = snapshot(setup.model, setup.optimizer)
     try:
         run = accelerate(setup.model, setup.optimizer, setup.loader, plan=plan, device=device)
     except (PlanError, AccelerateError) as error:
@@ -323,18 +393,26 @@ def check_equivalence(plan: Any, build: Callable[[], Setup], steps: int = 3, see
         result.process_changed = process_state() != process
         release_workers(setup.loader)
         return result
-    result = Equivalence(run.plan.names(), applied=run.report.applied,
+    result = Equivalence(run.plan.names(), applied=run.report.applied, stale=dict(run.report.stale),
                          skipped={r.name: r.reason for r in run.report.rows if r.status == "skipped"})
     result.keeps = combined([a.keeps for a in run.accelerators if not declares_training(a.keeps)])
-    result.objects_changed = before.changes(snapshot(setup.model, setup.optimizer, setup.loader))
+    # accelerate() may change how the user's objects run (hooks, fused flags: undone by close), never what they hold
+    result.objects_changed = before.changes(snapshot(setup.model, setup.optimizer, setup.loader), how=False)
+    before_objects = snapshot(setup.model, setup.optimizer)
+    accelerated = None
     try:
         accelerated = train(run, setup, steps, seed)
     finally:
-        run.close()
+        (accelerated.run if accelerated is not None else run).close()
         release_workers(setup.loader)
+    accelerated.closed = closed_state(setup)
     result.process_changed = process_state() != process
+    for what in run.report.stale:  # named stale: the user's object is not what trains, by declaration
+        prefix = f"your {what}"
+        expected.user = {k: v for k, v in expected.user.items() if not k.startswith(prefix)}
+        accelerated.user = {k: v for k, v in accelerated.user.items() if not k.startswith(prefix)}
     result.differences = compare(expected, accelerated, result.keeps)
-    if run.unwrap() is not setup.model:  # the plan trains a copy: the user's model and optimizer stay as they were
+    if run.report.stale:  # the plan trains a copy: the user's model and optimizer stay as they were
         # (the loader is the user's and served the training: its generator moved as in the plain loop)
         result.objects_changed += [f"after training: {c}" for c in
                                    before_objects.changes(snapshot(setup.model, setup.optimizer))]

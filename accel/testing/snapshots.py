@@ -1,4 +1,9 @@
-"""What can be compared of a user's model, optimizer and loader, taken without changing them."""
+"""What can be compared of a user's model, optimizer and loader, taken without changing them.
+
+``Snapshot.changes(other, how=False)`` leaves out how the objects run (hooks, replaced forwards, the optimizer's
+fused/foreach flags): accelerators may change those on the user's objects, through the journal, and
+``run.close()`` puts them back; ``how`` compares them too.
+"""
 from __future__ import annotations
 
 import copy
@@ -7,6 +12,9 @@ from typing import Any
 
 import torch
 from torch import nn
+
+
+KERNEL_FLAGS = ("fused", "foreach")  # how an optimizer steps, not what it does
 
 
 class OptimizerState:
@@ -41,9 +49,10 @@ class Snapshot:
     loader: dict[str, Any] = field(default_factory=dict)
     hooks: list[str] = field(default_factory=list)  # hooks and replaced forwards of every module
     grads: dict[str, Any] = field(default_factory=dict)
+    kernels: list[dict] = field(default_factory=list)  # the optimizer's fused/foreach flags, per group + defaults
 
-    def changes(self, other: Snapshot) -> list[str]:
-        """Readable differences from this snapshot to another."""
+    def changes(self, other: Snapshot, how: bool = True) -> list[str]:
+        """Readable differences from this snapshot to another (``how=False``: not hooks, forwards, kernel flags)."""
         out = []
         if self.model_id != other.model_id:
             out.append("model: a different object")
@@ -66,7 +75,9 @@ class Snapshot:
             out.append("model: parameters replaced")
         if self.modules != other.modules:
             out.append("model: module types changed")
-        if self.hooks != other.hooks:
+        if how and self.kernels != other.kernels:
+            out.append(f"optimizer: kernel flags {other.kernels} instead of {self.kernels}")
+        if how and self.hooks != other.hooks:
             out.append(f"model: hooks or forwards changed: {sorted(set(self.hooks) ^ set(other.hooks))[:3]}")
         for name in sorted(set(self.grads) | set(other.grads)):
             a, b = self.grads.get(name), other.grads.get(name)
@@ -84,10 +95,11 @@ def snapshot(model: nn.Module, optimizer: torch.optim.Optimizer | None = None, l
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     formats = {k: v.dim() == 4 and v.is_contiguous(memory_format=torch.channels_last) and not v.is_contiguous()
                for k, v in model.state_dict().items()}
-    opt = None
+    opt, kernels = None, []
     if optimizer is not None:
+        kernels = [{k: g.get(k) for k in KERNEL_FLAGS} for g in [*optimizer.param_groups, optimizer.defaults]]
         opt = (type(optimizer).__name__,
-               [{k: v for k, v in g.items() if k != "params"} | {"params": [id(p) for p in g["params"]]}
+               [{k: v for k, v in g.items() if k not in ("params", *KERNEL_FLAGS)} | {"params": [id(p) for p in g["params"]]}
                 for g in optimizer.param_groups],
                OptimizerState(copy.deepcopy(optimizer.state_dict()["state"])))
     loader_attrs = {}
@@ -105,4 +117,4 @@ def snapshot(model: nn.Module, optimizer: torch.optim.Optimizer | None = None, l
     grads = {n: p.grad.detach().clone() if p.grad is not None else None for n, p in model.named_parameters()}
     return Snapshot(id(model), state, formats, [id(p) for p in model.parameters()],
                     [type(m).__name__ for m in model.modules()],
-                    {n: p.requires_grad for n, p in model.named_parameters()}, opt, loader_attrs, hooks, grads)
+                    {n: p.requires_grad for n, p in model.named_parameters()}, opt, loader_attrs, hooks, grads, kernels)

@@ -1,8 +1,9 @@
 """A zoo of ordinary user code to test accelerators against: where bugs hide, not the happy path.
 
-``Case(model=..., batch=..., extra=..., loader=..., optimizer=...).build()`` returns a ``Setup`` (model, optimizer,
-loader, step function) over sklearn's real digits, built the same way from the same seed every time, for
-``check_equivalence``. The names of every choice are in MODELS, BATCHES, EXTRAS, LOADERS and OPTIMIZERS.
+``Case(model=..., batch=..., extra=..., loader=..., optimizer=..., loop=...).build()`` returns a ``Setup`` (model,
+optimizer, loader, step function, loop behaviour, evaluation) over sklearn's real digits, built the same way from
+the same seed every time, for ``check_equivalence``. The names of every choice are in MODELS, BATCHES, EXTRAS,
+LOADERS, OPTIMIZERS and LOOPS (accel.testing.loops).
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from torch.utils.data import (BatchSampler, DataLoader, Dataset, IterableDataset
                               SubsetRandomSampler, default_collate, get_worker_info)
 
 from accel.testing.harness import Setup
+from accel.testing.loops import LOOPS
 
 Pair = collections.namedtuple("Pair", "image label")
 
@@ -73,8 +75,8 @@ OPTIMIZERS = ("sgd", "momentum", "adam", "adamw", "adagrad", "rmsprop", "groups"
 
 # --- data --------------------------------------------------------------------------------------------------------
 
-@functools.lru_cache(maxsize=1)
-def digits(samples: int = 96):
+@functools.lru_cache(maxsize=2)
+def digits(samples: int = 96):  # the first 96 train, 96-112 are held out for evaluation
     from accel.book import digits_datasets
 
     images, labels = digits_datasets(seed=0)[0].tensors
@@ -238,6 +240,14 @@ def step_fn(run, batch: Any, extra: str, masked: bool, temperature: torch.Tensor
     return loss
 
 
+def evaluate(model: nn.Module, masked: bool) -> torch.Tensor:
+    """The user's evaluation: the main output on held-out digits."""
+    images, _, mask, _ = digits(samples=128)
+    images, mask = images[96:112], mask[96:112]
+    output = model(images, mask) if masked else model(images)
+    return output["main"] if isinstance(output, dict) else output
+
+
 @dataclass(frozen=True)
 class Case:
     """One user's code: a model, its batches' container and extras, a DataLoader and an optimizer."""
@@ -247,6 +257,7 @@ class Case:
     extra: str = "none"
     loader: str = "plain"
     optimizer: str = "sgd"
+    loop: str = "plain"
     seed: int = 0
 
     def build(self) -> Setup:
@@ -259,8 +270,10 @@ class Case:
         temperature = torch.tensor(1.5, requires_grad=self.optimizer == "extra_tensor")
         optimizer = optimizer_for(self.optimizer, model, temperature)
         loader = loader_for(self.loader, self.batch, extra, self.seed)
-        step = functools.partial(step_fn, extra=extra, masked=self.model == "masked", temperature=temperature)
-        return Setup(model, optimizer, loader, step_fn=step)
+        masked = self.model == "masked"
+        step = functools.partial(step_fn, extra=extra, masked=masked, temperature=temperature)
+        return Setup(model, optimizer, loader, step_fn=step, loop=LOOPS[self.loop](),
+                     evaluate=functools.partial(evaluate, masked=masked))
 
     def __str__(self) -> str:
-        return f"{self.model}/{self.batch}+{self.extra}/{self.loader}/{self.optimizer}"
+        return f"{self.model}/{self.batch}+{self.extra}/{self.loader}/{self.optimizer}/{self.loop}"

@@ -1,0 +1,268 @@
+"""The loop side of ordinary user code: what a training loop does with the objects it holds, around its steps.
+
+Real loops do more than step: a scheduler built before or after ``accelerate()``, learning rates written into
+``param_groups``, unfreezing, their own checkpoints, validation passes, a frozen BatchNorm, hooks, an EMA, and
+``accelerate()`` once per epoch. Each ``Loop`` here is one of those behaviours, a zoo entry that
+``check_equivalence`` runs in the plain loop and in the accelerated one, with the objects the user holds: their
+own model, optimizer and loader (``Held``), or, where the report names one stale, what it says to use instead.
+
+    result = check_equivalence(["fused_optimizer"], Case(loop="onecycle").build)
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar
+
+import torch
+from torch import nn
+from torch.optim import lr_scheduler
+from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+
+import accel
+
+
+@dataclass
+class Held:
+    """The objects the user's loop holds after accelerate(), and the user's own evaluation of a model."""
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    loader: Any
+    evaluate: Callable[[nn.Module], torch.Tensor]
+
+
+class Loop:
+    """A plain loop: nothing but the steps. Subclasses do what real loops do, at the same points every time.
+
+    ``prepare`` runs before accelerate() (on the user's objects), ``start`` after it, ``before``/``after`` around
+    each step; ``before`` may return a new run (accelerate() again). ``observed`` is what the loop built that the
+    harness compares as well as the weights (an EMA's weights, validation outputs).
+    """
+
+    name: ClassVar[str] = "plain"
+    holds_from_before: ClassVar[bool] = False  # it keeps an object built before accelerate() (a scheduler)
+
+    def prepare(self, held: Held) -> None:
+        pass
+
+    def start(self, held: Held, run: accel.Run) -> None:
+        pass
+
+    def before(self, step: int, held: Held, run: accel.Run) -> accel.Run:
+        return run
+
+    def after(self, step: int, held: Held, run: accel.Run, loss: float) -> None:
+        pass
+
+    def observed(self) -> dict[str, torch.Tensor]:
+        return {}
+
+
+class Scheduler(Loop):
+    """A learning-rate scheduler stepped after every batch, as the PyTorch docs show."""
+
+    def build(self, optimizer: torch.optim.Optimizer):
+        raise NotImplementedError
+
+    def after(self, step, held, run, loss):
+        self.scheduler.step()
+
+
+class OneCycle(Scheduler):
+    name, holds_from_before = "onecycle", True
+
+    def prepare(self, held):  # built before accelerate(), on the user's optimizer
+        self.scheduler = lr_scheduler.OneCycleLR(held.optimizer, max_lr=[2 * g["lr"] for g in held.optimizer.param_groups],
+                                                 total_steps=100)
+
+
+class LambdaDecay(Scheduler):
+    name, holds_from_before = "lambda", True
+
+    def prepare(self, held):
+        self.scheduler = lr_scheduler.LambdaLR(held.optimizer, lambda step: 1.0 / (1 + step))
+
+
+class Plateau(Loop):
+    name, holds_from_before = "plateau", True
+
+    def prepare(self, held):
+        self.scheduler = lr_scheduler.ReduceLROnPlateau(held.optimizer, factor=0.5, patience=0, threshold=10.0)
+
+    def after(self, step, held, run, loss):
+        self.scheduler.step(loss)
+
+
+class Warmup(Scheduler):
+    """Built after accelerate(), on run.optimizer: warm-up, then exponential decay."""
+
+    name = "warmup"
+
+    def start(self, held, run):
+        optimizer = run.optimizer
+        self.scheduler = lr_scheduler.SequentialLR(optimizer, [lr_scheduler.LinearLR(optimizer, 0.25, total_iters=2),
+                                                               lr_scheduler.ExponentialLR(optimizer, 0.7)], milestones=[2])
+
+
+class LrWrites(Loop):
+    """nanoGPT's loop: it writes the learning rate (and other hyper-parameters) into param_groups every step."""
+
+    name = "lr_writes"
+
+    def start(self, held, run):
+        self.base = [group["lr"] for group in held.optimizer.param_groups]
+
+    def before(self, step, held, run):
+        for base, group in zip(self.base, held.optimizer.param_groups):
+            group["lr"] = base * (0.5 + step)
+            if "weight_decay" in group:
+                group["weight_decay"] = 0.001 * step
+            if group.get("momentum"):
+                group["momentum"] = 0.8
+            if "betas" in group:
+                group["betas"] = (0.8, 0.99)
+        return run
+
+
+def layer(model: nn.Module) -> list[nn.Parameter]:
+    """The parameters a progressive-unfreezing loop releases late: the second convolution's."""
+    return list(model.conv2.parameters())
+
+
+class Unfreeze(Loop):
+    """Progressive unfreezing: a layer frozen before accelerate(), unfrozen with requires_grad_() at step 1."""
+
+    name = "unfreeze"
+
+    def prepare(self, held):
+        held.model.conv2.requires_grad_(False)
+
+    def before(self, step, held, run):
+        if step == 1:
+            held.model.conv2.requires_grad_(True)
+        return run
+
+
+class AddGroup(Loop):
+    """Unfreezing with a new param group: the layer is not in the optimizer until step 1."""
+
+    name = "add_group"
+
+    def prepare(self, held):
+        late = {id(p) for p in layer(held.model)}
+        for group in held.optimizer.param_groups:
+            group["params"] = [p for p in group["params"] if id(p) not in late]
+        held.model.conv2.requires_grad_(False)
+
+    def before(self, step, held, run):
+        if step == 1:
+            held.model.conv2.requires_grad_(True)
+            held.optimizer.add_param_group({"params": layer(held.model), "lr": 0.02})
+        return run
+
+
+class OwnCheckpoint(Loop):
+    """The user's own checkpoint code: state_dict() of model and optimizer at step 1, loaded back at step 2."""
+
+    name = "own_checkpoint"
+
+    def before(self, step, held, run):
+        if step == 1:
+            self.saved = copy.deepcopy({"model": held.model.state_dict(), "optimizer": held.optimizer.state_dict()})
+        if step == 2:
+            held.model.load_state_dict(self.saved["model"])
+            held.optimizer.load_state_dict(self.saved["optimizer"])
+        return run
+
+
+class Validation(Loop):
+    """A validation pass before steps 1 and 2: model.eval(), no_grad, model.train(); through the user's model,
+    then through run.model."""
+
+    name = "validation"
+
+    def start(self, held, run):
+        self.outputs = {}
+
+    def before(self, step, held, run):
+        if step in (1, 2):
+            model = held.model if step == 1 else run.model
+            model.eval()
+            with torch.no_grad():
+                self.outputs[f"validation {step}"] = held.evaluate(model).float()
+            model.train()
+        return run
+
+    def observed(self):
+        return self.outputs
+
+
+class FrozenNorm(Loop):
+    """A detector's habit: the backbone's BatchNorm kept in eval mode (a submodule's eval()) while training."""
+
+    name = "frozen_norm"
+
+    def start(self, held, run):
+        held.model.norm.eval()
+
+
+class Hooks(Loop):
+    """A forward hook and a gradient hook registered after accelerate(), on the user's modules and parameters."""
+
+    name = "hooks"
+
+    def start(self, held, run):
+        held.model.fc.register_forward_hook(lambda module, args, output: output * 0.5)
+        weight = held.model.conv2.weight
+        if weight.requires_grad:
+            weight.register_hook(lambda grad: grad * 0.25)
+
+
+class Ema(Loop):
+    """An exponential moving average of the user's model, updated after every step, then evaluated."""
+
+    name = "ema"
+
+    def average(self, model: nn.Module) -> AveragedModel:
+        return AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(0.8))
+
+    def start(self, held, run):
+        self.held = held
+        self.model = self.average(held.model)
+
+    def after(self, step, held, run, loss):
+        self.model.update_parameters(held.model)
+
+    def observed(self):
+        self.model.eval()
+        with torch.no_grad():
+            output = self.held.evaluate(self.model).float()
+        return {**{f"average {k}": v.detach().float() for k, v in self.model.module.state_dict().items()},
+                "average's output": output}
+
+
+class Swa(Ema):
+    """Stochastic weight averaging (the mean of the weights seen), buffers averaged too."""
+
+    name = "swa"
+
+    def average(self, model):
+        return AveragedModel(model, use_buffers=True)
+
+
+class Again(Loop):
+    """accelerate() once per epoch: the same objects accelerated again at step 2; the optimizer's state and the
+    run's counters go on."""
+
+    name = "again"
+
+    def before(self, step, held, run):
+        if step == 2:
+            return accel.accelerate(held.model, held.optimizer, held.loader, plan=run.plan, device=run.device)
+        return run
+
+
+LOOPS: dict[str, type[Loop]] = {loop.name: loop for loop in (
+    Loop, OneCycle, LambdaDecay, Plateau, Warmup, LrWrites, Unfreeze, AddGroup, OwnCheckpoint, Validation,
+    FrozenNorm, Hooks, Ema, Swa, Again)}
