@@ -408,6 +408,9 @@ def check_equivalence(plan: Any, build: Callable[[], Setup], steps: int = 3, see
     accelerated.closed = closed_state(setup)
     result.process_changed = process_state() != process
     for what in run.report.stale:  # named stale: the user's object is not what trains, by declaration
+        index = ("model", "optimizer").index(what)  # the loop drove the run's instead, as the report advised
+        expected.closed = tuple("" if i == index else v for i, v in enumerate(expected.closed))
+        accelerated.closed = tuple("" if i == index else v for i, v in enumerate(accelerated.closed))
         prefix = f"your {what}"
         expected.user = {k: v for k, v in expected.user.items() if not k.startswith(prefix)}
         accelerated.user = {k: v for k, v in accelerated.user.items() if not k.startswith(prefix)}

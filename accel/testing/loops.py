@@ -73,8 +73,10 @@ class OneCycle(Scheduler):
     name, holds_from_before = "onecycle", True
 
     def prepare(self, held):  # built before accelerate(), on the user's optimizer
-        self.scheduler = lr_scheduler.OneCycleLR(held.optimizer, max_lr=[2 * g["lr"] for g in held.optimizer.param_groups],
-                                                 total_steps=100)
+        groups = held.optimizer.param_groups
+        self.scheduler = lr_scheduler.OneCycleLR(  # it cycles momentum where the optimizer has one (not Adagrad)
+            held.optimizer, max_lr=[2 * g["lr"] for g in groups], total_steps=100,
+            cycle_momentum=all("betas" in g or g.get("momentum") for g in groups))
 
 
 class LambdaDecay(Scheduler):
@@ -151,8 +153,10 @@ class AddGroup(Loop):
 
     def prepare(self, held):
         late = {id(p) for p in layer(held.model)}
-        for group in held.optimizer.param_groups:
+        for group in held.optimizer.param_groups:  # as if the optimizer had been built without the layer
             group["params"] = [p for p in group["params"] if id(p) not in late]
+        for param in layer(held.model):
+            held.optimizer.state.pop(param, None)  # Adagrad makes its state in __init__
         held.model.conv2.requires_grad_(False)
 
     def before(self, step, held, run):
