@@ -197,5 +197,5 @@ def test_bf16_gradient_compression_and_ddp_options_train_in_step(tmp_path):
 def test_a_layer_unfrozen_under_ddp_is_named_and_accelerate_again_syncs_it():
     """DDP registers the parameters that require gradients when it wraps: one unfrozen later would train apart on
     each rank. accel warns at the next step; accelerate() again wraps anew and the ranks train together."""
-    result = torchrun("unfreeze_ddp.py")
+    result = torchrun("unfreeze_ddp.py", timeout=300)
     assert result.returncode == 0 and result.stdout.count("OK") == 2, output(result)

@@ -42,7 +42,9 @@ cases = st.builds(Case, model=st.sampled_from(sorted(MODELS)), batch=st.sampled_
                   optimizer=st.sampled_from(OPTIMIZERS), loop=st.sampled_from(sorted(LOOPS)))
 # a copy of a model (prune, IPEX) leaves what the user built before accelerate() stale, as the report says: the
 # loops that follow its advice (built after, on run.*) must still train as the plain loop
-after_only = st.sampled_from(sorted(name for name, loop in LOOPS.items() if not loop.holds_from_before))
+# (not "again": accelerate() again on the user's objects copies them anew, which the report names stale as well)
+after_only = st.sampled_from(sorted(name for name, loop in LOOPS.items()
+                                    if not loop.holds_from_before and name != "again"))
 copying_cases = st.builds(Case, model=st.sampled_from(sorted(MODELS)), batch=st.sampled_from(BATCHES),
                           extra=st.sampled_from(EXTRAS),
                           loader=st.sampled_from([k for k in LOADERS if k != "workers"] * 4 + ["workers"]),
