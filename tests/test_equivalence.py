@@ -178,7 +178,9 @@ def reference_trace():
     return Trace(batches=["b0", "b1"], outputs=["float32[16, 10]", "float32[16, 10]"], losses=[2.3, 2.2],
                  state={"fc.weight": torch.ones(10, 4), "bn.num_batches_tracked": torch.tensor(2)},
                  optimizer={"fc.weight": {"exp_avg": torch.zeros(10, 4), "step": torch.tensor(2.0)}},
-                 trainable={"fc.weight": True}, groups=[{"lr": 0.01, "betas": (0.9, 0.999)}])
+                 trainable={"fc.weight": True}, groups=[{"lr": 0.01, "betas": (0.9, 0.999)}],
+                 rates=[[0.01], [0.01]], steps_counted=2, user={"your model's fc.weight": torch.ones(10, 4)},
+                 observed={"average fc.weight": torch.ones(10, 4)}, closed=((), "[]"))
 
 
 def changed_batches(t):
@@ -221,6 +223,26 @@ def changed_losses(t):
     t.losses = [2.3, 2.9]
 
 
+def changed_rates(t):
+    t.rates[1] = [0.02]
+
+
+def changed_counter_of_the_run(t):
+    t.steps_counted = 0
+
+
+def changed_user_objects(t):
+    t.user["your model's fc.weight"] = torch.full((10, 4), 1.5)
+
+
+def changed_what_the_loop_built(t):
+    t.observed["average fc.weight"] = torch.full((10, 4), 1.5)
+
+
+def left_hooks_after_close(t):
+    t.closed = (("fc:_forward_pre_hooks:1",), "[]")
+
+
 # (what the accelerated run changed, the levels at which the harness must say so, the word it starts with)
 BRANCHES = [(changed_batches, LEVELS, "batches"), (changed_second_output, LEVELS, "outputs"),
             (changed_shape, LEVELS, "structure"), (changed_flag, LEVELS, "requires_grad"),
@@ -228,7 +250,11 @@ BRANCHES = [(changed_batches, LEVELS, "batches"), (changed_second_output, LEVELS
             (changed_counter, ("exact", "float", "tolerance"), "counters"),
             (changed_optimizer_keys, ("exact", "float", "tolerance"), "optimizer state"),
             (changed_weights, ("exact", "float", "tolerance"), "weights"),
-            (changed_losses, ("exact", "float", "tolerance"), "losses")]
+            (changed_losses, ("exact", "float", "tolerance"), "losses"),
+            (changed_rates, LEVELS, "learning rates"), (changed_counter_of_the_run, LEVELS, "counters"),
+            (left_hooks_after_close, LEVELS, "after run.close()"),
+            (changed_user_objects, ("exact", "float", "tolerance"), "your objects"),
+            (changed_what_the_loop_built, ("exact", "float", "tolerance"), "what the loop built")]
 
 
 @pytest.mark.parametrize("change,levels,word", BRANCHES, ids=[b[0].__name__ for b in BRANCHES])

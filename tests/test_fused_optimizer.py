@@ -32,9 +32,7 @@ def test_fused_keeps_hyperparameters_state_and_updates(name):
     model = tiny_model()
     optimizer = OPTIMIZERS[name](model.parameters())
     steps(model, optimizer)  # build some state to carry over
-    reference_model = copy.deepcopy(model)
-    reference = OPTIMIZERS[name](reference_model.parameters())
-    reference.load_state_dict(optimizer.state_dict())
+    reference_model, reference = copy.deepcopy((model, optimizer))  # the same state, unfused
 
     applied = apply_one(FusedOptimizer(), model=model, optimizer=optimizer)
     assert applied.row.status == "applied", applied.row.reason

@@ -139,6 +139,7 @@ def test_a_second_plan_that_fails_while_applying_puts_the_first_run_back():
 def test_a_forward_hook_registered_after_compile_runs():
     """Before: dynamo skips its guards on module hooks by default; a hook added after compiling never ran."""
     torch._dynamo.reset()
+    guards = torch._dynamo.config.skip_nnmodule_hook_guards
     model, optimizer, loader = adam_setup()
     run = accel.accelerate(model, optimizer, loader, [{"compile": {"backend": "eager"}}])
     x = next(iter(loader))[0]
@@ -148,7 +149,7 @@ def test_a_forward_hook_registered_after_compile_runs():
     handle.remove()
     torch.testing.assert_close(run.model(x).detach(), plain)
     run.close()
-    assert torch._dynamo.config.skip_nnmodule_hook_guards is True  # dynamo's default, back
+    assert torch._dynamo.config.skip_nnmodule_hook_guards is guards  # as it was, back
 
 
 def test_fused_sgd_steps_a_layer_unfrozen_mid_training():
