@@ -135,15 +135,21 @@ def test_ddp_in_a_launched_job_with_up_to_two_others(one_rank_group, case, plan)
     expect_kept(result, case, plan)
 
 
+def ipex_can_follow(case) -> bool:
+    """IPEX's model holds prepacked weights (an AveragedModel of it averages other shapes), and its Adagrad step
+    reads a state that only Adagrad's __init__ makes (add_param_group then fails with KeyError 'sum')."""
+    return case.loop not in ("ema", "swa") and not (case.loop == "add_group" and case.optimizer == "adagrad")
+
+
 @pytest.mark.ipex
 @pytest.mark.skipif(ipex_problem() is not None, reason=str(ipex_problem()))
 @settings(max_examples=20, **SLOW)
-@given(case=copying_cases, plan=plans([n for n in COMMON if n not in ("fused_optimizer", "compile")],
-                                     required=("ipex",)))
+@given(case=copying_cases.filter(ipex_can_follow),
+       plan=plans([n for n in COMMON if n not in ("fused_optimizer", "compile")], required=("ipex",)))
 def test_ipex_with_up_to_two_others(case, plan):
     result = equivalence(plan, case, steps=2)
-    if result.refused:  # e.g. an optimizer that trains a tensor beside the model
-        assert "not parameters of the model" in result.refused, result.refused
+    if result.refused:  # e.g. an optimizer that trains a tensor beside the model, or the loader's named refusals
+        assert any(r in result.refused for r in ("not parameters of the model", *LOADER_REFUSES)), result.refused
     expect_kept(result, case, plan)
 
 
