@@ -136,9 +136,9 @@ def test_ddp_in_a_launched_job_with_up_to_two_others(one_rank_group, case, plan)
 
 
 def ipex_can_follow(case) -> bool:
-    """IPEX's model holds prepacked weights (an AveragedModel of it averages other shapes), and its Adagrad step
-    reads a state that only Adagrad's __init__ makes (add_param_group then fails with KeyError 'sum')."""
-    return case.loop not in ("ema", "swa") and not (case.loop == "add_group" and case.optimizer == "adagrad")
+    """IPEX's model holds prepacked weights: an AveragedModel of it averages other shapes, and in eval() its
+    convolutions fail in oneDNN ("could not create a primitive descriptor", IPEX 2.8)."""
+    return case.loop not in ("ema", "swa", "validation")
 
 
 @pytest.mark.ipex

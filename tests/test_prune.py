@@ -579,6 +579,8 @@ def test_when_warmup_leaves_the_weights_as_they_were_applying_names_the_layer_an
     assert snapshot(model, optimizer).changes(before) == []
 
 
+@pytest.mark.skipif(tuple(int(v) for v in torch.__version__.split(".")[:2]) < (2, 9),
+                    reason="on torch 2.8 NNI fails earlier, in a reshape, before the depthwise groups are reached")
 def test_a_depthwise_convolution_whose_groups_would_lose_their_channels_apart_is_named():
     """With weights that vary (as trained), ConvNeXt's depthwise convolutions, selected by op_types Conv2d, get their
     input channels from the stem's mask and their output channels from their own: NNI's UnBalancedGroupError (or

@@ -35,6 +35,14 @@ from accel.modules import compiled
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
+def torch_before(major: int, minor: int) -> bool:
+    return tuple(int(v) for v in torch.__version__.split(".")[:2]) < (major, minor)
+
+
+def trainable(model: torch.nn.Module) -> frozenset[int]:
+    return frozenset(id(p) for p in model.parameters() if p.requires_grad)
+
+
 def has_compiler() -> bool:
     """inductor on a CPU writes C++: a compiler must be on PATH."""
     return any(shutil.which(c) for c in ("g++", "c++", "clang++"))
@@ -101,8 +109,22 @@ class Compile(Accelerator):
         # (its default skips those guards, and a hook added later would silently never run). Put back by close.
         ctx.journal.setattr(torch._dynamo.config, "skip_nnmodule_hook_guards", False)
         self.wrapper = ctx.model = torch.compile(ctx.model, **kwargs)
-        return {**{k: v for k, v in kwargs.items() if v is not None}, "compiles": "on the first step (see timing)",
-                "hooks": "guarded: hooks you add or remove later recompile"}
+        changes = {**{k: v for k, v in kwargs.items() if v is not None}, "compiles": "on the first step (see timing)",
+                   "hooks": "guarded: hooks you add or remove later recompile"}
+        if torch_before(2, 15):  # measured: torch 2.8's AOTAutograd kept training a layer unfrozen after compiling
+            self.trainable = trainable(self.wrapper)  # with the graph of the frozen one (2.15 recompiles itself)
+            ctx.journal.hook("compile: recompile after unfreezing",
+                             lambda: self.wrapper.register_forward_pre_hook(self._recompile_on_unfreeze))
+            changes["unfreezing"] = "recompiles (torch < 2.15 does not by itself)"
+        return changes
+
+    def _recompile_on_unfreeze(self, module, args):
+        now = trainable(module)
+        if now != self.trainable:
+            import torch._dynamo
+
+            self.trainable = now
+            torch._dynamo.reset()  # drops the compiled graphs: the next call compiles with the new requires_grad
 
     def unwrap(self, model):
         return model._orig_mod if model is getattr(self, "wrapper", None) else model

@@ -163,6 +163,12 @@ class AddGroup(Loop):
         if step == 1:
             held.model.conv2.requires_grad_(True)
             held.optimizer.add_param_group({"params": layer(held.model), "lr": 0.02})
+            if isinstance(held.optimizer, torch.optim.Adagrad):  # torch 2.8's Adagrad makes its state only in
+                group = held.optimizer.param_groups[-1]  # __init__ (KeyError 'sum' otherwise): as __init__ does
+                for param in group["params"]:
+                    held.optimizer.state.setdefault(param, {
+                        "step": torch.tensor(0.0), "sum": torch.full_like(param, group["initial_accumulator_value"],
+                                                                          memory_format=torch.preserve_format)})
         return run
 
 
