@@ -117,7 +117,7 @@ class LrWrites(Loop):
 
     def before(self, step, held, run):
         for base, group in zip(self.base, held.optimizer.param_groups):
-            group["lr"] = base * (0.5 + step)
+            group["lr"] = base * (1 - 0.15 * step)  # a decay, as nanoGPT's cosine after its warm-up
             if "weight_decay" in group:
                 group["weight_decay"] = 0.001 * step
             if group.get("momentum"):
@@ -162,7 +162,7 @@ class AddGroup(Loop):
     def before(self, step, held, run):
         if step == 1:
             held.model.conv2.requires_grad_(True)
-            held.optimizer.add_param_group({"params": layer(held.model), "lr": 0.02})
+            held.optimizer.add_param_group({"params": layer(held.model)})  # the optimizer's defaults
             if isinstance(held.optimizer, torch.optim.Adagrad):  # torch 2.8's Adagrad makes its state only in
                 group = held.optimizer.param_groups[-1]  # __init__ (KeyError 'sum' otherwise): as __init__ does
                 for param in group["params"]:
