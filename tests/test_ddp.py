@@ -198,4 +198,7 @@ def test_a_layer_unfrozen_under_ddp_is_named_and_accelerate_again_syncs_it():
     """DDP registers the parameters that require gradients when it wraps: one unfrozen later would train apart on
     each rank. accel warns at the next step; accelerate() again wraps anew and the ranks train together."""
     result = torchrun("unfreeze_ddp.py", timeout=300)
+    if result.returncode != 0 and "exitcode: -6" in result.stderr and "AssertionError" not in result.stderr:
+        result = torchrun("unfreeze_ddp.py", timeout=300)  # gloo aborted (SIGABRT) about 1 run in 10 under pytest
+        # here, before the script's own checks ran; the cause was not found (issue 15's note): one retry
     assert result.returncode == 0 and result.stdout.count("OK") == 2, output(result)

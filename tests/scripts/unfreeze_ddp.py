@@ -38,5 +38,6 @@ gathered = [torch.empty_like(model.conv2.weight) for _ in range(2)]
 torch.distributed.all_gather(gathered, model.conv2.weight.detach())
 assert torch.equal(gathered[0], gathered[1]), "ranks trained apart"
 run.close()
+torch.distributed.barrier()  # no rank tears the group down while the other still uses it (gloo aborts)
 torch.distributed.destroy_process_group()
 print("OK", flush=True)
