@@ -94,6 +94,21 @@ def format_cpu_list(cpus: tuple[int, ...] | list[int]) -> str:
     return ",".join(parts)
 
 
+def hyperthread_siblings(cpus) -> tuple[int, ...]:
+    """The logical CPUs that share a physical core with any of ``cpus`` (themselves excluded), from /sys; () where
+    the topology is not exposed."""
+    found: set[int] = set()
+    for cpu in cpus:
+        found.update(parse_cpu_list(_read(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list")))
+    return tuple(sorted(found - set(cpus)))
+
+
+def torch_version() -> tuple[int, int]:
+    """torch's (major, minor): what behaviour gates (IPEX's pin, fixes that came with a release) compare."""
+    major, minor = torch.__version__.split("+")[0].split(".")[:2]
+    return int(major), int(minor)
+
+
 def _allowed_cpus() -> tuple[int, ...]:
     try:
         return tuple(sorted(os.sched_getaffinity(0)))
@@ -201,7 +216,7 @@ def ipex_problem() -> str | None:
     if ipex is None:
         return "intel-extension-for-pytorch is not installed (pip install 'accel[ipex]' in a torch 2.8 environment)"
     want = ".".join(ipex.split("+")[0].split(".")[:2])
-    have = ".".join(torch.__version__.split("+")[0].split(".")[:2])
+    have = ".".join(map(str, torch_version()))
     if want != have:
         return f"IPEX {want} needs torch {want}.*, found {torch.__version__.split('+')[0]}"
     return None

@@ -8,12 +8,11 @@ or an object that is not a DataLoader. The user's loader itself is never changed
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Any, Callable
 
 from torch.utils.data import DataLoader, IterableDataset
 
-from accel.hardware import format_cpu_list, parse_cpu_list
+from accel.hardware import format_cpu_list
 from accel.journal import pin_process
 
 
@@ -105,19 +104,6 @@ class PinWorkers:
     def __repr__(self) -> str:
         then = f", then {getattr(self.user_fn, '__qualname__', self.user_fn)!s}" if self.user_fn is not None else ""
         return f"PinWorkers(cpus {format_cpu_list(self.cpus)}{then})"
-
-
-def hyperthread_siblings(cpus) -> tuple[int, ...]:
-    """The logical CPUs that share a physical core with any of ``cpus`` (themselves excluded), from /sys; () where
-    the topology is not exposed."""
-    found: set[int] = set()
-    for cpu in cpus:
-        try:
-            text = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list").read_text()
-        except OSError:
-            continue
-        found.update(parse_cpu_list(text))
-    return tuple(sorted(found - set(cpus)))
 
 
 def settings(loader: DataLoader) -> tuple:

@@ -1,4 +1,5 @@
-"""What accelerators need to know of a user's module tree: whether it is compiled, and which parameters are tied."""
+"""What accelerators need to know of a user's module tree: whether it is compiled, which parameters are tied,
+which train."""
 from __future__ import annotations
 
 import sys
@@ -26,3 +27,9 @@ def tied_groups(model: nn.Module) -> list[list[str]]:
     for name, param in model.named_parameters(remove_duplicate=False):
         groups.setdefault(id(param), []).append(name)
     return [names for names in groups.values() if len(names) > 1]
+
+
+def trainable(model: nn.Module) -> frozenset[int]:
+    """The parameters that require gradients now (by id): what DDP registered and a compiled graph was built for;
+    a change of it is unfreezing, which wrappers built earlier do not see by themselves."""
+    return frozenset(id(p) for p in model.parameters() if p.requires_grad)

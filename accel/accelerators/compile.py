@@ -29,18 +29,10 @@ import torch
 
 from accel.accelerator import SAME_MATH, Accelerator, Option, Stage, register
 from accel.errors import Problem
-from accel.hardware import PACKAGE_BACKENDS, compile_backend_problem, import_compile_backend
-from accel.modules import compiled
+from accel.hardware import PACKAGE_BACKENDS, compile_backend_problem, import_compile_backend, torch_version
+from accel.modules import compiled, trainable
 
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
-
-
-def torch_before(major: int, minor: int) -> bool:
-    return tuple(int(v) for v in torch.__version__.split(".")[:2]) < (major, minor)
-
-
-def trainable(model: torch.nn.Module) -> frozenset[int]:
-    return frozenset(id(p) for p in model.parameters() if p.requires_grad)
 
 
 def has_compiler() -> bool:
@@ -111,7 +103,7 @@ class Compile(Accelerator):
         self.wrapper = ctx.model = torch.compile(ctx.model, **kwargs)
         changes = {**{k: v for k, v in kwargs.items() if v is not None}, "compiles": "on the first step (see timing)",
                    "hooks": "guarded: hooks you add or remove later recompile"}
-        if torch_before(2, 15):  # measured: torch 2.8's AOTAutograd kept training a layer unfrozen after compiling
+        if torch_version() < (2, 15):  # measured: torch 2.8's AOTAutograd kept training a layer unfrozen after compiling
             self.trainable = trainable(self.wrapper)  # with the graph of the frozen one (2.15 recompiles itself)
             ctx.journal.hook("compile: recompile after unfreezing",
                              lambda: self.wrapper.register_forward_pre_hook(self._recompile_on_unfreeze))

@@ -34,6 +34,7 @@ from accel.distributed import init_process_group
 from accel.errors import Problem, Skip, StaleWarning
 from accel.hardware import importable, is_accelerator
 from accel.loaders import rebuild_loader, rebuild_problem
+from accel.modules import trainable
 
 BACKENDS = ("auto", "gloo", "nccl", "xccl", "ccl", "mpi")
 DEVICE_BACKEND = {"cuda": "nccl", "xpu": "xccl"}  # every other device: gloo
@@ -147,16 +148,12 @@ class DDP(Accelerator):
             ctx.model.register_comm_hook(state=None, hook=comm_hooks()[self.comm_hook])
             changes["comm_hook"] = f"{self.comm_hook}_compress_hook"
         changes["sampler"] = self.shard(ctx, launch)
-        self.synced = self.trainable(ctx.model)
+        self.synced = trainable(ctx.model)
         self.world_size, self.warned = launch.world_size, False
         return changes
 
-    @staticmethod
-    def trainable(model) -> frozenset[int]:
-        return frozenset(id(p) for p in model.parameters() if p.requires_grad)
-
     def step(self, run, optimizer, proceed):
-        if self.world_size > 1 and not self.warned and self.trainable(self.wrapper) != self.synced:
+        if self.world_size > 1 and not self.warned and trainable(self.wrapper) != self.synced:
             self.warned = True
             warnings.warn("accel: ddp: parameters were frozen or unfrozen after DDP wrapped the model; DDP "
                           "synchronizes only those that required gradients then, so the ranks now train apart: "

@@ -31,9 +31,8 @@ from torch.utils.data import IterableDataset
 from accel.accelerator import Accelerator, Option, Stage, at_least, register
 from accel.distributed import cores_for_rank, rank_cores
 from accel.errors import Problem, Skip
-from accel.hardware import format_cpu_list, is_accelerator
-from accel.loaders import (PinWorkers, hyperthread_siblings, rebuild_loader, rebuild_problem, settings,
-                           shards_by_worker)
+from accel.hardware import format_cpu_list, hyperthread_siblings, is_accelerator
+from accel.loaders import PinWorkers, rebuild_loader, rebuild_problem, settings, shards_by_worker
 
 
 def worker_cpus(ctx) -> tuple[tuple[int, ...] | None, str]:
