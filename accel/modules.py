@@ -29,7 +29,8 @@ def tied_groups(model: nn.Module) -> list[list[str]]:
     return [names for names in groups.values() if len(names) > 1]
 
 
-def trainable(model: nn.Module) -> frozenset[int]:
-    """The parameters that require gradients now (by id): what DDP registered and a compiled graph was built for;
-    a change of it is unfreezing, which wrappers built earlier do not see by themselves."""
-    return frozenset(id(p) for p in model.parameters() if p.requires_grad)
+def trainable(params: list[nn.Parameter]) -> tuple[bool, ...]:
+    """Which of these parameters require gradients now: what DDP registered and a compiled graph was built for; a
+    change of it is unfreezing, which wrappers built earlier do not see by themselves. Checked every step, so it
+    takes a parameter list made once rather than walking model.parameters() each time."""
+    return tuple(p.requires_grad for p in params)

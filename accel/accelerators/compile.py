@@ -104,14 +104,15 @@ class Compile(Accelerator):
         changes = {**{k: v for k, v in kwargs.items() if v is not None}, "compiles": "on the first step (see timing)",
                    "hooks": "guarded: hooks you add or remove later recompile"}
         if torch_version() < (2, 15):  # measured: torch 2.8's AOTAutograd kept training a layer unfrozen after compiling
-            self.trainable = trainable(self.wrapper)  # with the graph of the frozen one (2.15 recompiles itself)
+            self.params = list(self.wrapper.parameters())  # with the graph of the frozen one (2.15 recompiles)
+            self.trainable = trainable(self.params)
             ctx.journal.hook("compile: recompile after unfreezing",
                              lambda: self.wrapper.register_forward_pre_hook(self._recompile_on_unfreeze))
             changes["unfreezing"] = "recompiles (torch < 2.15 does not by itself)"
         return changes
 
     def _recompile_on_unfreeze(self, module, args):
-        now = trainable(module)
+        now = trainable(self.params)
         if now != self.trainable:
             import torch._dynamo
 

@@ -148,12 +148,13 @@ class DDP(Accelerator):
             ctx.model.register_comm_hook(state=None, hook=comm_hooks()[self.comm_hook])
             changes["comm_hook"] = f"{self.comm_hook}_compress_hook"
         changes["sampler"] = self.shard(ctx, launch)
-        self.synced = trainable(ctx.model)
+        self.params = list(ctx.model.parameters())
+        self.synced = trainable(self.params)
         self.world_size, self.warned = launch.world_size, False
         return changes
 
     def step(self, run, optimizer, proceed):
-        if self.world_size > 1 and not self.warned and trainable(self.wrapper) != self.synced:
+        if self.world_size > 1 and not self.warned and trainable(self.params) != self.synced:
             self.warned = True
             warnings.warn("accel: ddp: parameters were frozen or unfrozen after DDP wrapped the model; DDP "
                           "synchronizes only those that required gradients then, so the ranks now train apart: "
