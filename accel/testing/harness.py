@@ -140,6 +140,8 @@ def train(run: Run, setup: Setup, steps: int, seed: int) -> Trace:
     loop, held = setup.loop, setup.held(run)
     model = run.unwrap()
     frozen = {n: p.detach().clone() for n, p in model.named_parameters() if not p.requires_grad}
+    user_names = {id(p): n for n, p in setup.model.named_parameters()}  # the optimizer's places, by the user's names
+    start = [user_names.get(id(p)) for group in setup.optimizer.param_groups for p in group["params"]]
     hook = model.register_forward_hook(lambda module, args, output: trace.outputs.append(structure(output)))
     step = TrainStep(step_fn=setup.step_fn)
     torch.manual_seed(seed)
@@ -175,12 +177,11 @@ def train(run: Run, setup: Setup, steps: int, seed: int) -> Trace:
     # Through state_dict(), what the user saves (IPEX keeps a conv's momentum in its blocked layout and converts
     # it back there), named by position in the user's optimizer: engines may step master copies that are not
     # the model's parameters (IPEX's fp32 weights beside a bf16 model), in the same order.
-    user_names = {id(p): n for n, p in setup.model.named_parameters()}
-    positions = [user_names.get(id(p), f"(not in the model) {tuple(p.shape)}")
-                 for group in setup.optimizer.param_groups for p in group["params"]]
+    # A parameter of the model is named by the model; one that is not (a master copy) by the name its place held
+    # when training began (a group the loop added later holds the model's own parameters).
     params = [param for group in run.optimizer.param_groups for param in group["params"]]
-    if len(params) != len(positions):
-        positions = [names.get(id(p), f"(not in the model) {tuple(p.shape)}") for p in params]
+    positions = [names.get(id(p)) or (start[i] if i < len(start) else None) or f"(not in the model) {tuple(p.shape)}"
+                 for i, p in enumerate(params)]
     saved = run.optimizer.state_dict()
     states = saved["state"]
     trace.groups = [{k: v for k, v in group.items() if k not in KERNEL_CHOICES} for group in saved["param_groups"]]
