@@ -24,11 +24,13 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from accel import sharded_checkpoint
 from accel.accelerator import Accelerator
 from accel.batches import move
 from accel.checkpoint import load as load_checkpoint
 from accel.checkpoint import save as save_checkpoint
 from accel.context import Context
+from accel.errors import CheckpointError
 from accel.loaders import release_workers
 from accel.randomness import loader_generators, rng_state, set_rng_state
 from accel.report import Report
@@ -190,14 +192,15 @@ class Run:
 
     # --- state ---------------------------------------------------------------------------------------------------
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self, model: bool = True) -> dict[str, Any]:
         """Everything this process needs to continue the run exactly: the model, the optimizer, the counters, each
-        accelerator's state, the loader's sampler and generators, and the random state."""
+        accelerator's state, the loader's sampler and generators, and the random state. ``model=False`` leaves
+        the model's and optimizer's state out (a sharded checkpoint writes them through DCP)."""
         sampler, generators = self._sampling()
         return {
             "plan": self.plan.to_dict(),
-            "model": self.unwrap().state_dict(),
-            "optimizer": self.optimizer.state_dict() if self.optimizer is not None else None,
+            **({"model": self.unwrap().state_dict(),
+                "optimizer": self.optimizer.state_dict() if self.optimizer is not None else None} if model else {}),
             "optimizer_class": type(self.optimizer).__name__ if self.optimizer is not None else None,
             "accelerators": {a.name: a.state_dict() for a in self.accelerators},
             "step": self.steps,
@@ -243,6 +246,10 @@ class Run:
         self.unwrap().load_state_dict(state["model"])
         if self.optimizer is not None:
             self.optimizer.load_state_dict(state["optimizer"])
+        self.restore_progress(state)
+
+    def restore_progress(self, state: dict[str, Any]) -> None:
+        """Everything of state_dict() but the model and optimizer: accelerators, counters, sampling, randomness."""
         for accelerator in self.accelerators:
             accelerator.load_state_dict(state.get("accelerators", {}).get(accelerator.name, {}))
         self.steps, self.optimizer_steps = state["step"], state.get("optimizer_steps", state["step"])
@@ -260,18 +267,34 @@ class Run:
         loader = getattr(self.loader, "loader", None)
         return getattr(loader, "sampler", None), loader_generators(loader)
 
-    def save(self, path) -> None:
-        """Checkpoint the run's state_dict() to a file, with the plan and a checksum.
+    @property
+    def sharded(self) -> bool:
+        """Whether the run's state is sharded over the ranks (fsdp): its checkpoints are DCP folders."""
+        return any(getattr(a, "sharded_checkpoint", False) for a in self.accelerators)
 
-        Every rank calls it; rank 0 writes, atomically, with every rank's random state.
+    def save(self, path) -> None:
+        """Checkpoint the run's state_dict(), with the plan and a checksum: to a file, or under fsdp to a folder
+        of shards (accel.sharded_checkpoint).
+
+        Every rank calls it. A file: rank 0 writes it atomically, with every rank's random state. A folder: every
+        rank writes its shards, and the folder replaces the last one only once it is whole.
         """
-        save_checkpoint(self, path)
+        if self.sharded:
+            sharded_checkpoint.save(self, path)
+        else:
+            save_checkpoint(self, path)
 
     def load(self, path) -> dict:
-        """Restore a checkpoint written by run.save into this run; returns {"step", "epoch", "path"}.
+        """Restore a checkpoint written by run.save into this run; returns {"step", "epoch", "path"}. A sharded
+        folder loads at any world size, and into a run without fsdp (the whole state in one process).
 
         Everything is checked before anything changes: a refused load leaves the run as it was.
         """
+        if sharded_checkpoint.is_sharded_checkpoint(path):
+            return sharded_checkpoint.load(self, path)
+        if self.sharded:
+            raise CheckpointError(f"{path}: under fsdp, run.load reads the folder of shards that run.save wrote "
+                                  "(this is a single-file checkpoint of a run without fsdp)")
         return load_checkpoint(self, path)
 
     # --- lifetime ------------------------------------------------------------------------------------------------

@@ -19,7 +19,6 @@ recomputation's updates of a block's buffers are undone).
 """
 from __future__ import annotations
 
-import collections
 import types
 
 import torch
@@ -27,43 +26,11 @@ from torch import nn
 
 from accel.accelerator import EXACT, Accelerator, Option, Stage, register
 from accel.errors import Problem, Skip
-from accel.modules import compiled_problem
-
-CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
-
+from accel.modules import compiled_problem, listed, outermost, repeated_blocks
 
 def names_problem(value) -> str | None:
     ok = isinstance(value, list) and value and all(isinstance(v, str) for v in value)
     return None if ok else "must be a non-empty list of module class names"
-
-
-def repeated_blocks(model: nn.Module) -> set[str]:
-    """Class names of modules with children, no container, occurring at least twice: the model's blocks."""
-    counts = collections.Counter(type(m).__name__ for m in model.modules()
-                                 if m is not model and next(m.children(), None) is not None
-                                 and not isinstance(m, CONTAINERS))
-    return {name for name, count in counts.items() if count >= 2}
-
-
-def listed(names: list[str], most: int = 8) -> str:
-    """'layer1.0, layer1.1, ... (12 in all)': which modules, without a wall of text."""
-    shown = ", ".join(names[:most])
-    return shown + (f", ... ({len(names)} in all)" if len(names) > most else "")
-
-
-def outermost(model: nn.Module, classes: set[str]) -> list[nn.Module]:
-    """The modules of these classes that are not inside another one of them."""
-    found: list[nn.Module] = []
-
-    def walk(module: nn.Module) -> None:
-        for child in module.children():
-            if type(child).__name__ in classes:
-                found.append(child)
-            else:
-                walk(child)
-
-    walk(model)
-    return found
 
 
 def checkpointed_forward(self: nn.Module, *args, **kwargs):

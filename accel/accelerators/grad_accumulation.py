@@ -4,7 +4,8 @@ What it does: ``run.backward`` divides each micro-batch's loss by N, so the N gr
 ``run.step()`` steps the optimizer (and zeroes the gradients) only on every N-th call and returns True
 ("not stepped") on the others, so a learning-rate scheduler steps with the optimizer. Under DDP, the forward
 passes of the first N-1 micro-batches run inside DDP's ``no_sync`` (entered by ``run.autocast()``, as in the
-README loop), so gradients are all-reduced once per optimizer step. ``run.save`` keeps the micro-step and
+README loop), and under FSDP their backward passes run with its gradient reduction off
+(``set_requires_gradient_sync(False)``), so gradients are reduced once per optimizer step. ``run.save`` keeps the micro-step and
 the gradients accumulated so far, each rank's own (they differ under no_sync): a run resumed mid-accumulation
 continues exactly.
 
@@ -50,16 +51,24 @@ class GradAccumulation(Accelerator):
 
     def apply(self, ctx):
         self.micro = 0  # micro-batches since the last optimizer step
-        self.params = dict(ctx.model.named_parameters())
+        self.model = ctx.model  # its parameters are read when saved: fsdp, applied later, replaces them in place
         return {"steps": self.steps, "loss": f"divided by {self.steps} before backward",
                 "optimizer": f"steps once every {self.steps} run.step() calls; run.step() returns True in between",
-                "no_sync": "the first N-1 forwards under DDP (inside run.autocast())"}
+                "no_sync": "the first N-1 forwards under DDP (inside run.autocast()); their backward without "
+                                "reduction under FSDP"}
 
     def forward_context(self, run):
         return no_sync(run) if self.micro + 1 < self.steps else None
 
     def backward(self, run, loss, proceed):
-        proceed(loss / self.steps)
+        pausing = [a for a in run.accelerators if hasattr(a, "gradient_sync")] if self.micro + 1 < self.steps else []
+        for accelerator in pausing:  # fsdp reduces gradients in backward: not on the micro-steps
+            accelerator.gradient_sync(False)
+        try:
+            proceed(loss / self.steps)
+        finally:
+            for accelerator in pausing:
+                accelerator.gradient_sync(True)
 
     def step(self, run, optimizer, proceed):
         self.micro += 1
@@ -69,18 +78,20 @@ class GradAccumulation(Accelerator):
         return proceed(optimizer)
 
     def state_dict(self):
-        grads = {n: p.grad.detach().clone() for n, p in self.params.items() if p.grad is not None} if self.micro else {}
+        params = dict(self.model.named_parameters())
+        grads = {n: p.grad.detach().clone() for n, p in params.items() if p.grad is not None} if self.micro else {}
         return {"micro": self.micro, "grads": grads}
 
     def load_state_dict(self, state):
         micro, grads = state.get("micro"), state.get("grads", {})
+        params = dict(self.model.named_parameters())
         if not isinstance(micro, int) or not 0 <= micro < self.steps:
             raise ValueError(f"micro-step {micro!r} does not fit steps={self.steps}")
-        unknown = set(grads) - set(self.params)
-        wrong = [n for n, g in grads.items() if n in self.params and g.shape != self.params[n].shape]
+        unknown = set(grads) - set(params)
+        wrong = [n for n, g in grads.items() if n in params and g.shape != params[n].shape]
         if unknown or wrong:
             raise ValueError(f"accumulated gradients do not fit the model (unknown {sorted(unknown)}, "
                              f"other shapes {sorted(wrong)})")
         self.micro = micro
-        for name, param in self.params.items():
+        for name, param in params.items():
             param.grad = grads[name].to(param.device, param.dtype).clone() if name in grads else None

@@ -1,0 +1,130 @@
+"""What ddp and fsdp share: joining the process group the launcher describes, this rank's device, and the loader
+sharded per rank. Not an accelerator itself: the base class of both.
+
+The backend follows the device (nccl on cuda, xccl on xpu, gloo on cpu; ccl when asked for and importable); the
+launcher's variables and the group are journaled, so a failed plan and ``run.close()`` take them back. Each rank
+gets a DistributedSampler shard of the loader that keeps the user's shuffle and generator seed; ``run.loader``
+calls ``set_epoch`` every epoch.
+"""
+from __future__ import annotations
+
+import os
+import warnings
+
+import torch
+from torch.utils.data import DataLoader, IterableDataset, RandomSampler, SequentialSampler
+
+from accel.accelerator import Accelerator, Option, positive
+from accel.distributed import init_process_group
+from accel.errors import Problem
+from accel.hardware import importable, is_accelerator
+from accel.loaders import rebuild_loader, rebuild_problem
+
+BACKENDS = ("auto", "gloo", "nccl", "xccl", "ccl", "mpi")
+DEVICE_BACKEND = {"cuda": "nccl", "xpu": "xccl"}  # every other device: gloo
+BACKEND_DEVICES = {"nccl": ("cuda",), "xccl": ("xpu",), "gloo": ("cpu", "cuda"), "ccl": ("cpu", "xpu"),
+                   "mpi": ("cpu", "cuda")}
+LAUNCHERS = ("RANK/WORLD_SIZE from accel launch or torchrun, OMPI_COMM_WORLD_*, PMI_*, or "
+             "SLURM_PROCID/SLURM_NTASKS")
+
+
+def distributed_sampler(loader: DataLoader, world: int, rank: int):
+    """A DistributedSampler that keeps the user's shuffle and, if the loader has a generator, its seed."""
+    from torch.utils.data.distributed import DistributedSampler
+
+    seed = loader.generator.initial_seed() if loader.generator is not None else 0
+    return DistributedSampler(loader.dataset, num_replicas=world, rank=rank,
+                              shuffle=isinstance(loader.sampler, RandomSampler), seed=seed)
+
+
+class DataParallel(Accelerator):
+    """The process group, the device and the loader's shard: what every data-parallel wrapper needs."""
+
+    options = {
+        "backend": Option("auto", (str,), choices=BACKENDS, help="auto = nccl on cuda, xccl on xpu, gloo on cpu"),
+        "timeout_s": Option(600, (int, float), check=positive,
+                            help="a collective waiting longer than this raises instead of hanging"),
+        "shard_loader": Option(True, (bool,), help="put a DistributedSampler in the loader"),
+    }
+
+    def backend_for(self, device: torch.device) -> str:
+        return DEVICE_BACKEND.get(device.type, "gloo") if self.backend == "auto" else self.backend
+
+    def launch_problems(self, ctx) -> list[Problem]:
+        """The launcher's address, the backend for this device, one device per local rank."""
+        launch = ctx.decisions.launch
+        problems = []
+        for key in ("MASTER_ADDR", "MASTER_PORT"):
+            if not os.environ.get(key):
+                problems.append(Problem(
+                    self.name, f"launched by {launch.launcher} (rank {launch.rank} of {launch.world_size}) but "
+                    f"{key} is not set", field=key,
+                    allowed="export MASTER_ADDR=<rank 0's host> MASTER_PORT=<a free port> (accel launch and "
+                            "torchrun set both)"))
+        port = os.environ.get("MASTER_PORT", "")
+        if port and (not port.isdigit() or not 0 < int(port) < 65536):
+            problems.append(Problem(self.name, "MASTER_PORT is not a port number", field="MASTER_PORT", value=port,
+                                    allowed="1-65535"))
+        backend = self.backend_for(ctx.device)
+        if ctx.device.type not in BACKEND_DEVICES.get(backend, ()):
+            problems.append(Problem(self.name, f"backend {backend!r} does not serve device {ctx.device}",
+                                    field="backend", value=self.backend,
+                                    allowed="'auto' or " + ", ".join(b for b, d in BACKEND_DEVICES.items()
+                                                                     if ctx.device.type in d), kind="conflict"))
+        elif backend == "ccl" and not importable("oneccl_bindings_for_pytorch"):
+            problems.append(Problem(self.name, "backend 'ccl' needs oneccl_bindings_for_pytorch (Intel's index only)",
+                                    field="backend", value="ccl", allowed="pip install oneccl_bind_pt", kind="missing"))
+        elif backend in ("gloo", "nccl", "mpi") and not getattr(torch.distributed, f"is_{backend}_available")():
+            problems.append(Problem(self.name, f"this torch build has no {backend} backend", field="backend",
+                                    value=backend, kind="missing"))
+        count = ctx.hardware.devices.get(ctx.device.type, 0)
+        if is_accelerator(ctx.device) and count > 1 and launch.local_rank >= count:
+            problems.append(Problem(self.name, f"local rank {launch.local_rank} has no {ctx.device.type} device "
+                                    f"({count} visible): one device per local rank", field="nproc_per_node",
+                                    value=launch.local_world_size, allowed=f"at most {count}", kind="conflict"))
+        return problems
+
+    def join(self, ctx) -> dict[str, str]:
+        """Join the process group (unless the script did) and make this rank's device current; say how."""
+        backend = self.backend_for(ctx.device)
+        if backend == "ccl":
+            import oneccl_bindings_for_pytorch  # noqa: F401  (registers the ccl backend)
+        if not torch.distributed.is_initialized():
+            for key, value in ctx.decisions.launch.to_env().items():  # the launcher's variables, as env:// reads
+                if key not in os.environ:  # them, journaled so a failed plan and run.close() take them back
+                    ctx.journal.setenv(key, value)
+            ctx.journal.change(f"process group ({backend})", lambda: init_process_group(backend, self.timeout_s),
+                               torch.distributed.destroy_process_group)
+        launch = ctx.decisions.launch
+        changes = {"launcher": launch.launcher, "rank": f"{launch.rank}/{launch.world_size}",
+                   "local_rank": f"{launch.local_rank}/{launch.local_world_size}",
+                   "backend": torch.distributed.get_backend(), "timeout_s": self.timeout_s}
+        if is_accelerator(ctx.device):  # the device the core decided for this local rank
+            module = getattr(torch, ctx.device.type)
+            ctx.journal.change(f"{ctx.device.type} device {ctx.device}", lambda: module.set_device(ctx.device),
+                               (lambda old: lambda: module.set_device(old))(module.current_device()))
+            changes["device"] = str(ctx.device)
+        return changes
+
+    def shard(self, ctx) -> str:
+        """Give each rank its shard of the loader's samples; say what was done."""
+        loader, launch = ctx.loader, ctx.decisions.launch
+        if loader is None:
+            return "none given"
+        if not self.shard_loader:
+            return "kept (shard_loader=False): every rank sees every sample"
+        if launch.world_size == 1:
+            return "kept (world size 1: the one rank sees every sample, in your sampler's order)"
+        if (rebuild_problem(loader) or isinstance(loader.dataset, IterableDataset)
+                or loader.batch_size is None):
+            warnings.warn(f"{self.name}: only a map-style DataLoader built with batch_size can be sharded; every rank "
+                          "sees every sample of this loader", stacklevel=2)
+            return "not sharded (not a map-style DataLoader with batch_size)"
+        if not isinstance(loader.sampler, (RandomSampler, SequentialSampler)):
+            warnings.warn(f"{self.name}: the loader's {type(loader.sampler).__name__} is kept; shard it per rank "
+                          "yourself", stacklevel=2)
+            return f"not sharded (custom sampler {type(loader.sampler).__name__})"
+        sampler = distributed_sampler(loader, launch.world_size, launch.rank)
+        ctx.loader = rebuild_loader(loader, sampler=sampler)
+        return (f"DistributedSampler(shuffle={sampler.shuffle}, seed={sampler.seed}): "
+                f"{sampler.num_samples} of {len(loader.dataset)} samples per rank")

@@ -1,0 +1,315 @@
+"""fsdp: shard the parameters, gradients and optimizer state over the ranks with PyTorch's FSDP2 (``fully_shard``).
+
+What it does: joins the process group as ``ddp`` does (any launcher accel reads; gloo on CPU, nccl on cuda, xccl
+on xpu) and shards the loader per rank the same way. Then ``fully_shard`` goes on each repeated block of your
+model (the transformer layers, the ResNet stages: found as ``activation_checkpointing`` finds them, or named with
+``blocks=[...]``), then on the root. Each rank keeps 1/N of every parameter (a DTensor shard); a block's full
+weights are gathered for its forward and backward and dropped after (``reshard_after_forward``), and its
+gradients are reduce-scattered, so each rank holds only its shard of gradients and optimizer state.
+
+With ``amp`` in the plan, FSDP's ``MixedPrecisionPolicy`` computes in the plan's compute dtype (bf16/fp16) and
+reduces gradients in fp32 (``reduce_dtype="compute"`` reduces in the compute dtype: less traffic, less precise);
+amp's card still holds. ``cpu_offload=True`` keeps the shards and the optimizer state in host memory and steps
+there (``CPUOffloadPolicy``), for a model that does not fit the devices' memory even sharded; only where the
+device is an accelerator. At world size 1 (a launcher with one rank) it shards nothing, says so, and still
+writes sharded checkpoints, which load at any world size.
+
+Live objects: FSDP2 works on your model in place, so your ``train()``/``eval()``, hooks, scheduler and writes to
+``param_groups`` stay live. It replaces every parameter with its shard (a new ``nn.Parameter`` holding a
+DTensor); accel puts the shards into your own optimizer's param groups, in place, with any state it already has
+sharded the same way, so the optimizer you hold (and a scheduler built on it) trains them. A tensor you took
+from the model before ``accelerate()`` (``w = model.fc.weight``) is not what trains until ``run.close()``, which
+gathers the trained weights back into your own parameters and optimizer state (a collective: every rank closes).
+A deep copy of a sharded model raises in FSDP2 (an EMA by ``copy.deepcopy``/``AveragedModel`` must be built
+before ``accelerate()`` or from ``run.save``). An optimizer over parameters that are not the model's is refused
+before anything changes.
+
+Composes with ``grad_accumulation`` (no gradient reduction on the non-final micro-steps:
+``set_requires_gradient_sync(False)``; the unreduced gradients are kept unsharded until the last one, as in
+FSDP2), ``grad_clipping`` (``clip_grad_norm_`` over the DTensor gradients gives the global norm),
+``activation_checkpointing`` (applied before sharding), ``compile`` (per block, see its card) and ``amp``.
+
+Checkpoints: ``run.save(path)`` writes a ``torch.distributed.checkpoint`` (DCP) directory, each rank its own
+shards, and ``run.load(path)`` loads it at this or another world size, or in a single process (docs/distributed.md).
+
+When it helps: a model whose parameters, gradients and Adam state (16 bytes a parameter in fp32) do not fit one
+rank, or leave no room for the batch: per-rank memory for them falls to about 1/N. When it hurts: it gathers
+every block's weights in forward and again in backward (reshard_after_forward) and reduce-scatters gradients,
+about 1.5x ddp's traffic; when the model fits, ddp is faster.
+
+What it keeps: the same math as one process on the global batch (``SAME_MATH``: the reduce sums in another
+order); BatchNorm's running statistics stay per rank (FSDP2 does not synchronise buffers; rank 0's are saved).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from accel.accelerator import SAME_MATH, Option, Stage, register
+from accel.accelerators.data_parallel import LAUNCHERS, DataParallel
+from accel.errors import Problem
+from accel.hardware import is_accelerator
+from accel.modules import listed, outermost, repeated_blocks
+
+REDUCE_DTYPES = ("float32", "compute")
+HOOK_DICTS = ("_forward_pre_hooks", "_forward_pre_hooks_with_kwargs", "_forward_hooks", "_forward_hooks_with_kwargs",
+              "_forward_hooks_always_called", "_backward_pre_hooks", "_backward_hooks", "_state_dict_hooks",
+              "_state_dict_pre_hooks", "_load_state_dict_pre_hooks", "_load_state_dict_post_hooks")
+
+
+def blocks_problem(value) -> str | None:
+    ok = isinstance(value, list) and value and all(isinstance(v, str) for v in value)
+    return None if ok else "must be a non-empty list of module class names"
+
+
+def fsdp_available() -> str | None:
+    """Why this torch cannot run FSDP2, or None."""
+    try:
+        from torch.distributed.fsdp import fully_shard  # noqa: F401  (torch >= 2.6)
+    except ImportError as error:
+        return f"this torch has no FSDP2 (torch.distributed.fsdp.fully_shard): {error}"
+    return None
+
+
+def is_sharded(model: nn.Module) -> bool:
+    """Whether FSDP2 manages this module (its class was given FSDPModule's)."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:
+        return False
+    return any(isinstance(m, FSDPModule) for m in model.modules())
+
+
+# --- what fully_shard changes on the user's model, and putting it back ---------------------------------------------
+
+@dataclass
+class Sharding:
+    """Everything fully_shard changed on the model, recorded so run.close() can give the model back unsharded."""
+
+    slots: list[tuple[nn.Module, str, nn.Parameter]] = field(default_factory=list)  # the original parameters
+    classes: list[tuple[nn.Module, type]] = field(default_factory=list)  # classes before FSDP's was put first
+    added: list[tuple[nn.Module, str, Any]] = field(default_factory=list)  # (module, dict or "__dict__", key)
+    sharded: list[nn.Module] = field(default_factory=list)  # the modules fully_shard was called on
+
+    def new_parameters(self) -> dict[int, nn.Parameter]:
+        """id(original parameter) -> the parameter (a DTensor shard) now in its place."""
+        return {id(original): module._parameters[leaf] for module, leaf, original in self.slots}
+
+
+def _marks(model: nn.Module) -> dict[tuple[int, str], set]:
+    return {(id(m), where): set(getattr(m, where, {}) if where != "__dict__" else m.__dict__)
+            for m in model.modules() for where in (*HOOK_DICTS, "__dict__")}
+
+
+def shard_model(model: nn.Module, blocks: list[nn.Module], **kwargs) -> Sharding:
+    """fully_shard each block, then the root, recording what changes (the model is changed in place)."""
+    from torch.distributed.fsdp import fully_shard
+
+    record = Sharding(slots=[(m, leaf, p) for m in model.modules() for leaf, p in m._parameters.items()
+                             if p is not None],
+                      classes=[(m, type(m)) for m in model.modules()])
+    before = _marks(model)
+    try:
+        for module in [*blocks, model]:
+            fully_shard(module, **kwargs)
+            record.sharded.append(module)
+    finally:
+        for m in model.modules():
+            for where in (*HOOK_DICTS, "__dict__"):
+                now = m.__dict__ if where == "__dict__" else getattr(m, where, {})
+                for key in set(now) - before.get((id(m), where), set()):
+                    record.added.append((m, where, key))
+    return record
+
+
+def unshard_model(record: Sharding) -> None:
+    """Gather the trained weights into the original parameters and take FSDP off the modules (a collective)."""
+    from torch.distributed.tensor import DTensor
+
+    for module in reversed(record.sharded):
+        if hasattr(module, "reshard"):
+            module.reshard()  # a forward without backward (eval) may have left a module unsharded
+    full: dict[int, torch.Tensor] = {}
+    for module, leaf, original in record.slots:  # in the model's order on every rank: the gathers pair up
+        current = module._parameters.get(leaf)
+        if id(original) not in full:
+            full[id(original)] = (current.full_tensor() if isinstance(current, DTensor) else current).detach()
+    for module, where, key in reversed(record.added):
+        (module.__dict__ if where == "__dict__" else getattr(module, where)).pop(key, None)
+    try:
+        from torch.distributed._composable_state import _module_state_mapping
+        for module in record.sharded:
+            _module_state_mapping.pop(module, None)
+    except ImportError:
+        pass
+    for module, cls in record.classes:
+        module.__class__ = cls
+    with torch.no_grad():
+        for module, leaf, original in record.slots:
+            if module._parameters.get(leaf) is not original:
+                value = full[id(original)]
+                original.copy_(value.to(original.device, original.dtype))
+                module._parameters[leaf] = original
+                original.grad = None
+
+
+def shard_like(value: Any, param: nn.Parameter) -> Any:
+    """An optimizer state tensor of the parameter's full shape, sharded as the parameter is."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    data = param.data if not isinstance(param, DTensor) else param
+    if isinstance(value, torch.Tensor) and not isinstance(value, DTensor) and isinstance(data, DTensor) \
+            and tuple(value.shape) == tuple(data.shape):
+        local = data.to_local()
+        return distribute_tensor(value.to(local.device), data.device_mesh, data.placements).to(local.dtype)
+    return value
+
+
+def gather_state(value: Any) -> Any:
+    from torch.distributed.tensor import DTensor
+
+    return value.full_tensor() if isinstance(value, DTensor) else value
+
+
+def swap_parameters(optimizer: torch.optim.Optimizer, mapping: dict[int, nn.Parameter], convert) -> None:
+    """Put mapping[id(p)] in place of each p in the optimizer's groups and state, converting the state's tensors."""
+    for group in optimizer.param_groups:
+        for i, param in enumerate(group["params"]):
+            new = mapping.get(id(param))
+            if new is None:
+                continue
+            group["params"][i] = new
+            if param in optimizer.state:
+                optimizer.state[new] = {k: convert(v, new) for k, v in optimizer.state.pop(param).items()}
+
+
+@register
+class FSDP(DataParallel):
+    """Fully sharded data parallel (FSDP2): parameters, gradients and optimizer state split over the ranks."""
+
+    name = "fsdp"
+    stage = Stage.DISTRIBUTION
+    provides = ("model.distributed", "data.shard", "model.sharded")
+    conflicts = ("ddp",)
+    keeps = SAME_MATH
+    sharded_checkpoint = True  # run.save writes a DCP directory
+    example = {}
+    options = {
+        **DataParallel.options,
+        "blocks": Option("auto", (str, list), choices=("auto",), check=blocks_problem,
+                         help="class names of the modules to shard one by one; auto = the repeated blocks"),
+        "reshard_after_forward": Option(True, (bool,), help="free each block's gathered weights after its forward "
+                                        "(gathered again for backward): less memory, more traffic"),
+        "reduce_dtype": Option("float32", (str,), choices=REDUCE_DTYPES,
+                               help="with amp: reduce gradients in fp32, or in the compute dtype"),
+        "cpu_offload": Option(False, (bool,), help="keep shards and optimizer state in host memory (accelerators "
+                              "only)"),
+    }
+
+    def decide(self, ctx):
+        present = {type(m).__name__ for m in ctx.model.modules()}
+        self.classes = repeated_blocks(ctx.model) if self.blocks == "auto" else set(self.blocks) & present
+        self.missing = sorted(set(self.blocks) - present) if self.blocks != "auto" else []
+
+    def check(self, ctx):
+        problems = []
+        why = fsdp_available()
+        if why:
+            return [Problem(self.name, why, field="torch", allowed="torch >= 2.6", kind="missing")]
+        if ctx.decisions.launch is None:
+            problems.append(Problem(self.name, f"not launched: no launcher environment ({LAUNCHERS}); fsdp shards "
+                                    "over the ranks of a launched job (one rank, e.g. torchrun --nproc-per-node 1, "
+                                    "is allowed and shards nothing)", field="launcher",
+                                    allowed="accel launch, torchrun, mpirun or srun", kind="missing"))
+        else:
+            problems += self.launch_problems(ctx)
+        params = [p for p in ctx.model.parameters()]
+        if not params:
+            problems.append(Problem(self.name, "the model has no parameters to shard", field="model",
+                                    value=type(ctx.model).__name__))
+        if is_sharded(ctx.model):
+            problems.append(Problem(self.name, "the model is already sharded by FSDP (fully_shard was called on it)",
+                                    field="model", value=type(ctx.model).__name__,
+                                    allowed="the model before fully_shard", kind="conflict"))
+        if self.missing:
+            problems.append(Problem(self.name, f"no module of class {self.missing} in the model", field="blocks",
+                                    value=self.blocks, allowed="class names of the model's modules, e.g. "
+                                    + ", ".join(sorted(repeated_blocks(ctx.model)) or ["TransformerBlock"])))
+        if self.cpu_offload and not is_accelerator(ctx.device):
+            problems.append(Problem(self.name, f"offloading to CPU memory needs an accelerator device; the device is "
+                                    f"{ctx.device}, whose memory already is CPU memory", field="cpu_offload",
+                                    value=True, allowed="False on cpu", kind="conflict"))
+        if ctx.optimizer is not None:
+            mine = {id(p) for p in params}
+            foreign = [i for i, p in enumerate(p for g in ctx.optimizer.param_groups for p in g["params"])
+                       if id(p) not in mine]
+            if foreign:
+                problems.append(Problem(self.name, f"the optimizer holds {len(foreign)} parameter(s) that are not the "
+                                        f"model's (positions {foreign[:5]} in its param groups): fsdp replaces the "
+                                        "model's parameters with their shards and cannot shard those",
+                                        field="optimizer", allowed="an optimizer built over model.parameters()",
+                                        kind="conflict"))
+        return problems
+
+    def apply(self, ctx):
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy
+
+        changes = self.join(ctx)
+        world = ctx.decisions.launch.world_size
+        blocks = outermost(ctx.model, self.classes) if self.classes else []
+        names = {id(m): name for name, m in ctx.model.named_modules()}
+        kinds = sorted({type(m).__name__ for m in blocks})  # before FSDP renames the classes
+        dtype = ctx.decisions.compute_dtype
+        policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32 if self.reduce_dtype == "float32"
+                                      else dtype) if dtype is not None else MixedPrecisionPolicy()
+        mesh = init_device_mesh(ctx.device.type, (world,))
+        kwargs = {"mesh": mesh, "reshard_after_forward": self.reshard_after_forward, "mp_policy": policy,
+                  "offload_policy": CPUOffloadPolicy() if self.cpu_offload else OffloadPolicy()}
+        model, record = ctx.model, {}  # record["sharding"]: the model's sharding now (redone after a handover)
+
+        def shard():
+            record["sharding"] = shard_model(model, blocks, **kwargs)
+
+        ctx.journal.change(f"fsdp: fully_shard on {len(blocks)} block(s) and the root",
+                           shard, lambda: record.get("sharding") and unshard_model(record.pop("sharding")),
+                           kind="object")
+        self.record = record
+        if ctx.optimizer is not None:
+            optimizer = ctx.optimizer
+
+            def originals() -> dict[int, nn.Parameter]:
+                shards = record["sharding"].new_parameters()
+                return {id(shards[id(o)]): o for _, _, o in record["sharding"].slots}
+
+            ctx.journal.change(
+                "fsdp: the optimizer's parameters replaced by their shards",
+                lambda: swap_parameters(optimizer, record["sharding"].new_parameters(), shard_like),
+                lambda: swap_parameters(optimizer, originals(), lambda value, _: gather_state(value)),
+                kind="object")
+        ctx.extras["fsdp_blocks"] = blocks  # compile compiles these one by one
+        changes["sharded"] = (f"{len(blocks)} x {', '.join(kinds)}: "
+                              + listed([names[id(m)] for m in blocks]) + ", then the root") if blocks else (
+            "the root only (no repeated block found: name them with blocks=[...] to gather one block at a time)")
+        changes["world"] = (f"{world} ranks: each holds 1/{world} of every parameter, gradient and optimizer state"
+                            if world > 1 else "world size 1: one rank holds everything, nothing is sharded "
+                            "(checkpoints are still sharded DCP directories, loadable at any world size)")
+        changes["reshard_after_forward"] = self.reshard_after_forward
+        if dtype is not None:
+            changes["mixed_precision"] = (f"param_dtype={str(dtype).replace('torch.', '')}, reduce_dtype="
+                                          f"{'float32' if self.reduce_dtype == 'float32' else str(dtype)[6:]}")
+        if self.cpu_offload:
+            changes["cpu_offload"] = "shards, gradients and optimizer state in host memory; the step runs there"
+        changes["parameters"] = ("replaced in place by DTensor shards (your optimizer's groups hold them); "
+                                 "run.close() gathers them back into your own parameters")
+        changes["sampler"] = self.shard(ctx)
+        changes["checkpoints"] = "run.save writes a sharded DCP directory"
+        return changes
+
+    def gradient_sync(self, enabled: bool) -> None:
+        """Reduce-scatter gradients in backward (True), or keep accumulating them unreduced (False)."""
+        self.record["sharding"].sharded[-1].set_requires_gradient_sync(enabled)  # the root, and every block in it
+

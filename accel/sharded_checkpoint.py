@@ -1,0 +1,268 @@
+"""Sharded checkpoints: a run under fsdp saves with torch.distributed.checkpoint (DCP), each rank its own shards.
+
+Layout of ``run.save(path)`` (every rank calls it; the folder must be one all ranks see)::
+
+    path/
+      latest                 names the newest whole checkpoint ("step-000000012"), replaced atomically
+      step-000000012/        a DCP directory: .metadata and one __<rank>_0.distcp per rank, plus
+        accel.pt             the plan, counters, every rank's random and accelerator states, and a manifest
+                             (size and blake2b of every DCP file), with a checksum over its tensors
+
+Every rank writes into ``path/.step-N.partial``; once all have written, rank 0 adds accel.pt, renames the folder to
+``step-N``, points ``latest`` at it and removes the older ones. A rank that dies mid-save leaves only a
+``.partial`` folder: ``latest`` still names the last whole checkpoint, which is what ``run.load(path)`` reads.
+
+``run.load(path)`` (the root or one ``step-N`` folder) checks everything before changing anything: that the folder
+is a whole checkpoint (accel.pt present and whole, every file of the manifest present with its size and hash),
+that it was saved under the same plan, that its tensors fit the model (names and global shapes) and optimizer;
+then DCP reads the shards this rank needs, at this or another world size (2 ranks -> 1 process, 1 -> 2), and the
+state is set; if that fails half-way the run is put back. Outside a process group the whole state is read into
+a single process.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import shutil
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from accel.checkpoint import checksum, encode_plan
+from accel.distributed import barrier, rank, world_size
+from accel.errors import CheckpointError
+
+FORMAT = 1
+META = "accel.pt"
+LATEST = "latest"
+
+
+def _gather(obj: Any) -> list[Any]:
+    if world_size() == 1:
+        return [obj]
+    gathered: list[Any] = [None] * world_size()
+    torch.distributed.all_gather_object(gathered, obj)
+    return gathered
+
+
+def _digest(file: Path) -> str:
+    digest = hashlib.blake2b(digest_size=20)
+    with open(file, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+@contextlib.contextmanager
+def _quiet():
+    """DCP warns that it assumes a single process when there is no group: that is the intent here."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*assuming the intent is to (load|save) in a single process")
+        yield
+
+
+def _states(run) -> tuple[dict, dict]:
+    """The model's and optimizer's state, keyed by parameter name, as DTensor shards under FSDP."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model = run.unwrap()
+    if run.optimizer is None:
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+        return get_model_state_dict(model), {}
+    return get_state_dict(model, run.optimizer)
+
+
+def save(run, path) -> Path:
+    """Write the run's sharded checkpoint under path; a collective (every rank calls it). Returns its folder."""
+    import torch.distributed.checkpoint as dcp
+
+    root = Path(path)
+    name = f"step-{run.steps:09d}"
+    partial = root / f".{name}.partial"
+    mid = [a.name for a in run.accelerators if a.state_dict().get("micro")]
+    if mid:
+        raise CheckpointError(f"{root}: cannot save a sharded checkpoint in the middle of accumulating gradients "
+                              f"({mid[0]}): FSDP keeps the unreduced gradients inside its own buffers; save when "
+                              "run.step() returned False (an optimizer step)")
+    if rank() == 0:
+        if root.exists() and not root.is_dir():
+            raise CheckpointError(f"{root}: is a file; under fsdp run.save writes a folder of shards")
+        root.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(partial, ignore_errors=True)  # what a save that died here left
+    barrier()
+    model_state, optimizer_state = _states(run)
+    with _quiet():
+        dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=str(partial))
+    state = run.state_dict(model=False)
+    ranked = {a.name for a in run.accelerators if a.state_per_rank}
+    rng = _gather(state["rng"])
+    per_rank = _gather({n: s for n, s in state["accelerators"].items() if n in ranked})
+    mine = {f.name: (f.stat().st_size, _digest(f)) for f in partial.glob(f"__{rank()}_*")}
+    files = {k: v for part in _gather(mine) for k, v in part.items()}
+    if rank() == 0:
+        files[".metadata"] = ((partial / ".metadata").stat().st_size, _digest(partial / ".metadata"))
+        meta = {**state, "format": FORMAT, "plan": encode_plan(state["plan"]), "rng": rng,
+                "accelerators_per_rank": per_rank, "world_size": world_size(), "files": files,
+                "accelerators": {n: s for n, s in state["accelerators"].items() if n not in ranked}}
+        meta["checksum"] = checksum(meta)
+        with open(partial / META, "wb") as handle:
+            torch.save(meta, handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        final = root / name
+        shutil.rmtree(final, ignore_errors=True)  # a save of the same step again (after a restart)
+        os.replace(partial, final)
+        pointer = root / f".{LATEST}.tmp"
+        pointer.write_text(name + "\n")
+        os.replace(pointer, root / LATEST)
+        for old in root.glob("step-*"):
+            if old.name != name and old.is_dir():
+                shutil.rmtree(old, ignore_errors=True)
+    barrier()
+    return root / name
+
+
+def is_sharded_checkpoint(path) -> bool:
+    path = Path(path)
+    return path.is_dir() and ((path / LATEST).exists() or (path / META).exists() or (path / ".metadata").exists()
+                              or any(path.glob("step-*")) or any(path.glob(".step-*.partial")))
+
+
+def folder(path) -> Path:
+    """The whole checkpoint folder path names: the root's latest, or the step folder itself."""
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"{path}: no such checkpoint")
+    if (path / LATEST).exists():
+        name = (path / LATEST).read_text().strip()
+        if not name or "/" in name:
+            raise CheckpointError(f"{path / LATEST}: does not name a checkpoint folder ({name!r})")
+        return path / name
+    if (path / META).exists() or path.name.endswith(".partial") or (path / ".metadata").exists():
+        return path
+    partials = sorted(p.name for p in path.glob(".step-*.partial"))
+    raise CheckpointError(f"{path}: no whole sharded checkpoint here (no '{LATEST}' file)"
+                          + (f"; only {partials}, left by a save that did not finish (a rank died mid-save)"
+                             if partials else ""))
+
+
+def read(path) -> tuple[Path, dict[str, Any]]:
+    """The checkpoint folder and its accel.pt, checked whole against the manifest; a CheckpointError names what."""
+    where = folder(path)
+    if where.name.endswith(".partial"):
+        raise CheckpointError(f"{where}: a save that did not finish (a rank died mid-save); load the last whole "
+                              f"checkpoint: run.load({str(where.parent)!r})")
+    meta_file = where / META
+    if not meta_file.exists():
+        raise CheckpointError(f"{where}: torn checkpoint: no {META} (the save did not finish, or this is not a "
+                              "checkpoint accel wrote)")
+    try:
+        meta = torch.load(meta_file, map_location="cpu", weights_only=True)
+    except Exception as error:
+        raise CheckpointError(f"{meta_file}: not whole ({type(error).__name__}: "
+                              f"{str(error).splitlines()[0] if str(error) else ''})") from error
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT or "files" not in meta:
+        raise CheckpointError(f"{meta_file}: not a sharded accel checkpoint")
+    if meta.get("checksum") != checksum(meta):
+        raise CheckpointError(f"{meta_file}: its tensors do not match the checksum saved with them; nothing was loaded")
+    for name, (size, digest) in sorted(meta["files"].items()):
+        file = where / name
+        if not file.exists():
+            raise CheckpointError(f"{where}: torn checkpoint: {name} is missing (written by "
+                                  f"{meta['world_size']} rank(s)); nothing was loaded")
+        if file.stat().st_size != size or _digest(file) != digest:
+            raise CheckpointError(f"{where}: {name} differs from what was saved (size or hash): corrupted or torn; "
+                                  "nothing was loaded")
+    return where, meta
+
+
+def _fit_problems(where: Path, model_state: dict, optimizer_state: dict, meta: dict, run) -> list[str]:
+    import torch.distributed.checkpoint as dcp
+
+    saved = dcp.FileSystemReader(str(where)).read_metadata().state_dict_metadata
+    problems = []
+    missing = [k for k in model_state if f"model.{k}" not in saved]
+    if missing:
+        problems.append(f"the model's {missing[:5]} are not in the checkpoint")
+    shapes = [f"{k} {tuple(saved[f'model.{k}'].size)} vs {tuple(v.shape)}" for k, v in model_state.items()
+              if isinstance(v, torch.Tensor) and f"model.{k}" in saved and hasattr(saved[f"model.{k}"], "size")
+              and tuple(saved[f"model.{k}"].size) != tuple(v.shape)]
+    if shapes:
+        problems.append("shapes differ (checkpoint vs model): " + "; ".join(shapes[:5]))
+    saved_class, optimizer = meta.get("optimizer_class"), run.optimizer
+    if (saved_class is None) != (optimizer is None):
+        problems.append(f"the checkpoint has {'an' if saved_class else 'no'} optimizer state, this run has "
+                        f"{'one' if optimizer is not None else 'none'}")
+    elif optimizer is not None and saved_class != type(optimizer).__name__:
+        problems.append(f"the checkpoint holds a {saved_class}'s state, this run's optimizer is a "
+                        f"{type(optimizer).__name__}")
+    stray = sorted(set(meta.get("accelerators", {})) | {n for s in meta.get("accelerators_per_rank", []) for n in s})
+    stray = [n for n in stray if n not in {a.name for a in run.accelerators}]
+    if stray:
+        problems.append(f"state of accelerators this run did not apply: {stray}")
+    return problems
+
+
+def _copy(state: Any) -> Any:
+    if isinstance(state, torch.Tensor):
+        return state.detach().clone()
+    if isinstance(state, dict):
+        return {k: _copy(v) for k, v in state.items()}
+    if isinstance(state, list):
+        return [_copy(v) for v in state]
+    return state
+
+
+def load(run, path) -> dict[str, Any]:
+    """Restore a sharded checkpoint into a run with the same plan, at any world size; {"step", "epoch", "path"}."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import set_state_dict
+
+    from accel.plan import same_options
+
+    where, meta = read(path)
+    mine = encode_plan(run.plan.to_dict())
+    if not same_options(meta["plan"], mine):
+        raise CheckpointError(f"{where} was saved with the plan {meta['plan']}, but this run has {mine}; create the "
+                              "run with the same plan")
+    current_model, current_optimizer = _states(run)
+    problems = _fit_problems(where, current_model, current_optimizer, meta, run)
+    per_rank = meta.get("accelerators_per_rank") or [{}]
+    rngs = meta["rng"]
+    if problems:
+        raise CheckpointError(f"{where} does not fit this run; nothing was loaded: " + "; ".join(problems))
+    model_state, optimizer_state = _copy(current_model), _copy(current_optimizer)  # read into copies: the run's
+    wanted = {"model": model_state, "optimizer": optimizer_state} if run.optimizer is not None else {
+        "model": model_state}
+    try:
+        with _quiet():
+            dcp.load(wanted, checkpoint_id=str(where))  # own tensors stay as they are until everything was read
+    except Exception as error:
+        raise CheckpointError(f"{where}: the shards could not be read ({type(error).__name__}: {error}); nothing "
+                              "was loaded") from error
+    if len(rngs) != world_size():
+        warnings.warn(f"checkpoint saved by {len(rngs)} rank(s), loaded by {world_size()}: every rank takes rank 0's "
+                      "random state", stacklevel=3)
+    progress = {**meta, "accelerators": {**meta.get("accelerators", {}),
+                                         **(per_rank[rank()] if len(per_rank) == world_size() else per_rank[0])},
+                "rng": rngs[rank()] if len(rngs) == world_size() else rngs[0]}
+    backup = (_copy(current_model), _copy(current_optimizer), run.state_dict(model=False))
+    try:
+        if run.optimizer is not None:
+            set_state_dict(run.unwrap(), run.optimizer, model_state_dict=model_state, optim_state_dict=optimizer_state)
+        else:
+            from torch.distributed.checkpoint.state_dict import set_model_state_dict
+
+            set_model_state_dict(run.unwrap(), model_state)
+        run.restore_progress(progress)
+    except Exception as error:
+        if run.optimizer is not None:
+            set_state_dict(run.unwrap(), run.optimizer, model_state_dict=backup[0], optim_state_dict=backup[1])
+        run.restore_progress(backup[2])
+        raise CheckpointError(f"{where} could not be restored ({type(error).__name__}: {error}); the run was put "
+                              "back as it was") from error
+    return {"step": meta["step"], "epoch": meta["epoch"], "path": str(where)}
