@@ -128,6 +128,8 @@ class Accelerator:
     keeps: ClassVar[Keeps] = EXACT
     costly_setup: ClassVar[bool] = False  # its first step is long (compile): tune tries it last, on the best stack
     state_per_rank: ClassVar[bool] = False  # its state differs between ranks (accumulated gradients): saved per rank
+    shards_parameters: ClassVar[bool] = False  # holds the model's parameters as shards in place (fsdp) until close()
+    # gathers them back; its run saves sharded checkpoints
     example: ClassVar[dict[str, Any]] = {}  # options that make a valid example (what `accel env` checks)
 
     def __init__(self, **options: Any):

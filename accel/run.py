@@ -270,7 +270,7 @@ class Run:
     @property
     def sharded(self) -> bool:
         """Whether the run's state is sharded over the ranks (fsdp): its checkpoints are DCP folders."""
-        return any(getattr(a, "sharded_checkpoint", False) for a in self.accelerators)
+        return any(a.shards_parameters for a in self.accelerators)
 
     def save(self, path) -> None:
         """Checkpoint the run's state_dict(), with the plan and a checksum: to a file, or under fsdp to a folder

@@ -127,9 +127,8 @@ def save(run, path) -> Path:
 
 
 def is_sharded_checkpoint(path) -> bool:
-    path = Path(path)
-    return path.is_dir() and ((path / LATEST).exists() or (path / META).exists() or (path / ".metadata").exists()
-                              or any(path.glob("step-*")) or any(path.glob(".step-*.partial")))
+    """A folder: what run.save writes under fsdp (a single-file checkpoint is a file)."""
+    return Path(path).is_dir()
 
 
 def folder(path) -> Path:
@@ -201,10 +200,19 @@ def _fit_problems(where: Path, model_state: dict, optimizer_state: dict, meta: d
         problems.append(f"the checkpoint holds a {saved_class}'s state, this run's optimizer is a "
                         f"{type(optimizer).__name__}")
     stray = sorted(set(meta.get("accelerators", {})) | {n for s in meta.get("accelerators_per_rank", []) for n in s})
-    stray = [n for n in stray if n not in {a.name for a in run.accelerators}]
+    stray = [n for n in stray if n not in {a.name for a in run.accelerators}
+             and n in training_plan({n: {} for n in [n]})]
     if stray:
         problems.append(f"state of accelerators this run did not apply: {stray}")
     return problems
+
+
+def training_plan(plan: dict[str, dict]) -> dict[str, dict]:
+    """The plan without its distribution accelerators (ddp, fsdp): what decides the model and the training."""
+    from accel.accelerator import REGISTRY, Stage
+
+    return {name: options for name, options in plan.items()
+            if name not in REGISTRY or REGISTRY[name].stage is not Stage.DISTRIBUTION}
 
 
 def _copy(state: Any) -> Any:
@@ -225,10 +233,11 @@ def load(run, path) -> dict[str, Any]:
     from accel.plan import same_options
 
     where, meta = read(path)
-    mine = encode_plan(run.plan.to_dict())
-    if not same_options(meta["plan"], mine):
-        raise CheckpointError(f"{where} was saved with the plan {meta['plan']}, but this run has {mine}; create the "
-                              "run with the same plan")
+    saved, mine = training_plan(meta["plan"]), training_plan(encode_plan(run.plan.to_dict()))
+    if not same_options(saved, mine):
+        raise CheckpointError(f"{where} was saved with the plan {meta['plan']}, but this run has "
+                              f"{encode_plan(run.plan.to_dict())}; create the run with the same plan (ddp and fsdp "
+                              "may differ: the shards load at any world size, or in one process)")
     current_model, current_optimizer = _states(run)
     problems = _fit_problems(where, current_model, current_optimizer, meta, run)
     per_rank = meta.get("accelerators_per_rank") or [{}]

@@ -2,7 +2,10 @@
 
 What it does: wraps the run's model in ``torch.compile(backend, mode, fullgraph, dynamic, options)``;
 compilation happens on the first step, and the report keeps that step (compile and warm-up) apart from the
-steady step time. ``run.unwrap()`` peels the wrapper off. A model that is already compiled is refused (its
+steady step time. ``regional=True`` compiles each repeated block in place instead (``module.compile()`` on every
+transformer layer or ResNet stage; the rest runs eagerly): blocks of one class share their compiled code, so the
+warm-up is one block's, not the whole model's. Under ``fsdp`` it compiles the blocks fsdp sharded, one by one, as
+FSDP2 expects (its hooks run between them). ``run.unwrap()`` peels the wrapper off. A model that is already compiled is refused (its
 wrapper would be compiled again and ``run.unwrap()`` would not reach your module): pass the module itself.
 
 When it helps: GPUs, and models with many small element-wise ops to fuse. On top of channels_last + bf16 +
@@ -28,9 +31,9 @@ import shutil
 import torch
 
 from accel.accelerator import SAME_MATH, Accelerator, Option, Stage, register
-from accel.errors import Problem
+from accel.errors import Problem, Skip
 from accel.hardware import PACKAGE_BACKENDS, compile_backend_problem, import_compile_backend, torch_version
-from accel.modules import compiled, trainable
+from accel.modules import compiled, listed, outermost, repeated_blocks, trainable
 
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
@@ -60,6 +63,9 @@ class Compile(Accelerator):
         "fullgraph": Option(False, (bool,), help="fail instead of falling back to eager at graph breaks"),
         "dynamic": Option(None, (bool, type(None)), help="None: let dynamo decide when shapes change"),
         "options": Option(None, (dict, type(None)), help="backend options (inductor config); excludes mode"),
+        "regional": Option(None, (bool, type(None)), help="compile each repeated block (transformer layers, ResNet "
+                           "stages) in place instead of the whole model: one warm-up per block class. None: per "
+                           "block under fsdp (its blocks), the whole model otherwise"),
     }
 
     @classmethod
@@ -97,12 +103,19 @@ class Compile(Accelerator):
             kwargs["options"] = self.options
         import torch._dynamo
 
+        regional = self.regional or (self.regional is None and bool(ctx.extras.get("fsdp_blocks")))
+        blocks = (ctx.extras.get("fsdp_blocks") or outermost(ctx.model, repeated_blocks(ctx.model))) if regional else []
+        if regional and not blocks:
+            raise Skip("regional: the model has no repeated block (a class with children occurring twice) to "
+                       "compile one by one; regional=False compiles the whole model")
         # Hooks you register or remove after accelerate() must reach the compiled code: dynamo guards on them
         # (its default skips those guards, and a hook added later would silently never run). Put back by close.
         ctx.journal.setattr(torch._dynamo.config, "skip_nnmodule_hook_guards", False)
-        self.wrapper = ctx.model = torch.compile(ctx.model, **kwargs)
         changes = {**{k: v for k, v in kwargs.items() if v is not None}, "compiles": "on the first step (see timing)",
                    "hooks": "guarded: hooks you add or remove later recompile"}
+        if regional:
+            return {**changes, "regions": self.compile_blocks(ctx, blocks, kwargs)}
+        self.wrapper = ctx.model = torch.compile(ctx.model, **kwargs)
         if torch_version() < (2, 15):  # measured: torch 2.8's AOTAutograd kept training a layer unfrozen after compiling
             self.params = list(self.wrapper.parameters())  # with the graph of the frozen one (2.15 recompiles)
             self.trainable = trainable(self.params)
@@ -110,6 +123,18 @@ class Compile(Accelerator):
                              lambda: self.wrapper.register_forward_pre_hook(self._recompile_on_unfreeze))
             changes["unfreezing"] = "recompiles (torch < 2.15 does not by itself)"
         return changes
+
+    def compile_blocks(self, ctx, blocks, kwargs) -> str:
+        """Compile each block in place (``module.compile``): the blocks fsdp sharded, else the repeated ones."""
+        names = {id(m): name for name, m in ctx.model.named_modules()}
+        for block in blocks:
+            ctx.journal.change(f"compile: {names.get(id(block), type(block).__name__)}",
+                               lambda b=block: b.compile(**kwargs),
+                               lambda b=block: setattr(b, "_compiled_call_impl", None), kind="object")
+        kinds = sorted({type(b).__name__.removeprefix("FSDP") for b in blocks})
+        return (f"{len(blocks)} x {', '.join(kinds)} compiled in place, one by one"
+                + (" (the blocks fsdp sharded)" if ctx.extras.get("fsdp_blocks") else "") + ": "
+                + listed([names.get(id(b), "?") for b in blocks]) + "; the rest runs eagerly")
 
     def _recompile_on_unfreeze(self, module, args):
         now = trainable(self.params)

@@ -42,6 +42,7 @@ order); BatchNorm's running statistics stay per rank (FSDP2 does not synchronise
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,7 +51,7 @@ from torch import nn
 
 from accel.accelerator import SAME_MATH, Option, Stage, register
 from accel.accelerators.data_parallel import LAUNCHERS, DataParallel
-from accel.errors import Problem
+from accel.errors import Problem, StaleWarning
 from accel.hardware import is_accelerator
 from accel.modules import listed, outermost, repeated_blocks
 
@@ -195,7 +196,7 @@ class FSDP(DataParallel):
     provides = ("model.distributed", "data.shard", "model.sharded")
     conflicts = ("ddp",)
     keeps = SAME_MATH
-    sharded_checkpoint = True  # run.save writes a DCP directory
+    shards_parameters = True  # in place until run.close(); run.save writes a DCP directory
     example = {}
     options = {
         **DataParallel.options,
@@ -307,7 +308,21 @@ class FSDP(DataParallel):
                                  "run.close() gathers them back into your own parameters")
         changes["sampler"] = self.shard(ctx)
         changes["checkpoints"] = "run.save writes a sharded DCP directory"
+        self.params, self.warned = list(ctx.model.named_parameters()), False  # the shards, checked for hooks
         return changes
+
+    def step(self, run, optimizer, proceed):
+        if not self.warned:
+            hooked = [name for name, p in self.params
+                      if getattr(p, "_backward_hooks", None) or getattr(p, "_post_accumulate_grad_hooks", None)]
+            if hooked:
+                self.warned = True
+                warnings.warn(f"accel: fsdp: a gradient hook on the parameter(s) {hooked[:4]} never runs: under FSDP2 "
+                              "autograd computes the gradient of the gathered weight and the shard's gradient comes "
+                              "from the reduce-scatter; hook the module instead (register_full_backward_hook), or "
+                              "register the hook before accelerate() and run without fsdp", StaleWarning,
+                              stacklevel=3)
+        return proceed(optimizer)
 
     def gradient_sync(self, enabled: bool) -> None:
         """Reduce-scatter gradients in backward (True), or keep accumulating them unreduced (False)."""

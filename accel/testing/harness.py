@@ -42,7 +42,7 @@ from accel.measure import TrainStep, endless
 from accel.batches import map_tensors
 from accel.run import Run
 from accel.testing.loops import Held, Loop
-from accel.testing.snapshots import snapshot
+from accel.testing.snapshots import snapshot, whole
 
 LEVELS = ("exact", "float", "tolerance", "changed")
 
@@ -163,12 +163,12 @@ def train(run: Run, setup: Setup, steps: int, seed: int) -> Trace:
         hook.remove()
     trace.run = run  # the run at the end (the loop may have made another): the one to close
     trace.steps_counted = run.steps
-    trace.observed = {k: v.detach().cpu().clone() for k, v in loop.observed().items()}
+    trace.observed = {k: whole(v).detach().cpu().clone() for k, v in loop.observed().items()}
     names = {id(p): n for n, p in model.named_parameters()}
-    trace.state = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
-    trace.user = {f"your model's {k}": v.detach().cpu().clone() for k, v in setup.model.state_dict().items()}
+    trace.state = {k: whole(v).detach().cpu().clone() for k, v in model.state_dict().items()}
+    trace.user = {f"your model's {k}": whole(v).detach().cpu().clone() for k, v in setup.model.state_dict().items()}
     for index, state in setup.optimizer.state_dict()["state"].items():
-        trace.user.update({f"your optimizer's {index}.{k}": v.detach().cpu().float().clone() for k, v in state.items()
+        trace.user.update({f"your optimizer's {index}.{k}": whole(v).detach().cpu().float().clone() for k, v in state.items()
                            if isinstance(v, torch.Tensor)})
     trace.trainable = {n: p.requires_grad for n, p in model.named_parameters()}
     trace.ties = ties(model)
@@ -186,7 +186,7 @@ def train(run: Run, setup: Setup, steps: int, seed: int) -> Trace:
     states = saved["state"]
     trace.groups = [{k: v for k, v in group.items() if k not in KERNEL_CHOICES} for group in saved["param_groups"]]
     for index, key in enumerate(positions):
-        trace.optimizer[key] = {k: v.detach().cpu().float().clone() for k, v in states.get(index, {}).items()
+        trace.optimizer[key] = {k: whole(v).detach().cpu().float().clone() for k, v in states.get(index, {}).items()
                                 if isinstance(v, torch.Tensor)}
     return trace
 
@@ -398,7 +398,8 @@ def check_equivalence(plan: Any, build: Callable[[], Setup], steps: int = 3, see
                          skipped={r.name: r.reason for r in run.report.rows if r.status == "skipped"})
     result.keeps = combined([a.keeps for a in run.accelerators if not declares_training(a.keeps)])
     # accelerate() may change how the user's objects run (hooks, fused flags: undone by close), never what they hold
-    result.objects_changed = before.changes(snapshot(setup.model, setup.optimizer, setup.loader), how=False)
+    result.objects_changed = before.changes(snapshot(setup.model, setup.optimizer, setup.loader), how=False,
+                                            sharded=run.sharded)
     before_objects = snapshot(setup.model, setup.optimizer)
     accelerated = None
     try:

@@ -50,9 +50,12 @@ class Snapshot:
     hooks: list[str] = field(default_factory=list)  # hooks and replaced forwards of every module
     grads: dict[str, Any] = field(default_factory=dict)
     kernels: list[dict] = field(default_factory=list)  # the optimizer's fused/foreach flags, per group + defaults
+    optimizer_params: list[list[int]] = field(default_factory=list)  # ids of the parameters in each group
 
-    def changes(self, other: Snapshot, how: bool = True) -> list[str]:
-        """Readable differences from this snapshot to another (``how=False``: not hooks, forwards, kernel flags)."""
+    def changes(self, other: Snapshot, how: bool = True, sharded: bool = False) -> list[str]:
+        """Readable differences from this snapshot to another (``how=False``: not hooks, forwards, kernel flags;
+        ``sharded``: not the parameters held as shards in place, with FSDP's classes, which run.close() undoes;
+        their values are compared whole)."""
         out = []
         if self.model_id != other.model_id:
             out.append("model: a different object")
@@ -71,9 +74,11 @@ class Snapshot:
         for name, flag in other.trainable.items():
             if name in self.trainable and self.trainable[name] != flag:
                 out.append(f"model.{name}: requires_grad {flag}")
-        if self.param_ids != other.param_ids:
+        if self.param_ids != other.param_ids and not sharded:
             out.append("model: parameters replaced")
-        if self.modules != other.modules:
+        if self.optimizer_params != other.optimizer_params and not sharded:
+            out.append("optimizer: holds other parameters")
+        if self.modules != (other.modules if not sharded else [m.removeprefix("FSDP") for m in other.modules]):
             out.append("model: module types changed")
         if how and self.kernels != other.kernels:
             out.append(f"optimizer: kernel flags {other.kernels} instead of {self.kernels}")
@@ -91,17 +96,25 @@ class Snapshot:
         return out
 
 
+def whole(value: Any) -> Any:
+    """A tensor as one process sees it whole: a DTensor shard gathered (fsdp), anything else as it is."""
+    if hasattr(value, "full_tensor"):
+        return value.full_tensor()
+    if isinstance(value, dict):
+        return {k: whole(v) for k, v in value.items()}
+    return value
+
+
 def snapshot(model: nn.Module, optimizer: torch.optim.Optimizer | None = None, loader: Any = None) -> Snapshot:
-    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    state = {k: whole(v).detach().clone() for k, v in model.state_dict().items()}
     formats = {k: v.dim() == 4 and v.is_contiguous(memory_format=torch.channels_last) and not v.is_contiguous()
                for k, v in model.state_dict().items()}
     opt, kernels = None, []
     if optimizer is not None:
         kernels = [{k: g.get(k) for k in KERNEL_FLAGS} for g in [*optimizer.param_groups, optimizer.defaults]]
         opt = (type(optimizer).__name__,
-               [{k: v for k, v in g.items() if k not in ("params", *KERNEL_FLAGS)} | {"params": [id(p) for p in g["params"]]}
-                for g in optimizer.param_groups],
-               OptimizerState(copy.deepcopy(optimizer.state_dict()["state"])))
+               [{k: v for k, v in g.items() if k not in ("params", *KERNEL_FLAGS)} for g in optimizer.param_groups],
+               OptimizerState(copy.deepcopy(whole(optimizer.state_dict()["state"]))))
     loader_attrs = {}
     if loader is not None:
         loader_attrs = {k: getattr(loader, k, None) for k in
@@ -114,7 +127,8 @@ def snapshot(model: nn.Module, optimizer: torch.optim.Optimizer | None = None, l
              for hook_dict in ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
              if getattr(m, hook_dict, None)]
     hooks += [f"{name}: forward replaced" for name, m in model.named_modules() if "forward" in m.__dict__]
-    grads = {n: p.grad.detach().clone() if p.grad is not None else None for n, p in model.named_parameters()}
+    grads = {n: whole(p.grad).detach().clone() if p.grad is not None else None for n, p in model.named_parameters()}
     return Snapshot(id(model), state, formats, [id(p) for p in model.parameters()],
                     [type(m).__name__ for m in model.modules()],
-                    {n: p.requires_grad for n, p in model.named_parameters()}, opt, loader_attrs, hooks, grads, kernels)
+                    {n: p.requires_grad for n, p in model.named_parameters()}, opt, loader_attrs, hooks, grads, kernels,
+                    [[id(p) for p in g["params"]] for g in optimizer.param_groups] if optimizer is not None else [])

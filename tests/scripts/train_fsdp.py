@@ -97,10 +97,13 @@ def accelerated() -> dict:
     step = resumed_from = 0
     if args.resume and args.ckpt and Path(args.ckpt).exists():
         resumed_from = step = run.load(args.ckpt)["step"]
-    losses = []
+        scheduler.last_epoch = run.optimizer_steps  # your scheduler is yours to resume: its lr is in the optimizer
+    losses, per_epoch = [], len(run.loader)
     while step < args.steps:
+        epoch = step // per_epoch
+        run.loader.epoch = epoch  # the sampler's order of this epoch, also after a restart
         for i, (x, y) in enumerate(run.loader):
-            if (run.loader.epoch - 1) * len(run.loader) + i < step:
+            if epoch * per_epoch + i < step:
                 continue  # done before the restart
             with run.autocast():
                 loss = loss_of(run.model(x), y)
@@ -118,6 +121,9 @@ def accelerated() -> dict:
                 break
     full = {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().clone()
             for k, v in run.unwrap().state_dict().items()}
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    whole = get_optimizer_state_dict(run.unwrap(), optimizer, options=StateDictOptions(full_state_dict=True))
     report, where = run.report.to_dict(), rank()
     lr = optimizer.param_groups[0]["lr"]
     run.close()
@@ -125,7 +131,7 @@ def accelerated() -> dict:
     closed = all(mine[n] is p for n, p in originals.items()) and all(
         torch.equal(mine[n].detach(), full[n]) for n in mine)
     return {"rank": where, "params": full, "losses": losses, "steps": step, "resumed_from": resumed_from, "report": report,
-            "closed_ok": closed, "lr": lr, "optimizer_holds_originals": all(
+            "optimizer": whole["state"], "closed_ok": closed, "lr": lr, "optimizer_holds_originals": all(
                 p is originals[n] for n, p in zip(originals, optimizer.param_groups[0]["params"]))}
 
 

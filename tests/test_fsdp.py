@@ -1,0 +1,332 @@
+"""The fsdp accelerator (FSDP2) and sharded checkpoints: bad input refused before anything changes; at world size 1
+in this process, the live-objects loops, close() and a failed plan giving your objects back, and the checkpoint
+folder's integrity checks; with 2 real gloo ranks, the same training as one process on the global batch (a GPT-style
+model and a CNN with BatchNorm), accumulation and clipping, amp and compile, resharded resume 2 -> 1 and 1 -> 2
+bit for bit, and a killed rank resuming from the last checkpoint."""
+import json
+import sys
+import warnings
+
+import pytest
+import torch
+
+import accel
+from accel.accelerator import Accelerator, Stage, register, unregister
+from accel.errors import CheckpointError, StaleWarning
+from accel.testing import check_equivalence, snapshot, tiny_loader, tiny_model
+from accel.testing.harness import process_state
+from accel.testing.loops import LOOPS
+from accel.testing.models import TinyGPT
+from accel.testing.zoo import Case
+from scripts.launching import LAUNCHER_VARIABLES, SCRIPTS, free_port, one_rank_env, output, run, torchrun
+
+NOT_LIVE = {"hooks": "a gradient hook on a sharded parameter: named by a StaleWarning (test below)",
+            "ema": "FSDP2 refuses to deep-copy a sharded model (AveragedModel)", "swa": "the same"}
+
+
+@pytest.fixture
+def no_launcher(monkeypatch):
+    for key in LAUNCHER_VARIABLES:
+        monkeypatch.delenv(key, raising=False)
+
+
+@pytest.fixture
+def one_rank(monkeypatch):
+    """torchrun --nproc-per-node 1's variables: fsdp joins a gloo group of one in this process (close() leaves it)."""
+    for key, value in one_rank_env().items():
+        monkeypatch.setenv(key, value)
+    yield
+    assert not torch.distributed.is_initialized()  # the run's close() destroyed the group it started
+
+
+def train(run, steps=3, scheduler=None):
+    for _, (x, y) in zip(range(steps), run.loader):
+        with run.autocast():
+            loss = torch.nn.functional.cross_entropy(run.model(x), y)
+        run.backward(loss)
+        if not run.step() and scheduler is not None:
+            scheduler.step()
+
+
+# --- refused before anything changes ----------------------------------------------------------------------------
+
+class Foreign(torch.nn.Module):
+    def forward(self, x):
+        return x
+
+
+def refused(plan, model=None, optimizer=None) -> str:
+    model = model if model is not None else tiny_model()
+    optimizer = optimizer if optimizer is not None else torch.optim.Adam(model.parameters())
+    before, process = snapshot(model, optimizer), process_state()
+    with pytest.raises(accel.PlanError) as error:
+        accel.accelerate(model, optimizer, tiny_loader(), plan=plan, device="cpu")
+    assert not before.changes(snapshot(model, optimizer)) and process_state() == process
+    assert not torch.distributed.is_initialized()
+    return str(error.value)
+
+
+def test_without_a_launcher_fsdp_is_refused_naming_the_launchers(no_launcher):
+    message = refused(["fsdp"])
+    assert "fsdp.launcher: not launched" in message and "torchrun --nproc-per-node 1" in message
+
+
+def test_bad_input_is_refused_together_before_anything_changes(one_rank, monkeypatch):
+    model = tiny_model()
+    other = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.SGD([*model.parameters(), *other.parameters()], lr=0.1)
+    message = refused({"fsdp": {"backend": "nccl", "cpu_offload": True, "blocks": ["Nothing"]}, "ddp": {}},
+                      model, optimizer)
+    for expected in ("conflicts with ddp", "backend 'nccl' does not serve device cpu", "fsdp.cpu_offload",
+                     "no module of class ['Nothing']", "fsdp.optimizer: the optimizer holds 2 parameter(s) that are "
+                     "not the model's"):
+        assert expected in message, message
+    empty = Foreign()
+    assert "the model has no parameters to shard" in refused(["fsdp"], empty, torch.optim.SGD(
+        [torch.nn.Parameter(torch.zeros(1))], lr=0.1))
+    monkeypatch.setenv("MASTER_PORT", "")  # fixture restores it
+    assert "MASTER_PORT is not set" in refused(["fsdp"])
+
+
+# --- world size 1, in this process ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("loop", sorted(set(LOOPS) - set(NOT_LIVE)))
+def test_what_you_hold_stays_live_under_fsdp(one_rank, loop):
+    """Schedulers, param-group writes, unfreezing, your own checkpoints, eval, accelerate() again: the same training."""
+    optimizer = "momentum" if loop in ("unfreeze", "add_group") else "adam"
+    result = check_equivalence([{"fsdp": {}}], Case("batchnorm", "dict", "mask", "shuffled", optimizer,
+                                                    loop=loop).build, steps=4)
+    assert result.ok and not result.stale, result
+
+
+def test_a_gradient_hook_on_a_sharded_parameter_is_named(one_rank):
+    model = tiny_model()
+    optimizer = torch.optim.Adam(model.parameters())
+    run = accel.accelerate(model, optimizer, tiny_loader(), plan=["fsdp"], device="cpu")
+    model.conv2.weight.register_hook(lambda grad: grad * 0.25)
+    with pytest.warns(StaleWarning, match=r"gradient hook on the parameter\(s\) \['conv2.weight'\] never runs"):
+        train(run, steps=1)
+    run.close()
+
+
+def test_close_gives_your_own_parameters_back_with_what_was_trained(one_rank):
+    model = TinyGPT()
+    mine = dict(model.named_parameters())
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
+    ids = torch.randint(0, 64, (32, 17), generator=torch.Generator().manual_seed(0))
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(ids[:, :-1], ids[:, 1:]), batch_size=8)
+    run = accel.accelerate(model, optimizer, loader, plan=["fsdp"], device="cpu")
+    assert type(model).__name__ == "FSDPTinyGPT" and run.unwrap() is model
+    assert all(p is not mine[n] for n, p in model.named_parameters())  # the shards, while the run is open
+    assert optimizer.param_groups[0]["params"][0] is model.tokens.weight  # in your optimizer, in place
+    for x, y in run.loader:
+        loss = torch.nn.functional.cross_entropy(run.model(x).flatten(0, 1), y.flatten())
+        run.backward(loss)
+        run.step()
+    trained = {k: v.full_tensor().clone() for k, v in model.state_dict().items()}
+    run.close()
+    assert type(model) is TinyGPT and model.head.weight is model.tokens.weight  # the tie, back
+    assert all(p is mine[n] for n, p in model.named_parameters())
+    assert all(torch.equal(v, trained[k]) for k, v in model.state_dict().items())
+    assert [p for g in optimizer.param_groups for p in g["params"]] == list(mine.values())
+    state = optimizer.state[model.tokens.weight]
+    assert type(state["exp_avg"]) is torch.Tensor and state["exp_avg"].shape == model.tokens.weight.shape
+    model(ids[:2, :-1]).sum().backward()  # an ordinary module again
+    assert model.tokens.weight.grad is not None
+
+
+class Fails(Accelerator):
+    name = "fails_last"
+    stage = Stage.COMPILATION
+
+    def apply(self, ctx):
+        raise RuntimeError("boom")
+
+
+def test_a_plan_that_fails_after_fsdp_leaves_your_objects_as_they_were(one_rank):
+    register(Fails)
+    try:
+        model = tiny_model()
+        optimizer = torch.optim.Adam(model.parameters())
+        train(accel.accelerate(model, optimizer, tiny_loader(), plan=[], device="cpu"), steps=1)  # a state to keep
+        before, process = snapshot(model, optimizer), process_state()
+        with pytest.raises(accel.AccelerateError, match="boom"):
+            accel.accelerate(model, optimizer, tiny_loader(), plan=["fsdp", "fails_last"], device="cpu")
+        assert not before.changes(snapshot(model, optimizer)) and process_state() == process
+        assert type(model).__name__ == "TinyCNN" and not torch.distributed.is_initialized()
+    finally:
+        unregister("fails_last")
+
+
+def gpt_losses(plan, steps=3):
+    torch.manual_seed(0)
+    model = TinyGPT()
+    ids = torch.randint(0, 64, (8 * steps, 17), generator=torch.Generator().manual_seed(0))
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(ids[:, :-1], ids[:, 1:]), batch_size=8)
+    run = accel.accelerate(model, torch.optim.AdamW(model.parameters(), lr=0.01), loader, plan=plan, device="cpu")
+    losses = []
+    for x, y in run.loader:
+        loss = torch.nn.functional.cross_entropy(run.model(x).flatten(0, 1), y.flatten())
+        run.backward(loss)
+        run.step()
+        losses.append(loss.item())
+    return losses, model, run
+
+
+def test_regional_compile_compiles_each_block_in_place_and_trains_the_same():
+    torch._dynamo.reset()
+    eager, _, plain = gpt_losses([])
+    plain.close()
+    compiled, model, run = gpt_losses({"compile": {"backend": "eager", "regional": True}})
+    assert compiled == eager
+    assert run.model is model and "2 x Block compiled in place" in run.report.row("compile").changes["regions"]
+    assert model.blocks[0]._compiled_call_impl is not None
+    run.close()
+    assert model.blocks[0]._compiled_call_impl is None
+    run = accel.accelerate(torch.nn.Linear(2, 2), None, None, plan={"compile": {"regional": True, "backend": "eager"}})
+    assert "no repeated block" in run.report.row("compile").reason
+    run.close()
+
+
+def checkpointed_run(tmp_path):
+    model = TinyGPT()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
+    ids = torch.randint(0, 64, (32, 17), generator=torch.Generator().manual_seed(0))
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(ids[:, :-1], ids[:, 1:]), batch_size=8)
+    run = accel.accelerate(model, optimizer, loader, plan=["fsdp"], device="cpu")
+    for x, y in run.loader:
+        run.backward(torch.nn.functional.cross_entropy(run.model(x).flatten(0, 1), y.flatten()))
+        run.step()
+    return run
+
+
+def test_a_sharded_checkpoint_is_whole_or_refused_by_name(one_rank, tmp_path):
+    run = checkpointed_run(tmp_path)
+    folder = tmp_path / "ckpt"
+    run.save(folder)
+    assert (folder / "latest").read_text().strip() == "step-000000004"
+    step = folder / "step-000000004"
+    assert {p.name for p in step.iterdir()} == {".metadata", "__0_0.distcp", "accel.pt"}
+    assert run.load(folder)["step"] == 4
+    # a save that died mid-way leaves a .partial folder: latest still names the whole one
+    (folder / ".step-000000005.partial").mkdir()
+    assert run.load(folder)["path"] == str(step)
+    with pytest.raises(CheckpointError, match="a save that did not finish"):
+        run.load(folder / ".step-000000005.partial")
+    shard = step / "__0_0.distcp"
+    data = shard.read_bytes()
+    shard.write_bytes(data[:-10])
+    with pytest.raises(CheckpointError, match=r"__0_0.distcp differs from what was saved"):
+        run.load(folder)
+    shard.unlink()
+    with pytest.raises(CheckpointError, match=r"torn checkpoint: __0_0.distcp is missing"):
+        run.load(folder)
+    (step / "accel.pt").unlink()
+    with pytest.raises(CheckpointError, match="torn checkpoint: no accel.pt"):
+        run.load(step)
+    with pytest.raises(CheckpointError, match="single-file checkpoint"):
+        (tmp_path / "file.pt").write_bytes(b"x")
+        run.load(tmp_path / "file.pt")
+    run.close()
+
+
+def test_a_sharded_checkpoint_loads_into_one_process_without_fsdp(one_rank, tmp_path, monkeypatch):
+    run = checkpointed_run(tmp_path)
+    run.save(tmp_path / "ckpt")
+    trained = {k: v.full_tensor().clone() for k, v in run.unwrap().state_dict().items()}
+    run.close()
+    for key in LAUNCHER_VARIABLES:
+        monkeypatch.delenv(key, raising=False)
+    model = TinyGPT()
+    single = accel.accelerate(model, torch.optim.AdamW(model.parameters(), lr=0.01), None, plan=[], device="cpu")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # DCP's "assuming a single process" is expected and kept quiet
+        assert single.load(tmp_path / "ckpt")["step"] == 4
+    assert all(torch.equal(v, trained[k]) for k, v in model.state_dict().items()) and single.steps == 4
+
+
+# --- 2 real gloo ranks ------------------------------------------------------------------------------------------
+
+def launched(tmp_path, name, *args, nproc=2, restarts=0):
+    out = tmp_path / name
+    result = torchrun("train_fsdp.py", "--out", out, *args, nproc=nproc, restarts=restarts, timeout=240)
+    assert result.returncode == 0, output(result)
+    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(nproc)]
+
+
+def reference(tmp_path, name, *args):
+    out = tmp_path / name
+    result = run([sys.executable, str(SCRIPTS / "train_fsdp.py"), "--out", out, "--reference", *map(str, args)],
+                 timeout=120)
+    assert result.returncode == 0, output(result)
+    return torch.load(out / "rank0.pt", weights_only=False)
+
+
+def assert_weights_close(ranks, single, atol=1e-5):
+    for rank in ranks:
+        for name, tensor in single["params"].items():
+            if name.endswith(("running_mean", "running_var", "num_batches_tracked")):
+                continue  # FSDP2 keeps buffers per rank: each rank's BatchNorm saw its own half
+            torch.testing.assert_close(rank["params"][name], tensor, rtol=0, atol=atol, msg=name)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["gpt", "cnn"])
+def test_two_ranks_train_as_one_process_on_the_global_batch(tmp_path, model):
+    ranks = launched(tmp_path, "fsdp", "--model", model)
+    assert_weights_close(ranks, reference(tmp_path, "single", "--model", model))
+    for rank in ranks:
+        changes = rank["report"]["accelerators"][0]["changes"]
+        assert changes["world"].startswith("2 ranks") and changes["sharded"].startswith("2 x ")
+        assert rank["closed_ok"] and rank["optimizer_holds_originals"]  # close(): your parameters, trained
+    assert ranks[0]["lr"] == pytest.approx(0.003 / 7)  # your LambdaLR, built before accelerate(), drove it
+
+
+@pytest.mark.slow
+def test_accumulation_and_clipping_under_fsdp_equal_one_process(tmp_path):
+    plan = {"fsdp": {}, "grad_accumulation": {"steps": 2}, "grad_clipping": {"max_norm": 0.05}}
+    ranks = launched(tmp_path, "fsdp", "--plan", json.dumps(plan))
+    assert_weights_close(ranks, reference(tmp_path, "single", "--accumulate", 2, "--clip", 0.05))
+
+
+@pytest.mark.slow
+def test_amp_and_compile_compose_with_fsdp(tmp_path):
+    plan = {"fsdp": {}, "amp": {"dtype": "bfloat16"}, "compile": {"backend": "eager"}}
+    ranks = launched(tmp_path, "fsdp", "--plan", json.dumps(plan))
+    rows = {row["name"]: row for row in ranks[0]["report"]["accelerators"]}
+    assert rows["fsdp"]["changes"]["mixed_precision"] == "param_dtype=bfloat16, reduce_dtype=float32"
+    assert "(the blocks fsdp sharded)" in rows["compile"]["changes"]["regions"]
+    single = reference(tmp_path, "single")
+    torch.testing.assert_close(torch.tensor(ranks[0]["losses"]), torch.tensor(single["losses"]), rtol=2e-2, atol=0)
+    assert_weights_close(ranks, single, atol=2e-2)  # bf16 compute: amp's card
+
+
+def saved_and_loaded(ranks_saved, ranks_loaded):
+    for loaded in ranks_loaded:
+        assert loaded["resumed_from"] == 3
+        for name, tensor in ranks_saved[0]["params"].items():
+            assert torch.equal(loaded["params"][name], tensor), name
+        for index, state in ranks_saved[0]["optimizer"].items():
+            for key, value in state.items():
+                assert torch.equal(torch.as_tensor(loaded["optimizer"][index][key]), torch.as_tensor(value)), key
+
+
+@pytest.mark.slow
+def test_a_checkpoint_of_two_ranks_loads_in_one_bit_for_bit_and_back(tmp_path):
+    two = launched(tmp_path, "two", "--steps", 3, "--ckpt", tmp_path / "from2", "--save-every", 3)
+    saved_and_loaded(two, launched(tmp_path, "one", "--steps", 3, "--ckpt", tmp_path / "from2", "--resume", nproc=1))
+    one = launched(tmp_path, "one_saves", "--steps", 3, "--batch-size", 16, "--ckpt", tmp_path / "from1",
+                   "--save-every", 3, nproc=1)
+    saved_and_loaded(one, launched(tmp_path, "two_loads", "--steps", 3, "--ckpt", tmp_path / "from1", "--resume"))
+
+
+@pytest.mark.slow
+def test_a_killed_rank_resumes_from_the_last_sharded_checkpoint_with_no_step_lost(tmp_path):
+    whole = launched(tmp_path, "whole")
+    resumed = launched(tmp_path, "resumed", "--ckpt", tmp_path / "ckpt", "--save-every", 1, "--resume",
+                       "--kill-rank", 1, "--kill-step", 4, "--marker", tmp_path / "killed", restarts=1)
+    assert (tmp_path / "killed").exists()
+    for rank in resumed:
+        assert rank["resumed_from"] == 4 and rank["steps"] == 6
+        for name, tensor in whole[0]["params"].items():
+            assert torch.equal(rank["params"][name], tensor), name
