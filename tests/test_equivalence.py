@@ -29,10 +29,11 @@ OPTIONS = {  # a few configurations of each built-in, every one valid for every 
     "grad_accumulation": [{"steps": 2}, {"steps": 3}],
     "grad_clipping": [{"max_norm": 1.0}, {"value": 0.05}, {"max_norm": 0.5, "norm_type": "inf"}],
     "ddp": [{}],
+    "fsdp": [{}, {"reshard_after_forward": False}],
     "prune": [{}],
     "ipex": [{}],
 }
-COMMON = sorted(set(OPTIONS) - {"prune", "ipex", "ddp"})
+COMMON = sorted(set(OPTIONS) - {"prune", "ipex", "ddp", "fsdp"})
 SLOW = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                                   HealthCheck.function_scoped_fixture])
 
@@ -132,6 +133,27 @@ def test_ddp_in_a_launched_job_with_up_to_two_others(one_rank_group, case, plan)
         assert any(r in result.refused for r in LOADER_REFUSES), f"{case}\n{result}"
     else:
         assert "ddp" in result.applied, f"{case}\n{result}"
+    expect_kept(result, case, plan)
+
+
+# under fsdp, a gradient hook on a sharded parameter is named stale, and FSDP2 cannot deep-copy (EMA, SWA): the
+# other loops (tests/test_fsdp.py tests those three)
+sharded_cases = st.builds(Case, model=st.sampled_from(sorted(MODELS)), batch=st.sampled_from(BATCHES),
+                          extra=st.sampled_from(EXTRAS),
+                          loader=st.sampled_from([k for k in LOADERS if k != "workers"] * 4 + ["workers"]),
+                          optimizer=st.sampled_from(OPTIMIZERS),
+                          loop=st.sampled_from(sorted(set(LOOPS) - {"hooks", "ema", "swa"})))
+
+
+@settings(max_examples=40, **SLOW)
+@given(case=sharded_cases, plan=plans(COMMON, required=("fsdp",)))
+def test_fsdp_in_a_launched_job_with_up_to_two_others(one_rank_group, case, plan):
+    result = equivalence(plan, case, steps=3)
+    if result.refused:  # the extra_tensor optimizer trains a tensor outside the model: fsdp cannot shard it
+        assert any(r in result.refused for r in (*LOADER_REFUSES, "that are not the model's",
+                                                     "in the middle of accumulating gradients under fsdp")), f"{case}\n{result}"
+    else:
+        assert "fsdp" in result.applied, f"{case}\n{result}"
     expect_kept(result, case, plan)
 
 

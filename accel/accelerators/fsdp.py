@@ -105,17 +105,19 @@ def _marks(model: nn.Module) -> dict[tuple[int, str], set]:
             for m in model.modules() for where in (*HOOK_DICTS, "__dict__")}
 
 
-def shard_model(model: nn.Module, blocks: list[nn.Module], **kwargs) -> Sharding:
-    """fully_shard each block, then the root, recording what changes (the model is changed in place)."""
+def shard_model(model: nn.Module, blocks: list[nn.Module], own: dict | None = None, **kwargs) -> Sharding:
+    """fully_shard each block, then the root, recording what changes (the model is changed in place); ``own``
+    maps modules sharded first, on their own, to the options they take instead (BatchNorm in fp32 under amp)."""
     from torch.distributed.fsdp import fully_shard
 
     record = Sharding(slots=[(m, leaf, p) for m in model.modules() for leaf, p in m._parameters.items()
                              if p is not None],
                       classes=[(m, type(m)) for m in model.modules()])
     before = _marks(model)
+    own = own or {}
     try:
-        for module in [*blocks, model]:
-            fully_shard(module, **kwargs)
+        for module in [*own, *blocks, model]:
+            fully_shard(module, **{**kwargs, **own.get(module, {})})
             record.sharded.append(module)
     finally:
         for m in model.modules():
@@ -243,6 +245,15 @@ class FSDP(DataParallel):
             problems.append(Problem(self.name, f"offloading to CPU memory needs an accelerator device; the device is "
                                     f"{ctx.device}, whose memory already is CPU memory", field="cpu_offload",
                                     value=True, allowed="False on cpu", kind="conflict"))
+        from accel.run import open_run
+
+        earlier = open_run(ctx.user_model)
+        if earlier is not None and earlier.sharded and any(getattr(a, "micro", 0) for a in earlier.accelerators):
+            problems.append(Problem(self.name, "accelerate() again in the middle of accumulating gradients under "
+                                    "fsdp: FSDP keeps the unreduced gradients in its own buffers, which a new run "
+                                    "cannot take over", field="accelerate",
+                                    allowed="call it after an optimizer step (run.step() returned False)",
+                                    kind="conflict"))
         if ctx.optimizer is not None:
             mine = {id(p) for p in params}
             foreign = [i for i, p in enumerate(p for g in ctx.optimizer.param_groups for p in g["params"])
@@ -271,9 +282,12 @@ class FSDP(DataParallel):
         kwargs = {"mesh": mesh, "reshard_after_forward": self.reshard_after_forward, "mp_policy": policy,
                   "offload_policy": CPUOffloadPolicy() if self.cpu_offload else OffloadPolicy()}
         model, record = ctx.model, {}  # record["sharding"]: the model's sharding now (redone after a handover)
+        norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)
+                 and any(p is not None for p in m._parameters.values())] if dtype is not None else []
+        own = {m: {"mp_policy": MixedPrecisionPolicy()} for m in norms}  # autocast runs BatchNorm in fp32
 
         def shard():
-            record["sharding"] = shard_model(model, blocks, **kwargs)
+            record["sharding"] = shard_model(model, blocks, own, **kwargs)
 
         ctx.journal.change(f"fsdp: fully_shard on {len(blocks)} block(s) and the root",
                            shard, lambda: record.get("sharding") and unshard_model(record.pop("sharding")),
@@ -302,6 +316,8 @@ class FSDP(DataParallel):
         if dtype is not None:
             changes["mixed_precision"] = (f"param_dtype={str(dtype).replace('torch.', '')}, reduce_dtype="
                                           f"{'float32' if self.reduce_dtype == 'float32' else str(dtype)[6:]}")
+            if norms:
+                changes["batch_norms"] = f"{len(norms)} sharded on their own in float32 (autocast runs them in fp32)"
         if self.cpu_offload:
             changes["cpu_offload"] = "shards, gradients and optimizer state in host memory; the step runs there"
         changes["parameters"] = ("replaced in place by DTensor shards (your optimizer's groups hold them); "

@@ -68,6 +68,9 @@ def steps_on_device(optimizer: torch.optim.Optimizer) -> None:
             state["step"] = step.to(param.device, torch.float32)
 
 
+SHARDED_FUSED = (torch.optim.Adam, torch.optim.AdamW)  # DTensor (fsdp) has fused kernels for these (torch 2.15)
+
+
 @register
 class FusedOptimizer(Accelerator):
     name = "fused_optimizer"
@@ -88,6 +91,11 @@ class FusedOptimizer(Accelerator):
         why = fused_problem(optimizer)
         if why:
             raise Skip(why)
+        sharded = [a.name for a in ctx.plan if "model.sharded" in a.provides]
+        if sharded and not isinstance(optimizer, SHARDED_FUSED):
+            raise Skip(f"{sharded[0]} trains DTensor shards, and torch has no sharded fused kernel for "
+                       f"{type(optimizer).__name__} (aten._fused_{type(optimizer).__name__.lower()}_ has no sharding "
+                       "strategy; fused Adam and AdamW have one): the foreach step runs")
         journal = ctx.journal
         self.user_settings = kernel_settings(optimizer)
         journal.change(f"your {type(optimizer).__name__}: fused=True", lambda: self._fused_again(optimizer),
