@@ -28,7 +28,7 @@ import warnings
 import torch
 
 from accel.accelerator import SAME_MATH, Option, Stage, positive, register
-from accel.accelerators.data_parallel import LAUNCHERS, DataParallel
+from accel.data_parallel import LAUNCHERS, DataParallel
 from accel.errors import Skip, StaleWarning
 from accel.hardware import is_accelerator
 from accel.modules import trainable

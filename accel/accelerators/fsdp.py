@@ -50,7 +50,7 @@ import torch
 from torch import nn
 
 from accel.accelerator import SAME_MATH, Option, Stage, register
-from accel.accelerators.data_parallel import LAUNCHERS, DataParallel
+from accel.data_parallel import LAUNCHERS, DataParallel
 from accel.errors import Problem, StaleWarning
 from accel.hardware import is_accelerator
 from accel.modules import listed, outermost, repeated_blocks
@@ -196,7 +196,7 @@ class FSDP(DataParallel):
     name = "fsdp"
     stage = Stage.DISTRIBUTION
     provides = ("model.distributed", "data.shard", "model.sharded")
-    conflicts = ("ddp",)
+    conflicts = ("model.distributed",)  # ddp
     keeps = SAME_MATH
     shards_parameters = True  # in place until run.close(); run.save writes a DCP directory
     example = {}
