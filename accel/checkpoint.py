@@ -32,7 +32,8 @@ FORMAT = 2
 CALLABLE = "__callable__"
 
 
-def _gather(obj: Any) -> list[Any]:
+def gather_from_ranks(obj: Any) -> list[Any]:
+    """Every rank's obj, in rank order (a collective); [obj] in a single process."""
     if world_size() == 1:
         return [obj]
     gathered: list[Any] = [None] * world_size()
@@ -112,8 +113,8 @@ def save(run, path) -> None:
     path = Path(path)
     state = run.state_dict()
     ranked = {a.name for a in run.accelerators if a.state_per_rank}
-    rng = _gather(state["rng"])
-    per_rank = _gather({name: s for name, s in state["accelerators"].items() if name in ranked})
+    rng = gather_from_ranks(state["rng"])
+    per_rank = gather_from_ranks({name: s for name, s in state["accelerators"].items() if name in ranked})
     if rank() == 0:
         state.update(format=FORMAT, plan=encode_plan(state["plan"]), rng=rng, accelerators_per_rank=per_rank,
                      accelerators={name: s for name, s in state["accelerators"].items() if name not in ranked},

@@ -31,21 +31,13 @@ from typing import Any
 
 import torch
 
-from accel.checkpoint import checksum, encode_plan
+from accel.checkpoint import checksum, encode_plan, gather_from_ranks
 from accel.distributed import barrier, rank, world_size
 from accel.errors import CheckpointError
 
 FORMAT = 1
 META = "accel.pt"
 LATEST = "latest"
-
-
-def _gather(obj: Any) -> list[Any]:
-    if world_size() == 1:
-        return [obj]
-    gathered: list[Any] = [None] * world_size()
-    torch.distributed.all_gather_object(gathered, obj)
-    return gathered
 
 
 def _digest(file: Path) -> str:
@@ -99,10 +91,10 @@ def save(run, path) -> Path:
         dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=str(partial))
     state = run.state_dict(model=False)
     ranked = {a.name for a in run.accelerators if a.state_per_rank}
-    rng = _gather(state["rng"])
-    per_rank = _gather({n: s for n, s in state["accelerators"].items() if n in ranked})
+    rng = gather_from_ranks(state["rng"])
+    per_rank = gather_from_ranks({n: s for n, s in state["accelerators"].items() if n in ranked})
     mine = {f.name: (f.stat().st_size, _digest(f)) for f in partial.glob(f"__{rank()}_*")}
-    files = {k: v for part in _gather(mine) for k, v in part.items()}
+    files = {k: v for part in gather_from_ranks(mine) for k, v in part.items()}
     if rank() == 0:
         files[".metadata"] = ((partial / ".metadata").stat().st_size, _digest(partial / ".metadata"))
         meta = {**state, "format": FORMAT, "plan": encode_plan(state["plan"]), "rng": rng,
