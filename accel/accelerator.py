@@ -83,6 +83,11 @@ def at_least(low: float) -> Callable[[Any], str | None]:
     return lambda value: None if value is None or value >= low else f"must be >= {low}"
 
 
+def dtype_name(dtype: torch.dtype | None) -> str:
+    """'bfloat16' for torch.bfloat16: how reports name a dtype."""
+    return str(dtype).replace("torch.", "")
+
+
 def positive(value: Any) -> str | None:
     return None if value is None or value > 0 else "must be > 0"
 

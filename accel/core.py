@@ -138,14 +138,14 @@ def accelerate(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None =
     plan by measuring on these objects first.
     """
     started = time.perf_counter()
-    plan, tuning = _resolve_plan(plan, model, optimizer, loader, device)
     journal = Journal()
     earlier = open_run(model)
-    if earlier is not None:  # one run trains a model at a time: the earlier one's changes are undone first, and
-        handed = earlier.journal.detach()  # put back if this plan is refused or fails
-        journal.change("the earlier run on this model closed", handed.undo_all,
+    if earlier is not None:  # one run trains a model at a time: the earlier one's changes are undone first (before
+        handed = earlier.journal.detach()  # plan="auto" measures copies of it), and put back if this plan is
+        journal.change("the earlier run on this model closed", handed.undo_all,  # refused or fails
                        lambda: (handed.redo_all(), earlier.journal.attach(handed)), kind="setup")
     try:
+        plan, tuning = _resolve_plan(plan, model, optimizer, loader, device)
         ctx, accelerators, skips = prepare(model, optimizer, loader, plan, device, journal)
     except BaseException:
         journal.rollback()

@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from accel.batches import map_tensors
 from accel.checkpoint import checksum, encode_plan, gather_from_ranks
 from accel.distributed import barrier, rank, world_size
 from accel.errors import CheckpointError
@@ -73,16 +74,16 @@ def save(run, path) -> Path:
     import torch.distributed.checkpoint as dcp
 
     root = Path(path)
+    if root.exists() and not root.is_dir():  # on every rank: one that raised alone would leave the others waiting
+        raise CheckpointError(f"{root}: is a file; under fsdp run.save writes a folder of shards")
     name = f"step-{run.steps:09d}"
     partial = root / f".{name}.partial"
-    mid = [a.name for a in run.accelerators if a.state_dict().get("micro")]
+    mid = [a.name for a in run.accelerators if getattr(a, "micro", 0)]
     if mid:
         raise CheckpointError(f"{root}: cannot save a sharded checkpoint in the middle of accumulating gradients "
                               f"({mid[0]}): FSDP keeps the unreduced gradients inside its own buffers; save when "
                               "run.step() returned False (an optimizer step)")
     if rank() == 0:
-        if root.exists() and not root.is_dir():
-            raise CheckpointError(f"{root}: is a file; under fsdp run.save writes a folder of shards")
         root.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(partial, ignore_errors=True)  # what a save that died here left
     barrier()
@@ -105,17 +106,19 @@ def save(run, path) -> Path:
             torch.save(meta, handle)
             handle.flush()
             os.fsync(handle.fileno())
-        final = root / name
-        shutil.rmtree(final, ignore_errors=True)  # a save of the same step again (after a restart)
+        final, again = root / name, 1
+        while final.exists():  # the same step saved again (after a restart): a new folder, so that latest always
+            again += 1  # names a whole one, switched in one step
+            final = root / f"{name}-{again}"
         os.replace(partial, final)
         pointer = root / f".{LATEST}.tmp"
-        pointer.write_text(name + "\n")
+        pointer.write_text(final.name + "\n")
         os.replace(pointer, root / LATEST)
         for old in root.glob("step-*"):
-            if old.name != name and old.is_dir():
+            if old.name != final.name and old.is_dir():
                 shutil.rmtree(old, ignore_errors=True)
     barrier()
-    return root / name
+    return root / (root / LATEST).read_text().strip()  # every rank, after rank 0 switched it
 
 
 def is_sharded_checkpoint(path) -> bool:
@@ -160,14 +163,19 @@ def read(path) -> tuple[Path, dict[str, Any]]:
         raise CheckpointError(f"{meta_file}: not a sharded accel checkpoint")
     if meta.get("checksum") != checksum(meta):
         raise CheckpointError(f"{meta_file}: its tensors do not match the checksum saved with them; nothing was loaded")
-    for name, (size, digest) in sorted(meta["files"].items()):
+    files = sorted(meta["files"].items())
+    for name, (size, _) in files:
         file = where / name
         if not file.exists():
             raise CheckpointError(f"{where}: torn checkpoint: {name} is missing (written by "
                                   f"{meta['world_size']} rank(s)); nothing was loaded")
-        if file.stat().st_size != size or _digest(file) != digest:
-            raise CheckpointError(f"{where}: {name} differs from what was saved (size or hash): corrupted or torn; "
-                                  "nothing was loaded")
+    # each rank hashes its share of the files (every file is read once for the hash, not once per rank)
+    changed = [name for name, (size, digest) in files[rank()::world_size()]
+               if (where / name).stat().st_size != size or _digest(where / name) != digest]
+    changed = sorted(n for part in gather_from_ranks(changed) for n in part)
+    if changed:
+        raise CheckpointError(f"{where}: {changed[0]} differs from what was saved (size or hash): corrupted or torn; "
+                              "nothing was loaded")
     return where, meta
 
 
@@ -191,9 +199,8 @@ def _fit_problems(where: Path, model_state: dict, optimizer_state: dict, meta: d
     elif optimizer is not None and saved_class != type(optimizer).__name__:
         problems.append(f"the checkpoint holds a {saved_class}'s state, this run's optimizer is a "
                         f"{type(optimizer).__name__}")
-    stray = sorted(set(meta.get("accelerators", {})) | {n for s in meta.get("accelerators_per_rank", []) for n in s})
-    stray = [n for n in stray if n not in {a.name for a in run.accelerators}
-             and n in training_plan({n: {} for n in [n]})]
+    saved_states = set(meta.get("accelerators", {})) | {n for s in meta.get("accelerators_per_rank", []) for n in s}
+    stray = sorted(set(training_plan(dict.fromkeys(saved_states))) - {a.name for a in run.accelerators})
     if stray:
         problems.append(f"state of accelerators this run did not apply: {stray}")
     return problems
@@ -208,13 +215,7 @@ def training_plan(plan: dict[str, dict]) -> dict[str, dict]:
 
 
 def _copy(state: Any) -> Any:
-    if isinstance(state, torch.Tensor):
-        return state.detach().clone()
-    if isinstance(state, dict):
-        return {k: _copy(v) for k, v in state.items()}
-    if isinstance(state, list):
-        return [_copy(v) for v in state]
-    return state
+    return map_tensors(lambda tensor: tensor.detach().clone(), state)
 
 
 def load(run, path) -> dict[str, Any]:

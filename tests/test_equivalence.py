@@ -25,7 +25,7 @@ OPTIONS = {  # a few configurations of each built-in, every one valid for every 
     "fused_optimizer": [{}],
     "amp": [{}, {"dtype": "bfloat16"}],
     "activation_checkpointing": [{}, {"modules": ["Conv2d"]}],
-    "compile": [{"backend": "eager"}, {"backend": "aot_eager"}],
+    "compile": [{"backend": "eager"}, {"backend": "aot_eager"}, {"backend": "eager", "regional": True}],
     "grad_accumulation": [{"steps": 2}, {"steps": 3}],
     "grad_clipping": [{"max_norm": 1.0}, {"value": 0.05}, {"max_norm": 0.5, "norm_type": "inf"}],
     "ddp": [{}],

@@ -95,9 +95,16 @@ def test_bad_input_is_refused_together_before_anything_changes(one_rank, monkeyp
 def test_what_you_hold_stays_live_under_fsdp(one_rank, loop):
     """Schedulers, param-group writes, unfreezing, your own checkpoints, eval, accelerate() again: the same training."""
     optimizer = "momentum" if loop in ("unfreeze", "add_group") else "adam"
-    result = check_equivalence([{"fsdp": {}}], Case("batchnorm", "dict", "mask", "shuffled", optimizer,
+    result = check_equivalence([{"fsdp": {}}], Case("blocks", "dict", "mask", "shuffled", optimizer,
                                                     loop=loop).build, steps=4)
     assert result.ok and not result.stale, result
+
+
+def test_the_zoo_models_blocks_are_sharded_one_by_one(one_rank):
+    setup = Case("blocks", "dict", "mask", "shuffled", "adam").build()
+    run = accel.accelerate(setup.model, setup.optimizer, setup.loader, plan=["fsdp"], device="cpu")
+    assert run.report.row("fsdp").changes["sharded"] == "2 x Residual: blocks.0, blocks.1, then the root"
+    run.close()
 
 
 def test_a_gradient_hook_on_a_sharded_parameter_is_named(one_rank):

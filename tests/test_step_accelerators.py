@@ -9,7 +9,8 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import accel
-from accel.accelerators.activation_checkpointing import ActivationCheckpointing, repeated_blocks
+from accel.accelerators.activation_checkpointing import ActivationCheckpointing
+from accel.modules import repeated_blocks
 from accel.accelerators.grad_accumulation import GradAccumulation
 from accel.accelerators.grad_clipping import GradClipping
 from accel.testing import apply_one, snapshot, tiny_loader, tiny_model, train_steps
@@ -243,7 +244,8 @@ def test_checkpointed_blocks_train_exactly_like_the_plain_loop():
         assert torch.equal(a, b), name  # weights, and BatchNorm statistics counted once per batch
     assert run.unwrap() is user
     run.close()
-    assert before.changes(snapshot(user), how=True)[0].startswith("model.")  # trained values, no hook left
+    changes = before.changes(snapshot(user), how=True)
+    assert changes and not [c for c in changes if "hooks or forwards" in c], changes  # trained values, no hook left
     assert not any("forward" in m.__dict__ for m in user.modules())
 
 
@@ -265,3 +267,44 @@ def test_in_eval_and_without_gradients_the_forward_runs_as_it_is():
     x = torch.randn(2, 1, 8, 8)
     with torch.no_grad():
         assert torch.equal(run.model(x), model.eval()(x))
+
+
+def test_your_own_unscale_before_clipping_under_fp16_unscales_once():
+    """Before: amp unscaled on every call, so your run.unscale_gradients() (to log a norm, as docs/migration.md
+    shows) and grad_clipping's made the GradScaler raise 'unscale_() has already been called'."""
+    norms = []
+    model = tiny_model()
+    run = accel.accelerate(model, torch.optim.SGD(model.parameters(), lr=0.1), tiny_loader(),
+                           plan={"amp": {"dtype": "float16"}, "grad_clipping": {"max_norm": 0.5}}, device="cpu")
+    assert run.scaler is not None
+    for x, y in run.loader:
+        with run.autocast():
+            loss = nn.functional.cross_entropy(run.model(x), y)
+        run.backward(loss)
+        run.unscale_gradients()
+        norms.append(float(torch.nn.utils.get_total_norm([p.grad for p in model.parameters()])))
+        run.step()
+    clipped = run.accelerator("grad_clipping").last_norm
+    assert len(norms) == len(run.loader) and float(clipped) == pytest.approx(norms[-1])  # true norms, once
+    run.close()
+
+
+def test_auto_measures_your_model_after_the_earlier_run_on_it_is_undone(monkeypatch):
+    """Before: plan="auto" measured copies of a model that still carried the earlier run's hooks."""
+    import accel.core
+
+    model = tiny_model()
+    run = accel.accelerate(model, torch.optim.SGD(model.parameters(), lr=0.1), tiny_loader(),
+                           plan=["channels_last"], device="cpu")
+    assert model.conv1._forward_pre_hooks
+    seen = []
+    resolve = accel.core._resolve_plan
+
+    def watched(plan, model_, *args):
+        seen.append(sum(len(m._forward_pre_hooks) for m in model_.modules()))
+        return resolve([], model_, *args)  # the plan the search would pick; the ordering is what is checked
+
+    monkeypatch.setattr(accel.core, "_resolve_plan", watched)
+    again = accel.accelerate(model, run.optimizer, tiny_loader(), plan="auto", device="cpu")
+    assert seen == [0] and run.closed
+    again.close()

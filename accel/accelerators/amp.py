@@ -26,7 +26,7 @@ import warnings
 
 import torch
 
-from accel.accelerator import Accelerator, Keeps, Option, Stage, register
+from accel.accelerator import Accelerator, Keeps, Option, Stage, dtype_name, register
 from accel.errors import Problem, Skip
 
 DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
@@ -49,9 +49,6 @@ def auto_dtype(device: torch.device, hardware) -> tuple[torch.dtype | None, str]
                       "13.9x slower on resnet18 in our measurements; ask for dtype='bfloat16' to force it")
     return None, f"no autocast dtype is known for device type {device.type!r}"
 
-
-def short(dtype: torch.dtype | None) -> str:
-    return str(dtype).replace("torch.", "")
 
 
 @register
@@ -106,7 +103,7 @@ class Amp(Accelerator):
                 or (dtype is torch.float16 and not hardware.native_fp16)):
             warnings.warn(f"amp: {dtype} autocast on a CPU without native {dtype} support is emulated and can be "
                           "many times slower than fp32; measure it (accel bench) before keeping it", stacklevel=2)
-        changes = {"dtype": short(dtype), "why": ctx.decisions.why["compute_dtype"]}
+        changes = {"dtype": dtype_name(dtype), "why": ctx.decisions.why["compute_dtype"]}
         self.scaler = None
         if ctx.decisions.loss_scaling:
             self.scaler = torch.amp.GradScaler(device.type)
@@ -117,6 +114,7 @@ class Amp(Accelerator):
             ctx.journal.setattr(torch.backends.cudnn, "allow_tf32", self.allow_tf32)
             changes.update(cudnn_benchmark=self.cudnn_benchmark, allow_tf32=self.allow_tf32)
         self.device_type, self.dtype_ = device.type, dtype
+        self.unscaled: set[int] = set()  # the optimizers whose gradients were unscaled since their last step
         return changes
 
     def forward_context(self, run):
@@ -126,8 +124,11 @@ class Amp(Accelerator):
         proceed(self.scaler.scale(loss) if self.scaler is not None else loss)
 
     def unscale_gradients(self, run, optimizer):
-        if self.scaler is not None:
-            self.scaler.unscale_(optimizer)  # once per step: the scaler's step then uses these gradients
+        # once per step, however many readers ask (your code, grad_clipping): the GradScaler refuses a second
+        # unscale_ before its update, and its step then uses these gradients
+        if self.scaler is not None and id(optimizer) not in self.unscaled:
+            self.scaler.unscale_(optimizer)
+            self.unscaled.add(id(optimizer))
 
     def optimizer_step(self, run, optimizer, proceed):
         if self.scaler is None:
@@ -135,6 +136,7 @@ class Amp(Accelerator):
         scale = self.scaler.get_scale()
         self.scaler.step(optimizer)
         self.scaler.update()
+        self.unscaled.discard(id(optimizer))
         return self.scaler.get_scale() >= scale  # the scaler lowers its scale exactly when it skipped the step
 
     def state_dict(self):

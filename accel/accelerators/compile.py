@@ -103,8 +103,9 @@ class Compile(Accelerator):
             kwargs["options"] = self.options
         import torch._dynamo
 
-        regional = self.regional or (self.regional is None and bool(ctx.extras.get("fsdp_blocks")))
-        blocks = (ctx.extras.get("fsdp_blocks") or outermost(ctx.model, repeated_blocks(ctx.model))) if regional else []
+        sharded = ctx.extras.get("sharded_blocks")  # the blocks a sharding accelerator (fsdp) wraps one by one
+        regional = self.regional or (self.regional is None and bool(sharded))
+        blocks = (sharded or outermost(ctx.model, repeated_blocks(ctx.model))) if regional else []
         if regional and not blocks:
             raise Skip("regional: the model has no repeated block (a class with children occurring twice) to "
                        "compile one by one; regional=False compiles the whole model")
@@ -133,7 +134,7 @@ class Compile(Accelerator):
                                lambda b=block: setattr(b, "_compiled_call_impl", None), kind="object")
         kinds = sorted({type(b).__name__.removeprefix("FSDP") for b in blocks})
         return (f"{len(blocks)} x {', '.join(kinds)} compiled in place, one by one"
-                + (" (the blocks fsdp sharded)" if ctx.extras.get("fsdp_blocks") else "") + ": "
+                + (" (the blocks fsdp sharded)" if ctx.extras.get("sharded_blocks") else "") + ": "
                 + listed([names.get(id(b), "?") for b in blocks]) + "; the rest runs eagerly")
 
     def _recompile_on_unfreeze(self, module, args):

@@ -33,9 +33,10 @@ Checkpoints: ``run.save(path)`` writes a ``torch.distributed.checkpoint`` (DCP) 
 shards, and ``run.load(path)`` loads it at this or another world size, or in a single process (docs/distributed.md).
 
 When it helps: a model whose parameters, gradients and Adam state (16 bytes a parameter in fp32) do not fit one
-rank, or leave no room for the batch: per-rank memory for them falls to about 1/N. When it hurts: it gathers
-every block's weights in forward and again in backward (reshard_after_forward) and reduce-scatters gradients,
-about 1.5x ddp's traffic; when the model fits, ddp is faster.
+rank, or leave no room for the batch: the shards are 1/N of them (measuring it is benchmarks/bench_fsdp.py's job,
+not run yet). When it hurts: it gathers every block's weights in forward and again in backward
+(reshard_after_forward) and reduce-scatters gradients: 1.5x the bytes of ddp's all-reduce by the collectives'
+sizes, so where the model fits, expect ddp to be faster (not measured here yet).
 
 What it keeps: the same math as one process on the global batch (``SAME_MATH``: the reduce sums in another
 order); BatchNorm's running statistics stay per rank (FSDP2 does not synchronise buffers; rank 0's are saved).
@@ -49,7 +50,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from accel.accelerator import SAME_MATH, Option, Stage, register
+from accel.accelerator import SAME_MATH, Option, Stage, dtype_name, register
 from accel.data_parallel import LAUNCHERS, DataParallel
 from accel.errors import Problem, StaleWarning
 from accel.hardware import is_accelerator
@@ -130,8 +131,6 @@ def shard_model(model: nn.Module, blocks: list[nn.Module], own: dict | None = No
 
 def unshard_model(record: Sharding) -> None:
     """Gather the trained weights into the original parameters and take FSDP off the modules (a collective)."""
-    from torch.distributed.tensor import DTensor
-
     for module in reversed(record.sharded):
         if hasattr(module, "reshard"):
             module.reshard()  # a forward without backward (eval) may have left a module unsharded
@@ -139,7 +138,7 @@ def unshard_model(record: Sharding) -> None:
     for module, leaf, original in record.slots:  # in the model's order on every rank: the gathers pair up
         current = module._parameters.get(leaf)
         if id(original) not in full:
-            full[id(original)] = (current.full_tensor() if isinstance(current, DTensor) else current).detach()
+            full[id(original)] = gather_state(current).detach()
     for module, where, key in reversed(record.added):
         (module.__dict__ if where == "__dict__" else getattr(module, where)).pop(key, None)
     try:
@@ -163,15 +162,14 @@ def shard_like(value: Any, param: nn.Parameter) -> Any:
     """An optimizer state tensor of the parameter's full shape, sharded as the parameter is."""
     from torch.distributed.tensor import DTensor, distribute_tensor
 
-    data = param.data if not isinstance(param, DTensor) else param
-    if isinstance(value, torch.Tensor) and not isinstance(value, DTensor) and isinstance(data, DTensor) \
-            and tuple(value.shape) == tuple(data.shape):
-        local = data.to_local()
-        return distribute_tensor(value.to(local.device), data.device_mesh, data.placements).to(local.dtype)
+    if isinstance(value, torch.Tensor) and not isinstance(value, DTensor) and isinstance(param, DTensor) \
+            and tuple(value.shape) == tuple(param.shape):
+        return distribute_tensor(value.to(param.device), param.device_mesh, param.placements)
     return value
 
 
 def gather_state(value: Any) -> Any:
+    """A DTensor shard gathered whole (a collective); anything else as it is."""
     from torch.distributed.tensor import DTensor
 
     return value.full_tensor() if isinstance(value, DTensor) else value
@@ -229,7 +227,7 @@ class FSDP(DataParallel):
                                     allowed="accel launch, torchrun, mpirun or srun", kind="missing"))
         else:
             problems += self.launch_problems(ctx)
-        params = [p for p in ctx.model.parameters()]
+        params = list(ctx.model.parameters())
         if not params:
             problems.append(Problem(self.name, "the model has no parameters to shard", field="model",
                                     value=type(ctx.model).__name__))
@@ -286,8 +284,9 @@ class FSDP(DataParallel):
                  and any(p is not None for p in m._parameters.values())] if dtype is not None else []
         own = {m: {"mp_policy": MixedPrecisionPolicy()} for m in norms}  # autocast runs BatchNorm in fp32
 
-        def shard():
+        def shard():  # also redone when a later plan on this model fails and this run is given back
             record["sharding"] = shard_model(model, blocks, own, **kwargs)
+            self.params = list(model.named_parameters())  # the shards, checked for gradient hooks every step
 
         ctx.journal.change(f"fsdp: fully_shard on {len(blocks)} block(s) and the root",
                            shard, lambda: record.get("sharding") and unshard_model(record.pop("sharding")),
@@ -305,7 +304,7 @@ class FSDP(DataParallel):
                 lambda: swap_parameters(optimizer, record["sharding"].new_parameters(), shard_like),
                 lambda: swap_parameters(optimizer, originals(), lambda value, _: gather_state(value)),
                 kind="object")
-        ctx.extras["fsdp_blocks"] = blocks  # compile compiles these one by one
+        ctx.extras["sharded_blocks"] = blocks  # compile compiles these one by one
         changes["sharded"] = (f"{len(blocks)} x {', '.join(kinds)}: "
                               + listed([names[id(m)] for m in blocks]) + ", then the root") if blocks else (
             "the root only (no repeated block found: name them with blocks=[...] to gather one block at a time)")
@@ -314,8 +313,8 @@ class FSDP(DataParallel):
                             "(checkpoints are still sharded DCP directories, loadable at any world size)")
         changes["reshard_after_forward"] = self.reshard_after_forward
         if dtype is not None:
-            changes["mixed_precision"] = (f"param_dtype={str(dtype).replace('torch.', '')}, reduce_dtype="
-                                          f"{'float32' if self.reduce_dtype == 'float32' else str(dtype)[6:]}")
+            changes["mixed_precision"] = (f"param_dtype={dtype_name(dtype)}, reduce_dtype="
+                                          f"{'float32' if self.reduce_dtype == 'float32' else dtype_name(dtype)}")
             if norms:
                 changes["batch_norms"] = f"{len(norms)} sharded on their own in float32 (autocast runs them in fp32)"
         if self.cpu_offload:
@@ -324,7 +323,7 @@ class FSDP(DataParallel):
                                  "run.close() gathers them back into your own parameters")
         changes["sampler"] = self.shard(ctx)
         changes["checkpoints"] = "run.save writes a sharded DCP directory"
-        self.params, self.warned = list(ctx.model.named_parameters()), False  # the shards, checked for hooks
+        self.warned = False
         return changes
 
     def step(self, run, optimizer, proceed):

@@ -52,6 +52,7 @@ class GradAccumulation(Accelerator):
     def apply(self, ctx):
         self.micro = 0  # micro-batches since the last optimizer step
         self.model = ctx.model  # its parameters are read when saved: fsdp, applied later, replaces them in place
+        self.pausing = None  # the run's accelerators that reduce gradients in backward (fsdp): found at the first one
         return {"steps": self.steps, "loss": f"divided by {self.steps} before backward",
                 "optimizer": f"steps once every {self.steps} run.step() calls; run.step() returns True in between",
                 "no_sync": "the first N-1 forwards under DDP (inside run.autocast()); their backward without "
@@ -61,7 +62,9 @@ class GradAccumulation(Accelerator):
         return no_sync(run) if self.micro + 1 < self.steps else None
 
     def backward(self, run, loss, proceed):
-        pausing = [a for a in run.accelerators if hasattr(a, "gradient_sync")] if self.micro + 1 < self.steps else []
+        if self.pausing is None:
+            self.pausing = [a for a in run.accelerators if hasattr(a, "gradient_sync")]
+        pausing = self.pausing if self.micro + 1 < self.steps else []
         for accelerator in pausing:  # fsdp reduces gradients in backward: not on the micro-steps
             accelerator.gradient_sync(False)
         try:

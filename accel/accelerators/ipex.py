@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from accel.accelerator import SAME_MATH, Accelerator, Option, Stage, register
+from accel.accelerator import SAME_MATH, Accelerator, Option, Stage, dtype_name, register
 from accel.errors import Problem
 from accel.hardware import ipex_problem
 from accel.optim import copy_with_optimizer, foreign_tensors
@@ -26,9 +26,6 @@ from accel.optim import copy_with_optimizer, foreign_tensors
 IPEX_DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
                "float32": torch.float32, "fp32": torch.float32}
 
-
-def short(dtype: torch.dtype) -> str:
-    return str(dtype).replace("torch.", "")
 
 
 @register
@@ -75,8 +72,8 @@ class Ipex(Accelerator):
             if IPEX_DTYPES[self.dtype] is not follows:
                 problems.append(Problem(
                     self.name, f"contradicts the plan's precision ({reason}, so the model trains in "
-                    f"{short(follows)}); IPEX's dtype must match it", field="dtype", value=self.dtype,
-                    allowed=f"'auto' or {short(follows)!r}", kind="conflict"))
+                    f"{dtype_name(follows)}); IPEX's dtype must match it", field="dtype", value=self.dtype,
+                    allowed=f"'auto' or {dtype_name(follows)!r}", kind="conflict"))
         return problems
 
     def apply(self, ctx):
@@ -86,6 +83,6 @@ class Ipex(Accelerator):
         model, optimizer = copy_with_optimizer(ctx.model, ctx.optimizer)  # IPEX trains in place: spare the user's
         model.train()
         ctx.model, ctx.optimizer = ipex.optimize(model, optimizer=optimizer, dtype=dtype, level=self.level)
-        return {"dtype": short(dtype), "why": why, "level": self.level, "version": ipex.__version__,
+        return {"dtype": dtype_name(dtype), "why": why, "level": self.level, "version": ipex.__version__,
                 "model": "replaced by IPEX's (prepacked weights, fused ops)",
                 "optimizer": f"replaced by IPEX's {type(ctx.optimizer).__name__} (fused step)"}

@@ -62,9 +62,6 @@ class Loop:
 class Scheduler(Loop):
     """A learning-rate scheduler stepped after every batch, as the PyTorch docs show."""
 
-    def build(self, optimizer: torch.optim.Optimizer):
-        raise NotImplementedError
-
     def after(self, step, held, run, loss):
         self.scheduler.step()
 

@@ -13,8 +13,9 @@ from typing import Any
 import torch
 from torch import nn
 
-
-KERNEL_FLAGS = ("fused", "foreach")  # how an optimizer steps, not what it does
+from accel.accelerators.fsdp import gather_state
+from accel.accelerators.fused_optimizer import KERNEL_KEYS, kernel_settings
+from accel.batches import map_tensors
 
 
 class OptimizerState:
@@ -97,12 +98,8 @@ class Snapshot:
 
 
 def whole(value: Any) -> Any:
-    """A tensor as one process sees it whole: a DTensor shard gathered (fsdp), anything else as it is."""
-    if hasattr(value, "full_tensor"):
-        return value.full_tensor()
-    if isinstance(value, dict):
-        return {k: whole(v) for k, v in value.items()}
-    return value
+    """Tensors as one process sees them whole: DTensor shards gathered (fsdp), the rest as they are."""
+    return map_tensors(gather_state, value)
 
 
 def snapshot(model: nn.Module, optimizer: torch.optim.Optimizer | None = None, loader: Any = None) -> Snapshot:
@@ -111,9 +108,9 @@ def snapshot(model: nn.Module, optimizer: torch.optim.Optimizer | None = None, l
                for k, v in model.state_dict().items()}
     opt, kernels = None, []
     if optimizer is not None:
-        kernels = [{k: g.get(k) for k in KERNEL_FLAGS} for g in [*optimizer.param_groups, optimizer.defaults]]
+        kernels = kernel_settings(optimizer)
         opt = (type(optimizer).__name__,
-               [{k: v for k, v in g.items() if k not in ("params", *KERNEL_FLAGS)} for g in optimizer.param_groups],
+               [{k: v for k, v in g.items() if k not in ("params", *KERNEL_KEYS)} for g in optimizer.param_groups],
                OptimizerState(copy.deepcopy(whole(optimizer.state_dict()["state"]))))
     loader_attrs = {}
     if loader is not None:

@@ -33,15 +33,29 @@ class Encoding(collections.UserDict):
 
 # --- models ------------------------------------------------------------------------------------------------------
 
+class Residual(nn.Module):
+    """A conv and a BatchNorm with a skip connection: the repeated block of a ResNet stage or a transformer."""
+
+    def __init__(self, width: int):
+        super().__init__()
+        self.conv = nn.Conv2d(width, width, 3, padding=1, bias=False)
+        self.norm = nn.BatchNorm2d(width)
+
+    def forward(self, x):
+        return torch.relu(x + self.norm(self.conv(x)))
+
+
 class Net(nn.Module):
     """2 convs and a linear head on 1x8x8 digits; variants add what ordinary models have."""
 
-    def __init__(self, batchnorm=False, heads=1, masked=False, tied=False, width=8):
+    def __init__(self, batchnorm=False, heads=1, masked=False, tied=False, width=8, blocks=0):
         super().__init__()
         self.masked = masked
         self.conv1 = nn.Conv2d(2 if masked else 1, width, 3, padding=1, bias=not batchnorm)  # as torchvision
         self.norm = nn.BatchNorm2d(width) if batchnorm else nn.Identity()
         self.conv2 = nn.Conv2d(width, width, 3, padding=1)
+        self.blocks = nn.Sequential(*[Residual(width) for _ in range(blocks)])  # what fsdp, activation
+        # checkpointing and regional compile find by themselves
         self.pool = nn.AdaptiveAvgPool2d(2)
         self.fc = nn.Linear(width * 4, 10)
         self.heads = nn.ModuleList([nn.Linear(width * 4, 10) for _ in range(heads - 1)])
@@ -50,7 +64,7 @@ class Net(nn.Module):
 
     def forward(self, image, mask=None):
         x = torch.cat([image, mask], 1) if self.masked else image
-        x = torch.relu(self.conv2(torch.relu(self.norm(self.conv1(x)))))
+        x = self.blocks(torch.relu(self.conv2(torch.relu(self.norm(self.conv1(x))))))
         x = torch.flatten(self.pool(x), 1)
         out = self.fc(x)
         if not self.heads:
@@ -65,6 +79,7 @@ MODELS = {
     "tied": dict(heads=2, tied=True),
     "frozen": dict(batchnorm=True),  # conv1 and the norm frozen
     "masked": dict(masked=True),  # takes the mask beside the image
+    "blocks": dict(blocks=2),  # two repeated residual blocks with BatchNorm
 }
 BATCHES = ("tuple", "namedtuple", "list", "dict", "ordered_dict", "user_dict")
 EXTRAS = ("none", "mask", "soft_targets")
