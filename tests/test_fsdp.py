@@ -216,6 +216,9 @@ def test_a_sharded_checkpoint_is_whole_or_refused_by_name(one_rank, tmp_path):
     step = folder / "step-000000004"
     assert {p.name for p in step.iterdir()} == {".metadata", "__0_0.distcp", "accel.pt"}
     assert run.load(folder)["step"] == 4
+    run.save(folder)  # the same step again (a restart): a new folder, the whole one never deleted before
+    assert (folder / "latest").read_text().strip() == "step-000000004-2" and not step.exists()
+    step = folder / "step-000000004-2"
     # a save that died mid-way leaves a .partial folder: latest still names the whole one
     (folder / ".step-000000005.partial").mkdir()
     assert run.load(folder)["path"] == str(step)

@@ -33,10 +33,10 @@ Checkpoints: ``run.save(path)`` writes a ``torch.distributed.checkpoint`` (DCP) 
 shards, and ``run.load(path)`` loads it at this or another world size, or in a single process (docs/distributed.md).
 
 When it helps: a model whose parameters, gradients and Adam state (16 bytes a parameter in fp32) do not fit one
-rank, or leave no room for the batch: the shards are 1/N of them (measuring it is benchmarks/bench_fsdp.py's job,
-not run yet). When it hurts: it gathers every block's weights in forward and again in backward
-(reshard_after_forward) and reduce-scatters gradients: 1.5x the bytes of ddp's all-reduce by the collectives'
-sizes, so where the model fits, expect ddp to be faster (not measured here yet).
+rank, or leave no room for the batch: at 2 ranks, 0.50x ddp's bytes per rank for them on GPT-2 small's shape. When
+it hurts: it gathers every block's weights in forward and again in backward (reshard_after_forward) and
+reduce-scatters gradients, 1.5x the bytes of ddp's all-reduce; on 2 gloo CPU ranks its step took 1.48-1.57x ddp's
+(benchmarks/bench_fsdp.py, the two alternated in the same ranks).
 
 What it keeps: the same math as one process on the global batch (``SAME_MATH``: the reduce sums in another
 order); BatchNorm's running statistics stay per rank (FSDP2 does not synchronise buffers; rank 0's are saved).
