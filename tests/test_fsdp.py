@@ -19,7 +19,7 @@ from accel.testing.harness import process_state
 from accel.testing.loops import LOOPS
 from accel.testing.models import TinyGPT
 from accel.testing.zoo import Case
-from scripts.launching import LAUNCHER_VARIABLES, SCRIPTS, free_port, one_rank_env, output, run, torchrun
+from scripts.launching import LAUNCHER_VARIABLES, SCRIPTS, one_rank_env, output, run, torchrun
 
 NOT_LIVE = {"hooks": "a gradient hook on a sharded parameter: named by a StaleWarning (test below)",
             "ema": "FSDP2 refuses to deep-copy a sharded model (AveragedModel)", "swa": "the same"}
@@ -344,3 +344,50 @@ def test_a_killed_rank_resumes_from_the_last_sharded_checkpoint_with_no_step_los
         assert rank["resumed_from"] == 4 and rank["steps"] == 6
         for name, tensor in whole[0]["params"].items():
             assert torch.equal(rank["params"][name], tensor), name
+
+
+# --- plan="auto" under a launcher: ddp or fsdp by memory fit (accel.autotune.distribution) ----------------------
+
+
+def test_the_footprint_counts_adam_state_as_it_will_be_and_as_it_is():
+    from accel.autotune.distribution import footprint
+
+    model = tiny_model()
+    model.conv1.requires_grad_(False)  # frozen: no gradient, no state
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    before = footprint(model, optimizer)
+    x, y = next(iter(tiny_loader()))
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    optimizer.step()
+    after = footprint(model, optimizer)
+    assert before.parameters == after.parameters == sum(p.numel() * 4 for p in model.parameters())
+    assert before.gradients == sum(p.numel() * 4 for p in model.parameters() if p.requires_grad) < before.parameters
+    assert before.optimizer == after.optimizer == 2 * before.gradients  # exp_avg and exp_avg_sq, measured after
+    assert "2 tensor(s)" in before.how and "as it is" in after.how
+    plain = torch.optim.SGD(model.parameters(), lr=0.1)
+    assert footprint(model, plain).optimizer == 0
+
+
+@pytest.mark.parametrize("room, expected", [(4.0, {"ddp": {}}), (1.2, {"fsdp": {}}), (0.5, {"fsdp": {}})])
+def test_ddp_where_the_state_fits_fsdp_where_only_its_shard_does(room, expected):
+    from accel.autotune.distribution import choose, footprint
+
+    model = tiny_model()
+    optimizer = torch.optim.Adam(model.parameters())
+    memory = int(room * footprint(model, optimizer).total)
+    chosen, why = choose(model, optimizer, torch.device("cpu"), world_size=2, local_world_size=2, memory=memory)
+    assert chosen == expected
+    assert ("it fits" in why) == (room == 4.0) and ("may not fit" in why) == (room == 0.5), why
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("room, expected", [("fits", ["ddp"]), ("shards", ["fsdp"])])
+def test_auto_under_torchrun_picks_by_memory_and_both_ranks_agree(room, expected):
+    result = torchrun("auto_ranks.py", room, timeout=240)
+    assert result.returncode == 0, output(result)
+    ranks = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    assert len(ranks) == 2, output(result)
+    for rank in ranks:
+        assert rank["plan"] == expected and rank["same"] and rank["steps"] > 0, rank
+        assert rank["why"].startswith(expected[0]) and "not measured under a launcher" in rank["why"], rank["why"]
+        assert "memory fit" in rank["report"] and ("it fits" in rank["report"]) == (room == "fits"), rank["report"]

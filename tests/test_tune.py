@@ -376,7 +376,8 @@ def test_the_cache_key_holds_the_loaders_workers_but_not_the_device_index():
 
 def test_a_drop_phase_cut_by_the_budget_marks_the_search_cut_short():
     """Nothing measured for lack of time is still a gap: such an answer is never remembered."""
-    from accel.autotune import _drop_what_does_not_pay, _Search
+    from accel.autotune.state import Search as _Search
+    from accel.autotune.strategies import _drop_what_does_not_pay
 
     search = _Search(lab=None, tolerance=0.05, margin=0.02, deadline=time.perf_counter() - 1, expected_steps=None)
     full = Trial({"threads": {}, "channels_last": {}})

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import shutil
 
-import torch
 
 from accel.accelerator import SAME_MATH, Accelerator, Option, Stage, register
 from accel.errors import Problem, Skip

@@ -1,0 +1,37 @@
+"""The settings of a search (plan="auto", accel.Auto, accel.tune): what a search may spend and what it must keep."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+MARGIN = 0.02  # a plan must be faster than the one it replaces by more than this fraction
+MIN_BUDGET_S = 90.0  # default budget: at least this, or BUDGET_STEPS baseline steps for slow models
+BUDGET_STEPS = 100
+SLOW_STOP = 3.0  # a candidate whose first steps take this many baseline steps (and over 0.5 s) is not timed
+
+
+
+
+@dataclass
+class Settings:
+    """How plan="auto" searches (accel.Auto takes these as keyword arguments).
+
+    expected_steps: how many steps the run will take; the choice then minimises the whole run's time, warm-up
+    included (compile is kept only if it pays back). budget_s: the search's time (None: the larger of 90 s and
+    100 baseline steps). step_fn / loss_fn / split: how a batch becomes a loss (accel.measure.TrainStep): given,
+    the search runs apart on copies (accel.tune); without them it runs in your own loop.
+    cache: remember the choice (True: accel's cache folder; a path; False: always measure).
+    """
+
+    budget_s: float | None = None
+    expected_steps: int | None = None
+    step_fn: Callable | None = None
+    loss_fn: Callable | None = None
+    split: Callable | None = None
+    tolerance: float = 0.05
+    margin: float = MARGIN
+    candidates: list | None = None
+    accelerators: list[str] | None = None
+    cache: Any = True
+    check_steps: int = 2
+    memory_per_rank: int | None = None  # bytes a rank may hold under a launcher (default: its device's total)
