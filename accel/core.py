@@ -137,6 +137,10 @@ def accelerate(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None =
     applying rolls every change back and raises AccelerateError. plan="auto" (or accel.Auto(...)) chooses the
     plan by measuring on these objects first.
     """
+    if isinstance(plan, str) and plan in RESOLVERS:
+        plan = RESOLVERS[plan]()
+    if hasattr(plan, "in_loop") and plan.in_loop():  # plan="auto" measuring in your own loop: its own run
+        return plan.start(model, optimizer, loader, device)
     started = time.perf_counter()
     journal = Journal()
     earlier = open_run(model)

@@ -58,19 +58,28 @@ class DeviceLoader:
         self._move = device.type != "cpu"
 
     def __iter__(self) -> Iterator[Any]:
+        batches = self.start_epoch()
+        if not self._move and not self.transforms:
+            yield from batches
+            return
+        for batch in batches:
+            yield self.prepare(batch)
+
+    def start_epoch(self) -> Any:
+        """The wrapped loader's batches for the next epoch, as they come (its sampler told the epoch)."""
         sampler = getattr(self.loader, "sampler", None)
         if hasattr(sampler, "set_epoch"):
             sampler.set_epoch(self.epoch)
         self.epoch += 1
-        if not self._move and not self.transforms:
-            yield from self.loader
-            return
-        for batch in self.loader:
-            if self._move:
-                batch = move(batch, self.device, self.non_blocking)
-            for transform in self.transforms:
-                batch = transform(batch)
-            yield batch
+        return self.loader
+
+    def prepare(self, batch: Any) -> Any:
+        """One batch as the plan wants it: on the device, through the batch transforms."""
+        if self._move:
+            batch = move(batch, self.device, self.non_blocking)
+        for transform in self.transforms:
+            batch = transform(batch)
+        return batch
 
     def __len__(self) -> int:
         return len(self.loader)

@@ -84,6 +84,7 @@ class Loader(Accelerator):
     stage = Stage.DATA
     needs = ("loader",)
     provides = ("data.loader",)
+    switch_at = "epoch"
     options = {
         "num_workers": Option("auto", (str, int), choices=("auto",), check=at_least(0),
                               help="auto = allowed CPUs left after the compute threads"),

@@ -34,7 +34,26 @@ __all__ = ["Auto", "MARGIN", "TuneResult", "TuneRow", "generate_candidates", "tu
 
 class Auto(Settings):
     """plan=accel.Auto(...) chooses the plan by measuring with these settings (accel.autotune.config.Settings);
-    "auto" is Auto()."""
+    "auto" is Auto().
+
+    In a single process, without step_fn/loss_fn/split, it measures in your own loop (start: a TuningRun);
+    otherwise, and in a launched job of several ranks, apart (resolve: accel.tune, on copies or by memory fit).
+    """
+
+    def in_loop(self) -> bool:
+        from accel.distributed import launcher_environment
+
+        try:
+            launch = launcher_environment()
+        except ValueError:  # said by the offline path, which decides the launch as accelerate() does
+            return False
+        return (self.step_fn is None and self.loss_fn is None and self.split is None
+                and (launch is None or launch.world_size <= 1))
+
+    def start(self, model, optimizer, loader, device="auto"):
+        from accel.autotune.inloop import TuningRun
+
+        return TuningRun(self, model, optimizer, loader, device)
 
     def resolve(self, model, optimizer, loader, device="auto") -> TuneResult:
         return tune(model, optimizer, loader, device=device, budget_s=self.budget_s,

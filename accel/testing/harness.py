@@ -409,6 +409,9 @@ def check_equivalence(plan: Any, build: Callable[[], Setup], steps: int = 3, see
         release_workers(setup.loader)
     accelerated.closed = closed_state(setup)
     result.process_changed = process_state() != process
+    if hasattr(run, "arms"):  # plan="auto" in the loop: every plan that took turns is held to its own card
+        result.keeps = combined([REGISTRY[name].keeps for arm in run.arms if arm.rounds or arm.steps
+                                 for name in arm.plan if not declares_training(REGISTRY[name].keeps)])
     for what in run.report.stale:  # named stale: the user's object is not what trains, by declaration
         index = ("model", "optimizer").index(what)  # the loop drove the run's instead, as the report advised
         expected.closed = tuple("" if i == index else v for i, v in enumerate(expected.closed))

@@ -1,0 +1,511 @@
+"""plan="auto" in your own loop: the first steps of the real training are the measurement.
+
+    run = accel.accelerate(model, optimizer, loader, plan="auto")
+    for x, y in run.loader:                       # your loop, unchanged
+        ...; run.backward(loss); run.step()
+
+Arms (the plain loop, the stack of every candidate that can be switched between steps, and that stack without
+each member) take turns in chunks of your steps, in an order that reverses every round (A B C, C B A, ...), so a
+change in the machine's load hits every arm alike. A chunk is timed from the end of its first step (the one
+after a switch) to the end of its last: whole steps, with your data loading, your code, forward, backward and
+update. Each round gives every arm a ratio to the plain loop measured beside it (accel.measure.Ratio). An arm
+confidently slower than the best is dropped; one that cannot be told from the best within the margin is dropped
+when it holds more accelerators. The search settles when one arm is left against the plain loop and its verdict
+is clear, or when the budget is spent; it keeps the best arm only when it is faster than the plain loop with 95%
+confidence. compile comes last, on top of the winner, if its warm-up fits what is left of the budget. A rebuilt
+loader cannot change mid-epoch: it is decided by how long your loop waits for data, and joins at the next epoch.
+
+Nothing is copied: every step is a real step of your model and optimizer. A switch is accelerate() on your
+objects (the earlier plan undone, its counters and state handed over), so each plan keeps its card.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from accel.accelerator import REGISTRY
+from accel.autotune.config import BUDGET_STEPS, MIN_BUDGET_S, Settings
+from accel.autotune.results import TuneResult, TuneRow
+from accel.autotune.search import for_device, generate_candidates
+from accel.autotune.strategies import stack_of
+from accel.context import placement
+from accel.core import accelerate
+from accel.errors import AccelerateError, MeasureError, PlanError
+from accel.hardware import probe
+from accel.measure import Ratio, TrainStep, plan_label, synchronize
+from accel.plan import Plan
+
+CHUNK_S = 0.5  # a chunk's timed steps take about this long
+MAX_CHUNK = 20  # timed steps per chunk at most
+MIN_ROUNDS = 3  # rounds before any verdict
+MAX_ROUNDS = 30
+DATA_WAIT = 0.10  # a rebuilt loader (workers) pays when the loop waits this fraction of its step for data
+COMPILE_GUESS_S = 30.0  # compile's warm-up before one is measured (cold inductor on resnet18 here: 24-41 s)
+EXPECTED_SHARE = 0.1  # with expected_steps, the measurement spends at most this share of the plain run's time
+
+
+@dataclass
+class Arm:
+    """One plan taking turns: its step time per round, and how it ended."""
+
+    plan: dict[str, dict]
+    tests: str = ""  # the accelerator whose effect it shows (the stack without it), or "" for a whole stack
+    rounds: dict[int, float] = field(default_factory=dict)  # round -> seconds per step in its chunk of that round
+    status: str = "measuring"  # measuring, settled, slower, not needed, refused, failed, loss off, not measured
+    reason: str = ""
+    first_s: float | None = None  # its first step after the first switch to it (compile lands there)
+    steps: int = 0
+    decided_by: str = ""  # a measured signal instead of timed turns (the loader: the loop's wait for data)
+
+    @property
+    def name(self) -> str:
+        return plan_label(self.plan)
+
+    def ratio_to(self, other: Arm) -> Ratio:
+        """Its step time over the other's, from the rounds both ran."""
+        return Ratio([self.rounds[r] / other.rounds[r] for r in sorted(self.rounds.keys() & other.rounds.keys())
+                      if other.rounds[r] > 0])
+
+
+class TuningLoader:
+    """run.loader during the search: your loader's batches, prepared by the plan taking its turn, and the time the
+    loop waits for each one counted."""
+
+    def __init__(self, tuning: TuningRun):
+        self.tuning = tuning
+
+    def __iter__(self):
+        tuning = self.tuning
+        tuning.epoch_boundary()
+        inner = tuning.current.loader
+        batches = iter(inner.start_epoch())
+        while True:
+            started = time.perf_counter()
+            try:
+                batch = next(batches)
+            except StopIteration:
+                return
+            tuning.data_wait_s += time.perf_counter() - started
+            tuning.first_batch(batch)
+            yield tuning.current.loader.prepare(batch)
+
+    def __len__(self) -> int:
+        return len(self.tuning.current.loader)
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "tuning":
+            raise AttributeError(name)
+        return getattr(self.tuning.current.loader, name)
+
+
+class TuningRun:
+    """What plan="auto" returns: a Run whose plan changes between chunks of your steps until the search settles.
+
+    Use it as any run: run.model, run.optimizer, run.loader, run.autocast(), run.backward(), run.step(),
+    run.report (its `tuning` has the search's table and why once it settled). Read run.model inside the loop, not
+    once before it: compile, when it wins, wraps it.
+    """
+
+    def __init__(self, settings: Settings, model, optimizer, loader, device: Any = "auto"):
+        if optimizer is None or loader is None:
+            raise MeasureError("plan='auto' measures your training steps: it needs an optimizer and a loader")
+        self.settings = settings
+        self.started = time.perf_counter()
+        self._objects = (model, optimizer, loader)
+        hardware, problems = probe(), []
+        decided = placement(device, hardware, problems)
+        if decided is None:
+            raise PlanError(problems)
+        self.device = decided.device
+        self.hardware = for_device(hardware, self.device)
+        given = settings.candidates is not None
+        candidates = ([Plan(c).to_dict() for c in settings.candidates] if given else
+                      generate_candidates(self.hardware, model, optimizer, loader, settings.accelerators))
+        candidates = [c for c in candidates if c]
+        self.costly = [c for c in candidates if any(REGISTRY[n].costly_setup for n in c)]
+        self.epochwise = [c for c in candidates if c not in self.costly
+                          and any(REGISTRY[n].switch_at == "epoch" for n in c)]
+        stepwise = [c for c in candidates if c not in self.costly and c not in self.epochwise]
+        self.notes: list[str] = []
+        self.arms = [Arm({}, status="measuring")]
+        if given:
+            self.arms += [Arm(c) for c in stepwise]
+        else:
+            full, left_out = stack_of(stepwise)
+            if left_out:
+                self.notes.append("left out of the stack: " + "; ".join(left_out))
+            if full:
+                self.arms.append(Arm(full))
+                if len(full) > 1:
+                    self.arms += [Arm({k: v for k, v in full.items() if k != name}, tests=name) for name in full]
+        self.plain = self.arms[0]
+        self.phase = "measuring" if len(self.arms) > 1 or self.costly or self.epochwise else "settled"
+        self.round, self.order, self.turn, self.phase_start = 0, [], 0, 0
+        self.chunk_steps = 2  # timed steps per chunk, paced after the plain loop's first chunk
+        self.in_chunk = 0
+        self.chunk_started = self.switched_at = time.perf_counter()
+        self.data_wait_s = 0.0
+        self.plain_wait = [0.0, 0.0]  # data wait and time of the plain loop's timed steps
+        self.deadline = self.started + (settings.budget_s if settings.budget_s is not None else MIN_BUDGET_S)
+        self.losses: list[torch.Tensor] = []
+        self.pending: dict[str, dict] | None = None  # the plan to take at the next epoch (a rebuilt loader)
+        self.compile_arm: Arm | None = None
+        self.winner: Arm | None = None
+        self.result: TuneResult | None = None
+        self.cache_key: dict | None = None
+        self.switch_s = self.last_switch_s = self.last_chunk_s = 0.0
+        self.measured_s: float | None = None  # from accelerate() to the settled plan
+        self.active = self.plain
+        self.current = accelerate(model, optimizer, loader, plan={}, device=device)
+        self.loader = TuningLoader(self)
+        self.settled_at: int | None = None
+        if self.phase == "settled":
+            self._finish("nothing to measure: no accelerator offers a candidate for this model on this hardware")
+        else:
+            self._next_round()
+
+    # --- what the loop calls ---------------------------------------------------------------------------------
+
+    @property
+    def model(self):
+        return self.current.model
+
+    @property
+    def optimizer(self):
+        return self.current.optimizer
+
+    @property
+    def report(self):
+        return self.current.report
+
+    @property
+    def steps(self) -> int:
+        return self.current.steps
+
+    def autocast(self):
+        return self.current.autocast()
+
+    def backward(self, loss: torch.Tensor) -> None:
+        if self.phase != "settled":
+            self.losses.append(loss.detach())
+        self.current.backward(loss)
+
+    def step(self) -> bool:
+        skipped = self.current.step()
+        if self.phase != "settled":
+            self._after_step()
+        return skipped
+
+    def close(self) -> None:
+        self.current.close()
+
+    def __getattr__(self, name: str) -> Any:  # unscale_gradients, unwrap, save, load, state_dict, accelerator, ...
+        if name == "current":
+            raise AttributeError(name)
+        return getattr(self.current, name)
+
+    # --- the search ------------------------------------------------------------------------------------------
+
+    def first_batch(self, batch: Any) -> None:
+        """At the first batch: the cache's answer, if this setup was measured before (the key needs the batch)."""
+        if self.cache_key is not None or not self.settings.cache or self.phase == "settled":
+            return
+        from accel import plancache
+
+        model, optimizer, loader = self._objects
+        self.cache_key = plancache.key_parts(model, optimizer, loader, batch, self.device, self.hardware,
+                                             self._key_settings(), TrainStep())
+        hit = plancache.lookup(self.cache_key, self.settings.cache)
+        if hit is not None:
+            result = TuneResult.from_dict(hit)
+            result.from_cache, result.elapsed_s = True, time.perf_counter() - self.started
+            result.settings = {**result.settings, "settled_at_step": self.steps}
+            self.measured_s = result.elapsed_s
+            self.result = result
+            self._take(result.plan.to_dict())
+            self.current.report.tuning = result
+            self.phase = "settled"
+            self.settled_at = self.steps
+
+    def _key_settings(self) -> dict[str, Any]:
+        s = self.settings
+        return {"search": "your loop", "tolerance": s.tolerance, "margin": s.margin,
+                "expected_steps": s.expected_steps, "accelerators": s.accelerators,
+                "candidates": [Plan(c).to_dict() for c in s.candidates] if s.candidates is not None else "generated"}
+
+    def epoch_boundary(self) -> None:
+        if self.pending is not None:
+            plan, self.pending = self.pending, None
+            self._switch(plan)
+
+    def _after_step(self) -> None:
+        self.in_chunk += 1
+        self.active.steps += 1
+        if self.in_chunk == 1:  # the step after a switch is not timed
+            synchronize(self.device)
+            now = time.perf_counter()
+            if self.active.first_s is None:
+                self.active.first_s = now - self.switched_at
+            self.chunk_started, self.wait_at_start = now, self.data_wait_s
+            return
+        if self.in_chunk - 1 < self.chunk_steps:
+            return
+        synchronize(self.device)
+        timed = self.in_chunk - 1
+        elapsed = time.perf_counter() - self.chunk_started
+        self.last_chunk_s = time.perf_counter() - self.switched_at
+        arm = self.active
+        if self.losses and not bool(torch.isfinite(torch.stack([loss.float() for loss in self.losses])).all()):
+            if arm is not self.plain:
+                arm.status, arm.reason = "loss off", "a loss was not finite under it"
+        else:
+            arm.rounds[self.round] = elapsed / timed
+        self.losses.clear()
+        if arm is self.plain:
+            self.plain_wait[0] += self.data_wait_s - self.wait_at_start
+            self.plain_wait[1] += elapsed
+            if self.round == 0 and self.chunk_steps == 2:
+                self._pace(elapsed / timed)
+        self._next_turn()
+
+    def _pace(self, step_s: float) -> None:
+        self.chunk_steps = max(2, min(MAX_CHUNK, math.ceil(CHUNK_S / max(step_s, 1e-6))))
+        if self.settings.budget_s is None:
+            self.deadline = max(self.deadline, self.started + BUDGET_STEPS * step_s)
+        if self.settings.expected_steps:
+            self.deadline = min(self.deadline, self.started + EXPECTED_SHARE * self.settings.expected_steps * step_s)
+
+    def _live(self) -> list[Arm]:
+        return [a for a in self.arms if a.status == "measuring"]
+
+    def _next_round(self) -> None:
+        live = self._live()
+        self.order = live if self.round % 2 == 0 else live[::-1]
+        self.turn = 0
+        self._go(self.order[0])
+
+    def _next_turn(self) -> None:
+        if time.perf_counter() >= self.deadline:  # never past the budget by more than the chunk just run
+            self._end_compile() if self.phase == "compile" else self._settle("budget")
+            return
+        self.turn += 1
+        while self.turn < len(self.order) and self.order[self.turn].status != "measuring":
+            self.turn += 1
+        if self.turn < len(self.order):
+            self._go(self.order[self.turn])
+            return
+        self._verdicts()  # may settle, or start compile's rounds
+        if self.phase == "settled":
+            return
+        self.round += 1
+        if self.round - self.phase_start >= MAX_ROUNDS:
+            self._end_compile() if self.phase == "compile" else self._settle("rounds")
+            return
+        self._next_round()
+
+    def _go(self, arm: Arm) -> None:
+        if not self._switch(arm.plan, arm):
+            self._next_turn()
+            return
+        self.active, self.in_chunk = arm, 0
+
+    def _switch(self, plan: dict[str, dict], arm: Arm | None = None) -> bool:
+        """accelerate() on your objects with this plan (the earlier run handed over); False when it is refused."""
+        if self.current.plan.to_dict() == Plan(plan).to_dict() and not self.current.closed:
+            self.switched_at = time.perf_counter()
+            return True
+        model, optimizer, loader = self._objects
+        started = time.perf_counter()
+        try:
+            self.current = accelerate(model, optimizer, loader, plan=plan, device=self.device)
+        except (PlanError, AccelerateError) as error:  # the earlier run is back as it was
+            if arm is not None:
+                arm.status = "refused" if isinstance(error, PlanError) else "failed"
+                lines = [line.strip(" -") for line in str(error).splitlines()]
+                arm.reason = "; ".join(line for line in lines[1:] if line)[:300] or lines[0]
+            return False
+        finally:
+            self.switched_at = time.perf_counter()
+            self.last_switch_s = self.switched_at - started
+            self.switch_s += self.last_switch_s
+        return True
+
+    def _verdicts(self) -> None:
+        """After a round: drop what is confidently slower than the best, or no faster and larger; settle when one
+        arm is left against the plain loop with a clear verdict."""
+        if self.round + 1 - self.phase_start < MIN_ROUNDS:
+            return
+        margin = self.settings.margin
+        if self.phase == "compile":
+            ratio = self.compile_arm.ratio_to(self.winner)
+            if ratio.below(1 - margin / 2) or ratio.above(1 - margin):
+                self._end_compile()
+            return
+        rivals = [a for a in self._live() if a is not self.plain and a.rounds]
+        if not rivals:
+            self._settle("no candidate could be timed")
+            return
+        best = min(rivals, key=lambda a: a.ratio_to(self.plain).estimate)
+        for arm in rivals:
+            if arm is best:
+                continue
+            ratio = arm.ratio_to(best)
+            if ratio.above(1 + margin):
+                arm.status, arm.reason = "slower", f"{ratio} of {best.name}'s step"
+            elif ratio.below(1 + margin) and ratio.above(1 - margin) and len(arm.plan) > len(best.plan):
+                arm.status, arm.reason = "not needed", f"{ratio} of {best.name}'s step, with more accelerators"
+        left = [a for a in self._live() if a is not self.plain]
+        verdict = best.ratio_to(self.plain)
+        if left == [best] and (verdict.below(1 - margin) or verdict.above(1 - margin)):
+            self._settle("settled")
+
+    def _settle(self, how: str) -> None:
+        margin = self.settings.margin
+        self.plain.status = "baseline"
+        rivals = [a for a in self.arms if a is not self.plain and a.rounds and a.status == "measuring"]
+        established = [a for a in rivals if a.ratio_to(self.plain).below(1.0)
+                       and a.ratio_to(self.plain).estimate <= 1 - margin]
+        self.winner = min(established, key=lambda a: a.ratio_to(self.plain).estimate) if established else self.plain
+        for arm in rivals:
+            if arm is not self.winner:
+                arm.status = "not chosen"
+                arm.reason = arm.reason or f"{arm.ratio_to(self.plain)} of the plain loop's step"
+        self.winner.status = "settled"
+        self.settle_how = how
+        if how == "budget":
+            self.notes.append("the budget ran out before every verdict was clear")
+        for arm in self.arms:
+            if arm.status == "measuring":
+                arm.status = "not measured"
+                arm.reason = "budget" if how == "budget" else how
+        plan = dict(self.winner.plan)
+        if self._try_compile(plan):
+            return
+        self._finish_with(plan)
+
+    def _try_compile(self, plan: dict[str, dict]) -> bool:
+        if not self.costly:
+            return False
+        candidate = self.costly[0]
+        left = self.deadline - time.perf_counter()
+        guess = COMPILE_GUESS_S
+        if left < guess:
+            self.compile_arm = Arm({**plan, **candidate}, tests=next(iter(candidate)), status="not measured",
+                                   reason=f"its warm-up (about {guess:.0f} s before one is measured here) does "
+                                          f"not fit the {max(left, 0):.0f} s of budget left")
+            self.arms.append(self.compile_arm)
+            return False
+        self.compile_arm = Arm({**plan, **candidate}, tests=next(iter(candidate)))
+        self.arms.append(self.compile_arm)
+        self.winner.status = "measuring"
+        self.phase, self.phase_start = "compile", self.round + 1  # its rounds start after this one
+        return True
+
+    def _end_compile(self) -> None:
+        arm, base = self.compile_arm, self.winner
+        ratio = arm.ratio_to(base)
+        margin = self.settings.margin
+        step = base.rounds and sorted(base.rounds.values())[len(base.rounds) // 2] or 0.0
+        gain = step * (1 - ratio.estimate) if ratio.samples else 0.0
+        warmup = (arm.first_s or 0.0) - step
+        break_even = math.ceil(warmup / gain) if gain > 0 else None
+        faster = ratio.below(1 - margin / 2) and ratio.estimate <= 1 - margin
+        expected = self.settings.expected_steps
+        pays = faster and (expected is None or (break_even is not None and break_even < expected))
+        base.status = "settled"
+        if pays:
+            arm.status, arm.reason = "settled", f"{ratio} of {base.name}'s step; warm-up {warmup:.1f} s pays back " \
+                                                f"after {break_even} steps"
+            self.winner = arm
+        else:
+            arm.status = "not chosen"
+            arm.reason = (f"{ratio} of {base.name}'s step" + ("" if faster else ": not faster")
+                          + (f"; its {warmup:.1f} s warm-up pays back after {break_even} steps, beyond the run's "
+                             f"{expected}" if faster and not pays else ""))
+        self._finish_with(dict(self.winner.plan))
+
+    def _finish_with(self, plan: dict[str, dict]) -> None:
+        """Decide the loader by the measured data wait, take the plan, and write the result."""
+        wait, spent = self.plain_wait
+        share = wait / spent if spent else 0.0
+        for candidate in self.epochwise:
+            name = next(iter(candidate))
+            arm = Arm(candidate, tests=name, decided_by="by data wait")
+            if share >= DATA_WAIT:
+                plan = {**plan, **candidate}
+                arm.status, arm.reason = "settled", (f"your loop waited {share:.0%} of its step for data: it joins at "
+                                                     "the next epoch")
+            else:
+                arm.status, arm.reason = "not needed", f"your loop waited {share:.0%} of its step for data"
+            self.arms.append(arm)
+        self._finish(self._why(plan), plan)
+
+    def _why(self, plan: dict[str, dict]) -> str:
+        winner = self.winner
+        if winner is self.plain or winner is None:
+            measured = [a for a in self.arms if a is not self.plain and a.rounds]
+            if not measured:
+                return "no candidate could be timed in your loop: the plain loop is kept"
+            return (f"no plan was faster than the plain loop by more than {self.settings.margin:.0%} with 95% "
+                    f"confidence ({len(measured)} measured; {self.settle_how}): the plain loop is kept")
+        ratio = winner.ratio_to(self.plain) if winner is not self.compile_arm else None
+        text = f"{winner.name}: " + (f"{ratio} of the plain loop's step" if ratio else winner.reason)
+        return text + f", settled at step {self.steps} ({self.settle_how})"
+
+    def _finish(self, why: str, plan: dict[str, dict] | None = None) -> None:
+        plan = plan or {}
+        self.phase = "settled"
+        self.settled_at = self.steps
+        self.measured_s = time.perf_counter() - self.started
+        rows = [self._row(a) for a in self.arms]
+        elapsed = time.perf_counter() - self.started
+        settings = {**self._key_settings(), "budget_s": round(self.deadline - self.started, 1),
+                    "settled_at_step": self.steps, "switch_s": round(self.switch_s, 3)}
+        if self.notes:
+            why += "; " + "; ".join(self.notes)
+        self.result = TuneResult(Plan(plan), rows, why, rows[0].median_ms, elapsed, settings,
+                                 measured_at=_dt.datetime.now().isoformat(timespec="seconds"),
+                                 established=self.winner is not self.plain or not any(
+                                     a.ratio_to(self.plain).noisy() for a in self.arms[1:] if a.rounds
+                                     and a is not self.compile_arm))
+        self._take(plan)
+        self.current.report.tuning = self.result
+        complete = (self.result.established and getattr(self, "settle_how", "settled") == "settled"
+                    and not any(r.status == "not measured" for r in rows))
+        if self.cache_key is not None and complete:
+            from accel import plancache
+
+            self.result.key = plancache.store(self.cache_key, self.result.to_dict(), self.settings.cache)
+
+    def _take(self, plan: dict[str, dict]) -> None:
+        """The chosen plan now, but its rebuilt loader only from the next epoch."""
+        now = {k: v for k, v in plan.items() if REGISTRY[k].switch_at != "epoch"}
+        if now != plan:
+            self.pending = plan
+        self._switch(now)
+
+    def _row(self, arm: Arm) -> TuneRow:
+        against = self.winner if arm is self.compile_arm and self.winner is not None else self.plain
+        ratio = arm.ratio_to(against) if arm is not self.plain and arm.rounds else None
+        ordered = sorted(arm.rounds.values())
+        median = ordered[len(ordered) // 2] if ordered else None
+        status = {"settled": "measured", "measuring": "measured", "baseline": "measured"}.get(arm.status, arm.status)
+        if arm.status in ("slower", "not needed", "not chosen") and arm.rounds:
+            status = "measured"
+        if arm.decided_by:
+            status = arm.decided_by
+        decision = ("chosen" if arm.status == "settled" and arm is not self.plain else
+                    "baseline (your plain loop)" if arm is self.plain else "")
+        return TuneRow(arm.name, arm.plan, status, against="" if arm is self.plain else
+                       "eager" if against is self.plain else against.name,
+                       ratio=ratio.to_dict() if ratio else None,
+                       vs_baseline=round(ratio.estimate, 4) if ratio and ratio.samples else None,
+                       median_ms=round(median * 1000, 3) if median is not None else None,
+                       first_step_s=round(arm.first_s, 4) if arm.first_s is not None else None,
+                       decision=decision, reason=arm.reason or f"{len(arm.rounds)} rounds, {arm.steps} steps",
+                       tests=arm.tests)

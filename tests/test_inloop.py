@@ -1,0 +1,234 @@
+"""plan="auto" in your own loop (accel/autotune/inloop.py): every step a real step of your objects, plans taking
+turns between chunks, nothing copied, the report true to what was and was not measured, the cache, the budget."""
+import time
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from torch import nn
+from torch.nn.utils.rnn import pack_padded_sequence
+from torch.utils.data import DataLoader, Dataset
+
+import accel
+from accel.accelerator import Accelerator, Stage, register, unregister
+from accel.autotune import inloop
+from accel.autotune.inloop import TuningRun
+from accel.errors import Problem
+from accel.testing import check_equivalence, tiny_loader, tiny_model
+from accel.testing.harness import process_state
+from accel.testing.loops import LOOPS
+from accel.testing.zoo import BATCHES, EXTRAS, LOADERS, MODELS, OPTIMIZERS, Case
+
+SLOW = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+STEPS = 24  # 2 rounds of 4 arms at 3 steps a chunk (1 after the switch, 2 timed): a switch every 3 steps
+
+
+@pytest.fixture(autouse=True)
+def short_chunks(monkeypatch):
+    """Chunks of 2 timed steps (and 1 after each switch): plans switch every 3 steps, so a short loop sees many."""
+    monkeypatch.setattr(inloop, "CHUNK_S", 0.0)
+
+
+def quick(**options):
+    """In-loop auto with no cache and a short budget: what the tests can afford on 2 cores."""
+    return accel.Auto(cache=False, budget_s=options.pop("budget_s", 10), **options)
+
+
+def train(run, steps, loss_fn=lambda model, batch: nn.functional.cross_entropy(model(batch[0]), batch[1])):
+    done = 0
+    while done < steps:
+        for batch in run.loader:
+            with run.autocast():
+                loss = loss_fn(run.model, batch)
+            run.backward(loss)
+            run.step()
+            done += 1
+            if done == steps:
+                break
+    return run
+
+
+@settings(max_examples=int(__import__("os").environ.get("ACCEL_INLOOP_EXAMPLES", 25)), **SLOW)
+@given(case=st.builds(Case, model=st.sampled_from(sorted(MODELS)), batch=st.sampled_from(BATCHES),
+                      extra=st.sampled_from(EXTRAS), loader=st.sampled_from([k for k in LOADERS if k != "workers"]),
+                      optimizer=st.sampled_from(OPTIMIZERS), loop=st.sampled_from(sorted(LOOPS))))
+def test_auto_in_the_zoo_loops_trains_what_the_plain_loop_trains(case, short_chunks):
+    """The zoo's user code and loops (schedulers, validation, unfreezing, hooks, EMA, accelerate() again), with
+    plans switched every few steps: each plan within its own card, the objects and the process as they were."""
+    result = check_equivalence(quick(accelerators=["threads", "channels_last", "fused_optimizer", "amp"]),
+                               case.build, steps=STEPS)
+    assert result.failed is None and result.refused is None, f"{case}\n{result}"
+    assert not result.objects_changed and not result.process_changed, f"{case}\n{result}"
+    assert not result.differences, f"{case}\n{result}"
+
+
+def test_plans_take_turns_on_your_own_objects_and_the_search_settles():
+    model = tiny_model()
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    run = accel.accelerate(model, optimizer, tiny_loader(), quick(accelerators=["channels_last", "fused_optimizer"]),
+                           device="cpu")
+    assert isinstance(run, TuningRun)
+    seen = set()
+    done = 0
+    while run.phase != "settled" and done < 5000:
+        for x, y in run.loader:
+            assert run.unwrap() is model and run.optimizer is optimizer  # nothing copied, ever
+            seen.add(tuple(run.plan.names()))
+            run.backward(nn.functional.cross_entropy(run.model(x), y))
+            run.step()
+            done += 1
+    assert run.phase == "settled", "the search never settled"
+    assert seen >= {(), ("channels_last", "fused_optimizer"), ("fused_optimizer",), ("channels_last",)}, seen
+    result = run.report.tuning
+    assert result is run.result and run.steps == done and result.settings["settled_at_step"] <= done
+    rows = {row.name: row for row in result.rows}
+    assert rows["eager"].decision.startswith("baseline")
+    for name in ("channels_last+fused_optimizer", "fused_optimizer", "channels_last"):
+        assert rows[name].status in ("measured", "not needed", "slower"), rows[name]
+        assert rows[name].ratio["rounds"] >= 2, rows[name]
+    assert "settled at step" in result.why or "plain loop is kept" in result.why, result.why
+    assert run.plan.to_dict() == result.plan.to_dict()
+    run.close()
+
+
+class Sleepy(Accelerator):
+    """A test accelerator that makes every step 20 ms slower: the search must see it and say so."""
+
+    name = "sleepy"
+    stage = Stage.STEP
+
+    @classmethod
+    def candidates(cls, hardware, model, optimizer=None, loader=None):
+        return [{}]
+
+    def step(self, run, optimizer, proceed):
+        time.sleep(0.02)
+        return proceed(optimizer)
+
+
+class Refused(Accelerator):
+    name = "refused_here"
+    stage = Stage.KERNELS
+
+    @classmethod
+    def candidates(cls, hardware, model, optimizer=None, loader=None):
+        return [{}]
+
+    def check(self, ctx):
+        return [Problem(self.name, "cannot run on this test's model", kind="value")]
+
+
+@pytest.fixture
+def test_accelerators():
+    register(Sleepy)
+    register(Refused)
+    yield
+    unregister("sleepy")
+    unregister("refused_here")
+
+
+def test_a_slower_plan_is_seen_a_refused_one_named_and_the_answer_cached(test_accelerators, tmp_path):
+    def session():
+        model = tiny_model()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+        plan = accel.Auto(cache=tmp_path, budget_s=30, candidates=[["sleepy"], ["refused_here"]])
+        run = accel.accelerate(model, optimizer, tiny_loader(), plan, device="cpu")
+        steps = 0
+        while run.phase != "settled" and steps < 2000:
+            train(run, 4)
+            steps += 4
+        return run
+
+    run = session()
+    result = run.report.tuning
+    rows = {row.name: row for row in result.rows}
+    assert rows["sleepy"].status == "measured" and rows["sleepy"].vs_baseline > 1, rows["sleepy"]
+    assert rows["refused_here"].status == "refused" and "cannot run on this test's model" in rows["refused_here"].reason
+    assert result.plan.names() == [] and "plain loop is kept" in result.why, result.why
+    assert result.key, "an established, complete answer is remembered"
+    text = str(run.report)
+    assert "sleepy" in text and "refused" in text and "plain loop" in text
+    run.close()
+    again = session()  # the same setup: answered at the first batch, nothing measured
+    assert again.report.tuning.from_cache and again.result.settings["settled_at_step"] == 0
+    again.close()
+
+
+def test_compile_is_not_tried_when_its_warm_up_does_not_fit_and_the_budget_holds():
+    model = tiny_model()
+    run = accel.accelerate(model, torch.optim.SGD(model.parameters(), lr=0.05), tiny_loader(),
+                           accel.Auto(cache=False, budget_s=1.5, accelerators=["channels_last", "compile"]),
+                           device="cpu")
+    while run.phase != "settled":
+        train(run, 4)
+    result = run.report.tuning
+    compiled = [row for row in result.rows if "compile" in row.plan]  # on top of the winner, whichever it was
+    assert len(compiled) == 1 and compiled[0].status == "not measured", result.rows
+    assert "does not fit" in compiled[0].reason and "compile" in str(run.report)
+    assert run.measured_s <= 1.5 + run.last_chunk_s + run.last_switch_s  # the budget, plus the chunk that ran out
+    assert "compile" not in run.plan.names()
+    run.close()
+
+
+class Slow(Dataset):
+    """A dataset whose items take a while: the loop waits for data."""
+
+    def __len__(self):
+        return 48
+
+    def __getitem__(self, index):
+        time.sleep(0.004)
+        generator = torch.Generator().manual_seed(index)
+        return torch.randn(1, 8, 8, generator=generator), index % 10
+
+
+def test_a_rebuilt_loader_is_decided_by_the_data_wait_and_joins_at_the_next_epoch():
+    model = tiny_model()
+    loader = DataLoader(Slow(), batch_size=4)
+    run = accel.accelerate(model, torch.optim.SGD(model.parameters(), lr=0.05), loader,
+                           accel.Auto(cache=False, budget_s=10, candidates=[["fused_optimizer"],
+                                                                            [{"loader": {"num_workers": 1}}]]),
+                           device="cpu")
+    epochs = 0
+    while run.phase != "settled":
+        train(run, len(loader))
+        epochs += 1
+    rows = {row.name: row for row in run.report.tuning.rows}
+    assert rows["loader"].status == "by data wait" and rows["loader"].decision == "chosen", rows["loader"]
+    assert "joins at the next epoch" in rows["loader"].reason, rows["loader"]
+    assert run.pending is not None and "loader" in run.pending
+    before = run.steps
+    train(run, len(loader))  # the next epoch: the rebuilt loader serves it
+    assert "loader" in run.plan.names() and run.current.loader.loader.num_workers == 1
+    assert run.steps == before + len(loader)
+    run.close()
+    assert loader.num_workers == 0
+
+
+def test_an_lstm_on_packed_sequences_runs_through_auto_with_its_own_loop():
+    """A batch auto cannot guess (ids, lengths, labels): the user's loop needs no step_fn."""
+
+    class Tagger(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed, self.lstm, self.head = nn.Embedding(50, 16), nn.LSTM(16, 16, batch_first=True), nn.Linear(16, 3)
+
+        def forward(self, ids, lengths):
+            packed = pack_padded_sequence(self.embed(ids), lengths, batch_first=True, enforce_sorted=False)
+            _, (hidden, _) = self.lstm(packed)
+            return self.head(hidden[-1])
+
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(1, 50, (64, 12), generator=generator)
+    lengths = torch.randint(3, 13, (64,), generator=generator)
+    labels = torch.randint(0, 3, (64,), generator=generator)
+    data = list(zip(ids, lengths, labels))
+    model = Tagger()
+    before = process_state()
+    run = accel.accelerate(model, torch.optim.Adam(model.parameters()), DataLoader(data, batch_size=8),
+                           quick(budget_s=5), device="cpu")
+    train(run, 60, lambda m, b: nn.functional.cross_entropy(m(b[0], b[1]), b[2]))
+    assert run.steps == 60
+    run.close()
+    assert process_state() == before
