@@ -58,7 +58,7 @@ class Amp(Accelerator):
     name = "amp"
     stage = Stage.PRECISION
     provides = ("precision.autocast", "precision.loss_scaling")
-    keeps = Keeps("tolerance", rtol=0.3, atol=1e-3, loss_rtol=0.05,
+    keeps = Keeps("tolerance", rtol=0.4, atol=1e-3, loss_rtol=0.05,
                   note="lower-precision arithmetic in the forward pass and the loss")
     options = {
         "dtype": Option("auto", (str,), choices=("auto", *DTYPES), help="auto = what the device computes natively"),
