@@ -67,7 +67,7 @@ def add_ratios(rows: list[dict[str, Any]], peaks: dict[str, float]) -> None:
         row["speedup"] = round(1 / ratio, 3) if ratio else None
         peak = peaks.get(row.get("dtype", "fp32"))
         row["peak_gflops"] = round(peak / 1e9, 1) if peak else None
-        row["peak_fraction"] = round(row["gflops"] * 1e9 / peak, 3) if peak else None
+        row["peak_fraction"] = round(row["gflops"] * 1e9 / peak, 3) if peak and row.get("gflops") else None
 
 
 @dataclass
@@ -137,7 +137,7 @@ class BenchResult:
                 else f"{r['vs_baseline']:.2f}")
             fraction = r.get("peak_fraction")
             body.append((r["model"], plan, f"{r['median_ms']:.1f}", f"±{r['spread_pct'] / 2:.1f}%",
-                         f"{r['warmup_s']:.2f}", f"{r['gflops']:.1f}",
+                         f"{r['warmup_s']:.2f}", f"{r['gflops']:.1f}" if r.get("gflops") is not None else "",
                          f"{100 * fraction:.0f}% {r['dtype']}" if fraction is not None else "", ratio,
                          "noise" if r.get("noise") else ""))
         lines = render_table(("model", "plan", "ms/step", "spread", "warm-up s", "GFLOP/s", "% peak", "vs eager (90%)",
@@ -151,12 +151,14 @@ class BenchResult:
 def bench(models=DEFAULT_MODELS, plans=("auto",), rounds: int = 3, steps: int | None = None, warmup: int = 2,
           optimizer: str = "adam", batch_size: int = 16, image_size: int = 224, classes: int = 1000,
           device: str = "cpu", progress: bool = False, tune_budget_s: float | None = None,
-          expected_steps: int | None = None) -> BenchResult:
+          expected_steps: int | None = None, suite: str | None = None) -> BenchResult:
     """Measure eager and every plan on every model, interleaved in one process; returns the rows.
 
     A plan is anything accelerate() accepts (a list of names, a dict, a Plan) or "auto" (tune's choice, with
     tune_budget_s: None = tune's default, which scales with the model's step time). steps: timed steps per plan
-    and round (None: about 0.5 s worth, at least 1).
+    and round (None: about 0.5 s worth, at least 1). suite: "tiny" or "real" measures the workload zoo
+    (accel.workloads: BERT, GPT-2, ViT, timm, a detector, an LSTM and the seed CNNs, each with its own loss and
+    batches; AdamW) instead of `models`.
     """
     from tqdm import tqdm
 
@@ -179,13 +181,20 @@ def bench(models=DEFAULT_MODELS, plans=("auto",), rounds: int = 3, steps: int | 
                "threads": torch.get_num_threads(), "isa": list(hardware.isa), "device": str(resolved),
                "torch": torch.__version__, "peaks_gflops": {k: round(v / 1e9, 1) for k, v in peaks.items()}}
     wanted = [[]] + [p for p in plans if plan_label(p) != "eager"]
-    settings = {"models": list(models), "plans": [plan_label(p) for p in wanted], "rounds": rounds, "steps": steps,
+    if suite is not None:
+        from accel.workloads import WORKLOADS
+
+        models = list(WORKLOADS)
+    settings = {"models": list(models), "suite": suite, "plans": [plan_label(p) for p in wanted], "rounds": rounds,
+                "steps": steps,
                 "warmup": warmup, "optimizer": optimizer, "batch_size": batch_size, "image_size": image_size,
                 "classes": classes, "tune_budget_s": tune_budget_s, "expected_steps": expected_steps}
     rows: list[dict[str, Any]] = []
     bar = tqdm(total=len(models) * (len(wanted) + rounds), disable=not progress, file=sys.stderr, unit="step")
     for name in models:
-        rows += _bench_model(name, wanted, rounds, steps, warmup, optimizer, batch_size, image_size, classes,
+        build = (_workload(name, suite) if suite is not None else
+                 _torchvision(name, optimizer, batch_size, image_size, classes))
+        rows += _bench_model(name, build, wanted, rounds, steps, warmup, optimizer, batch_size, image_size,
                              resolved, tune_budget_s, expected_steps, bar, tune)
         gc.collect()
     bar.close()
@@ -193,29 +202,46 @@ def bench(models=DEFAULT_MODELS, plans=("auto",), rounds: int = 3, steps: int | 
     return BenchResult(rows, machine, settings)
 
 
-def _bench_model(name, wanted, rounds, steps, warmup, optimizer, batch_size, image_size, classes, device,
-                 tune_budget_s, expected_steps, bar, tune) -> list[dict[str, Any]]:
-    from torch.utils.data import DataLoader, TensorDataset
+def _torchvision(name, optimizer, batch_size, image_size, classes):
+    """The seed benchmark's setting: a torchvision model, random images, cross-entropy."""
+    def build():
+        from torch.utils.data import DataLoader, TensorDataset
 
-    bar.set_description(f"{name}: building")
-    try:  # a model that cannot be built or run at this size is a row of errors, not a traceback
         torch.manual_seed(0)
         net = build_model(name, classes)
         opt = make_optimizer(optimizer, net)
-        example = torch.randn(batch_size, 3, image_size, image_size)
         data = TensorDataset(torch.randn(2 * batch_size, 3, image_size, image_size),
                              torch.randint(0, classes, (2 * batch_size,)))
         loader = DataLoader(data, batch_size=batch_size, drop_last=True)
-        flops = training_flops(net, example)
+        return net, opt, loader, TrainStep(), training_flops(net, torch.randn(batch_size, 3, image_size, image_size))
+    return build
+
+
+def _workload(name, size):
+    """A workload of the zoo with its own batches and loss (its FLOPs are not counted: 0)."""
+    def build():
+        from accel.workloads import WORKLOADS
+
+        workload = WORKLOADS[name]
+        net, opt, loader = workload.build(size, steps=2)
+        return net, opt, loader, TrainStep(step_fn=lambda run, batch: workload.loss(run.model, batch)), 0.0
+    return build
+
+
+def _bench_model(name, build, wanted, rounds, steps, warmup, optimizer, batch_size, image_size, device,
+                 tune_budget_s, expected_steps, bar, tune) -> list[dict[str, Any]]:
+    bar.set_description(f"{name}: building")
+    try:  # a model that cannot be built or run at this size is a row of errors, not a traceback
+        net, opt, loader, step, flops = build()
     except Exception as error:
         return [error_row(name, plan_label(p), f"{type(error).__name__}: {error}") for p in wanted]
-    step = TrainStep()
     resolved_plans, tuned = [], {}
     for plan in wanted:
         if plan == "auto":
             bar.set_description(f"{name}: auto (tuning)")
             started = time.perf_counter()
-            result = tune(net, opt, loader, device=device, budget_s=tune_budget_s, expected_steps=expected_steps)
+            result = tune(net, opt, loader, device=device, budget_s=tune_budget_s, expected_steps=expected_steps,
+                          step_fn=step.step_fn)
             tuned = {"chosen": plan_label(result.plan), "tune_s": round(time.perf_counter() - started, 2),
                      "tuning": result.to_dict()}
             resolved_plans.append(("auto", result.plan.to_dict()))
@@ -258,7 +284,7 @@ def _row(model, label, trial, setup_s, ratio: Ratio, flops, tuned, optimizer, ba
            "steps": steps, "rounds": rounds, "optimizer": optimizer, "batch_size": batch_size,
            "image_size": image_size, "applied": trial.run.report.applied if trial.run else [],
            "skipped": trial.run.report.skipped if trial.run else [], **tuned}
-    row["gflops"] = round(row["gflop_per_step"] / (row["median_ms"] / 1000), 2)
+    row["gflops"] = round(row["gflop_per_step"] / (row["median_ms"] / 1000), 2) if flops else None
     return row
 
 

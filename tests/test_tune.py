@@ -207,9 +207,12 @@ def test_the_result_is_data_round_trips_and_prints_in_the_report():
 
 
 def test_auto_passes_its_settings_through_accelerate():
+    """With a loss_fn, auto searches apart (accel.tune) before accelerate() returns; without, in the loop."""
     model, optimizer, loader = objects()
     run = accel.accelerate(model, optimizer, loader, device="cpu",
-                           plan=accel.Auto(candidates=[["channels_last"]], budget_s=20, cache=False, expected_steps=50))
+                           plan=accel.Auto(candidates=[["channels_last"]], budget_s=20, cache=False, expected_steps=50,
+                                           loss_fn=torch.nn.functional.cross_entropy))
+    assert not hasattr(run, "phase")  # a plain Run: the search is over
     tuning = run.report.tuning
     assert isinstance(tuning, TuneResult) and tuning.settings["budget_s"] == 20
     assert tuning.settings["expected_steps"] == 50 and run.plan == tuning.plan

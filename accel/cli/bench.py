@@ -33,6 +33,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--image-size", type=positive, default=224)
     parser.add_argument("--full", action="store_true",
                         help=f"all models ({' '.join(MODELS)}): tens of minutes on 2 cores")
+    parser.add_argument("--suite", choices=("tiny", "real"), default=None,
+                        help="measure the workload zoo instead (BERT, GPT-2, ViT, timm, a detector, an LSTM, the seed "
+                             "CNNs; needs transformers and timm): tiny configs, or real sizes")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--json", metavar="PATH", help="write the rows, machine and settings as JSON")
     parser.add_argument("--csv", metavar="PATH", help="write the rows as CSV")
@@ -45,7 +48,7 @@ def run(args) -> int:
     from accel.hardware import importable
 
     models = args.models or (MODELS if args.full else DEFAULT_MODELS)
-    known = model_names()
+    known = model_names() if args.suite is None else models
     unknown = [m for m in models if m not in known]
     if unknown:  # before minutes of measuring
         hints = {m: difflib.get_close_matches(m, known, n=1) for m in unknown}
@@ -60,7 +63,7 @@ def run(args) -> int:
     result = bench(models=models, plans=plans, rounds=args.rounds, steps=args.steps, warmup=args.warmup,
                    optimizer=args.optimizer, batch_size=args.batch_size, image_size=args.image_size,
                    device=args.device, progress=True, tune_budget_s=args.tune_budget,
-                   expected_steps=args.expected_steps)
+                   expected_steps=args.expected_steps, suite=args.suite)
     print(result)
     if args.json:
         result.to_json(args.json, indent=2)

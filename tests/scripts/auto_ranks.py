@@ -1,5 +1,7 @@
 """2 gloo ranks with plan="auto": ddp or fsdp joins the plan by whether the training state fits the memory given
-per rank ("fits": 4x the state; "shards": 1.2x, so only half of it fits); both ranks train and agree."""
+per rank ("fits": 4x the state; "shards": 1.2x, so only half of it fits); both ranks train and agree.
+
+    torchrun --nproc-per-node 2 auto_ranks.py fits|shards OUT_DIR"""
 import json
 import sys
 
@@ -22,7 +24,9 @@ weights = torch.cat([p.detach().full_tensor().flatten() if hasattr(p, "full_tens
                      for p in run.unwrap().parameters()])
 gathered = [torch.zeros_like(weights) for _ in range(torch.distributed.get_world_size())]
 torch.distributed.all_gather(gathered, weights)
-print(json.dumps({"rank": torch.distributed.get_rank(), "plan": run.plan.names(), "why": run.report.tuning.why,
-                  "same": all(torch.equal(gathered[0], g) for g in gathered), "steps": run.steps,
-                  "report": str(run.report)}))
+rank = torch.distributed.get_rank()
+with open(f"{sys.argv[2]}/rank{rank}.json", "w") as out:  # a file each: two ranks' prints interleave
+    json.dump({"rank": rank, "plan": run.plan.names(), "why": run.report.tuning.why,
+               "same": all(torch.equal(gathered[0], g) for g in gathered), "steps": run.steps,
+               "report": str(run.report)}, out)
 run.close()

@@ -1,0 +1,213 @@
+"""A workload zoo of what people train today, each with the loop its users write: the five seed CNNs of the book's
+benchmark, Hugging Face BERT, GPT-2 and ViT built from configs, a timm CNN, a torchvision detector and an LSTM on
+packed sequences. Random weights and random data of the right shapes: nothing is downloaded.
+
+    workload = WORKLOADS["bert"]
+    model, optimizer, loader = workload.build("tiny")          # "tiny" for tests, "real" for benchmarks
+    run = accel.accelerate(model, optimizer, loader, plan="auto")
+    for batch in run.loader:
+        with run.autocast():
+            loss = workload.loss(run.model, batch)              # what its users write: outputs.loss, a loss dict...
+        run.backward(loss)
+        run.step()
+
+transformers and timm are test and benchmark dependencies (pip install '.[test]'), never the library's: each is
+imported only when its workload is built. `accel bench --suite` measures them all.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+from torch import nn
+from torch.nn.utils.rnn import pack_padded_sequence
+from torch.utils.data import DataLoader
+
+SIZES = ("tiny", "real")
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    make: Callable[[str], tuple[nn.Module, Any]]  # size -> (model, dataset)
+    loss: Callable[[nn.Module, Any], torch.Tensor]  # the user's loss on a batch
+    requires: tuple[str, ...] = ()  # packages it needs (skipped where they are missing)
+    batch_size: dict[str, int] | None = None
+    collate: Callable | None = None
+    lr: float = 1e-3
+
+    def build(self, size: str = "tiny", seed: int = 0, steps: int = 64):
+        """The model, an AdamW over it and a shuffled loader of `steps` batches, all from `seed`."""
+        if size not in SIZES:
+            raise ValueError(f"size {size!r}: one of {SIZES}")
+        torch.manual_seed(seed)
+        model, make_data = self.make(size)
+        batch = (self.batch_size or {"tiny": 4, "real": 16})[size]
+        data = make_data(batch * steps)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=self.lr)
+        loader = DataLoader(data, batch_size=batch, shuffle=True, collate_fn=self.collate,
+                            generator=torch.Generator().manual_seed(seed))
+        return model, optimizer, loader
+
+
+def _images(channels: int, size: int, classes: int) -> Callable[[int], list]:
+    def make(count: int) -> list:
+        generator = torch.Generator().manual_seed(1)
+        images = torch.randn(count, channels, size, size, generator=generator)
+        labels = torch.randint(0, classes, (count,), generator=generator)
+        return list(zip(images, labels))
+    return make
+
+
+def _classify(model: nn.Module, batch: Any) -> torch.Tensor:
+    images, labels = batch
+    return nn.functional.cross_entropy(model(images), labels)
+
+
+def _torchvision(name: str) -> Callable[[str], tuple]:
+    def make(size: str):
+        import torchvision
+
+        classes = 10 if size == "tiny" else 1000
+        model = getattr(torchvision.models, name)(weights=None, num_classes=classes)
+        return model, _images(3, 64 if size == "tiny" else 224, classes)
+    return make
+
+
+def _tokens(vocab: int, length: int, labels: Callable[[torch.Tensor, torch.Generator], torch.Tensor]):
+    def make(count: int) -> list:
+        generator = torch.Generator().manual_seed(1)
+        ids = torch.randint(0, vocab, (count, length), generator=generator)
+        lengths = torch.randint(length // 2, length + 1, (count,), generator=generator)
+        mask = (torch.arange(length)[None, :] < lengths[:, None]).long()
+        target = labels(ids, generator)
+        return [{"input_ids": ids[i], "attention_mask": mask[i], "labels": target[i]} for i in range(count)]
+    return make
+
+
+def _bert(size: str):
+    from transformers import BertConfig, BertForSequenceClassification
+
+    tiny = size == "tiny"
+    config = BertConfig(vocab_size=200 if tiny else 30522, hidden_size=32 if tiny else 768,
+                        num_hidden_layers=2 if tiny else 12, num_attention_heads=2 if tiny else 12,
+                        intermediate_size=64 if tiny else 3072, max_position_embeddings=128 if tiny else 512,
+                        num_labels=3)
+    length = 16 if tiny else 128
+    return (BertForSequenceClassification(config),
+            _tokens(config.vocab_size, length, lambda ids, g: torch.randint(0, 3, (len(ids),), generator=g)))
+
+
+def _gpt2(size: str):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    tiny = size == "tiny"
+    config = GPT2Config(vocab_size=200 if tiny else 50257, n_embd=32 if tiny else 768, n_layer=2 if tiny else 12,
+                        n_head=2 if tiny else 12, n_positions=64 if tiny else 1024)
+    length = 16 if tiny else 256
+    return GPT2LMHeadModel(config), _tokens(config.vocab_size, length, lambda ids, g: ids.clone())
+
+
+def _vit(size: str):
+    from transformers import ViTConfig, ViTForImageClassification
+
+    tiny = size == "tiny"
+    config = ViTConfig(image_size=32 if tiny else 224, patch_size=8 if tiny else 16, hidden_size=32 if tiny else 768,
+                       num_hidden_layers=2 if tiny else 12, num_attention_heads=2 if tiny else 12,
+                       intermediate_size=64 if tiny else 3072, num_labels=10)
+
+    def make(count: int) -> list:
+        generator = torch.Generator().manual_seed(1)
+        images = torch.randn(count, 3, config.image_size, config.image_size, generator=generator)
+        labels = torch.randint(0, 10, (count,), generator=generator)
+        return [{"pixel_values": images[i], "labels": labels[i]} for i in range(count)]
+    return ViTForImageClassification(config), make
+
+
+def _hf_loss(model: nn.Module, batch: dict) -> torch.Tensor:
+    return model(**batch).loss  # what Hugging Face users write
+
+
+def _timm(size: str):
+    import timm
+
+    classes = 10 if size == "tiny" else 1000
+    model = timm.create_model("resnet10t" if size == "tiny" else "resnet50", pretrained=False, num_classes=classes)
+    return model, _images(3, 64 if size == "tiny" else 224, classes)
+
+
+def _detector(size: str):
+    from torchvision.models.detection import fasterrcnn_mobilenet_v3_large_320_fpn
+
+    tiny = size == "tiny"
+    model = fasterrcnn_mobilenet_v3_large_320_fpn(weights=None, weights_backbone=None, num_classes=4,
+                                                  min_size=128 if tiny else 320, max_size=128 if tiny else 320)
+    side = 128 if tiny else 320
+
+    def make(count: int) -> list:
+        generator = torch.Generator().manual_seed(1)
+        items = []
+        for _ in range(count):
+            boxes = torch.rand(2, 2, generator=generator) * side * 0.5
+            boxes = torch.cat([boxes, boxes + 8 + torch.rand(2, 2, generator=generator) * side * 0.4], dim=1)
+            items.append((torch.rand(3, side, side, generator=generator),
+                          {"boxes": boxes, "labels": torch.randint(1, 4, (2,), generator=generator)}))
+        return items
+    return model, make
+
+
+def _detection_batch(items: list) -> tuple[list, list]:
+    return [image for image, _ in items], [target for _, target in items]  # torchvision's (images, targets)
+
+
+def _detection_loss(model: nn.Module, batch: tuple) -> torch.Tensor:
+    images, targets = batch
+    return sum(model(images, targets).values())  # the detector returns its losses in training mode
+
+
+class Tagger(nn.Module):
+    """An LSTM over packed sequences: (ids, lengths) -> classes."""
+
+    def __init__(self, vocab: int, width: int, classes: int = 5):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, width)
+        self.lstm = nn.LSTM(width, width, num_layers=2, batch_first=True)
+        self.head = nn.Linear(width, classes)
+
+    def forward(self, ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        packed = pack_padded_sequence(self.embed(ids), lengths.cpu(), batch_first=True, enforce_sorted=False)
+        _, (hidden, _) = self.lstm(packed)
+        return self.head(hidden[-1])
+
+
+def _lstm(size: str):
+    tiny = size == "tiny"
+    vocab, length = (100, 12) if tiny else (10000, 64)
+
+    def make(count: int) -> list:
+        generator = torch.Generator().manual_seed(1)
+        ids = torch.randint(1, vocab, (count, length), generator=generator)
+        lengths = torch.randint(2, length + 1, (count,), generator=generator)
+        labels = torch.randint(0, 5, (count,), generator=generator)
+        return list(zip(ids, lengths, labels))
+    return Tagger(vocab, 16 if tiny else 256), make
+
+
+def _lstm_loss(model: nn.Module, batch: tuple) -> torch.Tensor:
+    ids, lengths, labels = batch
+    return nn.functional.cross_entropy(model(ids, lengths), labels)
+
+
+WORKLOADS: dict[str, Workload] = {w.name: w for w in (
+    *(Workload(name, _torchvision(model), _classify, ("torchvision",))
+      for name, model in (("alexnet", "alexnet"), ("resnet18", "resnet18"), ("resnet50", "resnet50"),
+                          ("vgg16", "vgg16"), ("mobilenet", "mobilenet_v2"))),
+    Workload("bert", _bert, _hf_loss, ("transformers",), lr=5e-5),
+    Workload("gpt2", _gpt2, _hf_loss, ("transformers",), batch_size={"tiny": 4, "real": 8}, lr=5e-5),
+    Workload("vit", _vit, _hf_loss, ("transformers",), lr=5e-5),
+    Workload("timm", _timm, _classify, ("timm",)),
+    Workload("detector", _detector, _detection_loss, ("torchvision",), batch_size={"tiny": 2, "real": 4},
+             collate=_detection_batch, lr=1e-4),
+    Workload("lstm", _lstm, _lstm_loss, batch_size={"tiny": 8, "real": 64}),
+)}
