@@ -4,6 +4,7 @@ import time
 
 import pytest
 import torch
+import torch._dynamo
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch import nn
@@ -277,3 +278,20 @@ def test_an_arms_state_waits_for_its_next_turn():
         run.close()
     finally:
         unregister("counter")
+
+
+def test_compile_takes_its_turns_last_on_top_of_the_winner_and_is_reported():
+    torch._dynamo.reset()
+    model = tiny_model()
+    run = accel.accelerate(model, torch.optim.SGD(model.parameters(), lr=0.05), tiny_loader(),
+                           accel.Auto(cache=False, budget_s=60,
+                                      candidates=[["channels_last"], [{"compile": {"backend": "eager"}}]]),
+                           device="cpu")
+    while run.phase != "settled":
+        train(run, 1)
+    rows = [row for row in run.report.tuning.rows if "compile" in row.plan]
+    assert len(rows) == 1 and rows[0].first_step_s is not None, run.report.tuning.rows
+    assert rows[0].against in ("eager", "channels_last") and rows[0].ratio["rounds"] >= 3, rows[0]
+    assert run.compile_arm.steps >= 9  # 3 rounds of a chunk each, at least
+    run.close()
+    assert not hasattr(model, "_orig_mod") and type(model).__name__ == "TinyCNN"

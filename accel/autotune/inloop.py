@@ -349,6 +349,9 @@ class TuningRun:
     def _verdicts(self) -> None:
         """After a round: drop what is confidently slower than the best, or no faster and larger; settle when one
         arm is left against the plain loop with a clear verdict."""
+        if self.phase == "compile" and self.compile_arm.status != "measuring":  # refused, failed, loss not finite
+            self._end_compile()
+            return
         if self.round + 1 - self.phase_start < MIN_ROUNDS:
             return
         margin = self.settings.margin
@@ -429,6 +432,9 @@ class TuningRun:
         expected = self.settings.expected_steps
         pays = faster and (expected is None or (break_even is not None and break_even < expected))
         base.status = "settled"
+        if arm.status != "measuring":  # it could not take its turns: said in its own status and reason
+            self._finish_with(dict(base.plan))
+            return
         if pays:
             arm.status, arm.reason = "settled", f"{ratio} of {base.name}'s step; warm-up {warmup:.1f} s pays back " \
                                                 f"after {break_even} steps"
