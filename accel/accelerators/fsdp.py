@@ -106,9 +106,12 @@ def _marks(model: nn.Module) -> dict[tuple[int, str], set]:
             for m in model.modules() for where in (*HOOK_DICTS, "__dict__")}
 
 
-def shard_model(model: nn.Module, blocks: list[nn.Module], own: dict | None = None, **kwargs) -> Sharding:
+def shard_model(model: nn.Module, blocks: list[nn.Module], own: dict | None = None, sum_reductions: bool = False,
+                **kwargs) -> Sharding:
     """fully_shard each block, then the root, recording what changes (the model is changed in place); ``own``
-    maps modules sharded first, on their own, to the options they take instead (BatchNorm in fp32 under amp)."""
+    maps modules sharded first, on their own, to the options they take instead (BatchNorm in fp32 under amp).
+    ``sum_reductions``: gradients reduced with SUM and divided by the world size apart, never with ReduceOp.AVG
+    (gloo's reduce-scatter summed under AVG on torch 2.8: every gradient world-size times too large)."""
     from torch.distributed.fsdp import fully_shard
 
     record = Sharding(slots=[(m, leaf, p) for m in model.modules() for leaf, p in m._parameters.items()
@@ -120,6 +123,8 @@ def shard_model(model: nn.Module, blocks: list[nn.Module], own: dict | None = No
         for module in [*own, *blocks, model]:
             fully_shard(module, **{**kwargs, **own.get(module, {})})
             record.sharded.append(module)
+            if sum_reductions:
+                module.set_force_sum_reduction_for_comms(True)
     finally:
         for m in model.modules():
             for where in (*HOOK_DICTS, "__dict__"):
@@ -284,8 +289,14 @@ class FSDP(DataParallel):
                  and any(p is not None for p in m._parameters.values())] if dtype is not None else []
         own = {m: {"mp_policy": MixedPrecisionPolicy()} for m in norms}  # autocast runs BatchNorm in fp32
 
+        # torch 2.8's gloo reduce-scatter summed under ReduceOp.AVG (2 ranks: [3, 3] for [1, 1] and [2, 2]): FSDP2 trained
+        # with 2x the gradients, which Adam's scale invariance all but hid; SUM and a division are right everywhere
+        sums = torch.distributed.get_backend(mesh.get_group()) == "gloo"
+        changes["gradient_reduction"] = ("sum, then divided by the world size (gloo's AVG reduce-scatter is not an "
+                                         "average on every torch)" if sums else "average")
+
         def shard():  # also redone when a later plan on this model fails and this run is given back
-            record["sharding"] = shard_model(model, blocks, own, **kwargs)
+            record["sharding"] = shard_model(model, blocks, own, sums, **kwargs)
             self.params = list(model.named_parameters())  # the shards, checked for gradient hooks every step
 
         ctx.journal.change(f"fsdp: fully_shard on {len(blocks)} block(s) and the root",

@@ -40,6 +40,7 @@ parser.add_argument("--resume", action="store_true")
 parser.add_argument("--kill-rank", type=int)
 parser.add_argument("--kill-step", type=int)
 parser.add_argument("--marker")
+parser.add_argument("--optimizer", choices=("adamw", "sgd"), default="adamw")
 args = parser.parse_args()
 
 torch.manual_seed(0)
@@ -51,7 +52,8 @@ else:
     model = NormCNN()
     images, labels = digits_datasets(seed=0)[0].tensors
     dataset = TensorDataset(images[:256], labels[:256])
-optimizer = torch.optim.AdamW(model.parameters(), lr=0.003, weight_decay=0.01)
+optimizer = (torch.optim.AdamW(model.parameters(), lr=0.003, weight_decay=0.01) if args.optimizer == "adamw" else
+             torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
 scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0 / (1 + step))  # built on your optimizer
 originals = dict(model.named_parameters())
 
