@@ -156,6 +156,20 @@ def test_matches_one_process_with_the_global_batch(two_ranks, tmp_path):
 
 
 @pytest.mark.slow
+def test_with_sgd_the_weights_match_one_process_closely(tmp_path):
+    """Adam hides a wrong gradient scale (its update barely changes when every gradient doubles: fsdp on torch 2.8's
+    gloo trained so); SGD's update is the gradient itself, so the ranks' average must be exact to rounding."""
+    result = torchrun("train_digits.py", "--out", tmp_path / "two", "--optimizer", "sgd", "--epochs", 1)
+    assert result.returncode == 0, output(result)
+    single = torchrun("train_digits.py", "--out", tmp_path / "one", "--plan", "", "--batch-size", 64, "--epochs", 1,
+                      "--global-batch-reference", "--optimizer", "sgd", nproc=1)
+    assert single.returncode == 0, output(single)
+    ranks, one = load_ranks(tmp_path / "two"), torch.load(tmp_path / "one" / "rank0.pt", weights_only=False)
+    for name, tensor in ranks[0]["params"].items():
+        torch.testing.assert_close(tensor, one["params"][name], rtol=0, atol=1e-5)
+
+
+@pytest.mark.slow
 def test_killed_rank_restarts_from_its_last_checkpoint(two_ranks, tmp_path):
     """Rank 1 SIGKILLs itself in step 7; torchrun restarts both; they resume from step 6's checkpoint.
 

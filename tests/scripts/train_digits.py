@@ -28,6 +28,7 @@ parser.add_argument("--ckpt")
 parser.add_argument("--kill-rank", type=int)
 parser.add_argument("--kill-step", type=int)
 parser.add_argument("--marker")
+parser.add_argument("--optimizer", choices=("adam", "sgd"), default="adam")
 args = parser.parse_args()
 
 train, _ = digits_datasets(seed=0)
@@ -35,7 +36,8 @@ images, labels = train.tensors
 dataset = TensorDataset(images[:args.samples], labels[:args.samples], torch.arange(args.samples))
 torch.manual_seed(0)
 model = TinyCNN()
-optimizer = torch.optim.Adam(model.parameters(), lr=0.003)
+optimizer = (torch.optim.Adam(model.parameters(), lr=0.003) if args.optimizer == "adam" else
+             torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
 if args.global_batch_reference:
     from torch.utils.data.distributed import DistributedSampler
 
