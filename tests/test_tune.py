@@ -392,3 +392,14 @@ def test_tune_decides_the_launch_and_device_as_accelerate_does(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(accel.PlanError, match="launcher's variables cannot be read"):
         accel.tune(*objects(), device="cpu")
+
+
+def test_compile_is_not_started_on_a_budget_its_warm_up_cannot_fit_and_the_why_says_so():
+    """Before: compile started whenever any budget was left (budget_s=30 took 70 s), and the why read "no plan was
+    faster ... (0 comparisons)" for candidates never measured."""
+    model, optimizer, loader = objects()
+    result = accel.tune(model, optimizer, loader, device="cpu", accelerators=["compile"], budget_s=5, cache=False)
+    rows = [row for row in result.rows if "compile" in row.plan]
+    assert len(rows) == 1 and rows[0].status == "not measured" and "does not fit" in rows[0].reason, result.rows
+    assert "budget ran out before any candidate was compared" in result.why and "compile" in result.why, result.why
+    assert result.plan.names() == []

@@ -8,6 +8,16 @@ MARGIN = 0.02  # a plan must be faster than the one it replaces by more than thi
 MIN_BUDGET_S = 90.0  # default budget: at least this, or BUDGET_STEPS baseline steps for slow models
 BUDGET_STEPS = 100
 SLOW_STOP = 3.0  # a candidate whose first steps take this many baseline steps (and over 0.5 s) is not timed
+COMPILE_GUESS_S = 30.0  # compile's warm-up before one is measured (cold, here: resnet18 24-41 s, a 12-layer GPT 29 s;
+# regional, half of it: 13 s on that GPT; benchmarks/bench_compile_warmup.py)
+
+
+def warmup_guess(candidate: dict[str, dict]) -> float:
+    """The warm-up a costly candidate is assumed to take before one is measured: a search starts it only if this
+    fits the budget left."""
+    if "compile" not in candidate:
+        return 0.0  # another costly accelerator: its warm-up is measured when it is tried
+    return COMPILE_GUESS_S * (0.5 if candidate["compile"].get("regional") else 1.0)
 
 
 

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from accel.accelerator import REGISTRY
-from accel.autotune.config import BUDGET_STEPS, MIN_BUDGET_S, Settings
+from accel.autotune.config import BUDGET_STEPS, MIN_BUDGET_S, Settings, warmup_guess
 from accel.autotune.results import TuneResult, TuneRow
 from accel.autotune.search import for_device, generate_candidates
 from accel.autotune.strategies import stack_of
@@ -45,8 +45,6 @@ MAX_CHUNK = 20  # timed steps per chunk at most
 MIN_ROUNDS = 3  # rounds before any verdict
 MAX_ROUNDS = 30
 DATA_WAIT = 0.10  # a rebuilt loader (workers) pays when the loop waits this fraction of its step for data
-COMPILE_GUESS_S = 30.0  # compile's warm-up before one is measured (cold, here: resnet18 24-41 s, a 12-layer GPT 29 s;
-# regional, half of it: 13 s on that GPT; benchmarks/bench_compile_warmup.py)
 EXPECTED_SHARE = 0.1  # with expected_steps, the measurement spends at most this share of the plain run's time
 
 
@@ -407,7 +405,7 @@ class TuningRun:
             return False
         candidate = self.costly[0]
         left = self.deadline - time.perf_counter()
-        guess = COMPILE_GUESS_S * (0.5 if candidate.get("compile", {}).get("regional") else 1.0)
+        guess = warmup_guess(candidate)
         if left < guess:
             self.compile_arm = Arm({**plan, **candidate}, tests=next(iter(candidate)), status="not measured",
                                    reason=f"its warm-up (about {guess:.0f} s before one is measured here) does "

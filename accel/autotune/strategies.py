@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 from accel.accelerator import REGISTRY
+from accel.autotune.config import warmup_guess
 from accel.autotune.results import TuneRow
 from accel.autotune.state import Search
 from accel.measure import Ratio, Trial, plan_label
@@ -170,9 +171,12 @@ def _try_costly(search: Search, incumbent: Trial | None, candidate: dict[str, di
     """A costly accelerator (compile) on top of the best plan so far, kept when it pays back within the run."""
     reference = incumbent or search.base
     plan = {**reference.plan, **candidate}
-    if search.left() <= 0:
+    guess = warmup_guess(candidate)
+    if search.left() < guess:  # started on whatever budget is left, it ran the search far past it
+        search.cut_short = True
         search.rows.append(TuneRow(plan_label(plan), plan, "not measured", against=reference.name,
-                                   reason="time budget"))
+                                   reason=f"its warm-up (about {guess:.0f} s before one is measured here) does not "
+                                          f"fit the {max(search.left(), 0):.0f} s of budget left"))
         return incumbent
     trial = search.lab.trial(plan)
     row = search.row_of(trial, against=reference.name, tests=next(iter(candidate)))

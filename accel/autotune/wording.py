@@ -26,12 +26,17 @@ def render(self: Any) -> str:  # a TuneResult
 
 def why(search: Any, chosen: Any) -> str:  # a Search and its chosen Trial (or None)
     measured = [r for r in search.rows[1:] if r.ratio]
+    unmeasured = [r.name for r in search.rows if r.status == "not measured"]
+    if chosen is None and unmeasured and not measured:
+        return (f"the budget ran out before any candidate was compared with the baseline ({', '.join(unmeasured)} "
+                "not measured): the empty plan is kept, untested; give a larger budget_s")
     if chosen is None:
         if any(n == "noisy" for n in search.notes):
             return (f"the machine was too noisy to establish a plan faster than the baseline "
                     f"({len(measured)} comparisons): the empty plan is kept (run again when it is quieter)")
+        left = f"; not measured for the budget: {', '.join(unmeasured)}" if unmeasured else ""
         return (f"no plan was faster than the baseline by more than {search.margin:.0%} with its loss within "
-                f"tolerance ({len(measured)} comparisons): the empty plan is kept")
+                f"tolerance ({len(measured)} comparisons): the empty plan is kept{left}")
     row = next(r for r in reversed(search.rows) if r.plan == chosen.plan)
     text = (f"{row.name}: {row.vs_baseline:.2f}x eager's step time (faster with 95% confidence), loss "
             f"{row.loss:.4f} vs {search.rows[0].loss:.4f} on the same first steps; {row.decision}")
