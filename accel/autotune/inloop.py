@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from accel.accelerator import REGISTRY
-from accel.autotune.config import BUDGET_STEPS, MIN_BUDGET_S, Settings, warmup_guess
+from accel.autotune.config import BUDGET_STEPS, MIN_BUDGET_S, SLOW_STOP, Settings, warmup_guess
 from accel.autotune.results import TuneResult, TuneRow
 from accel.autotune.search import for_device, generate_candidates
 from accel.autotune.strategies import stack_of
@@ -45,6 +45,7 @@ MAX_CHUNK = 20  # timed steps per chunk at most
 MIN_ROUNDS = 3  # rounds before any verdict
 MAX_ROUNDS = 30
 DATA_WAIT = 0.10  # a rebuilt loader (workers) pays when the loop waits this fraction of its step for data
+STOP_COST_S = 0.5  # an arm is stopped early only once its slowness cost this much in one chunk
 EXPECTED_SHARE = 0.1  # with expected_steps, the measurement spends at most this share of the plain run's time
 
 
@@ -154,6 +155,7 @@ class TuningRun:
         self.losses: list[torch.Tensor] = []
         self.pending: dict[str, dict] | None = None  # the plan to take at the next epoch (a rebuilt loader)
         self.compile_arm: Arm | None = None
+        self.compile_base: Arm | None = None
         self.winner: Arm | None = None
         self.result: TuneResult | None = None
         self.cache_key: dict | None = None
@@ -253,25 +255,41 @@ class TuningRun:
                 self.active.first_s = now - self.switched_at
             self.chunk_started, self.wait_at_start = now, self.data_wait_s
             return
+        arm = self.active
         if self.in_chunk - 1 < self.chunk_steps:
-            return
+            if arm is self.plain or not self.plain.rounds or self.device.type != "cpu":
+                return  # (on an accelerator, reading the time mid-chunk would wait for the device every step)
+            if not self._hopeless(time.perf_counter() - self.chunk_started, self.in_chunk - 1):
+                return
         synchronize(self.device)
         timed = self.in_chunk - 1
         elapsed = time.perf_counter() - self.chunk_started
         self.last_chunk_s = time.perf_counter() - self.switched_at
-        arm = self.active
         if self.losses and not bool(torch.isfinite(torch.stack([loss.float() for loss in self.losses])).all()):
             if arm is not self.plain:
                 arm.status, arm.reason = "loss off", "a loss was not finite under it"
         else:
             arm.rounds[self.round] = elapsed / timed
         self.losses.clear()
+        if arm is not self.plain and self._hopeless(elapsed, timed):
+            plain_step = min(self.plain.rounds.values())
+            arm.status = "stopped early"  # bf16 emulated on a CPU without it was 14x slower: no more turns for it
+            arm.reason = (f"its steps took {elapsed / timed:.3f} s, over {SLOW_STOP:g}x the plain loop's "
+                          f"{plain_step:.3f} s")
         if arm is self.plain:
             self.plain_wait[0] += self.data_wait_s - self.wait_at_start
             self.plain_wait[1] += elapsed
             if self.round == 0 and self.chunk_steps == 2:
                 self._pace(elapsed / timed)
         self._next_turn()
+
+    def _hopeless(self, elapsed: float, steps: int) -> bool:
+        """Over SLOW_STOP plain steps a step, and over STOP_COST_S lost in the chunk already (one spike of load on a
+        millisecond step is neither): more turns would only spend the run's time."""
+        if not self.plain.rounds or steps <= 0:
+            return False
+        plain = min(self.plain.rounds.values())
+        return elapsed / steps > SLOW_STOP * plain and elapsed - steps * plain > STOP_COST_S
 
     def _pace(self, step_s: float) -> None:
         self.chunk_steps = max(2, min(MAX_CHUNK, math.ceil(CHUNK_S / max(step_s, 1e-6))))
@@ -413,6 +431,7 @@ class TuningRun:
             self.arms.append(self.compile_arm)
             return False
         self.compile_arm = Arm({**plan, **candidate}, tests=next(iter(candidate)))
+        self.compile_base = self.winner  # what compile goes on top of, and is compared with
         self.arms.append(self.compile_arm)
         self.winner.status = "measuring"
         self.phase, self.phase_start = "compile", self.round + 1  # its rounds start after this one
@@ -485,9 +504,9 @@ class TuningRun:
             why += "; " + "; ".join(self.notes)
         self.result = TuneResult(Plan(plan), rows, why, rows[0].median_ms, elapsed, settings,
                                  measured_at=_dt.datetime.now().isoformat(timespec="seconds"),
-                                 established=self.winner is not self.plain or not any(
-                                     a.ratio_to(self.plain).noisy() for a in self.arms[1:] if a.rounds
-                                     and a is not self.compile_arm))
+                                 established=self.winner is not self.plain or not any(  # undecided arms
+                                     a.ratio_to(self.plain).noisy() for a in self.arms[1:]
+                                     if a.status == "not chosen" and a.rounds and a is not self.compile_arm))
         self._take(plan)
         self.current.report.tuning = self.result
         complete = (self.result.established and getattr(self, "settle_how", "settled") == "settled"
@@ -505,7 +524,7 @@ class TuningRun:
         self._switch(now)
 
     def _row(self, arm: Arm) -> TuneRow:
-        against = self.winner if arm is self.compile_arm and self.winner is not None else self.plain
+        against = self.compile_base if arm is self.compile_arm and self.compile_base is not None else self.plain
         ratio = arm.ratio_to(against) if arm is not self.plain and arm.rounds else None
         ordered = sorted(arm.rounds.values())
         median = ordered[len(ordered) // 2] if ordered else None
