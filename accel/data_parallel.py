@@ -15,7 +15,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, RandomSampler, SequentialSampler
 
 from accel.accelerator import Accelerator, Option, positive
-from accel.distributed import init_process_group
+from accel.distributed import init_process_group, leave_group
 from accel.errors import Problem
 from accel.hardware import importable, is_accelerator
 from accel.loaders import rebuild_loader, rebuild_problem
@@ -94,7 +94,7 @@ class DataParallel(Accelerator):
                 if key not in os.environ:  # them, journaled so a failed plan and run.close() take them back
                     ctx.journal.setenv(key, value)
             ctx.journal.change(f"process group ({backend})", lambda: init_process_group(backend, self.timeout_s),
-                               torch.distributed.destroy_process_group)
+                               leave_group)  # with a barrier: a rank leaving while a peer still talks aborts it
         launch = ctx.decisions.launch
         changes = {"launcher": launch.launcher, "rank": f"{launch.rank}/{launch.world_size}",
                    "local_rank": f"{launch.local_rank}/{launch.local_world_size}",

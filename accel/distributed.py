@@ -113,12 +113,13 @@ def init_process_group(backend: str, timeout_s: float, environ=os.environ) -> La
         store = _attempt_store(launch, environ, timeout)
         dist.init_process_group(backend, init_method=None if store else "env://", store=store, rank=launch.rank,
                                 world_size=launch.world_size, timeout=timeout)
-        atexit.register(_destroy)  # a group left to the interpreter's exit can abort it ("terminate called ...")
+        atexit.register(leave_group)  # a group left to the interpreter's exit can abort it ("terminate called ...")
     return launch
 
 
-def _destroy() -> None:
-    """At exit: wait (briefly) for the other ranks, then tear the group down together.
+def leave_group() -> None:
+    """At exit, and when run.close() takes back the group accel started: wait (briefly) for the other ranks, then
+    tear the group down together.
 
     A rank that tears down while its peers still talk to it can abort them ("terminate called without an
     active exception", seen in about 1 of 10 two-rank gloo launches here); a rank that crashed is not waited for

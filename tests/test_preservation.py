@@ -321,3 +321,21 @@ def test_the_command_line_prints_plan_errors_instead_of_tracebacks(capsys, tmp_p
     assert main(["bench", "--models", "tiny", "--plans", str(tmp_path / "nope.toml")]) == 2
     err = capsys.readouterr().err
     assert "plan file not found" in err and "Traceback" not in err
+
+
+def test_a_few_adaptive_steps_on_a_small_tensor_pass_the_float_card_a_systematic_error_does_not():
+    """CI drew cnn/rmsprop/hooks under channels_last: 3 of conv1's 72 weights moved 1.6e-3 (a gradient exactly 0 in
+    eager, 1e-9 through channels_last's kernels, turned into RMSprop steps); the model as a whole stayed within
+    1e-3. A float-card error that moves every element of a small tensor must still be reported."""
+    from accel.accelerator import Keeps
+    from accel.testing.harness import compare_tensors
+
+    generator = torch.Generator().manual_seed(0)
+    reference = {"conv1.weight": torch.randn(72, generator=generator), "fc.weight": torch.randn(4000, generator=generator)}
+    card = Keeps("float", rtol=1e-3, atol=1e-4)
+    stepped = {k: v.clone() for k, v in reference.items()}
+    stepped["conv1.weight"][:3] += 1.6e-3
+    assert compare_tensors("weights", reference, stepped, card) == []
+    systematic = {k: v.clone() for k, v in reference.items()}
+    systematic["conv1.weight"] += 2e-3
+    assert compare_tensors("weights", reference, systematic, card)

@@ -202,7 +202,10 @@ def _close(a: torch.Tensor, b: torch.Tensor, keeps: Keeps) -> bool:
 
     The second form is for adaptive optimizers (RMSprop, Adagrad, Adam): they divide by the gradient's own
     size, so a last-bit difference on a near-zero gradient becomes a visible step on that one element
-    (measured: 1.8e-4 on one element, 8e-5 over the tensor, with channels_last under RMSprop).
+    (measured: 1.8e-4 on one element, 8e-5 over the tensor, with channels_last under RMSprop). Where the tensor is
+    too small for that (conv1 of the zoo's CNN, 72 elements: a corner weight sees only the digits' zero border, so
+    its gradient is exactly 0 in eager and 1e-9 through channels_last's kernels, which RMSprop's eps of 1e-8 turns
+    into 5e-4 a step: 1.6e-3 after 3), compare_tensors takes the whole model's relative distance within rtol.
     """
     if a.shape != b.shape:
         return False
@@ -222,6 +225,15 @@ def distance(reference: dict[str, torch.Tensor], other: dict[str, torch.Tensor])
     return (delta / max(size, 1e-30)) ** 0.5
 
 
+def _few_off(a: torch.Tensor, b: torch.Tensor, keeps: Keeps) -> bool:
+    """At most 2% of the elements (at least 4) beyond the element test: single adaptive steps, not a systematic
+    error, which moves many."""
+    if a.shape != b.shape:
+        return False
+    beyond = ~torch.isclose(a.float(), b.float(), rtol=keeps.rtol, atol=keeps.atol)
+    return int(beyond.sum()) <= max(4, int(0.02 * a.numel()))
+
+
 def compare_tensors(what: str, reference: dict[str, torch.Tensor], other: dict[str, torch.Tensor],
                     keeps: Keeps) -> list[str]:
     """Tensors by name at the card's level: each within exact/float, or the whole within the tolerance."""
@@ -229,15 +241,20 @@ def compare_tensors(what: str, reference: dict[str, torch.Tensor], other: dict[s
         gap = distance(reference, other)
         return [f"{what}: the relative distance {gap:.3g} exceeds the tolerance card's {keeps.rtol:g}"] \
             if gap > keeps.rtol else []
-    found = []
+    found, off = [], []
     for name, tensor in reference.items():
         theirs = other.get(name)
         if theirs is None:
             found.append(f"{what}: {name} is missing")
         elif not _close(tensor, theirs, keeps):
             delta = (tensor.float() - theirs.float()).abs().max().item() if tensor.shape == theirs.shape else "shape"
-            found.append(f"{what}: {name} differs beyond the {keeps.weights} card (max |difference| {delta})")
-    return found
+            off.append((name, f"{what}: {name} differs beyond the {keeps.weights} card (max |difference| {delta})"))
+    if off and keeps.weights == "float" and all(_few_off(reference[n], other[n], keeps) for n, _ in off):
+        # a small tensor can hold an adaptive step on one element (see _close); the whole model is then within rtol
+        gap = distance(reference, other)
+        if gap <= keeps.rtol:
+            off = []
+    return found + [text for _, text in off]
 
 
 def compare(reference: Trace, accelerated: Trace, keeps: Keeps) -> list[str]:
