@@ -23,7 +23,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--batch-size", type=positive, default=64)
     parser.add_argument("--image-size", type=positive, default=64, help="digits upsampled to this size (default 64)")
     parser.add_argument("--budget", type=float, default=None,
-                        help="seconds plan='auto' may measure in the loop (default: 10%% of the plain run's time)")
+                        help="seconds plan='auto' may measure in the loop (default: at most 30%% of the plain run's time)")
     parser.add_argument("--plot", default="accel-demo.png",
                         help="chart of the comparison (default accel-demo.png, when matplotlib is installed)")
     parser.add_argument("--no-plot", action="store_true")
