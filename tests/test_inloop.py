@@ -324,3 +324,29 @@ def test_a_hopelessly_slow_plan_is_stopped_mid_chunk_and_gets_no_more_turns():
         run.close()
     finally:
         unregister("snail")
+
+
+def test_a_run_resumed_with_plan_auto_takes_the_checkpoints_plan(tmp_path):
+    """Your checkpoint code keeps working: run.save, then a new process with plan="auto" and run.load."""
+    model = tiny_model()
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    run = accel.accelerate(model, optimizer, tiny_loader(), quick(accelerators=["channels_last", "fused_optimizer"]),
+                           device="cpu")
+    while run.phase != "settled":
+        train(run, 1)
+    train(run, 3)
+    run.save(tmp_path / "ckpt.pt")
+    saved_plan, steps = run.plan.to_dict(), run.steps
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
+    run.close()
+    fresh = tiny_model(seed=1)
+    again = accel.accelerate(fresh, torch.optim.Adam(fresh.parameters(), lr=0.01), tiny_loader(),
+                             quick(accelerators=["channels_last", "fused_optimizer"]), device="cpu")
+    info = again.load(tmp_path / "ckpt.pt")
+    assert again.phase == "settled" and again.plan.to_dict() == saved_plan and again.steps == steps == info["step"]
+    assert "resumed from" in again.report.tuning.why
+    for name, tensor in fresh.state_dict().items():
+        assert torch.equal(tensor, weights[name]), name
+    train(again, 2)
+    assert again.steps == steps + 2
+    again.close()

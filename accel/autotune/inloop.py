@@ -207,6 +207,26 @@ class TuningRun:
     def close(self) -> None:
         self.current.close()
 
+    def load(self, path) -> dict:
+        """Resume a run: the checkpoint's plan is taken as the answer (nothing is measured), then its state loads
+        into that plan's run, as run.load does. A sharded folder (fsdp) is loaded by run.load of a plain plan."""
+        from accel import sharded_checkpoint
+        from accel.checkpoint import saved_plan
+
+        if sharded_checkpoint.is_sharded_checkpoint(path):
+            return self.current.load(path)
+        plan = saved_plan(path).to_dict()
+        if self.phase != "settled":
+            for arm in self.arms:
+                if arm.status == "measuring":
+                    arm.status, arm.reason = "not measured", "resumed from a checkpoint"
+            self.winner, self.settle_how = self.plain, f"resumed from {path}"
+            self._finish(f"resumed from {path}: its plan {plan_label(plan)} is taken as it was saved, nothing "
+                         "measured", plan)
+        elif self.current.plan.to_dict() != plan:
+            self._take(plan)
+        return self.current.load(path)
+
     def __getattr__(self, name: str) -> Any:  # unscale_gradients, unwrap, save, load, state_dict, accelerator, ...
         if name == "current":
             raise AttributeError(name)
