@@ -114,7 +114,8 @@ class LrWrites(Loop):
 
     def before(self, step, held, run):
         for base, group in zip(self.base, held.optimizer.param_groups):
-            group["lr"] = base * (1 - 0.15 * step)  # a decay, as nanoGPT's cosine after its warm-up
+            group["lr"] = base * max(0.1, 1 - 0.15 * step)  # a decay to a floor, as nanoGPT's cosine to min_lr
+            # (without the floor, the rate turned negative at step 7 and a 24-step run diverged)
             if "weight_decay" in group:
                 group["weight_decay"] = 0.001 * step
             if group.get("momentum"):
