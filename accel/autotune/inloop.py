@@ -160,9 +160,10 @@ class TuningRun:
         self.winner: Arm | None = None
         self.result: TuneResult | None = None
         self.cache_key: dict | None = None
-        self.switch_s = self.last_switch_s = self.last_chunk_s = 0.0
+        self.switch_s = 0.0
         self.states: dict[str, dict] = {}  # accelerator name -> its state when its arm last stepped aside
         self.measured_s: float | None = None  # from accelerate() to the settled plan
+        self.turn_began = self.started  # when the last chunk began
         self.active = self.plain
         self.current = accelerate(model, optimizer, loader, plan={}, device=device)
         self.loader = TuningLoader(self)
@@ -285,7 +286,6 @@ class TuningRun:
         synchronize(self.device)
         timed = self.in_chunk - 1
         elapsed = time.perf_counter() - self.chunk_started
-        self.last_chunk_s = time.perf_counter() - self.switched_at
         if self.losses and not bool(torch.isfinite(torch.stack([loss.float() for loss in self.losses])).all()):
             if arm is not self.plain:
                 arm.status, arm.reason = "loss off", "a loss was not finite under it"
@@ -352,6 +352,7 @@ class TuningRun:
             self._next_turn()
             return
         self.active, self.in_chunk = arm, 0
+        self.turn_began = time.perf_counter()  # before the deadline, always: _next_turn checks it first
 
     def _switch(self, plan: dict[str, dict], arm: Arm | None = None) -> bool:
         """accelerate() on your objects with this plan (the earlier run handed over); False when it is refused."""
@@ -379,8 +380,7 @@ class TuningRun:
             return False
         finally:
             self.switched_at = time.perf_counter()
-            self.last_switch_s = self.switched_at - started
-            self.switch_s += self.last_switch_s
+            self.switch_s += self.switched_at - started
         return True
 
     def _verdicts(self) -> None:
