@@ -30,9 +30,8 @@ __all__ = ["AccelerateError", "accelerate", "decide"]
 
 
 def _resolve_plan(plan: Any, model, optimizer, loader, device) -> tuple[PlanSpec, Any]:
-    """A plan chosen by measuring ("auto", accel.Auto(...)) becomes the plan it chose, with its result."""
-    if isinstance(plan, str) and plan in RESOLVERS:
-        plan = RESOLVERS[plan]()
+    """A plan chosen by measuring apart (accel.Auto(...), "auto" already made one) becomes the plan it chose, with
+    its result."""
     if hasattr(plan, "resolve") and not isinstance(plan, Plan):
         tuning = plan.resolve(model, optimizer, loader, device)
         return tuning.plan, tuning

@@ -62,7 +62,7 @@ def measure(name: str, size: str, budget: float, rounds: int, chunk: int, total:
     measured_s = time.perf_counter() - started
     settled_step = run.steps
     chosen = run.plan.to_dict()
-    arms = [a.plan for a in run.arms if a.plan is not None and not any(n in a.plan for n in ("loader", "compile"))]
+    arms = [a.plan for a in run.arms if not any(n in a.plan for n in ("loader", "compile"))]
     plans = {accel.measure.plan_label(p): p for p in [{}, *arms]}
     print(f"{name}: auto settled at step {settled_step} after {measured_s:.1f} s on "
           f"{accel.measure.plan_label(chosen)}", flush=True)

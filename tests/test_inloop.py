@@ -350,3 +350,15 @@ def test_a_run_resumed_with_plan_auto_takes_the_checkpoints_plan(tmp_path):
     train(again, 2)
     assert again.steps == steps + 2
     again.close()
+
+
+def test_with_expected_steps_the_measurement_is_capped_at_its_share_of_the_plain_run():
+    """docs/measurement.md: with expected_steps, at most 30% of the plain run's time (its steps times its step)."""
+    model = tiny_model()
+    run = accel.accelerate(model, torch.optim.SGD(model.parameters(), lr=0.05), tiny_loader(),
+                           accel.Auto(cache=False, budget_s=600, expected_steps=200,
+                                      accelerators=["channels_last", "fused_optimizer"]), device="cpu")
+    train(run, 3)  # the plain loop's first chunk paces the search
+    plain_step = run.plain.rounds[0]
+    assert run.deadline - run.started <= inloop.EXPECTED_SHARE * 200 * plain_step + 1e-9
+    run.close()

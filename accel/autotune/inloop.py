@@ -32,6 +32,7 @@ from accel.accelerator import REGISTRY
 from accel.autotune.config import BUDGET_STEPS, MIN_BUDGET_S, SLOW_STOP, Settings, warmup_guess
 from accel.autotune.results import TuneResult, TuneRow
 from accel.autotune.search import for_device, generate_candidates
+from accel.autotune.state import established, payback
 from accel.autotune.strategies import stack_of
 from accel.context import placement
 from accel.core import accelerate
@@ -348,11 +349,11 @@ class TuningRun:
         self._next_round()
 
     def _go(self, arm: Arm) -> None:
+        self.turn_began = time.perf_counter()  # before the deadline, always: _next_turn checks it first
         if not self._switch(arm.plan, arm):
             self._next_turn()
             return
         self.active, self.in_chunk = arm, 0
-        self.turn_began = time.perf_counter()  # before the deadline, always: _next_turn checks it first
 
     def _switch(self, plan: dict[str, dict], arm: Arm | None = None) -> bool:
         """accelerate() on your objects with this plan (the earlier run handed over); False when it is refused."""
@@ -419,9 +420,8 @@ class TuningRun:
         margin = self.settings.margin
         self.plain.status = "baseline"
         rivals = [a for a in self.arms if a is not self.plain and a.rounds and a.status == "measuring"]
-        established = [a for a in rivals if a.ratio_to(self.plain).below(1.0)
-                       and a.ratio_to(self.plain).estimate <= 1 - margin]
-        self.winner = min(established, key=lambda a: a.ratio_to(self.plain).estimate) if established else self.plain
+        faster = [a for a in rivals if established(a.ratio_to(self.plain), margin)]
+        self.winner = min(faster, key=lambda a: a.ratio_to(self.plain).estimate) if faster else self.plain
         for arm in rivals:
             if arm is not self.winner:
                 arm.status = "not chosen"
@@ -463,12 +463,9 @@ class TuningRun:
         ratio = arm.ratio_to(base)
         margin = self.settings.margin
         step = base.rounds and sorted(base.rounds.values())[len(base.rounds) // 2] or 0.0
-        gain = step * (1 - ratio.estimate) if ratio.samples else 0.0
         warmup = (arm.first_s or 0.0) - step
-        break_even = math.ceil(warmup / gain) if gain > 0 else None
-        faster = ratio.below(1 - margin / 2) and ratio.estimate <= 1 - margin
         expected = self.settings.expected_steps
-        pays = faster and (expected is None or (break_even is not None and break_even < expected))
+        faster, break_even, pays = payback(ratio, step, warmup, margin, expected)
         base.status = "settled"
         if arm.status != "measuring":  # it could not take its turns: said in its own status and reason
             self._finish_with(dict(base.plan))

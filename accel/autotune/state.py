@@ -1,12 +1,28 @@
 """The state of one search: the lab it measures in, its rows, its deadline, and the tests every comparison uses."""
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
 from accel.autotune.config import SLOW_STOP
 from accel.autotune.results import TuneRow
 from accel.measure import Lab, Ratio, Trial
+
+
+def established(ratio: Ratio | None, margin: float) -> bool:
+    """Faster than what it is compared with, with 95% confidence, and by more than the margin."""
+    return ratio is not None and bool(ratio.samples) and ratio.below(1.0) and ratio.estimate <= 1 - margin
+
+
+def payback(ratio: Ratio, step_s: float, extra_warmup_s: float, margin: float,
+            expected_steps: int | None) -> tuple[bool, int | None, bool]:
+    """A costly accelerator's verdict (compile): (faster, the step its extra warm-up pays back at, kept)."""
+    gain_s = step_s * (1 - ratio.estimate) if ratio.samples else 0.0
+    break_even = math.ceil(extra_warmup_s / gain_s) if gain_s > 0 else None
+    faster = bool(ratio.samples) and ratio.below(1 - margin / 2) and ratio.estimate <= 1 - margin
+    pays = faster and (expected_steps is None or (break_even is not None and break_even < expected_steps))
+    return faster, break_even, pays
 
 
 class Search:
@@ -88,7 +104,7 @@ class Search:
         return trial, row, ratio
 
     def established(self, ratio: Ratio | None) -> bool:
-        return ratio is not None and ratio.below(1.0) and ratio.estimate <= 1 - self.margin
+        return established(ratio, self.margin)
 
     def verdict(self, ratio: Ratio) -> str:
         """'faster' (established), 'not faster' (clearly not by the margin), or 'noisy' (cannot tell)."""

@@ -2,12 +2,11 @@
 minus what does not pay, then the costly ones (compile) on top when they pay back."""
 from __future__ import annotations
 
-import math
 
 from accel.accelerator import REGISTRY
 from accel.autotune.config import warmup_guess
 from accel.autotune.results import TuneRow
-from accel.autotune.state import Search
+from accel.autotune.state import Search, payback
 from accel.measure import Ratio, Trial, plan_label
 from accel.plan import Plan
 
@@ -188,13 +187,9 @@ def _try_costly(search: Search, incumbent: Trial | None, candidate: dict[str, di
     search.finish_row(row, trial, ratio)
     if trial.status != "ready":
         return incumbent
-    step_ref = reference.median_s or 0.0
-    gain_s = step_ref * (1 - ratio.estimate)
     extra_warmup = trial.warmup_s - reference.warmup_s
-    break_even = math.ceil(extra_warmup / gain_s) if gain_s > 0 else None
-    faster = ratio.below(1 - search.margin / 2) and ratio.estimate <= 1 - search.margin
-    pays = faster and (search.expected_steps is None or (break_even is not None and
-                                                         break_even < search.expected_steps))
+    faster, break_even, pays = payback(ratio, reference.median_s or 0.0, extra_warmup, search.margin,
+                                       search.expected_steps)
     name = "+".join(candidate)
     if not faster:
         row.decision = f"{name}: not faster on top of {reference.name} ({ratio})"
