@@ -176,6 +176,29 @@ class Ratio:
                 "rounds": self.rounds, "samples": [round(s, 4) for s in self.samples]}
 
 
+def paired(times: dict[int, float], reference: dict[int, float]) -> Ratio:
+    """times / reference from the rounds both ran (round -> seconds per step): the ratio every comparison uses,
+    the Lab's on copies and plan="auto"'s in your loop."""
+    return Ratio([times[r] / reference[r] for r in sorted(times.keys() & reference.keys()) if reference[r] > 0])
+
+
+def round_order(arms: list, index: int, rotate: bool = True) -> list:
+    """The order of round ``index``: reversed every other round (A B C, C B A) so a drift in the machine's load
+    hits every arm alike, and with ``rotate`` shifted every two rounds, so no arm always follows the same one."""
+    shift = (index // 2) % len(arms) if rotate and arms else 0
+    order = arms[shift:] + arms[:shift]
+    return order[::-1] if index % 2 else order
+
+
+CHUNK_S = 0.5  # a chunk's timed steps take about this long
+MAX_CHUNK = 20  # timed steps per chunk at most
+
+
+def chunk_steps(step_s: float, least: int = 1, target_s: float = CHUNK_S) -> int:
+    """Timed steps per chunk: about ``target_s`` of them, between ``least`` and MAX_CHUNK."""
+    return max(least, min(MAX_CHUNK, math.ceil(target_s / max(step_s, 1e-6))))
+
+
 def plan_label(plan: Any) -> str:
     """'eager' for the empty plan, 'auto', or the accelerator names in plan order joined by '+'."""
     if isinstance(plan, str) and plan == "auto":
@@ -261,6 +284,7 @@ class Trial:
     check_losses: list[float] = field(default_factory=list)
     first_s: list[float] = field(default_factory=list)
     times: list[float] = field(default_factory=list)  # every timed step, seconds
+    rounds: dict[int, float] = field(default_factory=dict)  # round -> median seconds per step in its chunk
     batches: Any = None
 
     @property
@@ -300,6 +324,7 @@ class Lab:
         self.trials: list[Trial] = []
         self.active: Trial | None = None
         self.chunk_steps, self.settle = 1, 0
+        self.round = 0  # rounds run so far, over every call of rounds(): a trial's rounds are keyed by it
         self.start = randomness.save(loader)  # every trial's first steps start from here; close() comes back
 
     def restore_randomness(self) -> None:
@@ -389,24 +414,20 @@ class Lab:
         arms = [reference] + [t for t in trials if t is not reference]
         ratios = {id(t): Ratio() for t in arms if t is not reference}
         limit = max(2.0, 5 * (self.settle + self.chunk_steps) * (reference.median_s or 0.1))
+        first = self.round
         for index in range(max_rounds):
-            shift = (index // 2) % len(arms)  # rotate every two rounds, reversing every other: A B, B A, B A, A B
-            order = arms[shift:] + arms[:shift]
-            if index % 2:
-                order.reverse()
-            medians = {}
-            for trial in order:
+            self.round += 1
+            for trial in round_order(arms, index):
                 try:
-                    medians[id(trial)] = self.chunk(trial, limit_s=limit)
+                    trial.rounds[self.round] = self.chunk(trial, limit_s=limit)
                 except Exception as error:  # a plan that breaks later (out of memory, NaN checks): it leaves
                     if trial is reference:
                         raise
                     trial.status, trial.error = "failed", f"{type(error).__name__}: {error}"
                     arms.remove(trial)
                     self.retire(trial)
-            for key, ratio in ratios.items():
-                if key in medians:
-                    ratio.samples.append(medians[key] / medians[id(reference)])
+            for trial in arms[1:]:
+                ratios[id(trial)] = paired({r: t for r, t in trial.rounds.items() if r > first}, reference.rounds)
             if len(arms) == 1:  # every challenger failed: nothing left to compare
                 break
             live = {id(t) for t in arms}
@@ -422,7 +443,7 @@ class Lab:
 
     def pace(self, step_s: float, steps: int | None = None) -> None:
         """Steps per chunk: about 0.5 s of them (at least one), plus a settling step for steps under 2 s."""
-        self.chunk_steps = steps or max(1, min(20, math.ceil(0.5 / max(step_s, 1e-6))))
+        self.chunk_steps = steps or chunk_steps(step_s)
         self.settle = 1 if step_s < 2.0 else 0
 
     def retire(self, trial: Trial) -> None:

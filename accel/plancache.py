@@ -6,6 +6,10 @@ and flags, the device (type and model), the CPU model, ISA and physical cores, t
 pinning, torch's and accel's versions, the registered accelerators, and tune's settings. Any change measures again. Entries are JSON files in ``cache_dir()``:
 ``$ACCEL_CACHE_DIR``, else ``$XDG_CACHE_HOME/accel/plans``, else ``~/.cache/accel/plans``.
 ``accel cache list`` and ``accel cache clear`` show and remove them.
+
+Beside the choices, in ``warmups/``: the warm-up a costly candidate (compile) took on a setup, measured when a
+search tried it, so that the next search on the same model, batch, device and versions decides by that and not
+by a guess whether the warm-up fits its budget.
 """
 from __future__ import annotations
 
@@ -128,6 +132,29 @@ def store(parts: dict[str, Any], result: dict[str, Any], where: Any = True) -> s
     return key
 
 
+WARMUP_FACTS = ("model", "batch", "device", "cpu", "versions")  # what a warm-up (compile's) depends on
+
+
+def warmup_parts(parts: dict[str, Any], candidate: dict[str, dict]) -> dict[str, Any]:
+    """The facts of a costly candidate's warm-up, from a search's key facts."""
+    return {**{k: parts[k] for k in WARMUP_FACTS}, "candidate": candidate}
+
+
+def known_warmup(parts: dict[str, Any], where: Any = True) -> float | None:
+    """Seconds this candidate's warm-up took when last measured on these facts (warmup_parts), or None."""
+    entry = lookup(parts, cache_dir(where) / "warmups")
+    seconds = entry.get("seconds") if entry else None
+    return float(seconds) if isinstance(seconds, (int, float)) else None
+
+
+def remember_warmup(parts: dict[str, Any], seconds: float, where: Any = True) -> None:
+    """Keep a measured warm-up (the candidate's first steps beyond as many steady steps)."""
+    import datetime
+
+    store(parts, {"plan": parts["candidate"], "seconds": round(max(seconds, 0.0), 3),
+                  "measured_at": datetime.datetime.now().isoformat(timespec="seconds")}, cache_dir(where) / "warmups")
+
+
 def entries(where: Any = True) -> list[dict[str, Any]]:
     """Every remembered choice: key, plan, when it was measured, and the facts it was measured under."""
     found = []
@@ -143,8 +170,12 @@ def entries(where: Any = True) -> list[dict[str, Any]]:
 
 
 def clear(where: Any = True, key: str | None = None) -> int:
-    """Forget every remembered choice (or the one of this key, or key prefix); returns how many."""
+    """Forget every remembered choice (or the one of this key, or key prefix); returns how many. Clearing all
+    forgets the measured warm-ups too."""
     removed = 0
+    if key is None:
+        for path in (cache_dir(where) / "warmups").glob("*.json"):
+            path.unlink(missing_ok=True)
     for path in cache_dir(where).glob("*.json"):
         if key is None or path.stem.startswith(key):
             path.unlink(missing_ok=True)

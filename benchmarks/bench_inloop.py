@@ -51,9 +51,9 @@ def endless(run):
         yield from run.loader
 
 
-def measure(name: str, size: str, budget: float, rounds: int, chunk: int, total: int) -> dict:
+def measure(name: str, size: str, budget: float, rounds: int, chunk: int, total: int, batch: int | None = None) -> dict:
     workload = WORKLOADS[name]
-    model, optimizer, loader = workload.build(size, steps=64)
+    model, optimizer, loader = workload.build(size, steps=64, batch=batch)
     started = time.perf_counter()
     run = accel.accelerate(model, optimizer, loader, accel.Auto(cache=False, budget_s=budget), device="cpu")
     batches = endless(run)
@@ -92,7 +92,7 @@ def measure(name: str, size: str, budget: float, rounds: int, chunk: int, total:
         auto_total = measured_s + (total - settled_step) * times[auto_label][r]
         per_round["auto/best"].append(auto_total / (total * times[best][r]))
         per_round["auto/plain"].append(auto_total / (total * times["eager"][r]))
-    result = {"workload": name, "size": size, "steps": total, "budget_s": budget, "measurement_s": round(measured_s, 1),
+    result = {"workload": name, "size": size, "batch": loader.batch_size, "steps": total, "budget_s": budget, "measurement_s": round(measured_s, 1),
               "settled_step": settled_step, "auto_plan": auto_label, "best_fixed": best,
               "step_ms": {k: round(v * 1000, 1) for k, v in step.items()},
               "total_s": {k: round(v, 1) for k, v in totals.items()},
@@ -160,6 +160,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--chunk", type=int, default=3, help="timed steps per plan and round")
     parser.add_argument("--steps", type=int, default=2000, help="the run's length the totals are for")
+    parser.add_argument("--batch", type=int, help="the workloads' batch (default: each one's for the size)")
     parser.add_argument("--memory", action="store_true")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--json")
@@ -167,7 +168,7 @@ def main() -> None:
     if args.quick:
         args.size, args.budget, args.rounds, args.workloads = "tiny", 5.0, 2, ["resnet18", "bert", "lstm"]
     results = [memory(args.budget)] if args.memory else [
-        measure(name, args.size, args.budget, args.rounds, args.chunk, args.steps) for name in args.workloads]
+        measure(name, args.size, args.budget, args.rounds, args.chunk, args.steps, args.batch) for name in args.workloads]
     if args.json:
         with open(args.json, "w") as out:
             json.dump(results, out, indent=1)

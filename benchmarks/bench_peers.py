@@ -1,17 +1,18 @@
 """accel's plan="auto" against Hugging Face Accelerate's CPU settings, on the same training loop, in one process.
 
-The loop: Adam (lr 1e-3), a torchvision model (random weights, 1000 classes), batch 16 at 224x224, random data,
-cross-entropy; a step is the next batch, forward, loss, backward, optimizer step and zero_grad (accel.measure's
-TrainStep and timed_steps for every variant). Variants, each on its own copy of the same initial model and
-optimizer, all alive at once and measured interleaved (eager, A, B, ...; ..., B, A, eager):
+The loop: a workload of accel.workloads (resnet18, Hugging Face BERT and GPT-2, ...; random weights and data,
+AdamW) with the loss its users write; a step is the next batch, forward, loss, backward, optimizer step and
+zero_grad (accel.measure's TrainStep and timed_steps for every variant). Variants, each on its own copy of the
+same initial model and optimizer, all alive at once and measured interleaved (eager, A, B, ...; ..., B, A, eager):
 
     eager               the plain loop, fp32
     Accelerate fp32     Accelerator(mixed_precision="no")
     Accelerate bf16     Accelerator(mixed_precision="bf16")
     Accelerate bf16+dynamo
                         Accelerator(mixed_precision="bf16", dynamo_backend="inductor")  (torch.compile)
-    accel auto          accel.tune(...) on a copy first (its search time reported apart), then its plan
-                        applied with accel.accelerate to another copy
+    accel auto          plan="auto" in the workload's own loop first, on a copy, until it settles (its
+                        measurement time and settled step reported: those were training steps), then the plan it
+                        settled on, applied with accel.accelerate to another copy
 
 Accelerate keeps process-wide singletons (PartialState, AcceleratorState, GradientState) and refuses a second
 Accelerator with another mixed_precision. Here each Accelerator is built on freshly reset singletons, and their
@@ -20,15 +21,15 @@ Lab does for its own process-wide changes), so every prepared model runs with it
 on the model's first conv/linear layer records its output dtype: the bf16 variants must compute in bfloat16,
 the fp32 ones in float32 (the "check" column).
 
-Reported per model: median ms/step, the first steps' extra time (warm-up, compile), the ratio to eager with its
-90% interval (accel.measure.Ratio over per-round ratios), and accel auto / Accelerate's best setting (the fastest
-of its three here) from the same paired rounds.
+Reported per workload: median ms/step, the first steps' extra time (warm-up, compile), the ratio to eager with
+its 90% interval (accel.measure.Ratio over per-round ratios), and accel auto / Accelerate's best setting (the
+fastest of its three here) from the same paired rounds.
 
-    python benchmarks/bench_peers.py                       # resnet18 and resnet50 at 224, 6 rounds (long)
-    python benchmarks/bench_peers.py --quick               # a tiny CNN on 8x8 images, 2 rounds: does it run
-    python benchmarks/bench_peers.py --models resnet18 --rounds 8 --tune-budget 120 --json peers.json
+    python benchmarks/bench_peers.py --models resnet18 --rounds 4 --tune-budget 240
+    python benchmarks/bench_peers.py --models bert --batch 4 --rounds 3 --tune-budget 240
+    python benchmarks/bench_peers.py --quick               # tiny resnet18 and BERT, 2 rounds: does it run
 
-Needs `pip install accelerate` (measured with accelerate 1.15.0).
+Needs `pip install accelerate` (measured with accelerate 1.15.0) and, for BERT and GPT-2, transformers.
 """
 from __future__ import annotations
 
@@ -44,12 +45,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, TensorDataset
 
 import accel
-from accel.bench import build_model, make_optimizer
 from accel.measure import Lab, Ratio, TrainStep, Trial, endless, plan_label, summarize, timed_steps
+from accel.optim import rebuild_optimizer, same_params
 from accel.report import render_table
+from accel.workloads import WORKLOADS
 
 # label -> Accelerator(**kwargs)
 ACCELERATE = {
@@ -168,30 +169,46 @@ def check_note(lab: Lab, label: str, trial: Trial, seen: dict) -> str:
     return note
 
 
-def bench_model(name: str, args) -> dict[str, Any]:
-    torch.manual_seed(0)
-    net = build_model(name, args.classes)
-    opt = make_optimizer("adam", net)
-    size, count = args.image_size, (args.warmup + 1) * args.batch_size  # the first steps within one epoch
-    data = TensorDataset(torch.randn(count, 3, size, size), torch.randint(0, args.classes, (count,)))
-    loader = DataLoader(data, batch_size=args.batch_size, drop_last=True)
-
-    print(f"{name}: tuning (budget {args.tune_budget or 'default'} s) ...", flush=True)
+def auto_in_loop(workload, net, opt, loader, args) -> tuple[Any, float, int, str]:
+    """plan="auto" in the workload's own loop, on copies, until it settles: (plan, seconds, settled step, why)."""
+    model = copy.deepcopy(net)
+    optimizer = rebuild_optimizer(opt, params=same_params(opt, net, model))
     started = time.perf_counter()
-    tuned = accel.tune(copy.deepcopy(net), make_optimizer("adam", copy.deepcopy(net)), loader, device=args.device,
-                       budget_s=args.tune_budget, cache=False)
-    tune_s = time.perf_counter() - started
-    print(f"{name}: tune chose {plan_label(tuned.plan)} in {tune_s:.1f} s; building the variants ...", flush=True)
+    run = accel.accelerate(model, optimizer, loader, accel.Auto(cache=False, budget_s=args.tune_budget),
+                           device=args.device)
+    try:
+        while run.phase != "settled":
+            for batch in run.loader:
+                with run.autocast():
+                    loss = workload.loss(run.model, batch)
+                run.backward(loss)
+                run.step()
+                if run.phase == "settled":
+                    break
+        return run.plan, time.perf_counter() - started, run.settled_at, run.report.tuning.why
+    finally:
+        run.close()
 
-    lab = Lab(net, opt, loader, torch.device(args.device), TrainStep(), check_steps=args.warmup)
+
+def bench_model(name: str, args) -> dict[str, Any]:
+    workload = WORKLOADS[name]
+    net, opt, loader = workload.build(args.size, seed=0, steps=64, batch=args.batch)
+
+    print(f"{name}: plan='auto' in its loop (budget {args.tune_budget or 'default'} s) ...", flush=True)
+    chosen, tune_s, settled_at, why = auto_in_loop(workload, net, opt, loader, args)
+    print(f"{name}: auto settled on {plan_label(chosen)} at step {settled_at} after {tune_s:.1f} s ({why}); "
+          "building the variants ...", flush=True)
+
+    step = TrainStep(step_fn=lambda run, batch: workload.loss(run.model, batch))  # the loss its users write
+    lab = Lab(net, opt, loader, torch.device(args.device), step, check_steps=args.warmup)
     arms: list[tuple[str, Trial, dict | None]] = []  # label, trial, the dtype its first layer computed in
     try:
         base = lab.trial({})
         arms.append(("eager", base, None))
         for label, kwargs in ACCELERATE.items():
             arms.append((label, *accelerate_trial(lab, kwargs)))
-        auto = lab.trial(tuned.plan.to_dict())
-        arms.append((f"accel auto ({plan_label(tuned.plan)})", auto, None))
+        auto = lab.trial(chosen.to_dict())
+        arms.append((f"accel auto ({plan_label(chosen)})", auto, None))
         if base.status != "ready":
             raise RuntimeError(f"eager cannot train: {base.error}")
         lab.pace(base.settled_step_s, args.steps)
@@ -209,8 +226,8 @@ def bench_model(name: str, args) -> dict[str, Any]:
                          "vs_eager": ratio.to_dict() if trial is not base else None})
         # accel auto against the fastest of Accelerate's settings, paired round by round
         accelerate_arms = [(label, t) for label, t, _ in arms if label in ACCELERATE and t.status == "ready"]
-        summary: dict[str, Any] = {"model": name, "tune_s": round(tune_s, 1), "tune": tuned.to_dict(),
-                                   "auto_plan": plan_label(tuned.plan), "established": tuned.established}
+        summary: dict[str, Any] = {"model": name, "batch": loader.batch_size, "auto_measured_s": round(tune_s, 1),
+                                   "auto_settled_at": settled_at, "auto_why": why, "auto_plan": plan_label(chosen)}
         if accelerate_arms and auto.status == "ready":
             best_label, best = min(accelerate_arms, key=lambda a: ratios[id(a[1])].estimate)
             paired = Ratio([a / b for a, b in zip(ratios[id(auto)].samples, ratios[id(best)].samples)])
@@ -237,34 +254,32 @@ def print_tables(results: list[dict[str, Any]]) -> None:
         s = result["summary"]
         if "auto_vs_best" in s:
             print(f"{s['model']}: accel auto ({s['auto_plan']}) / {s['accelerate_best']} (Accelerate's fastest "
-                  f"here) = {s['auto_vs_best_text']} from {s['auto_vs_best']['rounds']} paired rounds; tune searched "
-                  f"{s['tune_s']} s apart (established: {s['established']})")
+                  f"here) = {s['auto_vs_best_text']} from {s['auto_vs_best']['rounds']} paired rounds; auto measured "
+                  f"{s['auto_measured_s']} s in its loop, settled at step {s['auto_settled_at']}")
         else:
             print(f"{s['model']}: accel auto vs Accelerate: not measured (a variant failed)")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", default="resnet18,resnet50", help="torchvision names, or 'tiny' (8x8 images)")
-    parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--image-size", type=int, default=224)
-    parser.add_argument("--classes", type=int, default=1000)
+    parser.add_argument("--models", default="resnet18,bert,gpt2", help="workloads of accel.workloads, by name")
+    parser.add_argument("--size", default="real", choices=("tiny", "real"))
+    parser.add_argument("--batch", type=int, help="the workloads' batch (default: each one's for the size)")
     parser.add_argument("--rounds", type=int, default=6, help="interleaved rounds per model")
     parser.add_argument("--steps", type=int, default=None, help="timed steps per variant and round (default: ~0.5 s)")
     parser.add_argument("--warmup", type=int, default=3, help="first steps of every variant, timed apart")
-    parser.add_argument("--tune-budget", type=float, default=None, help="tune's search budget, s (default: tune's)")
+    parser.add_argument("--tune-budget", type=float, default=None, help="auto's budget, s (default: auto's)")
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--quick", action="store_true", help="a tiny CNN on 8x8 images, 2 rounds: does it run")
+    parser.add_argument("--quick", action="store_true", help="tiny resnet18 and BERT, 2 rounds: does it run")
     parser.add_argument("--json", metavar="PATH", help="write rows and summaries as JSON")
     args = parser.parse_args()
     if args.quick:
-        args.models, args.image_size, args.rounds, args.tune_budget = "tiny", 8, 2, args.tune_budget or 10.0
+        args.models, args.size, args.rounds, args.tune_budget = "resnet18,bert", "tiny", 2, args.tune_budget or 10.0
     import accelerate
 
     machine = {"torch": torch.__version__, "accelerate": accelerate.__version__, "accel": accel.__version__,
                "cpu": accel.probe().cpu_model, "threads": torch.get_num_threads(), "python": platform.python_version()}
-    print(", ".join(f"{k} {v}" for k, v in machine.items()) + f"; batch {args.batch_size} at {args.image_size}px, "
-          f"{args.classes} classes, Adam")
+    print(", ".join(f"{k} {v}" for k, v in machine.items()) + f"; {args.size} workloads, AdamW")
     results = []
     for name in args.models.split(","):
         results.append(bench_model(name, args))

@@ -157,6 +157,35 @@ def test_a_slower_plan_is_seen_a_refused_one_named_and_the_answer_cached(test_ac
     again.close()
 
 
+class Drowsy(Sleepy):
+    """As slow as Sleepy: the two cannot be told apart, only from the plain loop."""
+
+    name = "drowsy"
+
+
+def test_candidates_confidently_no_faster_than_the_plain_loop_end_the_search_without_waiting_for_the_budget():
+    """Before: arms were dropped only against the best arm, so two equally slow ones took turns until the budget
+    ran out, each turn costing the run time. Now each is dropped once confidently no faster than the plain loop."""
+    register(Sleepy)
+    register(Drowsy)
+    try:
+        model = tiny_model()
+        run = accel.accelerate(model, torch.optim.SGD(model.parameters(), lr=0.05), tiny_loader(),
+                               accel.Auto(cache=False, budget_s=120, candidates=[["sleepy"], ["drowsy"]]),
+                               device="cpu")
+        while run.phase != "settled":
+            train(run, 1)
+        rows = {row.name: row for row in run.report.tuning.rows}
+        for name in ("sleepy", "drowsy"):
+            assert "of the plain loop's step" in rows[name].reason and rows[name].ratio["rounds"] >= 3, rows[name]
+        assert run.settle_how == "settled" and run.round < 6, (run.settle_how, run.round)
+        assert run.plan.names() == [] and "plain loop is kept" in run.report.tuning.why
+        run.close()
+    finally:
+        unregister("sleepy")
+        unregister("drowsy")
+
+
 def test_compile_is_not_tried_when_its_warm_up_does_not_fit_and_the_budget_holds():
     model = tiny_model()
     run = accel.accelerate(model, torch.optim.SGD(model.parameters(), lr=0.05), tiny_loader(),
@@ -296,6 +325,48 @@ def test_compile_takes_its_turns_last_on_top_of_the_winner_and_is_reported():
     assert run.compile_arm.steps >= 9  # 3 rounds of a chunk each, at least
     run.close()
     assert not hasattr(model, "_orig_mod") and type(model).__name__ == "TinyCNN"
+
+
+def test_compiles_measured_warm_up_is_remembered_and_decides_the_next_search(tmp_path):
+    """compile is tried only if its warm-up fits the budget left: the first time by a guess (30 s), afterwards by
+    the warm-up measured on this setup, both ways (a long one is not started; a short one fits a short budget)."""
+    import json
+
+    from accel import plancache
+
+    def search(budget_s):
+        torch._dynamo.reset()
+        model = tiny_model()
+        run = accel.accelerate(model, torch.optim.SGD(model.parameters(), lr=0.05), tiny_loader(),
+                               accel.Auto(cache=tmp_path, budget_s=budget_s,
+                                          candidates=[["channels_last"], [{"compile": {"backend": "eager"}}]]),
+                               device="cpu")
+        while run.phase != "settled":
+            train(run, 1)
+        run.close()
+        return next(row for row in run.report.tuning.rows if "compile" in row.plan)
+
+    def forget_choices():  # the plan cache would answer at once: only the warm-up record stays
+        for path in tmp_path.glob("*.json"):
+            path.unlink()
+
+    first = search(60)
+    assert first.first_step_s is not None, first
+    records = list((tmp_path / "warmups").glob("*.json"))
+    assert len(records) == 1
+    entry = json.loads(records[0].read_text())
+    assert entry["key"]["candidate"] == {"compile": {"backend": "eager"}} and entry["result"]["seconds"] >= 0
+
+    for seconds, budget_s, tried in ((1000.0, 60, False), (0.0, 15, True)):
+        entry["result"]["seconds"] = seconds
+        records[0].write_text(json.dumps(entry))
+        forget_choices()
+        row = search(budget_s)
+        if tried:  # the guess (30 s) would not fit 15 s; the measured warm-up does
+            assert row.status != "not measured" and row.first_step_s is not None, row
+        else:
+            assert row.status == "not measured" and "as measured on this setup before" in row.reason, row
+    assert plancache.clear(tmp_path) >= 0 and not list((tmp_path / "warmups").glob("*.json"))
 
 
 class Snail(Accelerator):

@@ -20,6 +20,25 @@ def warmup_guess(candidate: dict[str, dict]) -> float:
     return COMPILE_GUESS_S * (0.5 if candidate["compile"].get("regional") else 1.0)
 
 
+def expected_warmup(candidate: dict[str, dict], facts: dict[str, Any] | None, cache: Any) -> tuple[float, str]:
+    """The warm-up a costly candidate will take, and how that is known: as measured on this setup by an earlier
+    search (the cache, under the search's key facts), else warmup_guess."""
+    if facts is not None and cache:
+        from accel import plancache
+
+        seen = plancache.known_warmup(plancache.warmup_parts(facts, candidate), cache)
+        if seen is not None:
+            return seen, "as measured on this setup before"
+    return warmup_guess(candidate), "assumed before one is measured here"
+
+
+def remember_warmup(candidate: dict[str, dict], facts: dict[str, Any] | None, cache: Any, seconds: float) -> None:
+    if facts is not None and cache:
+        from accel import plancache
+
+        plancache.remember_warmup(plancache.warmup_parts(facts, candidate), seconds, cache)
+
+
 
 
 @dataclass

@@ -9,9 +9,10 @@ each member) take turns in chunks of your steps, in an order that reverses every
 change in the machine's load hits every arm alike. A chunk is timed from the end of its first step (the one
 after a switch) to the end of its last: whole steps, with your data loading, your code, forward, backward and
 update. Each round gives every arm a ratio to the plain loop measured beside it (accel.measure.Ratio). An arm
-confidently slower than the best is dropped; one that cannot be told from the best within the margin is dropped
-when it holds more accelerators. The search settles when one arm is left against the plain loop and its verdict
-is clear, or when the budget is spent; it keeps the best arm only when it is faster than the plain loop with 95%
+confidently slower than the best is dropped, and so is one confidently no faster than the plain loop by the margin
+(it could never be kept); one that cannot be told from the best within the margin is dropped when it holds more
+accelerators. The search settles when one arm is left against the plain loop and faster than it, when none is
+left, or when the budget is spent; it keeps the best arm only when it is faster than the plain loop with 95%
 confidence. compile comes last, on top of the winner, if its warm-up fits what is left of the budget. A rebuilt
 loader cannot change mid-epoch: it is decided by how long your loop waits for data, and joins at the next epoch.
 
@@ -21,7 +22,6 @@ objects (the earlier plan undone, its counters and state handed over), so each p
 from __future__ import annotations
 
 import datetime as _dt
-import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from accel.accelerator import REGISTRY
-from accel.autotune.config import BUDGET_STEPS, MIN_BUDGET_S, SLOW_STOP, Settings, warmup_guess
+from accel.autotune.config import BUDGET_STEPS, MIN_BUDGET_S, SLOW_STOP, Settings, expected_warmup, remember_warmup
 from accel.autotune.results import TuneResult, TuneRow
 from accel.autotune.search import for_device, generate_candidates
 from accel.autotune.state import established, payback
@@ -38,11 +38,10 @@ from accel.context import placement
 from accel.core import accelerate
 from accel.errors import AccelerateError, MeasureError, PlanError
 from accel.hardware import probe
-from accel.measure import Ratio, TrainStep, plan_label, synchronize
+from accel.measure import Ratio, TrainStep, chunk_steps, paired, plan_label, round_order, synchronize
 from accel.plan import Plan
 
-CHUNK_S = 0.5  # a chunk's timed steps take about this long
-MAX_CHUNK = 20  # timed steps per chunk at most
+CHUNK_S = 0.5  # a chunk's timed steps take about this long (accel.measure.CHUNK_S; tests shorten it here)
 MIN_ROUNDS = 3  # rounds before any verdict
 MAX_ROUNDS = 30
 DATA_WAIT = 0.10  # a rebuilt loader (workers) pays when the loop waits this fraction of its step for data
@@ -58,7 +57,8 @@ class Arm:
     plan: dict[str, dict]
     tests: str = ""  # the accelerator whose effect it shows (the stack without it), or "" for a whole stack
     rounds: dict[int, float] = field(default_factory=dict)  # round -> seconds per step in its chunk of that round
-    status: str = "measuring"  # measuring, settled, slower, not needed, refused, failed, loss off, not measured
+    status: str = "measuring"  # measuring, settled, slower, not faster, not needed, refused, failed, loss off,
+    # stopped early, not measured
     reason: str = ""
     first_s: float | None = None  # its first step after the first switch to it (compile lands there)
     steps: int = 0
@@ -70,8 +70,7 @@ class Arm:
 
     def ratio_to(self, other: Arm) -> Ratio:
         """Its step time over the other's, from the rounds both ran."""
-        return Ratio([self.rounds[r] / other.rounds[r] for r in sorted(self.rounds.keys() & other.rounds.keys())
-                      if other.rounds[r] > 0])
+        return paired(self.rounds, other.rounds)
 
 
 class TuningLoader:
@@ -314,7 +313,7 @@ class TuningRun:
         return elapsed / steps > SLOW_STOP * plain and elapsed - steps * plain > STOP_COST_S
 
     def _pace(self, step_s: float) -> None:
-        self.chunk_steps = max(2, min(MAX_CHUNK, math.ceil(CHUNK_S / max(step_s, 1e-6))))
+        self.chunk_steps = chunk_steps(step_s, least=2, target_s=CHUNK_S)
         if self.settings.budget_s is None:
             self.deadline = max(self.deadline, self.started + BUDGET_STEPS * step_s)
         if self.settings.expected_steps:
@@ -325,7 +324,7 @@ class TuningRun:
 
     def _next_round(self) -> None:
         live = self._live()
-        self.order = live if self.round % 2 == 0 else live[::-1]
+        self.order = round_order(live, self.round, rotate=False)  # the plain loop stays first or last
         self.turn = 0
         self._go(self.order[0])
 
@@ -402,6 +401,14 @@ class TuningRun:
         if not rivals:
             self._settle("no candidate could be timed")
             return
+        for arm in rivals:  # it could only be kept faster than the plain loop by the margin: it is confidently not
+            vs_plain = arm.ratio_to(self.plain)
+            if vs_plain.above(1 - margin):
+                arm.status, arm.reason = "not faster", f"{vs_plain} of the plain loop's step"
+        rivals = [a for a in rivals if a.status == "measuring"]
+        if not rivals:  # every candidate is confidently no faster: more turns would only cost your run time
+            self._settle("settled")
+            return
         best = min(rivals, key=lambda a: a.ratio_to(self.plain).estimate)
         for arm in rivals:
             if arm is best:
@@ -412,8 +419,7 @@ class TuningRun:
             elif ratio.below(1 + margin) and ratio.above(1 - margin) and len(arm.plan) > len(best.plan):
                 arm.status, arm.reason = "not needed", f"{ratio} of {best.name}'s step, with more accelerators"
         left = [a for a in self._live() if a is not self.plain]
-        verdict = best.ratio_to(self.plain)
-        if left == [best] and (verdict.below(1 - margin) or verdict.above(1 - margin)):
+        if left == [best] and best.ratio_to(self.plain).below(1 - margin):
             self._settle("settled")
 
     def _settle(self, how: str) -> None:
@@ -444,11 +450,11 @@ class TuningRun:
             return False
         candidate = self.costly[0]
         left = self.deadline - time.perf_counter()
-        guess = warmup_guess(candidate)
+        guess, known = expected_warmup(candidate, self.cache_key, self.settings.cache)
         if left < guess:
             self.compile_arm = Arm({**plan, **candidate}, tests=next(iter(candidate)), status="not measured",
-                                   reason=f"its warm-up (about {guess:.0f} s before one is measured here) does "
-                                          f"not fit the {max(left, 0):.0f} s of budget left")
+                                   reason=f"its warm-up (about {guess:.0f} s, {known}) does not fit the "
+                                          f"{max(left, 0):.0f} s of budget left")
             self.arms.append(self.compile_arm)
             return False
         self.compile_arm = Arm({**plan, **candidate}, tests=next(iter(candidate)))
@@ -464,6 +470,8 @@ class TuningRun:
         margin = self.settings.margin
         step = base.rounds and sorted(base.rounds.values())[len(base.rounds) // 2] or 0.0
         warmup = (arm.first_s or 0.0) - step
+        if arm.first_s is not None:
+            remember_warmup(self.costly[0], self.cache_key, self.settings.cache, warmup)
         expected = self.settings.expected_steps
         faster, break_even, pays = payback(ratio, step, warmup, margin, expected)
         base.status = "settled"
@@ -547,7 +555,7 @@ class TuningRun:
         ordered = sorted(arm.rounds.values())
         median = ordered[len(ordered) // 2] if ordered else None
         status = {"settled": "measured", "measuring": "measured", "baseline": "measured"}.get(arm.status, arm.status)
-        if arm.status in ("slower", "not needed", "not chosen") and arm.rounds:
+        if arm.status in ("slower", "not faster", "not needed", "not chosen") and arm.rounds:
             status = "measured"
         if arm.decided_by:
             status = arm.decided_by

@@ -103,6 +103,7 @@ def tune(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loader: Any, 
              else [Plan(c).to_dict() for c in candidates])
     plans = [p for p in plans if p]
     search = Search(lab, tolerance, margin, math.inf, expected_steps)
+    search.facts, search.cache = key_parts, cache
     try:
         base = lab.trial({})
         search.base = base

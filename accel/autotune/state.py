@@ -35,6 +35,8 @@ class Search:
         self.base: Trial | None = None
         self.notes: list[str] = []
         self.cut_short = False  # a step of the search skipped for the budget: the answer is not one to remember
+        self.facts: dict[str, Any] | None = None  # the cache's key facts (a measured warm-up is kept under them)
+        self.cache: Any = False
 
     def left(self) -> float:
         return self.deadline - time.perf_counter()

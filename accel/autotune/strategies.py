@@ -4,7 +4,7 @@ from __future__ import annotations
 
 
 from accel.accelerator import REGISTRY
-from accel.autotune.config import warmup_guess
+from accel.autotune.config import expected_warmup, remember_warmup
 from accel.autotune.results import TuneRow
 from accel.autotune.state import Search, payback
 from accel.measure import Ratio, Trial, plan_label
@@ -170,12 +170,12 @@ def _try_costly(search: Search, incumbent: Trial | None, candidate: dict[str, di
     """A costly accelerator (compile) on top of the best plan so far, kept when it pays back within the run."""
     reference = incumbent or search.base
     plan = {**reference.plan, **candidate}
-    guess = warmup_guess(candidate)
+    guess, known = expected_warmup(candidate, search.facts, search.cache)
     if search.left() < guess:  # started on whatever budget is left, it ran the search far past it
         search.cut_short = True
         search.rows.append(TuneRow(plan_label(plan), plan, "not measured", against=reference.name,
-                                   reason=f"its warm-up (about {guess:.0f} s before one is measured here) does not "
-                                          f"fit the {max(search.left(), 0):.0f} s of budget left"))
+                                   reason=f"its warm-up (about {guess:.0f} s, {known}) does not fit the "
+                                          f"{max(search.left(), 0):.0f} s of budget left"))
         return incumbent
     trial = search.lab.trial(plan)
     row = search.row_of(trial, against=reference.name, tests=next(iter(candidate)))
@@ -188,6 +188,7 @@ def _try_costly(search: Search, incumbent: Trial | None, candidate: dict[str, di
     if trial.status != "ready":
         return incumbent
     extra_warmup = trial.warmup_s - reference.warmup_s
+    remember_warmup(candidate, search.facts, search.cache, extra_warmup)
     faster, break_even, pays = payback(ratio, reference.median_s or 0.0, extra_warmup, search.margin,
                                        search.expected_steps)
     name = "+".join(candidate)
