@@ -186,6 +186,26 @@ def test_candidates_confidently_no_faster_than_the_plain_loop_end_the_search_wit
         unregister("drowsy")
 
 
+@pytest.mark.parametrize("long_steps", [False, True])
+def test_the_step_after_a_switch_is_untimed_except_on_later_turns_of_long_steps(monkeypatch, long_steps):
+    """Steps of 2 s or more (here: any, with the threshold at 0) are timed from the switch on an arm's later turns:
+    a BERT-base step takes seconds on 2 cores, and an untimed step cost a third of every turn."""
+    if long_steps:
+        monkeypatch.setattr(inloop, "SETTLE_BELOW_S", 0.0)
+    model = tiny_model()
+    run = accel.accelerate(model, torch.optim.SGD(model.parameters(), lr=0.05), tiny_loader(),
+                           quick(candidates=[["channels_last"], ["fused_optimizer"]]), device="cpu")
+    while run.phase != "settled":
+        train(run, 1)
+    for arm in run.arms:
+        turns = len(arm.rounds)
+        if arm.status in ("refused", "stopped early") or not turns:
+            continue
+        # 2 timed steps a turn (CHUNK_S is 0 here), and the untimed one: every turn, or only the first
+        assert arm.steps == (1 + 2 * turns if long_steps else 3 * turns), (arm.name, arm.steps, turns)
+    run.close()
+
+
 def test_compile_is_not_tried_when_its_warm_up_does_not_fit_and_the_budget_holds():
     model = tiny_model()
     run = accel.accelerate(model, torch.optim.SGD(model.parameters(), lr=0.05), tiny_loader(),

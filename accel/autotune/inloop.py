@@ -7,8 +7,8 @@
 Arms (the plain loop, the stack of every candidate that can be switched between steps, and that stack without
 each member) take turns in chunks of your steps, in an order that reverses every round (A B C, C B A, ...), so a
 change in the machine's load hits every arm alike. A chunk is timed from the end of its first step (the one
-after a switch) to the end of its last: whole steps, with your data loading, your code, forward, backward and
-update. Each round gives every arm a ratio to the plain loop measured beside it (accel.measure.Ratio). An arm
+after a switch; for steps of 2 s or more, from the switch on an arm's later turns) to the end of its last: whole
+steps, with your data loading, your code, forward, backward and update. Each round gives every arm a ratio to the plain loop measured beside it (accel.measure.Ratio). An arm
 confidently slower than the best is dropped, and so is one confidently no faster than the plain loop by the margin
 (it could never be kept); one that cannot be told from the best within the margin is dropped when it holds more
 accelerators. The search settles when one arm is left against the plain loop and faster than it, when none is
@@ -38,7 +38,7 @@ from accel.context import placement
 from accel.core import accelerate
 from accel.errors import AccelerateError, MeasureError, PlanError
 from accel.hardware import probe
-from accel.measure import Ratio, TrainStep, chunk_steps, paired, plan_label, round_order, synchronize
+from accel.measure import SETTLE_BELOW_S, Ratio, TrainStep, chunk_steps, paired, plan_label, round_order, synchronize
 from accel.plan import Plan
 
 CHUNK_S = 0.5  # a chunk's timed steps take about this long (accel.measure.CHUNK_S; tests shorten it here)
@@ -149,6 +149,7 @@ class TuningRun:
         self.round, self.order, self.turn, self.phase_start = 0, [], 0, 0
         self.chunk_steps = 2  # timed steps per chunk, paced after the plain loop's first chunk
         self.in_chunk = 0
+        self.untimed = 1  # steps after the switch not timed in this chunk (1, or 0 on later turns of long steps)
         self.chunk_started = self.switched_at = time.perf_counter()
         self.data_wait_s = 0.0
         self.plain_wait = [0.0, 0.0]  # data wait and time of the plain loop's timed steps
@@ -270,7 +271,7 @@ class TuningRun:
     def _after_step(self) -> None:
         self.in_chunk += 1
         self.active.steps += 1
-        if self.in_chunk == 1:  # the step after a switch is not timed
+        if self.in_chunk == self.untimed:  # the step after a switch is not timed
             synchronize(self.device)
             now = time.perf_counter()
             if self.active.first_s is None:
@@ -278,13 +279,13 @@ class TuningRun:
             self.chunk_started, self.wait_at_start = now, self.data_wait_s
             return
         arm = self.active
-        if self.in_chunk - 1 < self.chunk_steps:
+        timed = self.in_chunk - self.untimed
+        if timed < self.chunk_steps:
             if arm is self.plain or not self.plain.rounds or self.device.type != "cpu":
                 return  # (on an accelerator, reading the time mid-chunk would wait for the device every step)
-            if not self._hopeless(time.perf_counter() - self.chunk_started, self.in_chunk - 1):
+            if not self._hopeless(time.perf_counter() - self.chunk_started, timed):
                 return
         synchronize(self.device)
-        timed = self.in_chunk - 1
         elapsed = time.perf_counter() - self.chunk_started
         if self.losses and not bool(torch.isfinite(torch.stack([loss.float() for loss in self.losses])).all()):
             if arm is not self.plain:
@@ -353,6 +354,12 @@ class TuningRun:
             self._next_turn()
             return
         self.active, self.in_chunk = arm, 0
+        # A step of 2 s or more is timed from the switch on an arm's later turns: what a switch leaves cold (caches,
+        # the allocator) is small beside it, and an untimed step would cost a third of every turn.
+        long_steps = bool(self.plain.rounds) and min(self.plain.rounds.values()) >= SETTLE_BELOW_S
+        self.untimed = 0 if arm.first_s is not None and long_steps else 1
+        if not self.untimed:
+            self.chunk_started, self.wait_at_start = self.switched_at, self.data_wait_s
 
     def _switch(self, plan: dict[str, dict], arm: Arm | None = None) -> bool:
         """accelerate() on your objects with this plan (the earlier run handed over); False when it is refused."""
