@@ -319,6 +319,8 @@ class Lab:
     Trials' process-wide changes (threads, affinity, environment) are switched with their journals.
     """
 
+    round = 0  # rounds run so far, over every call of rounds(): a trial's rounds are keyed by it
+
     def __init__(self, model: torch.nn.Module, optimizer: Any, loader: Any, device: Any, step: TrainStep,
                  check_steps: int = 2):
         self.model, self.optimizer, self.loader, self.device, self.step = model, optimizer, loader, device, step
@@ -326,7 +328,6 @@ class Lab:
         self.trials: list[Trial] = []
         self.active: Trial | None = None
         self.chunk_steps, self.settle = 1, 0
-        self.round = 0  # rounds run so far, over every call of rounds(): a trial's rounds are keyed by it
         self.start = randomness.save(loader)  # every trial's first steps start from here; close() comes back
 
     def restore_randomness(self) -> None:

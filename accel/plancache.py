@@ -8,8 +8,8 @@ pinning, torch's and accel's versions, the registered accelerators, and tune's s
 ``accel cache list`` and ``accel cache clear`` show and remove them.
 
 Beside the choices, in ``warmups/``: the warm-up a costly candidate (compile) took on a setup, measured when a
-search tried it, so that the next search on the same model, batch, device and versions decides by that and not
-by a guess whether the warm-up fits its budget.
+search tried it, so that the next search on the same model, batch, device, CPU and versions decides by that and
+not by a guess whether the warm-up fits its budget.
 """
 from __future__ import annotations
 
@@ -109,7 +109,7 @@ def lookup(parts: dict[str, Any], where: Any = True) -> dict[str, Any] | None:
         return None
 
 
-def store(parts: dict[str, Any], result: dict[str, Any], where: Any = True) -> str:
+def store(parts: dict[str, Any], result: dict[str, Any], where: Any = True, what: str = "the choice") -> str:
     """Remember a choice (TuneResult.to_dict()); returns its key, or "" when it is not kept: a plan holding
     tensors or functions (it would not come back as it was) or a cache that cannot be written (said)."""
     import warnings
@@ -126,7 +126,7 @@ def store(parts: dict[str, Any], result: dict[str, Any], where: Any = True) -> s
         temporary.write_text(json.dumps({"key": parts, "result": {**result, "key": key}}, default=str, indent=1))
         os.replace(temporary, folder / f"{key}.json")
     except OSError as error:
-        warnings.warn(f"accel: the plan cache {folder} cannot be written ({error}); the choice is not remembered",
+        warnings.warn(f"accel: the plan cache {folder} cannot be written ({error}); {what} is not remembered",
                       stacklevel=3)
         return ""
     return key
@@ -171,11 +171,12 @@ def entries(where: Any = True) -> list[dict[str, Any]]:
 
 def clear(where: Any = True, key: str | None = None) -> int:
     """Forget every remembered choice (or the one of this key, or key prefix); returns how many. Clearing all
-    forgets the measured warm-ups too."""
+    forgets the measured warm-ups too (counted)."""
     removed = 0
     if key is None:
         for path in (cache_dir(where) / "warmups").glob("*.json"):
             path.unlink(missing_ok=True)
+            removed += 1
     for path in cache_dir(where).glob("*.json"):
         if key is None or path.stem.startswith(key):
             path.unlink(missing_ok=True)

@@ -185,7 +185,8 @@ def auto_in_loop(workload, net, opt, loader, args) -> tuple[Any, float, int, str
                 run.step()
                 if run.phase == "settled":
                     break
-        return run.plan, time.perf_counter() - started, run.settled_at, run.report.tuning.why
+        tuning = run.report.tuning  # its plan, whole: a rebuilt loader would join run.plan only at the next epoch
+        return tuning.plan, time.perf_counter() - started, run.settled_at, tuning.why
     finally:
         run.close()
 

@@ -334,7 +334,6 @@ class OrderLab(Lab):
 
     def __init__(self, speeds, fails=()):
         self.order, self.speeds, self.fails, self.settle, self.chunk_steps, self.active = [], speeds, fails, 0, 1, None
-        self.round = 0
 
     def chunk(self, trial, limit_s=math.inf):
         self.order.append(trial.plan["name"])

@@ -271,7 +271,7 @@ class TuningRun:
     def _after_step(self) -> None:
         self.in_chunk += 1
         self.active.steps += 1
-        if self.in_chunk == self.untimed:  # the step after a switch is not timed
+        if self.in_chunk == self.untimed:  # the step after a switch, when it is not timed (self.untimed is 1)
             synchronize(self.device)
             now = time.perf_counter()
             if self.active.first_s is None:
@@ -356,8 +356,10 @@ class TuningRun:
         self.active, self.in_chunk = arm, 0
         # A step of 2 s or more is timed from the switch on an arm's later turns: what a switch leaves cold (caches,
         # the allocator) is small beside it, and an untimed step would cost a third of every turn.
-        long_steps = bool(self.plain.rounds) and min(self.plain.rounds.values()) >= SETTLE_BELOW_S
-        self.untimed = 0 if arm.first_s is not None and long_steps else 1
+        # compile is left out: a switch back to it may recompile (its hooks' guards), and that is not its step.
+        long_steps = all(a.rounds and min(a.rounds.values()) >= SETTLE_BELOW_S for a in (self.plain, arm))
+        costly = any(REGISTRY[name].costly_setup for name in arm.plan)
+        self.untimed = 0 if arm.first_s is not None and long_steps and not costly else 1
         if not self.untimed:
             self.chunk_started, self.wait_at_start = self.switched_at, self.data_wait_s
 
@@ -391,8 +393,9 @@ class TuningRun:
         return True
 
     def _verdicts(self) -> None:
-        """After a round: drop what is confidently slower than the best, or no faster and larger; settle when one
-        arm is left against the plain loop with a clear verdict."""
+        """After a round: drop what is confidently slower than the best, confidently no faster than the plain loop
+        by the margin, or no faster than the best and larger; settle when none is left, or when one is left and it
+        is confidently faster than the plain loop by the margin."""
         if self.phase == "compile" and self.compile_arm.status != "measuring":  # refused, failed, loss not finite
             self._end_compile()
             return
@@ -538,7 +541,7 @@ class TuningRun:
         self.result = TuneResult(Plan(plan), rows, why, rows[0].median_ms, elapsed, settings,
                                  measured_at=_dt.datetime.now().isoformat(timespec="seconds"),
                                  established=self.winner is not self.plain or not any(  # undecided arms
-                                     a.ratio_to(self.plain).noisy() for a in self.arms[1:]
+                                     self._undecided(a.ratio_to(self.plain)) for a in self.arms[1:]
                                      if a.status == "not chosen" and a.rounds and a is not self.compile_arm))
         self._take(plan)
         self.current.report.tuning = self.result
@@ -548,6 +551,12 @@ class TuningRun:
             from accel import plancache
 
             self.result.key = plancache.store(self.cache_key, self.result.to_dict(), self.settings.cache)
+
+    def _undecided(self, ratio: Ratio) -> bool:
+        """Neither established faster than the plain loop nor confidently no faster by the margin: the two verdicts
+        the search drops or keeps an arm by."""
+        margin = self.settings.margin
+        return not (established(ratio, margin) or ratio.above(1 - margin))
 
     def _take(self, plan: dict[str, dict]) -> None:
         """The chosen plan now, but its rebuilt loader only from the next epoch."""
