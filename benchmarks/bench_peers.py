@@ -186,6 +186,7 @@ def auto_in_loop(workload, net, opt, loader, args) -> tuple[Any, float, int, str
                 if run.phase == "settled":
                     break
         tuning = run.report.tuning  # its plan, whole: a rebuilt loader would join run.plan only at the next epoch
+        print(tuning, flush=True)  # what it measured, what not and why (compile's turns too)
         return tuning.plan, time.perf_counter() - started, run.settled_at, tuning.why
     finally:
         run.close()
