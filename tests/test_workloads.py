@@ -42,3 +42,46 @@ def test_each_workload_runs_through_auto_in_its_own_loop(name, monkeypatch):
     assert measured and measured[0].name == "eager", tuning.rows
     run.close()
     assert process_state() == before
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_regional_compile_of_a_gpt2_with_its_kv_cache_on_says_it_recompiles_per_block(use_cache):
+    """Found benchmarking auto on GPT-2 small: with config.use_cache (its default) every block gets the KV cache,
+    dynamo compiled a block again per layer index up to torch's recompile_limit (8) and ran blocks 9-12 eagerly."""
+    pytest.importorskip("transformers")
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch._dynamo.reset()
+    counters.clear()
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=100, n_embd=32, n_layer=10, n_head=2, n_positions=32,
+                                       bos_token_id=0, eos_token_id=0, use_cache=use_cache))
+    plan = [{"compile": {"regional": True, "backend": "eager"}}]
+    with pytest.warns(UserWarning, match="use_cache") if use_cache else warnings_as_errors():
+        run = accel.accelerate(model, torch.optim.AdamW(model.parameters()), None, plan=plan, device="cpu")
+    ids = torch.randint(0, 100, (2, 16))
+    run.backward(run.model(input_ids=ids, labels=ids).loss)
+    run.step()
+    changes = run.report.row("compile").changes
+    graphs = counters["stats"]["unique_graphs"]
+    if use_cache:
+        assert "use_cache = False" in changes["kv cache"] and graphs > 1, (changes, graphs)
+    else:
+        assert "kv cache" not in changes and graphs == 1, (changes, graphs)
+    run.close()
+    torch._dynamo.reset()
+
+
+def warnings_as_errors():
+    import contextlib
+    import warnings
+
+    @contextlib.contextmanager
+    def strict():
+        with warnings.catch_warnings():
+            warnings.filterwarnings("error", message=".*use_cache.*")
+            yield
+    return strict()

@@ -27,6 +27,7 @@ compiles the inner frames one by one). One run compiles one model; torch 2.15 ne
 from __future__ import annotations
 
 import shutil
+import warnings
 
 
 from accel.accelerator import SAME_MATH, Accelerator, Option, Stage, register
@@ -118,7 +119,15 @@ class Compile(Accelerator):
         changes = {**{k: v for k, v in kwargs.items() if v is not None}, "compiles": "on the first step (see timing)",
                    "hooks": "guarded: hooks you add or remove later recompile"}
         if regional:
-            return {**changes, "regions": self.compile_blocks(ctx, blocks, kwargs)}
+            changes["regions"] = self.compile_blocks(ctx, blocks, kwargs)
+            if getattr(getattr(ctx.model, "config", None), "use_cache", None) is True:
+                # measured: a 12-layer GPT-2, 8 graphs (torch's recompile_limit), blocks 9-12 eager; 1 without
+                changes["kv cache"] = ("the model's config.use_cache is True: Hugging Face hands every block its KV "
+                                       "cache, and dynamo compiles a block again for each layer index, up to torch's "
+                                       "recompile_limit (8), then runs the rest eagerly; set "
+                                       "model.config.use_cache = False for training")
+                warnings.warn(f"accel compile: {changes['kv cache']}", stacklevel=2)
+            return changes
         self.wrapper = ctx.model = torch.compile(ctx.model, **kwargs)
         if torch_version() < (2, 15):  # measured: torch 2.8's AOTAutograd kept training a layer unfrozen after compiling
             self.params = list(self.wrapper.parameters())  # with the graph of the frozen one (2.15 recompiles)
