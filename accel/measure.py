@@ -193,7 +193,7 @@ def round_order(arms: list, index: int, rotate: bool = True) -> list:
 CHUNK_S = 0.5  # a chunk's timed steps take about this long
 MAX_CHUNK = 20  # timed steps per chunk at most
 SETTLE_BELOW_S = 2.0  # steps shorter than this are not timed right after a switch (alternating 1-step chunks read
-# eager resnet18 0.4 of its real ratio to bf16 here); longer ones are, what a switch leaves cold being small beside
+# eager resnet18 0.4 of its real ratio to bf16 here); longer ones are: what a switch leaves cold is small beside them
 
 
 def chunk_steps(step_s: float, least: int = 1, target_s: float = CHUNK_S) -> int:

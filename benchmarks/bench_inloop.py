@@ -51,7 +51,8 @@ def endless(run):
         yield from run.loader
 
 
-def measure(name: str, size: str, budget: float, rounds: int, chunk: int, total: int, batch: int | None = None) -> dict:
+def measure(name: str, size: str, budget: float, rounds: int, chunk: int, total: int,
+            batch: int | None = None) -> dict:
     workload = WORKLOADS[name]
     model, optimizer, loader = workload.build(size, steps=64, batch=batch)
     started = time.perf_counter()
@@ -92,7 +93,8 @@ def measure(name: str, size: str, budget: float, rounds: int, chunk: int, total:
         auto_total = measured_s + (total - settled_step) * times[auto_label][r]
         per_round["auto/best"].append(auto_total / (total * times[best][r]))
         per_round["auto/plain"].append(auto_total / (total * times["eager"][r]))
-    result = {"workload": name, "size": size, "batch": loader.batch_size, "steps": total, "budget_s": budget, "measurement_s": round(measured_s, 1),
+    result = {"workload": name, "size": size, "batch": loader.batch_size, "steps": total, "budget_s": budget,
+              "measurement_s": round(measured_s, 1),
               "settled_step": settled_step, "auto_plan": auto_label, "best_fixed": best,
               "step_ms": {k: round(v * 1000, 1) for k, v in step.items()},
               "total_s": {k: round(v, 1) for k, v in totals.items()},
@@ -168,7 +170,8 @@ def main() -> None:
     if args.quick:
         args.size, args.budget, args.rounds, args.workloads = "tiny", 5.0, 2, ["resnet18", "bert", "lstm"]
     results = [memory(args.budget)] if args.memory else [
-        measure(name, args.size, args.budget, args.rounds, args.chunk, args.steps, args.batch) for name in args.workloads]
+        measure(name, args.size, args.budget, args.rounds, args.chunk, args.steps, args.batch)
+        for name in args.workloads]
     if args.json:
         with open(args.json, "w") as out:
             json.dump(results, out, indent=1)

@@ -47,7 +47,7 @@ from typing import Any
 import torch
 
 import accel
-from accel.measure import Lab, Ratio, TrainStep, Trial, endless, plan_label, summarize, timed_steps
+from accel.measure import Lab, Ratio, TrainStep, Trial, endless, paired, plan_label, summarize, timed_steps
 from accel.optim import rebuild_optimizer, same_params
 from accel.report import render_table
 from accel.workloads import WORKLOADS
@@ -232,8 +232,8 @@ def bench_model(name: str, args) -> dict[str, Any]:
                                    "auto_settled_at": settled_at, "auto_why": why, "auto_plan": plan_label(chosen)}
         if accelerate_arms and auto.status == "ready":
             best_label, best = min(accelerate_arms, key=lambda a: ratios[id(a[1])].estimate)
-            paired = Ratio([a / b for a, b in zip(ratios[id(auto)].samples, ratios[id(best)].samples)])
-            summary.update(accelerate_best=best_label, auto_vs_best=paired.to_dict(), auto_vs_best_text=str(paired))
+            ratio = paired(auto.rounds, best.rounds)  # from the rounds both ran
+            summary.update(accelerate_best=best_label, auto_vs_best=ratio.to_dict(), auto_vs_best_text=str(ratio))
         return {"rows": rows, "summary": summary}
     finally:
         lab.close()

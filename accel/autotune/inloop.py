@@ -8,10 +8,10 @@ Arms (the plain loop, the stack of every candidate that can be switched between 
 each member) take turns in chunks of your steps, in an order that reverses every round (A B C, C B A, ...), so a
 change in the machine's load hits every arm alike. A chunk is timed from the end of its first step (the one
 after a switch; for steps of 2 s or more, from the switch on an arm's later turns) to the end of its last: whole
-steps, with your data loading, your code, forward, backward and update. Each round gives every arm a ratio to the plain loop measured beside it (accel.measure.Ratio). An arm
-confidently slower than the best is dropped, and so is one confidently no faster than the plain loop by the margin
-(it could never be kept); one that cannot be told from the best within the margin is dropped when it holds more
-accelerators. The search settles when one arm is left against the plain loop and faster than it, when none is
+steps, with your data loading, your code, forward, backward and update. Each round gives every arm a ratio to the
+plain loop measured beside it (accel.measure.Ratio). An arm confidently slower than the best is dropped, and so
+is one confidently no faster than the plain loop by the margin (it could never be kept); one that cannot be told
+from the best within the margin is dropped when it holds more accelerators. The search settles when one arm is left against the plain loop and faster than it, when none is
 left, or when the budget is spent; it keeps the best arm only when it is faster than the plain loop with 95%
 confidence. compile comes last, on top of the winner, if its warm-up fits what is left of the budget. A rebuilt
 loader cannot change mid-epoch: it is decided by how long your loop waits for data, and joins at the next epoch.
