@@ -16,12 +16,12 @@ import csv
 import gc
 import json
 import sys
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from accel import clock
 from accel.measure import Lab, Ratio, TrainStep, matmul_peaks, peak_dtype, plan_label, summarize, training_flops
 from accel.report import render_table
 
@@ -239,10 +239,10 @@ def _bench_model(name, build, wanted, rounds, steps, warmup, optimizer, batch_si
     for plan in wanted:
         if plan == "auto":
             bar.set_description(f"{name}: auto (tuning)")
-            started = time.perf_counter()
+            started = clock.now()
             result = tune(net, opt, loader, device=device, budget_s=tune_budget_s, expected_steps=expected_steps,
                           step_fn=step.step_fn)
-            tuned = {"chosen": plan_label(result.plan), "tune_s": round(time.perf_counter() - started, 2),
+            tuned = {"chosen": plan_label(result.plan), "tune_s": round(clock.now() - started, 2),
                      "tuning": result.to_dict()}
             resolved_plans.append(("auto", result.plan.to_dict()))
         else:
@@ -252,8 +252,8 @@ def _bench_model(name, build, wanted, rounds, steps, warmup, optimizer, batch_si
     try:
         for label, plan in resolved_plans:
             bar.set_description(f"{name}: {label}")
-            started = time.perf_counter()
-            trials.append((label, lab.trial(plan), time.perf_counter() - started))
+            started = clock.now()
+            trials.append((label, lab.trial(plan), clock.now() - started))
             bar.update(1)
         base = trials[0][1]
         if base.status != "ready":

@@ -121,7 +121,7 @@ def placement(device: Any, hardware: Hardware, problems: list[Problem]) -> Decis
         problems.append(Problem("launch", f"the launcher's variables cannot be read: {error}", kind="value"))
         return None
     try:
-        resolved = resolve_device(device, local_rank=launch.local_rank if launch else 0)
+        resolved = resolve_device(device, local_rank=launch.local_rank if launch else 0, hardware=hardware)
     except (RuntimeError, TypeError, ValueError) as error:
         problems.append(Problem("device", str(error), value=device,
                                 allowed="'auto', 'cpu', 'cuda[:N]', 'xpu[:N]', 'mps' or any torch device string"))

@@ -11,12 +11,12 @@ rolled back and the user's objects and the process are exactly as they were.
 from __future__ import annotations
 
 import copy
-import time
 import warnings
 from typing import Any
 
 import torch
 
+from accel import clock
 from accel.accelerator import Accelerator
 from accel.context import Context, Decisions, placement
 from accel.errors import AccelerateError, PlanError, Problem, Skip, StaleWarning
@@ -52,14 +52,16 @@ def _retract(ctx: Context, name: str) -> None:
             del ctx.decisions.by[field], ctx.decisions.why[field]
 
 
-def prepare(model, optimizer, loader, plan: PlanSpec, device: Any = "auto",
-            journal: Journal | None = None) -> tuple[Context, list[Accelerator], dict[str, str]]:
-    """Parse, decide and check the whole plan; raise one PlanError with every problem. Changes nothing."""
+def prepare(model, optimizer, loader, plan: PlanSpec, device: Any = "auto", journal: Journal | None = None,
+            hardware: Hardware | None = None) -> tuple[Context, list[Accelerator], dict[str, str]]:
+    """Parse, decide and check the whole plan; raise one PlanError with every problem. Changes nothing.
+
+    hardware: the machine to decide for (default: this one, probed)."""
     plan, problems = Plan.parse(plan)
     if not isinstance(model, torch.nn.Module):
         problems.append(Problem("model", "is not a torch.nn.Module", value=type(model).__name__))
         raise PlanError(problems)
-    hardware = probe()
+    hardware = hardware or probe()
     decisions = placement(device, hardware, problems)
     if decisions is None:
         raise PlanError(problems)
@@ -103,12 +105,13 @@ def prepare(model, optimizer, loader, plan: PlanSpec, device: Any = "auto",
 
 
 def decide(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None, loader: Any = None,
-           plan: PlanSpec = None, device: Any = "auto") -> Decisions:
+           plan: PlanSpec = None, device: Any = "auto", hardware: Hardware | None = None) -> Decisions:
     """What the plan decides here (device, rank, dtype, threads, workers...), with nothing applied.
 
-    Raises the PlanError accelerate() would raise.
+    hardware: decide for another machine than this one (a ``Hardware``, e.g. ``dataclasses.replace(accel.probe(),
+    isa=("avx2", "fma"))`` for a CPU without native bf16). Raises the PlanError accelerate() would raise.
     """
-    ctx, _, _ = prepare(model, optimizer, loader, plan, device)
+    ctx, _, _ = prepare(model, optimizer, loader, plan, device, hardware=hardware)
     return ctx.decisions
 
 
@@ -140,7 +143,7 @@ def accelerate(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None =
         plan = RESOLVERS[plan]()
     if hasattr(plan, "in_loop") and plan.in_loop():  # plan="auto" measuring in your own loop: its own run
         return plan.start(model, optimizer, loader, device)
-    started = time.perf_counter()
+    started = clock.now()
     journal = Journal()
     earlier = open_run(model)
     if earlier is not None:  # one run trains a model at a time: the earlier one's changes are undone first (before
@@ -200,7 +203,7 @@ def accelerate(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None =
     run = Run(ctx, report, applied)
     if earlier is not None:
         earlier.hand_over(run)
-    report.setup_s = time.perf_counter() - started
+    report.setup_s = clock.now() - started
     return run
 
 

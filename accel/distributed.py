@@ -9,6 +9,7 @@ from __future__ import annotations
 import atexit
 import os
 import re
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Mapping
@@ -18,7 +19,7 @@ import torch
 from accel.hardware import parse_cpu_list
 
 __all__ = ["Launch", "all_reduce_mean", "barrier", "cores_for_rank", "init_process_group", "is_main_process",
-           "launcher_environment", "rank", "rank_cores", "world_size"]
+           "launcher_environment", "rank", "rank_cores", "world_size", "drain_gloo_workers"]
 
 CORE_MAP_VARIABLE = "ACCEL_CORE_MAP"  # `accel launch`'s cores per local rank: "0,1;2,3" (rank 0: 0,1; rank 1: 2,3)
 
@@ -134,6 +135,65 @@ def leave_group() -> None:
     except Exception:  # at exit, a peer that is gone is not our failure
         pass
     dist.destroy_process_group()
+
+
+GLOO_WORKER = "pt_gloo_runloop"  # the name torch gives ProcessGroupGloo's worker threads
+DRAIN_LIMIT_S = 5.0
+
+
+def _task_comms(task_dir: str = "/proc/self/task") -> list[str]:
+    try:
+        return [f"{task_dir}/{tid}/comm" for tid in os.listdir(task_dir)]
+    except OSError:
+        return []
+
+
+def _read_comm(path: str) -> str:
+    try:
+        with open(path) as comm:
+            return comm.read()
+    except OSError:  # the thread ended meanwhile
+        return ""
+
+
+def gloo_workers_busy(task_dir: str = "/proc/self/task") -> int:
+    """How many of this process's gloo worker threads are running or runnable (state R), from /proc; 0 where
+    there is none or /proc is absent. A parked worker (waiting for work) sleeps in S."""
+    busy = 0
+    for path in _task_comms(task_dir):
+        if _read_comm(path).startswith(GLOO_WORKER):
+            stat = _read_comm(path[:-len("comm")] + "stat")
+            busy += stat.rsplit(")", 1)[-1].split()[:1] == ["R"]
+    return busy
+
+
+def drain_gloo_workers(limit_s: float = DRAIN_LIMIT_S, calm_polls: int = 3, poll_s: float = 0.005) -> bool:
+    """Give gloo's worker threads the GIL and the CPU until each is parked (seen idle `calm_polls` times in a
+    row), at most ``limit_s``; True when they were.
+
+    Why: DDP keeps its process group alive past ``destroy_process_group()`` (torch caches a reference on the first
+    DDP wrapper), so the group's worker threads outlive it. A worker that finished a collective still drops its
+    last reference to that work, and so to the tensors in it; a tensor whose Python object outlived the Python side
+    needs the GIL to be freed. If the interpreter is finalizing by then, Python ends that thread with a forced
+    unwind through torch's noexcept frames: std::terminate, "terminate called without an active exception",
+    SIGABRT after the script's last line (seen in 1 of 10 two-rank gloo runs on a busy 2-core machine; gdb showed
+    the worker in ~AsyncAllgatherWork -> THPVariable_clear -> take_gil -> pthread_exit). Waiting here, while
+    the interpreter still runs and the GIL is free, lets that worker finish first.
+    """
+    if not any(_read_comm(path).startswith(GLOO_WORKER) for path in _task_comms()):
+        return True  # no gloo group was ever made here: nothing to wait for
+    deadline, calm = time.monotonic() + limit_s, 0
+    while calm < calm_polls:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(poll_s)  # releases the GIL: a worker waiting for it takes it now
+        calm = calm + 1 if not gloo_workers_busy() else 0
+    return True
+
+
+# Registered at import, so that it runs after leave_group and after every handler registered later (atexit runs
+# them last-in first-out): the last thing before the interpreter finalizes.
+atexit.register(drain_gloo_workers)
 
 
 def _attempt_store(launch: Launch, environ, timeout: timedelta):

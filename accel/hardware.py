@@ -12,6 +12,8 @@ import importlib.util
 import os
 import platform
 import re
+import subprocess
+import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -207,10 +209,15 @@ def importable(module: str) -> bool:
         return False
 
 
+@functools.lru_cache(maxsize=1)
 def ipex_problem() -> str | None:
-    """Why IPEX must not be imported here, or None when it is safe.
+    """Why IPEX must not be imported here, or None when it is safe (once per process: the answer does not change).
 
-    IPEX calls os._exit(127) on import when its major.minor differs from torch's, so compare first.
+    Two checks, neither of which imports IPEX into this process: IPEX calls os._exit(127) on import when its
+    major.minor differs from torch's, so the versions are compared first; then a fresh interpreter imports it,
+    because IPEX imports its neighbours at import time and breaks beside some of them (IPEX 2.8 with transformers
+    5: ``NameError: name 'MoeModelOutputWithPast' is not defined``). That import takes seconds, and is paid only
+    where a matching IPEX is installed.
     """
     ipex = package_version("intel-extension-for-pytorch")
     if ipex is None:
@@ -219,7 +226,32 @@ def ipex_problem() -> str | None:
     have = ".".join(map(str, torch_version()))
     if want != have:
         return f"IPEX {want} needs torch {want}.*, found {torch.__version__.split('+')[0]}"
-    return None
+    if "intel_extension_for_pytorch" in sys.modules:
+        return None  # imported already, and alive
+    return import_problem("intel_extension_for_pytorch", IPEX_IMPORT_HINTS)
+
+
+IPEX_IMPORT_HINTS = {  # what broke IPEX's import -> the fix, found on these machines
+    "MoeModelOutputWithPast": "transformers 5 removed names IPEX 2.8 imports: pip install 'transformers<5'",
+}
+IMPORT_PROBE_TIMEOUT_S = 300
+
+
+def import_problem(module: str, hints: dict[str, str] | None = None) -> str | None:
+    """Why ``import module`` fails in a fresh interpreter of this environment, or None when it imports.
+
+    A subprocess, so that a package that exits or aborts on import takes only the probe with it."""
+    try:
+        done = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True, text=True,
+                              timeout=IMPORT_PROBE_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return f"importing {module} took over {IMPORT_PROBE_TIMEOUT_S} s in a fresh interpreter"
+    if done.returncode == 0:
+        return None
+    errors = [line for line in done.stderr.splitlines() if re.match(r"^\w*(Error|Exception)\b", line)]
+    last = errors[-1] if errors else (done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[-1]
+    fix = next((fix for key, fix in (hints or {}).items() if key in done.stderr), None)
+    return f"{module} is installed but does not import here: {last}" + (f" ({fix})" if fix else "")
 
 
 PACKAGE_BACKENDS = ("ipex",)  # torch.compile backends an optional package registers when imported
@@ -238,16 +270,18 @@ def import_compile_backend(backend: str) -> None:
         import intel_extension_for_pytorch  # noqa: F401
 
 
-def resolve_device(device: str | torch.device | None = "auto", local_rank: int = 0) -> torch.device:
+def resolve_device(device: str | torch.device | None = "auto", local_rank: int = 0,
+                   hardware: Hardware | None = None) -> torch.device:
     """'auto' picks cuda, xpu, mps, else cpu; a device type without an index picks this local rank's device
-    (each rank of a launched job on its own GPU); any torch device string is accepted as is."""
+    (each rank of a launched job on its own GPU); any torch device string is accepted as is. ``hardware``:
+    the machine to resolve for (default: this one)."""
+    devices = (hardware or probe()).devices
     if device is None or device == "auto":
-        devices = probe().devices
         kind = next((k for k in ("cuda", "xpu", "mps") if devices.get(k)), "cpu")
         device = torch.device(kind)
     device = torch.device(device)
     if device.index is None and device.type not in ("cpu", "mps", "meta"):
-        count = probe().devices.get(device.type, 0)
+        count = devices.get(device.type, 0)
         return torch.device(device.type, local_rank if count > 1 else 0)
     return device
 

@@ -10,13 +10,12 @@ from __future__ import annotations
 import itertools
 import math
 import statistics
-import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 import torch
 
-from accel import randomness
+from accel import clock, randomness
 from accel.errors import MeasureError
 from accel.batches import describe_batch
 
@@ -102,11 +101,11 @@ def timed_steps(run, batches: Iterator[Any], count: int, step: TrainStep) -> tup
     """
     times, losses = [], []
     for _ in range(count):
-        start = time.perf_counter()
+        start = clock.now()
         loss = step(run, next(batches))
         losses.append(float(loss.float().item()))
         synchronize(run.device)
-        times.append(time.perf_counter() - start)
+        times.append(clock.now() - start)
     return times, losses
 
 
@@ -226,10 +225,10 @@ def matmul_peak(device: str | torch.device = "cpu", dtype: torch.dtype = torch.f
     best = math.inf
     for _ in range(repeats):
         synchronize(device)
-        start = time.perf_counter()
+        start = clock.now()
         torch.mm(a, b)
         synchronize(device)
-        best = min(best, time.perf_counter() - start)
+        best = min(best, clock.now() - start)
     return 2.0 * size ** 3 / best
 
 
@@ -237,12 +236,16 @@ def matmul_peaks(device: str | torch.device = "cpu", hardware=None, size: int = 
     """FLOP/s peaks of the dtypes a training step can compute in here: fp32 always; bf16 and fp16 where the
     device computes them natively (on a CPU, avx512_bf16 / AMX, avx512_fp16 / AMX-FP16)."""
     device = torch.device(device)
-    wanted = ["fp32"]
+    return {name: matmul_peak(device, PEAK_DTYPES[name], size) for name in peak_dtypes(device, hardware)}
+
+
+def peak_dtypes(device: torch.device, hardware=None) -> list[str]:
+    """The dtypes whose peak is worth measuring on this device (a CPU's emulated dtypes have no peak to reach)."""
     if device.type != "cpu":
-        wanted += ["bf16", "fp16"]
-    elif hardware is not None:
-        wanted += ["bf16"] * hardware.native_bf16 + ["fp16"] * hardware.native_fp16
-    return {name: matmul_peak(device, PEAK_DTYPES[name], size) for name in wanted}
+        return ["fp32", "bf16", "fp16"]
+    if hardware is None:
+        return ["fp32"]
+    return ["fp32"] + ["bf16"] * hardware.native_bf16 + ["fp16"] * hardware.native_fp16
 
 
 def peak_dtype(compute_dtype: torch.dtype | None) -> str:
@@ -399,11 +402,11 @@ class Lab:
         are not counted: alternating 1-step chunks read eager resnet18 0.4 of its real ratio to bf16 here."""
         self.activate(trial)
         times: list[float] = []
-        started = time.perf_counter()
+        started = clock.now()
         for _ in range(self.settle + self.chunk_steps):
             seconds, _ = timed_steps(trial.run, trial.batches, 1, self.step)
             times += seconds
-            if time.perf_counter() - started > limit_s:
+            if clock.now() - started > limit_s:
                 break
         counted = times[self.settle:] or times[-1:]
         trial.times += counted
@@ -435,7 +438,7 @@ class Lab:
                 break
             live = {id(t) for t in arms}
             decided = all(r.below(x) or r.above(x) for k, r in ratios.items() if k in live for x in thresholds)
-            if (index + 1 >= min_rounds and decided) or (index + 1 >= 2 and time.perf_counter() > deadline):
+            if (index + 1 >= min_rounds and decided) or (index + 1 >= 2 and clock.now() > deadline):
                 break
         return ratios
 

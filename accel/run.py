@@ -18,13 +18,12 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import time
 import weakref
 from typing import Any, Callable, Iterator
 
 import torch
 
-from accel import sharded_checkpoint
+from accel import clock, sharded_checkpoint
 from accel.accelerator import Accelerator
 from accel.batches import move
 from accel.checkpoint import load as load_checkpoint
@@ -114,7 +113,7 @@ class Run:
         self._backward = self._chain("backward", lambda loss: loss.backward())
         self._optimizer_step = self._chain("optimizer_step", lambda optimizer: optimizer.step() or True)
         self._step = self._chain("step", self._update)
-        self._last_step = time.perf_counter()  # the first step's time includes compile and warm-up
+        self._last_step = clock.now()  # the first step's time includes compile and warm-up
         _OPEN[ctx.user_model] = weakref.ref(self)
 
     def _chain(self, hook: str, innermost: Callable) -> Callable:
@@ -173,7 +172,7 @@ class Run:
         stepped = self._step(self.optimizer)
         self.steps += 1
         self.optimizer_steps += bool(stepped)
-        now = time.perf_counter()
+        now = clock.now()
         self.report.step_times.append(now - self._last_step)
         self._last_step = now
         return not stepped

@@ -211,8 +211,21 @@ def test_bf16_gradient_compression_and_ddp_options_train_in_step(tmp_path):
 def test_a_layer_unfrozen_under_ddp_is_named_and_accelerate_again_syncs_it():
     """DDP registers the parameters that require gradients when it wraps: one unfrozen later would train apart on
     each rank. accel warns at the next step; accelerate() again wraps anew and the ranks train together."""
-    result = torchrun("unfreeze_ddp.py", timeout=300)
-    if result.returncode != 0 and "exitcode: -6" in result.stderr and "AssertionError" not in result.stderr:
-        result = torchrun("unfreeze_ddp.py", timeout=300)  # gloo aborted (SIGABRT) about 1 run in 10 under pytest
-        # here, before the script's own checks ran; the cause was not found (issue 15's note): one retry
+    result = torchrun("unfreeze_ddp.py", timeout=300)  # no retry: the exit abort's cause is fixed (drain_gloo_workers)
     assert result.returncode == 0 and result.stdout.count("OK") == 2, output(result)
+    assert result.stdout.count("gloo workers parked at exit") == 2 and "terminate called" not in result.stderr, \
+        output(result)
+
+
+def test_gloo_workers_are_read_from_proc_running_or_parked(tmp_path):
+    """The exit drain counts gloo's worker threads in state R (running, or waiting for the CPU) and no others."""
+    from accel.distributed import gloo_workers_busy
+
+    for tid, (name, state) in enumerate([("pt_gloo_runloop", "R"), ("pt_gloo_runloop", "S"), ("python", "R"),
+                                         ("gloo_tcp_loop", "R"), ("pt_gloo_runloop", "R")]):
+        (tmp_path / str(tid)).mkdir()
+        (tmp_path / str(tid) / "comm").write_text(name + "\n")
+        (tmp_path / str(tid) / "stat").write_text(f"{100 + tid} ({name}) {state} 1 2 3")
+    assert gloo_workers_busy(str(tmp_path)) == 2
+    assert gloo_workers_busy(str(tmp_path / "absent")) == 0
+

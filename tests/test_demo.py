@@ -5,12 +5,19 @@ from accel.cli import main
 
 
 def test_demo_trains_both_ways_and_reports_every_accelerator(capsys):
-    assert main(["demo", "--epochs", "1", "--image-size", "16", "--plan", "channels_last,amp,fused_optimizer",
+    """Both ways learn the digits, and the accelerated run stays near the plain one. 3 epochs (63 steps) at 16 px:
+    one epoch is not enough to mean anything (bf16 on an AMX Xeon was at chance, 0.111, after it). Measured after 3
+    epochs, plain against channels_last+amp+fused_optimizer: 0.936 against 0.849 on a Zen 4 (avx512_bf16), 0.944
+    against 0.922 on a Xeon with AMX; on a CPU without native bf16 amp is skipped and the two train alike. Chance
+    is 0.1; the bounds hold with a margin on both kinds."""
+    assert main(["demo", "--epochs", "3", "--image-size", "16", "--plan", "channels_last,amp,fused_optimizer",
                  "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
-    assert result["plain"]["steps"] == result["accelerated"]["steps"] == 21  # 1,347 digits in batches of 64
-    assert 0.2 < result["plain"]["accuracy"] <= 1 and 0.2 < result["accelerated"]["accuracy"] <= 1
-    rows = {row["name"]: row for row in result["accelerated"]["report"]["accelerators"]}
+    plain, accelerated = result["plain"], result["accelerated"]
+    assert plain["steps"] == accelerated["steps"] == 63  # 1,347 digits in batches of 64, 3 epochs
+    assert plain["accuracy"] > 0.6 and accelerated["accuracy"] > 0.6, (plain["accuracy"], accelerated["accuracy"])
+    assert abs(plain["accuracy"] - accelerated["accuracy"]) < 0.15, (plain["accuracy"], accelerated["accuracy"])
+    rows = {row["name"]: row for row in accelerated["report"]["accelerators"]}
     assert list(rows) == ["channels_last", "fused_optimizer", "amp"]
     assert all(row["reason"] for row in rows.values() if row["status"] == "skipped")
 

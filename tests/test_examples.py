@@ -61,6 +61,7 @@ def test_ch04_openmp_runs_fresh_processes_and_accel_launch():
     assert rows[-1]["variant"] == "accel launch --iomp"  # run, or skipped with the reason in the row
 
 
+@pytest.mark.ipex
 @pytest.mark.skipif(ipex_problem() is not None, reason=f"IPEX unusable here: {ipex_problem()}")
 def test_ch04_ipex():
     out, rows = run_example("ch04_ipex.py")

@@ -53,3 +53,19 @@ def test_device_resolution():
     assert resolve_device("auto").type in (expected, "xpu", "mps")
     assert resolve_device("cpu") == torch.device("cpu")
     assert resolve_device("privateuseone:1") == torch.device("privateuseone", 1)
+
+
+def test_an_optional_package_that_breaks_on_import_is_named_with_its_error_and_the_fix(tmp_path, monkeypatch):
+    """What ipex_problem() runs after the version check: a fresh interpreter imports the package, so a package
+    that raises on import (IPEX 2.8 beside transformers 5) or exits (IPEX against another torch) is a reason at plan
+    time, never a NameError at apply time or a dead process."""
+    from accel.hardware import IPEX_IMPORT_HINTS, import_problem
+
+    (tmp_path / "breaks_on_import.py").write_text("raise NameError(\"name 'MoeModelOutputWithPast' is not defined\")\n")
+    (tmp_path / "exits_on_import.py").write_text("import os\nos._exit(127)\n")
+    (tmp_path / "imports_fine.py").write_text("VALUE = 1\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    problem = import_problem("breaks_on_import", IPEX_IMPORT_HINTS)
+    assert "NameError" in problem and "MoeModelOutputWithPast" in problem and "transformers<5" in problem
+    assert "exit code 127" in import_problem("exits_on_import")
+    assert import_problem("imports_fine") is None

@@ -50,6 +50,11 @@ def auto_dtype(device: torch.device, hardware) -> tuple[torch.dtype | None, str]
     return None, f"no autocast dtype is known for device type {device.type!r}"
 
 
+def emulated(device: torch.device, dtype: torch.dtype, hardware) -> bool:
+    """True where this CPU has no instructions for the dtype, so autocast emulates it (many times slower)."""
+    native = {torch.bfloat16: hardware.native_bf16, torch.float16: hardware.native_fp16}
+    return device.type == "cpu" and not native.get(dtype, True)
+
 
 @register
 class Amp(Accelerator):
@@ -98,9 +103,7 @@ class Amp(Accelerator):
     def apply(self, ctx):
         device, hardware = ctx.device, ctx.hardware
         dtype = ctx.decisions.compute_dtype
-        if self.dtype != "auto" and device.type == "cpu" and (
-                (dtype is torch.bfloat16 and not hardware.native_bf16)
-                or (dtype is torch.float16 and not hardware.native_fp16)):
+        if self.dtype != "auto" and emulated(device, dtype, hardware):
             warnings.warn(f"amp: {dtype} autocast on a CPU without native {dtype} support is emulated and can be "
                           "many times slower than fp32; measure it (accel bench) before keeping it", stacklevel=2)
         changes = {"dtype": dtype_name(dtype), "why": ctx.decisions.why["compute_dtype"]}

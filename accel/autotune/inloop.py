@@ -22,12 +22,12 @@ objects (the earlier plan undone, its counters and state handed over), so each p
 from __future__ import annotations
 
 import datetime as _dt
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from accel import clock
 from accel.accelerator import REGISTRY
 from accel.autotune.config import BUDGET_STEPS, MIN_BUDGET_S, SLOW_STOP, Settings, expected_warmup, remember_warmup
 from accel.autotune.results import TuneResult, TuneRow
@@ -86,12 +86,12 @@ class TuningLoader:
         inner = tuning.current.loader
         batches = iter(inner.start_epoch())
         while True:
-            started = time.perf_counter()
+            started = clock.now()
             try:
                 batch = next(batches)
             except StopIteration:
                 return
-            tuning.data_wait_s += time.perf_counter() - started
+            tuning.data_wait_s += clock.now() - started
             tuning.first_batch(batch)
             yield tuning.current.loader.prepare(batch)
 
@@ -116,7 +116,7 @@ class TuningRun:
         if optimizer is None or loader is None:
             raise MeasureError("plan='auto' measures your training steps: it needs an optimizer and a loader")
         self.settings = settings
-        self.started = time.perf_counter()
+        self.started = clock.now()
         self._objects = (model, optimizer, loader)
         hardware, problems = probe(), []
         decided = placement(device, hardware, problems)
@@ -150,7 +150,7 @@ class TuningRun:
         self.chunk_steps = 2  # timed steps per chunk, paced after the plain loop's first chunk
         self.in_chunk = 0
         self.untimed = 1  # steps after the switch not timed in this chunk (1, or 0 on later turns of long steps)
-        self.chunk_started = self.switched_at = time.perf_counter()
+        self.chunk_started = self.switched_at = clock.now()
         self.data_wait_s = 0.0
         self.plain_wait = [0.0, 0.0]  # data wait and time of the plain loop's timed steps
         self.deadline = self.started + (settings.budget_s if settings.budget_s is not None else MIN_BUDGET_S)
@@ -248,7 +248,7 @@ class TuningRun:
         hit = plancache.lookup(self.cache_key, self.settings.cache)
         if hit is not None:
             result = TuneResult.from_dict(hit)
-            result.from_cache, result.elapsed_s = True, time.perf_counter() - self.started
+            result.from_cache, result.elapsed_s = True, clock.now() - self.started
             result.settings = {**result.settings, "settled_at_step": self.steps}
             self.measured_s = result.elapsed_s
             self.result = result
@@ -273,7 +273,7 @@ class TuningRun:
         self.active.steps += 1
         if self.in_chunk == self.untimed:  # the step after a switch, when it is not timed (self.untimed is 1)
             synchronize(self.device)
-            now = time.perf_counter()
+            now = clock.now()
             if self.active.first_s is None:
                 self.active.first_s = now - self.switched_at
             self.chunk_started, self.wait_at_start = now, self.data_wait_s
@@ -283,10 +283,10 @@ class TuningRun:
         if timed < self.chunk_steps:
             if arm is self.plain or not self.plain.rounds or self.device.type != "cpu":
                 return  # (on an accelerator, reading the time mid-chunk would wait for the device every step)
-            if not self._hopeless(time.perf_counter() - self.chunk_started, timed):
+            if not self._hopeless(clock.now() - self.chunk_started, timed):
                 return
         synchronize(self.device)
-        elapsed = time.perf_counter() - self.chunk_started
+        elapsed = clock.now() - self.chunk_started
         if self.losses and not bool(torch.isfinite(torch.stack([loss.float() for loss in self.losses])).all()):
             if arm is not self.plain:
                 arm.status, arm.reason = "loss off", "a loss was not finite under it"
@@ -330,7 +330,7 @@ class TuningRun:
         self._go(self.order[0])
 
     def _next_turn(self) -> None:
-        if time.perf_counter() >= self.deadline:  # never past the budget by more than the chunk just run
+        if clock.now() >= self.deadline:  # never past the budget by more than the chunk just run
             self._end_compile() if self.phase == "compile" else self._settle("budget")
             return
         self.turn += 1
@@ -349,7 +349,7 @@ class TuningRun:
         self._next_round()
 
     def _go(self, arm: Arm) -> None:
-        self.turn_began = time.perf_counter()  # before the deadline, always: _next_turn checks it first
+        self.turn_began = clock.now()  # before the deadline, always: _next_turn checks it first
         if not self._switch(arm.plan, arm):
             self._next_turn()
             return
@@ -366,10 +366,10 @@ class TuningRun:
     def _switch(self, plan: dict[str, dict], arm: Arm | None = None) -> bool:
         """accelerate() on your objects with this plan (the earlier run handed over); False when it is refused."""
         if self.current.plan.to_dict() == Plan(plan).to_dict() and not self.current.closed:
-            self.switched_at = time.perf_counter()
+            self.switched_at = clock.now()
             return True
         model, optimizer, loader = self._objects
-        started = time.perf_counter()
+        started = clock.now()
         leaving = {a.name for a in self.current.accelerators}
         for accelerator in self.current.accelerators:  # each arm's state (amp's GradScaler) waits for its next turn
             self.states[accelerator.name] = accelerator.state_dict()
@@ -388,7 +388,7 @@ class TuningRun:
                 arm.reason = "; ".join(line for line in lines[1:] if line)[:300] or lines[0]
             return False
         finally:
-            self.switched_at = time.perf_counter()
+            self.switched_at = clock.now()
             self.switch_s += self.switched_at - started
         return True
 
@@ -459,7 +459,7 @@ class TuningRun:
         if not self.costly:
             return False
         candidate = self.costly[0]
-        left = self.deadline - time.perf_counter()
+        left = self.deadline - clock.now()
         guess, known = expected_warmup(candidate, self.cache_key, self.settings.cache)
         if left < guess:
             self.compile_arm = Arm({**plan, **candidate}, tests=next(iter(candidate)), status="not measured",
@@ -531,9 +531,9 @@ class TuningRun:
         plan = plan or {}
         self.phase = "settled"
         self.settled_at = self.steps
-        self.measured_s = time.perf_counter() - self.started
+        self.measured_s = clock.now() - self.started
         rows = [self._row(a) for a in self.arms]
-        elapsed = time.perf_counter() - self.started
+        elapsed = clock.now() - self.started
         settings = {**self._key_settings(), "budget_s": round(self.deadline - self.started, 1),
                     "settled_at_step": self.steps, "switch_s": round(self.switch_s, 3)}
         if self.notes:

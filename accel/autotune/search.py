@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import datetime as _dt
 import math
-import time
 from typing import Any, Callable
 
 import torch
 
+from accel import clock
 from accel.accelerator import REGISTRY
 from accel.autotune import distribution, strategies
 from accel.autotune.config import BUDGET_STEPS, MARGIN, MIN_BUDGET_S
@@ -62,7 +62,7 @@ def tune(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loader: Any, 
     """
     if optimizer is None or loader is None:
         raise MeasureError("tune measures training steps: it needs an optimizer and a loader")
-    started = time.perf_counter()
+    started = clock.now()
     hardware, problems = probe(), []
     decided = placement(device, hardware, problems)  # the same launch and device accelerate() decides
     if decided is None:
@@ -87,11 +87,11 @@ def tune(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loader: Any, 
         if hit is not None:
             lab.close()
             result = TuneResult.from_dict(hit)
-            result.from_cache, result.elapsed_s = True, time.perf_counter() - started
+            result.from_cache, result.elapsed_s = True, clock.now() - started
             return _distributed(result, model, optimizer, resolved, launch, memory_per_rank)
     if launch is not None and launch.world_size > 1:  # every rank measuring on its own would choose on its own
         lab.close()
-        result = TuneResult(Plan([]), [], "", None, time.perf_counter() - started, settings,
+        result = TuneResult(Plan([]), [], "", None, clock.now() - started, settings,
                             measured_at=_dt.datetime.now().isoformat(timespec="seconds"))
         result.why = ("the rest of the plan is not measured under a launcher (each rank would choose on its own): "
                       "run plan='auto' once in a single process on the same setup, and the cache gives the ranks "
@@ -124,7 +124,7 @@ def tune(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loader: Any, 
         lab.close()
     plan = Plan(chosen.plan) if chosen is not None else Plan([])
     result = TuneResult(plan, search.rows, why(search, chosen), round(base.median_s * 1000, 3) if base.median_s else
-                        None, time.perf_counter() - started, settings,
+                        None, clock.now() - started, settings,
                         measured_at=_dt.datetime.now().isoformat(timespec="seconds"),
                         established=chosen is not None or not any("noisy" in n for n in search.notes))
     complete = result.established and not search.cut_short and not any(r.status == "not measured"

@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 import math
-import time
 from typing import Any
 
+from accel import clock
 from accel.autotune.config import SLOW_STOP
 from accel.autotune.results import TuneRow
 from accel.measure import Lab, Ratio, Trial
@@ -39,7 +39,7 @@ class Search:
         self.cache: Any = False
 
     def left(self) -> float:
-        return self.deadline - time.perf_counter()
+        return self.deadline - clock.now()
 
     def time_left(self) -> bool:
         """Budget left for the next step of the search (when not, the search is marked cut short)."""

@@ -24,12 +24,13 @@ from accel.core import accelerate
 from accel.journal import pin_process
 from accel.report import Row
 from accel.run import Run
+from accel.testing.clock import VirtualClock  # noqa: F401  (public)
 from accel.testing.harness import Equivalence, Setup, check_equivalence  # noqa: F401  (public)
 from accel.testing.snapshots import Snapshot, snapshot  # noqa: F401  (public)
 
-__all__ = ["Applied", "BookCNN", "Equivalence", "Setup", "Snapshot", "TinyCNN", "accuracy", "apply_one",
-           "check_equivalence", "cifar_shaped", "digits_datasets", "process_state_restored", "snapshot", "tiny_loader",
-           "tiny_model", "tiny_optimizer", "train_steps"]
+__all__ = ["Applied", "BookCNN", "Equivalence", "Setup", "Snapshot", "TinyCNN", "VirtualClock", "accuracy",
+           "apply_one", "check_equivalence", "cifar_shaped", "digits_datasets", "process_state_restored", "snapshot",
+           "tiny_loader", "tiny_model", "tiny_optimizer", "train_steps"]
 
 
 def tiny_model(seed: int = 0) -> TinyCNN:

@@ -265,8 +265,17 @@ class Again(Loop):
 
     name = "again"
 
+    def __init__(self):
+        self.done, self.stepped, self.boundary = False, 0, False
+
+    def after(self, step, held, run, loss):
+        self.boundary, self.stepped = run.optimizer_steps > self.stepped, run.optimizer_steps
+
     def before(self, step, held, run):
-        if step == 2:
+        # at an epoch's end that is also an optimizer step's, as accel asks under fsdp (a new run cannot take over
+        # gradients FSDP holds unreduced in the middle of accumulating); without accumulation: at step 2
+        if step >= 2 and not self.done and self.boundary:
+            self.done = True
             return accel.accelerate(held.model, held.optimizer, held.loader, plan=run.plan, device=run.device)
         return run
 

@@ -1,12 +1,23 @@
 """2 gloo ranks: a layer unfrozen after DDP wrapped the model is named (StaleWarning), and accelerate() again
 wraps the model anew so that the ranks train it together: the weights stay equal on every rank."""
+import atexit
 import warnings
 
-import torch
 
-import accel
-from accel.errors import StaleWarning
-from accel.testing import tiny_loader, tiny_model
+
+@atexit.register  # registered before accel (and its drain) is imported, so it runs after the drain: the last word
+def parked():    # before the interpreter finalizes
+    from accel.distributed import gloo_workers_busy
+
+    if not gloo_workers_busy():
+        print("gloo workers parked at exit", flush=True)
+
+
+import torch  # noqa: E402
+
+import accel  # noqa: E402
+from accel.errors import StaleWarning  # noqa: E402
+from accel.testing import tiny_loader, tiny_model  # noqa: E402
 
 
 def steps(run, count):
