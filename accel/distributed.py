@@ -148,7 +148,8 @@ def _task_comms(task_dir: str = "/proc/self/task") -> list[str]:
         return []
 
 
-def _read_comm(path: str) -> str:
+def _read_text(path: str) -> str:
+    """A /proc file's text, or '' where the thread ended meanwhile."""
     try:
         with open(path) as comm:
             return comm.read()
@@ -161,8 +162,8 @@ def gloo_workers_busy(task_dir: str = "/proc/self/task") -> int:
     there is none or /proc is absent. A parked worker (waiting for work) sleeps in S."""
     busy = 0
     for path in _task_comms(task_dir):
-        if _read_comm(path).startswith(GLOO_WORKER):
-            stat = _read_comm(path[:-len("comm")] + "stat")
+        if _read_text(path).startswith(GLOO_WORKER):
+            stat = _read_text(path[:-len("comm")] + "stat")
             busy += stat.rsplit(")", 1)[-1].split()[:1] == ["R"]
     return busy
 
@@ -171,8 +172,8 @@ def drain_gloo_workers(limit_s: float = DRAIN_LIMIT_S, calm_polls: int = 3, poll
     """Give gloo's worker threads the GIL and the CPU until each is parked (seen idle `calm_polls` times in a
     row), at most ``limit_s``; True when they were.
 
-    Why: DDP keeps its process group alive past ``destroy_process_group()`` (torch caches a reference on the first
-    DDP wrapper), so the group's worker threads outlive it. A worker that finished a collective still drops its
+    Why: DDP keeps its process group alive past ``destroy_process_group()`` (on torch 2.15 the first DDP wrapper in
+    a process leaves 10 references to its group that outlive the wrapper), so the group's worker threads outlive it. A worker that finished a collective still drops its
     last reference to that work, and so to the tensors in it; a tensor whose Python object outlived the Python side
     needs the GIL to be freed. If the interpreter is finalizing by then, Python ends that thread with a forced
     unwind through torch's noexcept frames: std::terminate, "terminate called without an active exception",
@@ -180,7 +181,7 @@ def drain_gloo_workers(limit_s: float = DRAIN_LIMIT_S, calm_polls: int = 3, poll
     the worker in ~AsyncAllgatherWork -> THPVariable_clear -> take_gil -> pthread_exit). Waiting here, while
     the interpreter still runs and the GIL is free, lets that worker finish first.
     """
-    if not any(_read_comm(path).startswith(GLOO_WORKER) for path in _task_comms()):
+    if not any(_read_text(path).startswith(GLOO_WORKER) for path in _task_comms()):
         return True  # no gloo group was ever made here: nothing to wait for
     deadline, calm = time.monotonic() + limit_s, 0
     while calm < calm_polls:

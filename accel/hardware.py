@@ -275,13 +275,13 @@ def resolve_device(device: str | torch.device | None = "auto", local_rank: int =
     """'auto' picks cuda, xpu, mps, else cpu; a device type without an index picks this local rank's device
     (each rank of a launched job on its own GPU); any torch device string is accepted as is. ``hardware``:
     the machine to resolve for (default: this one)."""
-    devices = (hardware or probe()).devices
     if device is None or device == "auto":
+        devices = (hardware or probe()).devices
         kind = next((k for k in ("cuda", "xpu", "mps") if devices.get(k)), "cpu")
         device = torch.device(kind)
     device = torch.device(device)
     if device.index is None and device.type not in ("cpu", "mps", "meta"):
-        count = devices.get(device.type, 0)
+        count = (hardware or probe()).devices.get(device.type, 0)
         return torch.device(device.type, local_rank if count > 1 else 0)
     return device
 
