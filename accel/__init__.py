@@ -6,8 +6,8 @@
 from accel.accelerator import Accelerator, Keeps, Option, Stage, register, unregister
 from accel.autotune import Auto, TuneResult, tune
 from accel.core import accelerate, decide
-from accel.errors import (AccelerateError, AccelError, CheckpointError, MeasureError, PlanError, Problem, Skip,
-                          StaleWarning)
+from accel.errors import (AccelerateError, AccelError, BypassWarning, CheckpointError, LoopError, MeasureError,
+                          PlanError, Problem, Skip, StaleWarning)
 from accel.hardware import probe
 from accel.plan import Plan
 from accel.report import Report
@@ -17,7 +17,7 @@ import accel.accelerators  # noqa: E402,F401  (registers the built-in accelerato
 import accel.checkpoint  # noqa: E402,F401
 import accel.distributed  # noqa: E402,F401
 
-__all__ = ["AccelError", "AccelerateError", "Accelerator", "Auto", "CheckpointError", "Keeps", "MeasureError", "Option", "Plan",
+__all__ = ["AccelError", "AccelerateError", "Accelerator", "Auto", "BypassWarning", "CheckpointError", "LoopError", "Keeps", "MeasureError", "Option", "Plan",
            "PlanError", "Problem", "Report", "Run", "Skip", "Stage", "StaleWarning", "TuneResult", "accelerate", "decide", "probe",
            "register", "tune", "unregister"]
 __version__ = "0.2.0"

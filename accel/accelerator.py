@@ -218,6 +218,18 @@ class Accelerator:
         """Peel this accelerator's own wrapper off the model (run.unwrap()), or return it as it is."""
         return model
 
+    def relies_on(self) -> dict[str, str]:
+        """The run's calls this accelerator's work goes through this run, each with what it does there, in words:
+        "backward" (run.backward), "step" (run.step), "one_backward" (one run.backward per run.step). The run
+        watches those calls (accel/watch.py) and names this accelerator when the loop goes around one."""
+        return {}
+
+    def bypassed(self, run: Run, call: str) -> str:
+        """The loop went around ``call`` (see relies_on): what this accelerator does from now on, in words (the
+        report's row and the warning say it). An accelerator whose half-done work would corrupt the update
+        (a scaled loss, a divided one) stands aside here and puts the gradients right."""
+        return "idle from here on"
+
     def state_dict(self) -> dict[str, Any]:
         """Runtime state run.save() must keep (tensors and plain types only); none by default."""
         return {}

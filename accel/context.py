@@ -84,7 +84,7 @@ class Context:
     problems: list[Problem] = field(default_factory=list, repr=False)
 
     def __post_init__(self):
-        self.user_model, self.user_loader = self.model, self.loader
+        self.user_model, self.user_optimizer, self.user_loader = self.model, self.optimizer, self.loader
         self.deciding = ""  # the accelerator whose decide() runs now (Context.decide records it)
 
     @property

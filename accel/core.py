@@ -22,6 +22,7 @@ from accel.context import Context, Decisions, placement
 from accel.errors import AccelerateError, PlanError, Problem, Skip, StaleWarning
 from accel.hardware import Hardware, package_version, probe
 from accel.journal import Journal
+from accel.modules import compiled
 from accel.plan import RESOLVERS, Plan, PlanSpec
 from accel.report import Report, Row
 from accel.run import Run, open_run
@@ -145,13 +146,15 @@ def accelerate(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None =
         return plan.start(model, optimizer, loader, device)
     started = clock.now()
     journal = Journal()
+    yours = model if compiled(model) else None  # torch.compile(model) of your own: the plan works inside it
+    model = model._orig_mod if yours is not None else model
     earlier = open_run(model)
     if earlier is not None:  # one run trains a model at a time: the earlier one's changes are undone first (before
         handed = earlier.journal.detach()  # plan="auto" measures copies of it), and put back if this plan is
         journal.change("the earlier run on this model closed", handed.undo_all,  # refused or fails
                        lambda: (handed.redo_all(), earlier.journal.attach(handed)), kind="setup")
     try:
-        plan, tuning = _resolve_plan(plan, model, optimizer, loader, device)
+        plan, tuning = _resolve_plan(plan, yours if yours is not None else model, optimizer, loader, device)
         ctx, accelerators, skips = prepare(model, optimizer, loader, plan, device, journal)
     except BaseException:
         journal.rollback()
@@ -197,6 +200,8 @@ def accelerate(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None =
         raise
     ctx.journal.commit()
     report.decisions = ctx.decisions.summary()
+    if yours is not None:
+        ctx.model, report.decisions["your_compile"] = keep_your_compile(yours, ctx.model, applied)
     report.stale = stale_objects(replaced)
     for text in report.stale.values():
         warnings.warn(f"accel: {text}", StaleWarning, stacklevel=2)
@@ -205,6 +210,20 @@ def accelerate(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None =
         earlier.hand_over(run)
     report.setup_s = clock.now() - started
     return run
+
+
+def keep_your_compile(yours: torch.nn.Module, model: torch.nn.Module, applied: list[Accelerator]):
+    """The run's model for a model the user compiled: the plan's compile replaces their wrapper; else their own
+    wrapper where the plan wrapped nothing, or their compile settings around the plan's wrappers (DDP...)."""
+    if any("model.compile" in a.provides for a in applied):
+        return model, "replaced by the plan's compile (run.model); run.unwrap() is the module inside yours"
+    if model is yours._orig_mod:
+        return yours, "kept: run.model is your compiled model; run.unwrap() is the module inside it"
+    from torch._dynamo.eval_frame import OptimizedModule
+
+    return (OptimizedModule(model, yours.dynamo_ctx),
+            "kept outermost: your torch.compile settings wrap the plan's wrappers (run.model); run.unwrap() is the "
+            "module inside yours")
 
 
 STALE = {

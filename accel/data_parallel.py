@@ -2,7 +2,8 @@
 sharded per rank. Not an accelerator itself: the base class of both.
 
 The backend follows the device (nccl on cuda, xccl on xpu, gloo on cpu; ccl when asked for and importable); the
-launcher's variables and the group are journaled, so a failed plan and ``run.close()`` take them back. Each rank
+launcher's variables and the group are journaled, so a failed plan and ``run.close()`` take them back; with one
+run per model (a GAN's two, each with ddp), the group stays until the last run that joined it closes. Each rank
 gets a DistributedSampler shard of the loader that keeps the user's shuffle and generator seed; ``run.loader``
 calls ``set_epoch`` every epoch.
 """
@@ -18,6 +19,7 @@ from accel.accelerator import Accelerator, Option, positive
 from accel.distributed import init_process_group, leave_group
 from accel.errors import Problem
 from accel.hardware import importable, is_accelerator
+from accel.journal import set_by_runs
 from accel.loaders import rebuild_loader, rebuild_problem
 
 BACKENDS = ("auto", "gloo", "nccl", "xccl", "ccl", "mpi")
@@ -89,22 +91,33 @@ class DataParallel(Accelerator):
         backend = self.backend_for(ctx.device)
         if backend == "ccl":
             import oneccl_bindings_for_pytorch  # noqa: F401  (registers the ccl backend)
-        if not torch.distributed.is_initialized():
-            for key, value in ctx.decisions.launch.to_env().items():  # the launcher's variables, as env:// reads
-                if key not in os.environ:  # them, journaled so a failed plan and run.close() take them back
+        # The group and the launcher's variables are layered settings (accel/journal.py): with one run per model
+        # (a GAN's two), the group stays until the last run that joined it closes, in any order. A group your
+        # script joined is yours: it stays.
+        if not torch.distributed.is_initialized() or set_by_runs("process group"):
+            for key, value in ctx.decisions.launch.to_env().items():  # as env:// reads them; yours are kept
+                if key not in os.environ or set_by_runs(("environ", key)):
                     ctx.journal.setenv(key, value)
-            ctx.journal.change(f"process group ({backend})", lambda: init_process_group(backend, self.timeout_s),
-                               leave_group)  # with a barrier: a rank leaving while a peer still talks aborts it
+            ctx.journal.layer("process group", f"process group ({backend})", torch.distributed.is_initialized,
+                              lambda joined: self._group(joined, backend), True)
         launch = ctx.decisions.launch
         changes = {"launcher": launch.launcher, "rank": f"{launch.rank}/{launch.world_size}",
                    "local_rank": f"{launch.local_rank}/{launch.local_world_size}",
                    "backend": torch.distributed.get_backend(), "timeout_s": self.timeout_s}
         if is_accelerator(ctx.device):  # the device the core decided for this local rank
             module = getattr(torch, ctx.device.type)
-            ctx.journal.change(f"{ctx.device.type} device {ctx.device}", lambda: module.set_device(ctx.device),
-                               (lambda old: lambda: module.set_device(old))(module.current_device()))
+            index = ctx.device.index if ctx.device.index is not None else module.current_device()
+            ctx.journal.layer(("current device", ctx.device.type), f"{ctx.device.type} device {ctx.device}",
+                              module.current_device, module.set_device, index)
             changes["device"] = str(ctx.device)
         return changes
+
+    def _group(self, joined: bool, backend: str) -> None:
+        """Join the group or leave it (a barrier first: a rank leaving while a peer still talks aborts it)."""
+        if joined and not torch.distributed.is_initialized():
+            init_process_group(backend, self.timeout_s)
+        elif not joined and torch.distributed.is_initialized():
+            leave_group()
 
     def shard(self, ctx) -> str:
         """Give each rank its shard of the loader's samples; say what was done."""

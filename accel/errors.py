@@ -18,6 +18,11 @@ class StaleWarning(UserWarning):
     """An object the user holds no longer drives the training (a plan replaced it); the message says what to use."""
 
 
+class BypassWarning(UserWarning):
+    """The loop went around the run (its own backward or optimizer step, its own accumulation): the message names
+    the accelerator whose work that made idle and what to call instead."""
+
+
 @dataclass(frozen=True)
 class Problem:
     """One thing wrong with a plan.
@@ -61,6 +66,11 @@ class PlanError(AccelError, ValueError):
 
 class AccelerateError(AccelError, RuntimeError):
     """An accelerator failed while being applied; every change made so far was rolled back."""
+
+
+class LoopError(AccelError, RuntimeError):
+    """The loop asked the run for something the plan cannot do (a double backward under compile); the message
+    names the accelerator and the plans that can, and the run's weights, optimizer and counters are unchanged."""
 
 
 class MeasureError(AccelError, ValueError):

@@ -39,6 +39,28 @@ def shards_by_worker(dataset: Any) -> bool:
     return code is not None and "get_worker_info" in code.co_names
 
 
+STREAM_BATCHES = "an IterableDataset's batches depend on the number of workers"
+
+
+def workers_change_batches(dataset: Any) -> str | None:
+    """Why another ``num_workers`` would change the batches of this dataset, or None (a map-style dataset: the
+    sampler makes the batches in the main process, whatever number of workers then loads them, in its order).
+
+    An IterableDataset is batched inside each worker, from what that worker's copy of the stream yields, and the
+    DataLoader takes one batch from each worker in turn. A stream that shards itself by worker therefore makes
+    other batches with another number of workers (two workers sharding by turns: 0, 2, 4, ... and 1, 3, 5, ...
+    where the plain loop has 0, 1, 2, ...), and one that does not shard is repeated by every worker. Batching in
+    the main process instead would not help: how the stream shards (by turns, in blocks, by file) is its own
+    code, so the order in which the workers' samples would have to be merged is not known.
+    """
+    if not isinstance(dataset, IterableDataset):
+        return None
+    if shards_by_worker(dataset):
+        return ("this IterableDataset shards its stream by worker and each worker batches its own shard: another "
+                "number of workers would change which samples share a batch")
+    return "this IterableDataset does not shard its stream by worker: every worker would yield every sample"
+
+
 def constructor_arguments(loader: DataLoader) -> dict[str, Any]:
     """The arguments that build an equal DataLoader, read back from its attributes."""
     kwargs = dict(

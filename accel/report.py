@@ -24,7 +24,7 @@ def render_table(header: Sequence[str], rows: Sequence[Sequence[Any]], right: Se
 class Row:
     name: str
     stage: str
-    status: str  # "applied" or "skipped"
+    status: str  # "applied", "skipped", or "idle" (applied, then the loop went around the run: accel/watch.py)
     reason: str = ""
     changes: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
@@ -86,7 +86,7 @@ class Report:
         body = []
         for r in self.rows:
             detail = r.reason or ", ".join(f"{k}={v}" for k, v in r.changes.items())
-            if r.status == "applied" and r.reason:
+            if r.status in ("applied", "idle") and r.reason:
                 detail += "; " + ", ".join(f"{k}={v}" for k, v in r.changes.items())
             body.append((r.name, r.stage, r.status, detail))
             body += [("", "", "warning", w) for w in r.warnings]

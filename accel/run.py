@@ -31,8 +31,10 @@ from accel.checkpoint import save as save_checkpoint
 from accel.context import Context
 from accel.errors import CheckpointError
 from accel.loaders import release_workers
+from accel.modules import compiled
 from accel.randomness import loader_generators, rng_state, set_rng_state
 from accel.report import Report
+from accel.watch import Watch
 
 _OPEN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # the user's model -> weakref to its open Run
 
@@ -55,13 +57,16 @@ class DeviceLoader:
         self.transforms = list(transforms)
         self.epoch = 0
         self._move = device.type != "cpu"
+        self.drawn: Callable[[], None] | None = None  # told of every batch (the run watching for own accumulation)
 
     def __iter__(self) -> Iterator[Any]:
         batches = self.start_epoch()
-        if not self._move and not self.transforms:
+        if not self._move and not self.transforms and self.drawn is None:
             yield from batches
             return
         for batch in batches:
+            if self.drawn is not None:
+                self.drawn()
             yield self.prepare(batch)
 
     def start_epoch(self) -> Any:
@@ -114,6 +119,11 @@ class Run:
         self._optimizer_step = self._chain("optimizer_step", lambda optimizer: optimizer.step() or True)
         self._step = self._chain("step", self._update)
         self._last_step = clock.now()  # the first step's time includes compile and warm-up
+        self.watch = Watch(self, self.accelerators)  # the loop's own backward, step or accumulation, noticed
+        if self.watch.needed:
+            self.watch.watch_optimizers(ctx.journal, [self.optimizer, ctx.user_optimizer])
+            if self.loader is not None:
+                self.loader.drawn = self.watch.batch_drawn
         _OPEN[ctx.user_model] = weakref.ref(self)
 
     def _chain(self, hook: str, innermost: Callable) -> Callable:
@@ -153,6 +163,7 @@ class Run:
 
     def backward(self, loss: torch.Tensor) -> None:
         """loss.backward(), through the plan's hooks (loss scaling, accumulation)."""
+        self.watch.before_backward()
         self._backward(loss)
 
     def unscale_gradients(self, optimizer: torch.optim.Optimizer | None = None) -> None:
@@ -169,13 +180,21 @@ class Run:
         """
         if self.optimizer is None:
             raise RuntimeError("run.step() needs an optimizer: pass one to accel.accelerate(model, optimizer, ...)")
-        stepped = self._step(self.optimizer)
+        self.watch.before_step(self._has_gradients)
+        self.watch.stepping = True
+        try:
+            stepped = self._step(self.optimizer)
+        finally:
+            self.watch.stepping = False
         self.steps += 1
         self.optimizer_steps += bool(stepped)
         now = clock.now()
         self.report.step_times.append(now - self._last_step)
         self._last_step = now
         return not stepped
+
+    def _has_gradients(self) -> bool:
+        return any(p.grad is not None for group in self.optimizer.param_groups for p in group["params"])
 
     def accelerator(self, name: str) -> Accelerator:
         """The applied accelerator of that name (its runtime state, e.g. grad_clipping's last norm)."""
@@ -187,6 +206,8 @@ class Run:
     def wrappers(self) -> list[torch.nn.Module]:
         """The model at each level, outermost first (compiled, DDP, ...) down to the module that trains."""
         levels = [self.model]
+        if compiled(self.model) and not any(a.unwrap(self.model) is not self.model for a in self.accelerators):
+            levels.append(self.model._orig_mod)  # your own torch.compile wrapper, kept outermost
         for accelerator in reversed(self.accelerators):
             inner = accelerator.unwrap(levels[-1])
             if inner is not levels[-1]:
@@ -312,6 +333,7 @@ class Run:
         plan): the successor continues its counters, the loader's epoch and the state of every accelerator both
         plans apply; this run is closed (accelerate() already undid its changes)."""
         successor.steps, successor.optimizer_steps = self.steps, self.optimizer_steps
+        successor.watch.backwards = self.watch.backwards  # a backward of this run that the successor steps
         kept = [f"steps={self.steps}", f"optimizer_steps={self.optimizer_steps}"]
         if successor.loader is not None and self.loader is not None:
             successor.loader.epoch = self.loader.epoch

@@ -7,6 +7,9 @@ Reports median ms/step of each and the ratio accel/hand, with the spread of the 
 hundreds of ms a step, that spread (a few %) hides a cost of microseconds, so the script also measures the
 wrapper directly: the same loop over a trivial model (steps of microseconds) with and without accel, which
 gives accel's own cost per step; divided by the real model's step time it is the overhead. Goal: under 1%.
+Last, what watching the loop costs (accel/watch.py: the counters, the optimizer hook, the loader's callback):
+two do-nothing accelerators with the same hooks, one relying on run.backward/run.step/one batch per step (so the
+run watches) and one not, alternated on the trivial model's loop.
 
     python benchmarks/bench_overhead.py [--model resnet18] [--image-size 112] [--rounds 5] [--steps 5]
 """
@@ -96,6 +99,48 @@ def wrapper_cost_us(iterations: int = 3000, plan=("channels_last",)) -> tuple[fl
     return plain, (time.perf_counter() - start) / iterations * 1e6
 
 
+class Unwatched(accel.Accelerator):
+    """Passes the step through; relies on no call of the run, so nothing is watched."""
+
+    name, stage = "bench_unwatched", accel.Stage.STEP
+
+    def step(self, run, optimizer, proceed):
+        return proceed(optimizer)
+
+
+class Watched(Unwatched):
+    """The same, relying on every call the run watches: the run counts them and hooks the optimizer."""
+
+    name = "bench_watched"
+
+    def relies_on(self):
+        return {"backward": "nothing", "step": "nothing", "batch": "nothing"}
+
+
+def watch_cost_us(rounds: int = 7, iterations: int = 2000) -> tuple[float, float, float]:
+    """Per-step cost of watching: (median, lowest, highest) over alternating rounds of the trivial loop, in us."""
+    for kind in (Unwatched, Watched):
+        accel.register(kind)
+    data = TensorDataset(torch.randn(iterations, 1, 2, 2), torch.zeros(iterations, dtype=torch.long))
+    times: dict[str, list[float]] = {"bench_unwatched": [], "bench_watched": []}
+    for round_ in range(rounds):
+        for name in (("bench_unwatched", "bench_watched") if round_ % 2 == 0 else ("bench_watched", "bench_unwatched")):
+            torch.manual_seed(0)
+            model = torch.nn.Conv2d(1, 1, 1)
+            run = accel.accelerate(model, torch.optim.SGD(model.parameters(), lr=0.0), DataLoader(data, batch_size=1),
+                                   plan=[name], device="cpu")
+            start = time.perf_counter()
+            for x, y in run.loader:
+                run.backward(model.bias.sum())
+                run.step()
+            times[name].append((time.perf_counter() - start) / iterations * 1e6)
+            run.close()
+    for kind in (Unwatched, Watched):
+        accel.unregister(kind.name)
+    added = [w - u for w, u in zip(times["bench_watched"], times["bench_unwatched"])]
+    return statistics.median(added), min(added), max(added)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="resnet18")
@@ -130,6 +175,9 @@ def main() -> None:
     print(f"wrapper, measured directly on a trivial model (channels_last plan): plain loop {plain_us:.1f} us/step, "
           f"through accel {accel_us:.1f} us/step: accel adds {added:.1f} us = {added / (step_ms * 1e3):.4%} "
           f"of this {step_ms:.0f} ms step")
+    watch, low, high = watch_cost_us()
+    print(f"watching the loop (accel/watch.py), per step on the trivial model: {watch:+.2f} us (rounds {low:+.2f} to "
+          f"{high:+.2f}) = {watch / (step_ms * 1e3):.4%} of this {step_ms:.0f} ms step")
 
 
 if __name__ == "__main__":

@@ -59,9 +59,9 @@ def plans(names, required=()):
                                                      for n in [*required, *chosen]]))
 
 
-# named refusals of the loader: workers over a stream that does not shard itself would repeat it; a change of
-# persistent workers (or no workers under them) would shift the shuffle from the second epoch
-LOADER_REFUSES = ("does not shard", "shifts the shuffle")
+# named refusals of the loader: another number of workers on a stream (an IterableDataset is batched inside each
+# worker); a change of persistent workers (or no workers under them) would shift the shuffle from the second epoch
+LOADER_REFUSES = ("batches depend on the number of workers", "does not shard", "shifts the shuffle")
 
 
 def equivalence(plan, case, steps):

@@ -1,8 +1,9 @@
 """The fsdp accelerator (FSDP2) and sharded checkpoints: bad input refused before anything changes; at world size 1
-in this process, the live-objects loops, close() and a failed plan giving your objects back, and the checkpoint
+in this process, the live-objects loops (and a param group added later over the Parameters you kept, or one fsdp
+cannot train, refused by name), close() and a failed plan giving your objects back, and the checkpoint
 folder's integrity checks; with 2 real gloo ranks, the same training as one process on the global batch (a GPT-style
-model and a CNN with BatchNorm), accumulation and clipping, amp and compile, resharded resume 2 -> 1 and 1 -> 2
-bit for bit, and a killed rank resuming from the last checkpoint."""
+model and a CNN with BatchNorm), accumulation and clipping, amp and compile, a group added later, resharded resume
+2 -> 1 and 1 -> 2 bit for bit, and a killed rank resuming from the last checkpoint."""
 import json
 import sys
 import warnings
@@ -15,7 +16,7 @@ from accel.accelerator import Accelerator, Stage, register, unregister
 from accel.errors import CheckpointError, StaleWarning
 from accel.testing import check_equivalence, snapshot, tiny_loader, tiny_model
 from accel.testing.harness import process_state
-from accel.testing.loops import LOOPS
+from accel.testing.loops import LOOPS, Loop, layer
 from accel.testing.models import TinyGPT
 from accel.testing.zoo import Case
 from scripts.launching import LAUNCHER_VARIABLES, SCRIPTS, one_rank_env, output, run, torchrun
@@ -97,6 +98,98 @@ def test_what_you_hold_stays_live_under_fsdp(one_rank, loop):
     result = check_equivalence([{"fsdp": {}}], Case("blocks", "dict", "mask", "shuffled", optimizer,
                                                     loop=loop).build, steps=4)
     assert result.ok and not result.stale, result
+
+
+class LateOriginals(Loop):
+    """Issue 25, case 6: a layer frozen and left out of the optimizer; at step `at` unfrozen (through the model, or
+    on the Parameter objects taken before accelerate()) and added with add_param_group over those Parameter objects,
+    the ones fsdp replaced by their shards."""
+
+    name = "late_originals"
+
+    def __init__(self, unfreeze: str, at: int):
+        self.unfreeze, self.at = unfreeze, at
+
+    def prepare(self, held):
+        self.late = layer(held.model)  # the user's own Parameter objects, held from before accelerate()
+        for group in held.optimizer.param_groups:
+            group["params"] = [p for p in group["params"] if all(p is not q for q in self.late)]
+        held.model.conv2.requires_grad_(False)
+
+    def before(self, step, held, run):
+        if step == self.at:
+            if self.unfreeze == "model":
+                held.model.conv2.requires_grad_(True)  # reaches the shards (the model's parameters now)
+            else:
+                for param in self.late:
+                    param.requires_grad_(True)  # the user's own Parameters, not in the model while the run is open
+            held.optimizer.add_param_group({"params": self.late})
+        return run
+
+
+ACCUMULATED = {"fsdp": {}, "grad_accumulation": {"steps": 2}, "grad_clipping": {"max_norm": 0.05}}
+
+
+@pytest.mark.parametrize("plan, unfreeze, optimizer, at", [
+    (["fsdp"], "model", "momentum", 2), (["fsdp"], "originals", "momentum", 2), (["fsdp"], "model", "adam", 2),
+    (["fsdp"], "originals", "adam", 2), (ACCUMULATED, "originals", "momentum", 3), (ACCUMULATED, "model", "adam", 2)])
+def test_a_group_added_later_over_your_own_parameters_trains_their_shards(one_rank, plan, unfreeze, optimizer, at):
+    """The plain loop and fsdp's train the same (at 3 with accumulation: the second micro-step of a step; the
+    clipping's norm counts the new group), and run.close() leaves the trained values in your own Parameters."""
+    loops = []
+
+    def build():
+        setup = Case("blocks", "dict", "mask", "shuffled", optimizer).build()
+        setup.loop = LateOriginals(unfreeze, at)
+        loops.append(setup.loop)
+        return setup
+
+    result = check_equivalence(plan, build, steps=6)
+    assert result.ok and not result.stale, result
+    plain, sharded = loops
+    for mine, expected, before in zip(sharded.late, plain.late, layer(Case("blocks").build().model)):
+        assert type(mine.data) is torch.Tensor and mine.requires_grad  # yours again, and trainable
+        torch.testing.assert_close(mine.detach(), expected.detach(), rtol=result.keeps.rtol, atol=result.keeps.atol)
+        assert not torch.equal(mine.detach(), before.detach())  # it trained
+
+
+def test_a_later_group_fsdp_cannot_train_is_refused_by_name_and_nothing_changes(one_rank):
+    model = tiny_model()
+    conv2 = model.conv2.weight  # yours, from before accelerate()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    run = accel.accelerate(model, optimizer, tiny_loader(), plan=["fsdp"], device="cpu")
+    try:
+        refused_at_forward_and_at_step(run, model, optimizer, conv2)
+    finally:
+        run.close()
+    assert model.conv2.weight is conv2
+
+
+def refused_at_forward_and_at_step(run, model, optimizer, conv2):
+    train(run, steps=1)
+
+    def state():
+        return ({n: p.detach().full_tensor().clone() for n, p in model.named_parameters()},
+                {k: v["momentum_buffer"].full_tensor().clone() for k, v in optimizer.state.items()})
+
+    for added, message in ((torch.nn.Parameter(torch.zeros(3, 2)), r"holds 1 parameter\(s\) that are not the model's,"
+                            r" added after accelerate\(\): group 1 position 0 \(shape \(3, 2\)\)"),
+                           (conv2, r"holds the model's \['conv2.weight'\] twice")):
+        before = state()
+        optimizer.add_param_group({"params": [added]})
+        with pytest.raises(accel.LoopError, match=message):
+            train(run, steps=1)  # before the forward
+        group = optimizer.param_groups.pop()
+        x, y = next(iter(run.loader))
+        run.backward(torch.nn.functional.cross_entropy(run.model(x), y))
+        optimizer.param_groups.append(group)  # added between backward and step: refused at the step
+        with pytest.raises(accel.LoopError, match=message):
+            run.step()
+        after = state()
+        assert all(torch.equal(before[0][n], t) for n, t in after[0].items()), "a weight changed"
+        assert all(torch.equal(before[1][k], t) for k, t in after[1].items()), "the optimizer state changed"
+        optimizer.param_groups.pop()  # taken out again: training goes on
+        train(run, steps=1)
 
 
 def test_the_zoo_models_blocks_are_sharded_one_by_one(one_rank):
@@ -345,6 +438,25 @@ def test_a_killed_rank_resumes_from_the_last_sharded_checkpoint_with_no_step_los
         assert rank["resumed_from"] == 4 and rank["steps"] == 6
         for name, tensor in whole[0]["params"].items():
             assert torch.equal(rank["params"][name], tensor), name
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("unfreeze", ["model", "originals"])
+def test_two_ranks_train_a_group_added_later_over_your_own_parameters(tmp_path, unfreeze):
+    """Issue 25, case 6: the late block's shards train on both ranks as the plain loop on the global batch trains
+    it, and run.close() leaves the trained values in the Parameter objects you added."""
+    result = torchrun("late_group_fsdp.py", "--out", tmp_path, "--unfreeze", unfreeze, timeout=240)
+    assert result.returncode == 0, output(result)
+    for r in range(2):
+        rank = torch.load(tmp_path / f"rank{r}.pt", weights_only=False)
+        assert rank["report"]["accelerators"][0]["changes"]["world"].startswith("2 ranks")
+        for name, tensor in rank["plain"].items():
+            torch.testing.assert_close(rank["trained"][name], tensor, rtol=0, atol=1e-5, msg=name)  # the card's 1e-5
+        late = [n for n in rank["plain"] if n.startswith("blocks.1.")]
+        assert len(late) == len(rank["closed"]) and all(rank["yours_back"]) and all(rank["trainable"])
+        for name, mine, before in zip(late, rank["closed"], rank["before"]):
+            assert torch.equal(mine, rank["trained"][name]), name  # your own Parameters, trained
+        assert not any(torch.equal(mine, before) for mine, before in zip(rank["closed"], rank["before"]))
 
 
 # --- plan="auto" under a launcher: ddp or fsdp by memory fit (accel.autotune.distribution) ----------------------

@@ -118,28 +118,52 @@ class Amp(Accelerator):
             changes.update(cudnn_benchmark=self.cudnn_benchmark, allow_tf32=self.allow_tf32)
         self.device_type, self.dtype_ = device.type, dtype
         self.unscaled: set[int] = set()  # the optimizers whose gradients were unscaled since their last step
+        self.scaled = False  # the gradients hold a loss it scaled (since its last step)
+        self.idle = False  # the loop went around the run (accel/watch.py): no loss scaling from then on
         return changes
 
     def forward_context(self, run):
         return torch.autocast(self.device_type, dtype=self.dtype_)
 
+    def relies_on(self):
+        if self.scaler is None:
+            return {}
+        return {"backward": "scaling of the loss for the GradScaler",
+                "step": "GradScaler step (unscale, skip a step with inf/NaN gradients)"}
+
+    def bypassed(self, run, call):
+        """A scaled loss stepped by the loop's optimizer.step(), or the loop's unscaled loss stepped through the
+        scaler, would step gradients 65536x off: the scaler stands aside, and scaled gradients are unscaled."""
+        self.idle = True
+        unscale = call == "step" and self.scaled and id(run.optimizer) not in self.unscaled
+        if unscale:
+            scale = self.scaler.get_scale()
+            for param in run.unwrap().parameters():
+                if param.grad is not None:
+                    param.grad.div_(scale)
+        self.scaled = False
+        return ("idle from here on: autocast goes on (run.autocast()), but no loss scaling, so fp16 gradients may "
+                "underflow" + (" (this step's scaled gradients were unscaled first)" if unscale else ""))
+
     def backward(self, run, loss, proceed):
-        proceed(self.scaler.scale(loss) if self.scaler is not None else loss)
+        self.scaled = self.scaler is not None and not self.idle
+        proceed(self.scaler.scale(loss) if self.scaled else loss)
 
     def unscale_gradients(self, run, optimizer):
         # once per step, however many readers ask (your code, grad_clipping): the GradScaler refuses a second
         # unscale_ before its update, and its step then uses these gradients
-        if self.scaler is not None and id(optimizer) not in self.unscaled:
+        if self.scaler is not None and not self.idle and id(optimizer) not in self.unscaled:
             self.scaler.unscale_(optimizer)
             self.unscaled.add(id(optimizer))
 
     def optimizer_step(self, run, optimizer, proceed):
-        if self.scaler is None:
+        if self.scaler is None or self.idle:
             return proceed(optimizer)
         scale = self.scaler.get_scale()
         self.scaler.step(optimizer)
         self.scaler.update()
         self.unscaled.discard(id(optimizer))
+        self.scaled = False
         return self.scaler.get_scale() >= scale  # the scaler lowers its scale exactly when it skipped the step
 
     def state_dict(self):

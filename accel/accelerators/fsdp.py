@@ -17,9 +17,13 @@ writes sharded checkpoints, which load at any world size.
 Live objects: FSDP2 works on your model in place, so your ``train()``/``eval()``, hooks, scheduler and writes to
 ``param_groups`` stay live. It replaces every parameter with its shard (a new ``nn.Parameter`` holding a
 DTensor); accel puts the shards into your own optimizer's param groups, in place, with any state it already has
-sharded the same way, so the optimizer you hold (and a scheduler built on it) trains them. A tensor you took
-from the model before ``accelerate()`` (``w = model.fc.weight``) is not what trains until ``run.close()``, which
-gathers the trained weights back into your own parameters and optimizer state (a collective: every rank closes).
+sharded the same way, so the optimizer you hold (and a scheduler built on it) trains them. A parameter you took
+from the model before ``accelerate()`` (``w = model.fc.weight``) holds the values it had until ``run.close()``,
+which gathers the trained weights back into your own parameters and optimizer state (a collective: every rank
+closes), but it stays live: ``w.requires_grad_()`` reaches its shard before the next forward, and a group added
+later with ``add_param_group`` over such parameters (a backbone unfrozen mid-run) trains their shards, swapped in
+before the next forward or step with any state, as the first groups were; a tensor that is not the model's, or
+one the optimizer then holds twice, is refused by name (``LoopError``), the weights and optimizer as they were.
 A deep copy of a sharded model raises in FSDP2 (an EMA by ``copy.deepcopy``/``AveragedModel`` must be built
 before ``accelerate()`` or from ``run.save``). An optimizer over parameters that are not the model's is refused
 before anything changes.
@@ -44,6 +48,7 @@ order); BatchNorm's running statistics stay per rank (FSDP2 does not synchronise
 from __future__ import annotations
 
 import warnings
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,7 +57,7 @@ from torch import nn
 
 from accel.accelerator import SAME_MATH, Option, Stage, dtype_name, register
 from accel.data_parallel import LAUNCHERS, DataParallel
-from accel.errors import Problem, StaleWarning
+from accel.errors import LoopError, Problem, StaleWarning
 from accel.hardware import is_accelerator
 from accel.modules import listed, outermost, repeated_blocks
 
@@ -156,9 +161,11 @@ def unshard_model(record: Sharding) -> None:
         module.__class__ = cls
     with torch.no_grad():
         for module, leaf, original in record.slots:
-            if module._parameters.get(leaf) is not original:
+            current = module._parameters.get(leaf)
+            if current is not original:
                 value = full[id(original)]
                 original.copy_(value.to(original.device, original.dtype))
+                original.requires_grad_(current.requires_grad)  # unfrozen (or frozen) through the model meanwhile
                 module._parameters[leaf] = original
                 original.grad = None
 
@@ -190,6 +197,48 @@ def swap_parameters(optimizer: torch.optim.Optimizer, mapping: dict[int, nn.Para
             group["params"][i] = new
             if param in optimizer.state:
                 optimizer.state[new] = {k: convert(v, new) for k, v in optimizer.state.pop(param).items()}
+
+
+class Originals:
+    """Your own parameters while the run holds their shards, kept live: ``requires_grad_`` on one of them reaches
+    its shard, and one found in the optimizer's groups (a group added with ``add_param_group`` over Parameter objects
+    taken before accelerate()) is swapped for its shard, with its state, as the first groups were."""
+
+    def __init__(self, model: nn.Module, record: Sharding):
+        self.shards = record.new_parameters()  # id(original) -> its shard
+        self.pairs = [(o, self.shards[id(o)]) for o in {id(o): o for _, _, o in record.slots}.values()]
+        self.seen = [o.requires_grad for o, _ in self.pairs]  # what the shards were given from your parameters
+        self.names = {id(p): n for n, p in reversed(list(model.named_parameters(remove_duplicate=False)))}
+
+    def back(self) -> dict[int, nn.Parameter]:
+        """id(shard) -> your parameter it stands for."""
+        return {id(shard): original for original, shard in self.pairs}
+
+    def follow(self, optimizer: torch.optim.Optimizer | None) -> None:
+        """Before every forward and every optimizer step: your unfreezing, then your optimizer's new groups."""
+        for i, (original, shard) in enumerate(self.pairs):
+            if original.requires_grad != self.seen[i]:
+                self.seen[i] = original.requires_grad
+                shard.requires_grad_(self.seen[i])
+        if optimizer is None or all(id(p) in self.names for g in optimizer.param_groups for p in g["params"]):
+            return
+        held = [(i, j, p) for i, g in enumerate(optimizer.param_groups) for j, p in enumerate(g["params"])]
+        foreign = [f"group {i} position {j} (shape {tuple(p.shape)})" for i, j, p in held
+                   if id(p) not in self.names and id(p) not in self.shards]
+        if foreign:
+            raise LoopError(f"fsdp: your optimizer holds {len(foreign)} parameter(s) that are not the model's, added "
+                            f"after accelerate(): {', '.join(foreign[:5])}. fsdp trains the model's parameters as its "
+                            "shards and cannot shard these; give add_param_group the model's parameters only (keep "
+                            "another tensor in an optimizer of its own). The weights and the optimizer are as they "
+                            "were")
+        whose = Counter(id(self.shards.get(id(p), p)) for _, _, p in held)
+        twice = sorted(self.names[k] for k, count in whose.items() if count > 1)
+        if twice:
+            raise LoopError(f"fsdp: your optimizer holds the model's {twice[:5]} twice: once as the shard fsdp put in "
+                            "its place and once as your own Parameter (added again with add_param_group); torch "
+                            "refuses a parameter in more than one group. The weights and the optimizer are as they "
+                            "were")
+        swap_parameters(optimizer, self.shards, shard_like)
 
 
 @register
@@ -298,23 +347,24 @@ class FSDP(DataParallel):
         def shard():  # also redone when a later plan on this model fails and this run is given back
             record["sharding"] = shard_model(model, blocks, own, sums, **kwargs)
             self.params = list(model.named_parameters())  # the shards, checked for gradient hooks every step
+            record["originals"] = Originals(model, record["sharding"])
 
         ctx.journal.change(f"fsdp: fully_shard on {len(blocks)} block(s) and the root",
                            shard, lambda: record.get("sharding") and unshard_model(record.pop("sharding")),
                            kind="object")
-        self.record = record
-        if ctx.optimizer is not None:
-            optimizer = ctx.optimizer
-
-            def originals() -> dict[int, nn.Parameter]:
-                shards = record["sharding"].new_parameters()
-                return {id(shards[id(o)]): o for _, _, o in record["sharding"].slots}
-
+        self.record, optimizer = record, ctx.optimizer
+        if optimizer is not None:
             ctx.journal.change(
                 "fsdp: the optimizer's parameters replaced by their shards",
-                lambda: swap_parameters(optimizer, record["sharding"].new_parameters(), shard_like),
-                lambda: swap_parameters(optimizer, originals(), lambda value, _: gather_state(value)),
+                lambda: swap_parameters(optimizer, record["originals"].shards, shard_like),
+                lambda: swap_parameters(optimizer, record["originals"].back(), lambda value, _: gather_state(value)),
                 kind="object")
+            ctx.journal.hook("fsdp: a group added later over your own parameters swapped for their shards at the "
+                             "step", lambda: optimizer.register_step_pre_hook(
+                                 lambda *_: record["originals"].follow(optimizer)))
+        follow = torch.compiler.disable(lambda *_: record["originals"].follow(optimizer))  # eager under compile too
+        ctx.journal.hook("fsdp: your own parameters' unfreezing, and groups added over them, followed before each "
+                         "forward", lambda: model.register_forward_pre_hook(follow, prepend=True))
         ctx.extras["sharded_blocks"] = blocks  # compile compiles these one by one
         changes["sharded"] = (f"{len(blocks)} x {', '.join(kinds)}: "
                               + listed([names[id(m)] for m in blocks]) + ", then the root") if blocks else (
@@ -330,8 +380,9 @@ class FSDP(DataParallel):
                 changes["batch_norms"] = f"{len(norms)} sharded on their own in float32 (autocast runs them in fp32)"
         if self.cpu_offload:
             changes["cpu_offload"] = "shards, gradients and optimizer state in host memory; the step runs there"
-        changes["parameters"] = ("replaced in place by DTensor shards (your optimizer's groups hold them); "
-                                 "run.close() gathers them back into your own parameters")
+        changes["parameters"] = ("replaced in place by DTensor shards (your optimizer's groups hold them, and a "
+                                 "group you add later over your own parameters takes theirs); run.close() gathers "
+                                 "them back into your own parameters")
         changes["sampler"] = self.shard(ctx)
         changes["checkpoints"] = "run.save writes a sharded DCP directory"
         self.warned = False
@@ -353,4 +404,18 @@ class FSDP(DataParallel):
     def gradient_sync(self, enabled: bool) -> None:
         """Reduce-scatter gradients in backward (True), or keep accumulating them unreduced (False)."""
         self.record["sharding"].sharded[-1].set_requires_gradient_sync(enabled)  # the root, and every block in it
+
+    def held_gradients(self) -> list[torch.Tensor]:
+        """The gradients FSDP2 holds unreduced while gradient sync is off (accumulation's micro-steps): what a
+        grad_accumulation that stands aside multiplies back (FSDP2's state: torch 2.15 keeps one list of param
+        groups per module, 2.8 one group)."""
+        held = []
+        for module in self.record["sharding"].sharded:
+            state = module._get_fsdp_state()
+            groups = getattr(state, "_fsdp_param_groups", None) or [getattr(state, "_fsdp_param_group", None)]
+            for fsdp_param in (p for group in groups if group is not None for p in group.fsdp_params):
+                param = getattr(fsdp_param, "_unsharded_param", None)
+                grads = [getattr(param, "grad", None), getattr(fsdp_param, "_unsharded_accumulated_grad", None)]
+                held += [g for g in {id(g): g for g in grads if g is not None}.values()]
+        return held
 

@@ -51,6 +51,8 @@ class GradAccumulation(Accelerator):
 
     def apply(self, ctx):
         self.micro = 0  # micro-batches since the last optimizer step
+        self.divided = False  # the gradients hold a loss it divided (since the last optimizer step)
+        self.idle = False  # the loop went around the run (accel/watch.py): it stands aside
         self.model = ctx.model  # its parameters are read when saved: fsdp, applied later, replaces them in place
         self.pausing = None  # the run's accelerators that reduce gradients in backward (fsdp): found at the first one
         return {"steps": self.steps, "loss": f"divided by {self.steps} before backward",
@@ -58,10 +60,30 @@ class GradAccumulation(Accelerator):
                 "no_sync": "the first N-1 forwards under DDP (inside run.autocast()); their backward without "
                                 "reduction under FSDP"}
 
+    def relies_on(self):
+        return {"backward": f"division of the loss by {self.steps}",
+                "step": f"holding of the optimizer step for {self.steps} batches",
+                "batch": "counting of batches (one per run.step())"}
+
+    def bypassed(self, run, call):
+        """Half-done accumulation would train something else than either loop: it stands aside, and gradients it
+        divided by N are multiplied back (exactly for N a power of two, else to float rounding)."""
+        self.idle, multiplied = True, self.divided
+        if multiplied:
+            held = [g for a in self.pausing or [] for g in a.held_gradients()]  # unreduced by fsdp, not yet in .grad
+            for grad in [*held, *(p.grad for p in run.unwrap().parameters() if p.grad is not None)]:
+                grad.mul_(self.steps)
+        self.micro, self.divided = 0, False
+        return ("idle from here on: it divides no loss and holds no step, your loop's own updates train"
+                + (f" (the gradients it had divided were multiplied back by {self.steps})" if multiplied else ""))
+
     def forward_context(self, run):
-        return no_sync(run) if self.micro + 1 < self.steps else None
+        return no_sync(run) if self.micro + 1 < self.steps and not self.idle else None
 
     def backward(self, run, loss, proceed):
+        if self.idle:
+            return proceed(loss)
+        self.divided = True
         if self.pausing is None:
             self.pausing = [a for a in run.accelerators if hasattr(a, "gradient_sync")]
         pausing = self.pausing if self.micro + 1 < self.steps else []
@@ -74,10 +96,12 @@ class GradAccumulation(Accelerator):
                 accelerator.gradient_sync(True)
 
     def step(self, run, optimizer, proceed):
+        if self.idle:
+            return proceed(optimizer)
         self.micro += 1
         if self.micro < self.steps:
             return False  # keep accumulating: no update, gradients kept
-        self.micro = 0
+        self.micro, self.divided = 0, False
         return proceed(optimizer)
 
     def state_dict(self):

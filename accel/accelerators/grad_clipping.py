@@ -58,6 +58,9 @@ class GradClipping(Accelerator):
                     "under_grad_scaler": "unscaled first" if ctx.decisions.loss_scaling else "no scaler"}
         return {"value": self.value}
 
+    def relies_on(self):
+        return {"step": "clipping of the gradients before the update"}
+
     def step(self, run, optimizer, proceed):
         run.unscale_gradients(optimizer)  # true gradients under a loss scaler (fp16), before they are read
         params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]

@@ -15,9 +15,14 @@ transfer with compute. When it does nothing: tensors already in memory; 2 cores 
 
 What it keeps: exactly the batches the plain loop sees, in the same order (workers preserve the sampler's
 order), epoch after epoch: it keeps the loader's persistent_workers, since a DataLoader draws one number from
-its generator per iterator and persistent workers make one iterator for the whole run. It leaves the loader alone, and says why, when it cannot rebuild it faithfully (a DataLoader
-subclass, another iterable) or when nothing would change; it never adds workers to an IterableDataset that
-does not shard its stream by worker (each worker would repeat every sample).
+its generator per iterator and persistent workers make one iterator for the whole run. It leaves the loader
+alone, and says why, when it cannot rebuild it faithfully (a DataLoader subclass, another iterable) or when
+nothing would change. It never changes the number of workers of an IterableDataset
+(``accel.loaders.workers_change_batches``): a stream is batched inside each worker, so another number of
+workers changes which samples share a batch (a stream that shards itself by worker interleaves the workers'
+shards, one that does not is repeated by every worker). ``auto`` keeps the loader's own number and says why
+(pinned memory and non-blocking copies, which keep the batches, still apply); an explicit other
+``num_workers`` is a PlanError.
 """
 from __future__ import annotations
 
@@ -26,13 +31,13 @@ import os
 import warnings
 
 import torch
-from torch.utils.data import IterableDataset
 
 from accel.accelerator import Accelerator, Option, Stage, at_least, register
 from accel.distributed import cores_for_rank, rank_cores
 from accel.errors import Problem, Skip
 from accel.hardware import format_cpu_list, hyperthread_siblings, is_accelerator
-from accel.loaders import PinWorkers, rebuild_loader, rebuild_problem, settings, shards_by_worker
+from accel.loaders import (STREAM_BATCHES, PinWorkers, rebuild_loader, rebuild_problem, settings,
+                           workers_change_batches)
 
 
 def worker_cpus(ctx) -> tuple[tuple[int, ...] | None, str]:
@@ -98,28 +103,29 @@ class Loader(Accelerator):
     def candidates(cls, hardware, model, optimizer=None, loader=None):
         if loader is None or rebuild_problem(loader) or loader.num_workers:
             return []
-        return [{}] if len(hardware.cpus_allowed) > hardware.physical_cores or hardware.devices.keys() - {"cpu"} else []
+        accelerators = bool(hardware.devices.keys() - {"cpu"})
+        if workers_change_batches(loader.dataset):  # its workers stay: only pinned memory could change
+            return [{}] if accelerators else []
+        return [{}] if len(hardware.cpus_allowed) > hardware.physical_cores or accelerators else []
 
     def decide(self, ctx):
         loader = ctx.loader
         why = rebuild_problem(loader)
         if why:
             raise Skip(f"left as it was: {why}")
-        stream = isinstance(loader.dataset, IterableDataset) and not shards_by_worker(loader.dataset)
+        self.stream = workers_change_batches(loader.dataset)  # None for a map-style dataset
         threads = ctx.decisions.threads or torch.get_num_threads()
         ranks = ctx.decisions.launch.local_world_size if ctx.decisions.launch else 1
         allowed = len(ctx.hardware.cpus_allowed) // ranks  # this rank's share of the CPUs
-        if self.num_workers != "auto":
+        if self.stream:  # an explicit other number is refused by check()
+            workers, why = loader.num_workers, f"kept: {self.stream}"
+        elif self.num_workers != "auto":
             workers, why = self.num_workers, "asked for"
-        elif stream:
-            workers, why = loader.num_workers, ("kept: this IterableDataset does not shard its stream by worker, "
-                                                "so every worker would repeat every sample")
         else:
             share = f"this rank's {allowed} of {len(ctx.hardware.cpus_allowed)} CPUs" if ranks > 1 else f"{allowed} CPUs"
             workers, why = max(0, allowed - threads), f"{share} - {threads} compute threads"
             if workers == 0 and loader.persistent_workers:
                 workers, why = loader.num_workers, f"kept ({why} = 0): {PERSISTENT}"
-        self.stream = stream
         ctx.decide("workers", workers, why)
         accelerator_device = is_accelerator(ctx.device)
         pin = accelerator_device if self.pin_memory == "auto" else (self.pin_memory and accelerator_device)
@@ -134,11 +140,12 @@ class Loader(Accelerator):
                             value=self.persistent_workers if persistent != user else ctx.decisions.workers,
                             allowed=f"the loader's own persistent_workers={user}"
                                     + (" with workers" if user else ""), kind="conflict")]
-        if self.stream and ctx.decisions.workers > ctx.loader.num_workers:
-            return [Problem(self.name, "this IterableDataset does not shard its stream by worker: every worker "
-                            "would yield every sample", field="num_workers", value=self.num_workers,
-                            allowed=f"{ctx.loader.num_workers}, or shard in __iter__ with "
-                                    "torch.utils.data.get_worker_info()", kind="conflict")]
+        if self.stream and self.num_workers not in ("auto", ctx.loader.num_workers):
+            return [Problem(self.name, f"{self.stream}; {STREAM_BATCHES}, and loader keeps the batches exact",
+                            field="num_workers", value=self.num_workers,
+                            allowed=f'"auto" or {ctx.loader.num_workers} (your loader\'s own); for other workers, '
+                                    "set num_workers on your DataLoader: its batches are then the plain loop's too",
+                            kind="conflict")]
         return []
 
     def apply(self, ctx):

@@ -12,7 +12,9 @@ Exporting ``GOMP_CPU_AFFINITY`` binds a *spawned* child's main thread to one CPU
 
 What it keeps: the same math; the thread count changes only the order of float sums (``SAME_MATH``).
 Every change goes through the journal: a failed plan, or ``run.close()``, puts threads, affinity and
-variables back.
+variables back. Several open runs (one per model: a GAN's generator and discriminator) each lay their values over
+the others' (accel/journal.py): the newest open run's are live, and closing them in any order restores the
+process; a variable the user set is kept, one another open run set is not the user's and is layered over.
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ import warnings
 from accel.accelerator import SAME_MATH, Accelerator, Option, Stage, at_least, register
 from accel.distributed import rank_cores
 from accel.hardware import format_cpu_list, loaded_openmp
+from accel.journal import set_by_runs
 
 
 def openmp_variables(runtime: str, cpus: tuple[int, ...], threads: int) -> dict[str, str]:
@@ -80,7 +83,8 @@ class Threads(Accelerator):
         if self.export_env:
             exported, kept = [], []
             for key, value in openmp_variables(runtime, cpus, threads).items():
-                if key in os.environ and os.environ[key] != value:
+                # the user's own value is kept; another open run's (one run per model) is layered over
+                if key in os.environ and os.environ[key] != value and not set_by_runs(("environ", key)):
                     kept.append(f"{key}={os.environ[key]}")
                 else:
                     journal.setenv(key, value)

@@ -22,6 +22,7 @@ objects (the earlier plan undone, its counters and state handed over), so each p
 from __future__ import annotations
 
 import datetime as _dt
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,7 +37,7 @@ from accel.autotune.state import established, payback
 from accel.autotune.strategies import stack_of
 from accel.context import placement
 from accel.core import accelerate
-from accel.errors import AccelerateError, MeasureError, PlanError
+from accel.errors import AccelerateError, BypassWarning, MeasureError, PlanError
 from accel.hardware import probe
 from accel.measure import SETTLE_BELOW_S, Ratio, TrainStep, chunk_steps, paired, plan_label, round_order, synchronize
 from accel.plan import Plan
@@ -92,6 +93,8 @@ class TuningLoader:
             except StopIteration:
                 return
             tuning.data_wait_s += clock.now() - started
+            if tuning.bypassed and tuning.phase != "settled":
+                tuning._end_bypassed()
             tuning.first_batch(batch)
             yield tuning.current.loader.prepare(batch)
 
@@ -114,7 +117,12 @@ class TuningRun:
 
     def __init__(self, settings: Settings, model, optimizer, loader, device: Any = "auto"):
         if optimizer is None or loader is None:
-            raise MeasureError("plan='auto' measures your training steps: it needs an optimizer and a loader")
+            missing = " and ".join(what for what, given in (("an optimizer", optimizer), ("a loader", loader))
+                                   if given is None)
+            raise MeasureError(
+                f"plan='auto' measures your training steps: it needs {missing}. A model with no loader of its own (a "
+                "GAN's generator) can be given the loader that paces its steps (the discriminator's): its turns are "
+                "timed between your run.step() calls; or give it a plan (docs/two_models.md)")
         self.settings = settings
         self.started = clock.now()
         self._objects = (model, optimizer, loader)
@@ -152,6 +160,7 @@ class TuningRun:
         self.untimed = 1  # steps after the switch not timed in this chunk (1, or 0 on later turns of long steps)
         self.chunk_started = self.switched_at = clock.now()
         self.data_wait_s = 0.0
+        self.loader_read = False  # whether the loop iterated run.loader (it may read another run's: a GAN's generator)
         self.plain_wait = [0.0, 0.0]  # data wait and time of the plain loop's timed steps
         self.deadline = self.started + (settings.budget_s if settings.budget_s is not None else MIN_BUDGET_S)
         self.losses: list[torch.Tensor] = []
@@ -168,6 +177,8 @@ class TuningRun:
         self.active = self.plain
         self.current = accelerate(model, optimizer, loader, plan={}, device=device)
         self.loader = TuningLoader(self)
+        self.stepping, self.bypassed = False, False  # the search times steps between run.step() calls
+        self.watching = optimizer.register_step_pre_hook(self._optimizer_steps)
         self.settled_at: int | None = None
         if self.phase == "settled":
             self._finish("nothing to measure: no accelerator offers a candidate for this model on this hardware")
@@ -201,13 +212,38 @@ class TuningRun:
         self.current.backward(loss)
 
     def step(self) -> bool:
-        skipped = self.current.step()
+        self.stepping = True
+        try:
+            skipped = self.current.step()
+        finally:
+            self.stepping = False
         if self.phase != "settled":
             self._after_step()
         return skipped
 
     def close(self) -> None:
+        self.watching.remove()
         self.current.close()
+
+    def _optimizer_steps(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        """An optimizer step that did not come through run.step(): the search cannot time the loop's steps. It
+        ends on the plain loop, said at once; the switch waits for the next batch or call (not inside the step)."""
+        if self.stepping or self.bypassed or self.phase == "settled":
+            return
+        self.bypassed = True
+        warnings.warn("accel: plan='auto' times your steps between run.step() calls, and your loop called "
+                      "optimizer.step() itself: nothing can be measured, so the plain loop stays (nothing applied); "
+                      "call run.step() once per batch to let auto measure", BypassWarning, stacklevel=3)
+        if not self.current.plan.to_dict():
+            self._end_bypassed()
+
+    def _end_bypassed(self) -> None:
+        for arm in self.arms:
+            if arm is not self.plain and arm.status == "measuring":
+                arm.status, arm.reason = "not measured", "your loop steps the optimizer itself"
+        self.winner, self.settle_how = self.plain, "your loop bypasses run.step()"
+        self._finish("your loop calls optimizer.step() itself, not run.step(): plan='auto' times the steps between "
+                     "run.step() calls, so nothing was measured: the plain loop is kept")
 
     def load(self, path) -> dict:
         """Resume a run: the checkpoint's plan is taken as the answer (nothing is measured), then its state loads
@@ -238,6 +274,7 @@ class TuningRun:
 
     def first_batch(self, batch: Any) -> None:
         """At the first batch: the cache's answer, if this setup was measured before (the key needs the batch)."""
+        self.loader_read = True
         if self.cache_key is not None or not self.settings.cache or self.phase == "settled":
             return
         from accel import plancache
@@ -505,8 +542,10 @@ class TuningRun:
         share = wait / spent if spent else 0.0
         for candidate in self.epochwise:
             name = next(iter(candidate))
-            arm = Arm(candidate, tests=name, decided_by="by data wait")
-            if share >= DATA_WAIT:
+            arm = Arm(candidate, tests=name, decided_by="by data wait" if self.loader_read else "")
+            if not self.loader_read:
+                arm.status, arm.reason = "not measured", "your loop never iterated run.loader: its data wait is unknown"
+            elif share >= DATA_WAIT:
                 plan = {**plan, **candidate}
                 arm.status, arm.reason = "settled", (f"your loop waited {share:.0%} of its step for data: it joins at "
                                                      "the next epoch")
@@ -536,6 +575,9 @@ class TuningRun:
         elapsed = clock.now() - self.started
         settings = {**self._key_settings(), "budget_s": round(self.deadline - self.started, 1),
                     "settled_at_step": self.steps, "switch_s": round(self.switch_s, 3)}
+        if not self.loader_read and self.settings.cache and any(a.rounds for a in self.arms):
+            self.notes.append("your loop never iterated run.loader, so the cache was neither read nor written (its "
+                              "key needs a batch)")
         if self.notes:
             why += "; " + "; ".join(self.notes)
         self.result = TuneResult(Plan(plan), rows, why, rows[0].median_ms, elapsed, settings,

@@ -156,7 +156,7 @@ def train(run: Run, setup: Setup, steps: int, seed: int) -> Trace:
             batch = next(batches)
             trace.batches.append(fingerprint(batch))
             trace.rates.append([group["lr"] for group in run.optimizer.param_groups])
-            loss = float(step(run, batch))
+            loss = float(loop.step(i, run, held, batch, step.loss))
             trace.losses.append(loss)
             loop.after(i, held, run, loss)
     finally:
@@ -301,8 +301,9 @@ def compare(reference: Trace, accelerated: Trace, keeps: Keeps) -> list[str]:
         if a != b:
             found.append(f"learning rates: step {i} used {b} instead of {a}")
             break
-    if accelerated.steps_counted != len(accelerated.batches):
-        found.append(f"counters: run.steps is {accelerated.steps_counted} after {len(accelerated.batches)} steps")
+    if accelerated.steps_counted != reference.steps_counted:  # one per batch, unless the loop steps itself
+        found.append(f"counters: run.steps is {accelerated.steps_counted} after {len(accelerated.batches)} batches "
+                     f"instead of {reference.steps_counted}")
     if reference.closed != accelerated.closed:
         found.append(f"after run.close(): your objects run with {accelerated.closed} instead of {reference.closed}")
     if keeps.weights == "changed":
@@ -342,6 +343,7 @@ class Equivalence:
     applied: list[str] = field(default_factory=list)
     skipped: dict[str, str] = field(default_factory=dict)
     stale: dict[str, str] = field(default_factory=dict)  # what the report named stale (the user's model/optimizer)
+    idle: dict[str, str] = field(default_factory=dict)  # applied, then bypassed by the loop: why (accel/watch.py)
     refused: str | None = None  # a PlanError: refused up front
     failed: str | None = None  # an AccelerateError: failed while applying, rolled back
     differences: list[str] = field(default_factory=list)
@@ -356,6 +358,7 @@ class Equivalence:
         head = f"plan {self.plan}: " + ("refused" if self.refused else "failed" if self.failed
                                         else f"applied {self.applied}")
         lines = [head + (f", keeps {self.keeps.weights}" if not self.refused else "")]
+        lines += [f"  idle: {name}: {why}" for name, why in self.idle.items()]
         lines += [f"  difference: {d}" for d in self.differences]
         lines += [f"  your objects changed: {c}" for c in self.objects_changed]
         if self.process_changed:
@@ -381,6 +384,14 @@ def in_reference(plan: Any) -> list[dict[str, Any]]:
             if name in REGISTRY and declares_training(REGISTRY[name].keeps)]
 
 
+def built(build: Callable[[], Setup]) -> Setup:
+    """The user's objects as the loop has them before accelerate(): wrapped (compiled, streamed), prepared."""
+    setup = build()
+    setup.model, setup.loader = setup.loop.wrap(setup.model, setup.loader)
+    setup.loop.prepare(setup.held())
+    return setup
+
+
 def check_equivalence(plan: Any, build: Callable[[], Setup], steps: int = 3, seed: int = 0,
                       device: Any = "cpu") -> Equivalence:
     """Train `steps` batches of build()'s objects plainly and through the plan; return what differs.
@@ -389,8 +400,7 @@ def check_equivalence(plan: Any, build: Callable[[], Setup], steps: int = 3, see
     Accelerators that declare a change of the training itself and keep the structure (grad_accumulation,
     grad_clipping) run in the reference too, so the rest of the plan is still held to its own cards.
     """
-    reference = build()
-    reference.loop.prepare(reference.held())
+    reference = built(build)
     plain = accelerate(reference.model, reference.optimizer, reference.loader, plan=in_reference(plan),
                        device=device)
     expected = None
@@ -398,10 +408,10 @@ def check_equivalence(plan: Any, build: Callable[[], Setup], steps: int = 3, see
         expected = train(plain, reference, steps, seed)
     finally:
         (expected.run if expected is not None else plain).close()
+        reference.loop.finish()
         release_workers(reference.loader)
     expected.closed = closed_state(reference)
-    setup = build()
-    setup.loop.prepare(setup.held())
+    setup = built(build)
     before, process = snapshot(setup.model, setup.optimizer, setup.loader), process_state()
     try:
         run = accelerate(setup.model, setup.optimizer, setup.loader, plan=plan, device=device)
@@ -423,9 +433,11 @@ def check_equivalence(plan: Any, build: Callable[[], Setup], steps: int = 3, see
         accelerated = train(run, setup, steps, seed)
     finally:
         (accelerated.run if accelerated is not None else run).close()
+        setup.loop.finish()
         release_workers(setup.loader)
     accelerated.closed = closed_state(setup)
     result.process_changed = process_state() != process
+    result.idle = {r.name: r.reason for r in accelerated.run.report.rows if r.status == "idle"}
     if hasattr(run, "arms"):  # plan="auto" in the loop: every plan that took turns is held to its own card
         result.keeps = combined([REGISTRY[name].keeps for arm in run.arms if arm.rounds or arm.steps
                                  for name in arm.plan if not declares_training(REGISTRY[name].keeps)])

@@ -18,8 +18,10 @@ import torch
 from torch import nn
 from torch.optim import lr_scheduler
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 import accel
+import accel.accelerator
 
 
 @dataclass
@@ -35,15 +37,32 @@ class Held:
 class Loop:
     """A plain loop: nothing but the steps. Subclasses do what real loops do, at the same points every time.
 
-    ``prepare`` runs before accelerate() (on the user's objects), ``start`` after it, ``before``/``after`` around
-    each step; ``before`` may return a new run (accelerate() again). ``observed`` is what the loop built that the
-    harness compares as well as the weights (an EMA's weights, validation outputs).
+    ``wrap`` is what the user's code does to its model and loader before anything else (compile them, stream the
+    data), ``prepare`` runs before accelerate() (on the user's objects), ``start`` after it, ``before``/``after``
+    around each step, whose body is ``step``; ``before`` may return a new run (accelerate() again). ``observed`` is
+    what the loop built that the harness compares as well as the weights (an EMA's weights, validation outputs);
+    ``finish`` runs once the run is closed.
     """
 
     name: ClassVar[str] = "plain"
     holds_from_before: ClassVar[bool] = False  # it keeps an object built before accelerate() (a scheduler)
 
+    def wrap(self, model: nn.Module, loader: Any) -> tuple[nn.Module, Any]:
+        return model, loader
+
     def prepare(self, held: Held) -> None:
+        pass
+
+    def step(self, index: int, run: accel.Run, held: Held, batch: Any,
+             loss_of: Callable[[accel.Run, Any], torch.Tensor]) -> torch.Tensor:
+        """One batch, as the README loop writes it."""
+        with run.autocast():
+            loss = loss_of(run, batch)
+        run.backward(loss)
+        run.step()
+        return loss.detach()
+
+    def finish(self) -> None:
         pass
 
     def start(self, held: Held, run: accel.Run) -> None:
@@ -280,6 +299,108 @@ class Again(Loop):
         return run
 
 
+class HalfMigrated(Loop):
+    """The first thing people do when they migrate: run.loader, run.model and run.autocast(), but their own
+    loss.backward(), optimizer.step() and zero_grad(). accel notices it (accel/watch.py): what relies on
+    run.backward()/run.step() stands aside, named in the report, and the loop trains as it did without accel."""
+
+    name = "half_migrated"
+
+    def step(self, index, run, held, batch, loss_of):
+        with run.autocast():
+            loss = loss_of(run, batch)
+        loss.backward()
+        held.optimizer.step()
+        held.optimizer.zero_grad()
+        return loss.detach()
+
+
+class OwnAccumulation(Loop):
+    """transformers' run_glue_no_trainer: the loss divided by N and backward every batch, the optimizer stepped
+    every N batches, by the loop itself. With grad_accumulation in the plan as well, accel notices the second batch
+    drawn before run.step() and grad_accumulation stands aside: the loop's own accumulation trains."""
+
+    name = "own_accumulation"
+    every = 2
+
+    def step(self, index, run, held, batch, loss_of):
+        with run.autocast():
+            loss = loss_of(run, batch)
+        run.backward(loss / self.every)
+        if (index + 1) % self.every == 0:
+            run.step()
+        return loss.detach()
+
+
+class TwoModels(Loop):
+    """A second model trained beside the first on the same batches (a GAN's critic, a student beside its
+    teacher), with its own optimizer and its own accelerate() with the same plan (what needs a loader aside), closed
+    after the first: the runs compose, and the process is as it was once both are closed."""
+
+    name = "two_models"
+
+    def prepare(self, held):
+        self.model = copy.deepcopy(held.model)
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.05, momentum=0.9)
+        self.run = None
+
+    def start(self, held, run):
+        plan = [{name: options} for name, options in run.plan.to_dict().items()
+                if "loader" not in accel.accelerator.REGISTRY[name].needs]
+        self.run = accel.accelerate(self.model, self.optimizer, None, plan=plan, device=run.device)
+
+    def step(self, index, run, held, batch, loss_of):
+        loss = super().step(index, run, held, batch, loss_of)
+        super().step(index, self.run, held, batch, loss_of)
+        return loss
+
+    def observed(self):
+        return {f"second model's {k}": v for k, v in self.run.unwrap().state_dict().items()}
+
+    def finish(self):
+        if self.run is not None:
+            self.run.close()
+
+
+class SelfSharding(IterableDataset):
+    """A map-style dataset streamed and split between the DataLoader's workers, as torch documents it."""
+
+    def __init__(self, dataset: Any):
+        self.dataset = dataset
+
+    def __iter__(self):
+        info = get_worker_info()
+        start, step = (info.id, info.num_workers) if info is not None else (0, 1)
+        for index in range(start, len(self.dataset), step):
+            yield self.dataset[index]
+
+
+class Stream(Loop):
+    """The user's own DataLoader of two workers over a stream that shards itself between them: which samples share
+    a batch depends on the number of workers, so the run keeps the user's."""
+
+    name = "stream"
+
+    def wrap(self, model, loader):
+        if isinstance(loader.dataset, IterableDataset) or loader.batch_size is None:
+            return model, loader  # already a stream, or batched by the dataset: as it is
+        return model, DataLoader(SelfSharding(loader.dataset), batch_size=loader.batch_size,
+                                 collate_fn=loader.collate_fn, num_workers=2)
+
+
+class Precompiled(Loop):
+    """``model = torch.compile(model)`` before accelerate(), as many scripts do (dynamo's eager backend: the
+    wrapper, not the kernels, is what accel must see through). run.unwrap() is the module inside it."""
+
+    name = "precompiled"
+
+    def wrap(self, model, loader):
+        import torch._dynamo  # what torch.compile imports anyway; not at import of accel.testing (1 s)
+
+        torch._dynamo.reset()  # every case compiles a new instance of the same classes: a fresh cache each time
+        return torch.compile(model, backend="eager"), loader
+
+
 LOOPS: dict[str, type[Loop]] = {loop.name: loop for loop in (
     Loop, OneCycle, LambdaDecay, Plateau, Warmup, LrWrites, Unfreeze, AddGroup, OwnCheckpoint, Validation,
-    FrozenNorm, Hooks, Ema, Swa, Again)}
+    FrozenNorm, Hooks, Ema, Swa, Again, HalfMigrated, OwnAccumulation, TwoModels, Stream, Precompiled)}

@@ -1,0 +1,107 @@
+"""Noticing the calls that go around the run: the loop's own ``optimizer.step()``, its own ``loss.backward()``, its
+own accumulation (several batches of ``run.loader`` per ``run.step()``).
+
+accel cannot stop a loop from stepping the optimizer itself (the first thing a half-migrated loop keeps), but it
+sees every call that reaches the run, and an optimizer step hook sees the steps that do not. Each accelerator
+says which calls its work goes through (``Accelerator.relies_on``); when the loop goes around one, the run names
+those accelerators once, in a ``BypassWarning`` and in their report rows (status "idle"), and each puts its
+half-done work right (``Accelerator.bypassed``: amp unscales, grad_accumulation multiplies back what it divided).
+
+Watching costs an integer per run.backward()/run.step() and one optimizer hook, and nothing at all when no
+accelerator of the plan relies on a call (docs/contract.md has the overhead, measured).
+"""
+from __future__ import annotations
+
+import warnings
+import weakref
+from typing import Any
+
+from accel.errors import BypassWarning
+
+# what the loop did, and what to call instead
+WENT_AROUND = {
+    "backward": ("the loop called loss.backward() itself, not run.backward(loss)", "call run.backward(loss)"),
+    "step": ("the loop called optimizer.step() itself, not run.step()",
+             "call run.step() once per batch (it steps the optimizer and zeroes the gradients)"),
+    "batch": ("the loop drew a second batch from run.loader before run.step(): it accumulates gradients itself",
+              "call run.step() after every batch and let grad_accumulation hold the step, or drop grad_accumulation "
+              "from the plan and keep your own accumulation"),
+}
+
+
+class Watch:
+    """The run's calls counted since the last optimizer step, and who relies on them."""
+
+    def __init__(self, run: Any, accelerators: list):
+        self._run = weakref.ref(run)  # the user's optimizer holds the hook: it must not keep a closed run alive
+        self.relying = {call: [a for a in accelerators if call in a.relies_on()] for call in WENT_AROUND}
+        self.backwards = 0  # run.backward() calls since the last optimizer step
+        self.stepping = False  # inside run.step(): the optimizer step is the run's own
+        self.drawn = 0  # batches of run.loader so far: where the loop iterates it, batch_drawn() tells for sure
+        self.noticed: set[str] = set()
+        self.suspected = False
+
+    @property
+    def needed(self) -> bool:
+        return any(self.relying.values())
+
+    def watch_optimizers(self, journal: Any, optimizers: list) -> None:
+        """A pre-step hook on each optimizer the loop may step (the run's and, if another, the user's), removed
+        by run.close()."""
+        for optimizer in {id(o): o for o in optimizers if o is not None}.values():
+            journal.hook(f"accel watches {type(optimizer).__name__}.step() for steps that bypass run.step()",
+                         lambda o=optimizer: o.register_step_pre_hook(self._optimizer_steps))
+
+    def _optimizer_steps(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if self.stepping:
+            return
+        # nothing went through run.backward() for this update either: the loop's own backward
+        self.notice(["step"] if self.backwards else ["backward", "step"])
+        self.backwards = 0
+
+    def before_backward(self) -> None:
+        if self.backwards and self.relying["batch"] and not self.drawn and not self.suspected:
+            self.suspected = True  # two backward passes per step: a GAN's two losses, or the loop's own accumulation
+            for accelerator in self.relying["batch"]:
+                self.say(accelerator, f"run.backward() was called {self.backwards + 1} times before run.step(): "
+                         "fine for one batch with several losses (a GAN's real and fake); if your loop accumulates "
+                         f"gradients itself, {accelerator.name} accumulates on top of it (iterate run.loader and "
+                         "accel notices it)", idle=False)
+        self.backwards += 1
+
+    def before_step(self, gradients: Any) -> None:
+        """At run.step(): an update with no run.backward() since the last one, where gradients exist, came from
+        the loop's own backward."""
+        if not self.backwards and self.relying["backward"] and "backward" not in self.noticed and gradients():
+            self.notice(["backward"])
+        self.backwards = 0
+
+    def batch_drawn(self) -> None:
+        """A batch of run.loader: one drawn after a backward and before run.step() means the loop accumulates."""
+        self.drawn += 1
+        if self.backwards:
+            self.notice(["batch"])
+
+    def notice(self, calls: list[str]) -> None:
+        """Once per call: each accelerator relying on one of them says what it does now, in its row and a
+        warning (one for all the calls it relies on that the loop went around at this point)."""
+        calls = [c for c in calls if c not in self.noticed]
+        self.noticed.update(calls)
+        run = self._run()
+        for accelerator in {id(a): a for c in calls for a in self.relying[c]}.values():
+            mine = [c for c in calls if accelerator in self.relying[c]]
+            did = "; ".join(WENT_AROUND[c][0] for c in mine)
+            missed = " and ".join(accelerator.relies_on()[c] for c in mine)
+            fix = "; ".join(WENT_AROUND[c][1] for c in mine)
+            now = accelerator.bypassed(run, mine[-1])
+            self.say(accelerator, f"bypassed: {did}, so its {missed} did not happen; {now}; {fix}")
+
+    def say(self, accelerator: Any, text: str, idle: bool = True) -> None:
+        run = self._run()
+        if run is not None:
+            row = run.report.row(accelerator.name)
+            if idle:
+                row.status, row.reason = "idle", text
+            else:
+                row.warnings.append(text)
+        warnings.warn(f"accel: {accelerator.name}: {text}", BypassWarning, stacklevel=4)
