@@ -41,6 +41,12 @@ class Report:
     decisions: dict[str, str] = field(default_factory=dict)  # device, rank, dtype, threads, workers...
     stale: dict[str, str] = field(default_factory=dict)  # "model"/"optimizer" -> what went stale and what to use
     continued: str = ""  # what this run took over from an earlier run on the same model
+    search: Any = None  # plan="auto"'s state (accel.autotune.searchstate.SearchState), kept current while it measures:
+    # its lines, and who put each accelerator of the plan in place there (auto's turn or auto's choice)
+
+    def shown_rows(self) -> list[Row]:
+        """The rows as printed and exported: under plan="auto", each with who put it there (never "asked for")."""
+        return [self.search.row_view(r) for r in self.rows] if self.search is not None else self.rows
 
     def row(self, name: str) -> Row:
         for row in self.rows:
@@ -72,7 +78,9 @@ class Report:
 
     def to_dict(self) -> dict[str, Any]:
         return {"device": self.device, "hardware": self.hardware, "setup_s": round(self.setup_s, 4),
-                "decisions": self.decisions, "stale": self.stale, "continued": self.continued, "accelerators": [asdict(r) for r in self.rows], "timing": self.timing(),
+                "decisions": self.decisions, "stale": self.stale, "continued": self.continued,
+                "accelerators": [asdict(r) for r in self.shown_rows()],
+                "timing": self.timing(), **({"search": self.search.to_dict()} if self.search is not None else {}),
                 **({"tuning": self.tuning.to_dict()} if self.tuning is not None else {})}
 
     def to_json(self, **kwargs: Any) -> str:
@@ -84,7 +92,7 @@ class Report:
         if decided:
             lines.append("decided: " + ", ".join(f"{k}={v}" for k, v in decided.items()))
         body = []
-        for r in self.rows:
+        for r in self.shown_rows():
             detail = r.reason or ", ".join(f"{k}={v}" for k, v in r.changes.items())
             if r.status in ("applied", "idle") and r.reason:
                 detail += "; " + ", ".join(f"{k}={v}" for k, v in r.changes.items())
@@ -96,6 +104,8 @@ class Report:
         lines += [f"stale: your {what}: {why}" for what, why in self.stale.items()]
         if self.continued:
             lines.append(f"continued: {self.continued}")
+        if self.search is not None:
+            lines += self.search.lines()
         if self.tuning is not None:
             lines.append(str(self.tuning))
         timing = self.timing()

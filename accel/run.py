@@ -242,7 +242,8 @@ class Run:
 
     def state_problems(self, state: dict[str, Any]) -> list[str]:
         """Why a state does not fit this run (model keys and shapes, the optimizer, accelerators), or nothing."""
-        problems = _model_problems(state["model"], self.unwrap().state_dict())
+        current = self.unwrap().state_dict()
+        problems = _model_problems(unprefixed(state["model"], current), current)
         problems += _optimizer_problems(state["optimizer"], self.optimizer, state.get("optimizer_class"))
         stray = sorted(set(state.get("accelerators", {})) - {a.name for a in self.accelerators})
         if stray:
@@ -252,6 +253,7 @@ class Run:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what state_dict() returned. Everything is checked first: a ValueError names every part that
         does not fit, with nothing changed; a restore that fails half-way puts the run back as it was."""
+        state = {**state, "model": unprefixed(state["model"], self.unwrap().state_dict())}
         problems = self.state_problems(state)
         if problems:
             raise ValueError("; ".join(problems))
@@ -361,6 +363,15 @@ class Run:
         self._release_loader()
         self.journal.rollback()
         self.closed = True
+
+
+def unprefixed(saved: dict, current: dict) -> dict:
+    """A model state saved through the user's own torch.compile wrapper (accel 0.2 saved it so: keys starting
+    with ``_orig_mod.``), keyed as the module inside it, which is what run.unwrap() is now."""
+    prefix = "_orig_mod."
+    if saved and all(k.startswith(prefix) for k in saved) and not any(k.startswith(prefix) for k in current):
+        return {k[len(prefix):]: v for k, v in saved.items()}
+    return saved
 
 
 def _model_problems(saved: dict, current: dict) -> list[str]:

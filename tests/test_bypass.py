@@ -41,6 +41,16 @@ def plain_loop(autocast=None, every=1, divide=1):
     return weights(model)
 
 
+def own_steps(run, optimizer):
+    """A half-migrated epoch: run.loader, run.model and run.autocast(), the loop's own backward and step."""
+    for x, y in run.loader:
+        with run.autocast():
+            loss = nn.functional.cross_entropy(run.model(x), y)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+
 def bypass_warnings(caught):
     return [str(w.message) for w in caught if issubclass(w.category, BypassWarning)]
 
@@ -52,12 +62,7 @@ def test_a_half_migrated_loop_names_what_it_made_idle_once_and_trains_as_without
     assert run.report.applied == ["grad_accumulation", "grad_clipping"]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        for x, y in run.loader:
-            with run.autocast():
-                loss = nn.functional.cross_entropy(run.model(x), y)
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad()
+        own_steps(run, optimizer)
     said = bypass_warnings(caught)
     assert len(said) == 2, said  # once per accelerator, however many steps
     for name in ("grad_accumulation", "grad_clipping"):
@@ -238,12 +243,7 @@ def test_auto_in_a_loop_that_steps_the_optimizer_itself_says_it_measured_nothing
                            device="cpu")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        for x, y in run.loader:
-            with run.autocast():
-                loss = nn.functional.cross_entropy(run.model(x), y)
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad()
+        own_steps(run, optimizer)
     said = bypass_warnings(caught)
     assert len(said) == 1 and "plan='auto'" in said[0], said
     tuning = run.report.tuning

@@ -147,21 +147,33 @@ def test_moving_batches_keeps_every_container_type():
 
 # --- compile and amp ----------------------------------------------------------------------------------------------
 
-def test_a_model_already_compiled_is_refused_by_compile_and_saves_without_it(tmp_path):
+def test_a_model_you_compiled_is_trained_inside_and_saves_as_your_module(tmp_path):
+    """accel 0.2 refused compile and channels_last on a model the user had compiled and saved it with `_orig_mod.`
+    keys; the plan now works on the module inside, and a checkpoint keyed either way loads."""
     model = tiny_model()
     compiled = torch.compile(model, backend="eager")
-    with pytest.raises(PlanError, match="already compiled"):
-        accel.accelerate(compiled, tiny_optimizer(model), tiny_loader(), ["compile"], device="cpu")
-    with pytest.raises(PlanError, match="already compiled.*pass the module itself"):
-        accel.accelerate(compiled, tiny_optimizer(model), tiny_loader(), ["channels_last"], device="cpu")
-    run = accel.accelerate(compiled, tiny_optimizer(model), tiny_loader(), ["fused_optimizer"], device="cpu")
-    assert run.unwrap() is compiled  # what the user passed, under accel's own wrappers
+    run = accel.accelerate(compiled, tiny_optimizer(model), tiny_loader(), ["channels_last", "fused_optimizer"],
+                           device="cpu")
+    assert run.unwrap() is model and run.model is compiled
     train_steps(run)
     run.save(tmp_path / "ckpt.pt")
-    again = accel.accelerate(torch.compile(tiny_model(1), backend="eager"), tiny_optimizer(model), tiny_loader(),
-                             ["fused_optimizer"], device="cpu")
-    again.load(tmp_path / "ckpt.pt")
-    assert torch.equal(again.unwrap().state_dict()["_orig_mod.fc2.weight"], model.fc2.weight)
+    assert "fc2.weight" in torch.load(tmp_path / "ckpt.pt", weights_only=False)["model"]
+    run.close()
+    for fresh in (tiny_model(1), torch.compile(tiny_model(1), backend="eager")):
+        again = accel.accelerate(fresh, tiny_optimizer(fresh), tiny_loader(), ["channels_last", "fused_optimizer"],
+                                 device="cpu")
+        again.load(tmp_path / "ckpt.pt")
+        assert torch.equal(again.unwrap().state_dict()["fc2.weight"], model.fc2.weight)
+        again.close()
+    saved = torch.load(tmp_path / "ckpt.pt", weights_only=False)  # as 0.2 wrote it through the user's wrapper
+    old = {**saved["model"]}
+    legacy = tiny_model(2)
+    run = accel.accelerate(legacy, tiny_optimizer(legacy), tiny_loader(), [], device="cpu")
+    state = run.state_dict()
+    state["model"] = {f"_orig_mod.{k}": v for k, v in old.items()}
+    run.load_state_dict(state)
+    assert torch.equal(legacy.fc2.weight, model.fc2.weight)
+    run.close()
 
 
 def test_a_grad_scaler_with_a_dtype_that_resolves_to_bf16_is_refused():

@@ -15,6 +15,9 @@ from the best within the margin is dropped when it holds more accelerators. The 
 left, or when the budget is spent; it keeps the best arm only when it is faster than the plain loop with 95%
 confidence. compile comes last, on top of the winner, if its warm-up fits what is left of the budget. A rebuilt
 loader cannot change mid-epoch: it is decided by how long your loop waits for data, and joins at the next epoch.
+An arm hopelessly slower than the plain loop's round beside it stops mid-chunk (stoprule.py); a loss that is not
+finite drops an arm only when the plain loop does not give it too on that batch (fault.py); the report says what
+auto has done so far at every moment (searchstate.py).
 
 Nothing is copied: every step is a real step of your model and optimizer. A switch is accelerate() on your
 objects (the earlier plan undone, its counters and state handed over), so each plan keeps its card.
@@ -30,10 +33,13 @@ import torch
 
 from accel import clock
 from accel.accelerator import REGISTRY
-from accel.autotune.config import BUDGET_STEPS, MIN_BUDGET_S, SLOW_STOP, Settings, expected_warmup, remember_warmup
+from accel.autotune.config import BUDGET_STEPS, MIN_BUDGET_S, Settings, expected_warmup, remember_warmup
+from accel.autotune.fault import Blame, Capture, Fault, blame, record, snapshot, summary
 from accel.autotune.results import TuneResult, TuneRow
 from accel.autotune.search import for_device, generate_candidates
+from accel.autotune.searchstate import SearchState
 from accel.autotune.state import established, payback
+from accel.autotune.stoprule import beside, stop_reason
 from accel.autotune.strategies import stack_of
 from accel.context import placement
 from accel.core import accelerate
@@ -46,7 +52,6 @@ CHUNK_S = 0.5  # a chunk's timed steps take about this long (accel.measure.CHUNK
 MIN_ROUNDS = 3  # rounds before any verdict
 MAX_ROUNDS = 30
 DATA_WAIT = 0.10  # a rebuilt loader (workers) pays when the loop waits this fraction of its step for data
-STOP_COST_S = 0.5  # an arm is stopped early only once its slowness cost this much in one chunk
 EXPECTED_SHARE = 0.3  # with expected_steps, the measurement spends at most this share of the plain run's time (its
 # steps are training steps, most of them faster than the plain loop's: what it costs is their gap to the best)
 
@@ -58,8 +63,8 @@ class Arm:
     plan: dict[str, dict]
     tests: str = ""  # the accelerator whose effect it shows (the stack without it), or "" for a whole stack
     rounds: dict[int, float] = field(default_factory=dict)  # round -> seconds per step in its chunk of that round
-    status: str = "measuring"  # measuring, settled, slower, not faster, not needed, refused, failed, loss off,
-    # stopped early, not measured
+    status: str = "measuring"  # measuring, settled, slower, not faster, not needed, refused, failed, loss off (a
+    # loss not finite under it and not under the plain loop), stopped early, not measured
     reason: str = ""
     first_s: float | None = None  # its first step after the first switch to it (compile lands there)
     steps: int = 0
@@ -111,8 +116,8 @@ class TuningRun:
     """What plan="auto" returns: a Run whose plan changes between chunks of your steps until the search settles.
 
     Use it as any run: run.model, run.optimizer, run.loader, run.autocast(), run.backward(), run.step(),
-    run.report (its `tuning` has the search's table and why once it settled). Read run.model inside the loop, not
-    once before it: compile, when it wins, wraps it.
+    run.report (its `search` says what auto has done so far, at every moment; its `tuning` has the search's table and
+    why once it settled). Read run.model inside the loop, not once before it: compile, when it wins, wraps it.
     """
 
     def __init__(self, settings: Settings, model, optimizer, loader, device: Any = "auto"):
@@ -175,7 +180,17 @@ class TuningRun:
         self.measured_s: float | None = None  # from accelerate() to the settled plan
         self.turn_began = self.started  # when the last chunk began
         self.active = self.plain
+        self.blames: list[Blame] = []  # faults no arm paid for (the data's, the loop's): said in the notes
+        self.fault: Fault | None = None  # this chunk's first loss that was not finite, judged at its end
+        self.step_losses: list[torch.Tensor] = []  # this step's losses, and your model's forwards that gave them
+        self.step_calls: list = []
+        self.chunk_record: list[tuple[int, list, list]] = []  # on an accelerator: (step, losses, forwards) per step
+        self.timed_s: list[float] = []  # on a CPU, this chunk's timed steps one by one (the stop rule's evidence)
+        self.last_end = self.started
         self.current = accelerate(model, optimizer, loader, plan={}, device=device)
+        self.state = SearchState(since_step=self.current.steps)  # what the report says auto has done, kept current
+        self.current.report.search = self.state
+        self.capture = Capture(model)  # your model's training forwards: what a fault is replayed on
         self.loader = TuningLoader(self)
         self.stepping, self.bypassed = False, False  # the search times steps between run.step() calls
         self.watching = optimizer.register_step_pre_hook(self._optimizer_steps)
@@ -209,19 +224,28 @@ class TuningRun:
     def backward(self, loss: torch.Tensor) -> None:
         if self.phase != "settled":
             self.losses.append(loss.detach())
+            self.step_losses.append(loss.detach())
+            self.step_calls += self.capture.take()
         self.current.backward(loss)
 
     def step(self) -> bool:
+        if self.phase != "settled":
+            self._check_step()
         self.stepping = True
         try:
             skipped = self.current.step()
         finally:
             self.stepping = False
         if self.phase != "settled":
+            self.state.step = self.steps
             self._after_step()
         return skipped
 
     def close(self) -> None:
+        """Close the run; before auto settled, the report says so: nothing chosen, nothing cached, what it learned."""
+        if self.phase != "settled":
+            self.state.end(self)
+        self.capture.remove()
         self.watching.remove()
         self.current.close()
 
@@ -293,6 +317,8 @@ class TuningRun:
             self.current.report.tuning = result
             self.phase = "settled"
             self.settled_at = self.steps
+            self.capture.remove()
+            self.state.settle(self, cached=f"from the cache, key {result.key[:12]}")
 
     def _key_settings(self) -> dict[str, Any]:
         s = self.settings
@@ -313,28 +339,31 @@ class TuningRun:
             now = clock.now()
             if self.active.first_s is None:
                 self.active.first_s = now - self.switched_at
-            self.chunk_started, self.wait_at_start = now, self.data_wait_s
+            self._chunk_starts(now)
             return
         arm = self.active
         timed = self.in_chunk - self.untimed
-        if timed < self.chunk_steps:
-            if arm is self.plain or not self.plain.rounds or self.device.type != "cpu":
-                return  # (on an accelerator, reading the time mid-chunk would wait for the device every step)
-            if not self._hopeless(clock.now() - self.chunk_started, timed):
-                return
+        against = self._against(arm)
+        if self.device.type == "cpu":  # (on an accelerator, reading the time every step would wait for the device)
+            now = clock.now()
+            self.timed_s.append(now - self.last_end)
+            self.last_end = now
+        if timed < self.chunk_steps and (against is None or self.device.type != "cpu"
+                                         or not self._stop_reason(timed, against)):
+            return
         synchronize(self.device)
         elapsed = clock.now() - self.chunk_started
-        if self.losses and not bool(torch.isfinite(torch.stack([loss.float() for loss in self.losses])).all()):
-            if arm is not self.plain:
-                arm.status, arm.reason = "loss off", "a loss was not finite under it"
+        fault = self.fault or self._chunk_fault()
+        self.fault, self.chunk_record = None, []
+        self.losses.clear()
+        blamed = self._judge(fault) if fault is not None else None
+        if blamed is not None and blamed.plan:
+            arm.status, arm.reason = "loss off", blamed.words
         else:
             arm.rounds[self.round] = elapsed / timed
-        self.losses.clear()
-        if arm is not self.plain and self._hopeless(elapsed, timed):
-            plain_step = min(self.plain.rounds.values())
-            arm.status = "stopped early"  # bf16 emulated on a CPU without it was 14x slower: no more turns for it
-            arm.reason = (f"its steps took {elapsed / timed:.3f} s, over {SLOW_STOP:g}x the plain loop's "
-                          f"{plain_step:.3f} s")
+            why = self._stop_reason(timed, against, elapsed) if against is not None else ""
+            if why:  # bf16 emulated on a CPU without it was 14x slower: no more turns for it
+                arm.status, arm.reason = "stopped early", why
         if arm is self.plain:
             self.plain_wait[0] += self.data_wait_s - self.wait_at_start
             self.plain_wait[1] += elapsed
@@ -342,13 +371,60 @@ class TuningRun:
                 self._pace(elapsed / timed)
         self._next_turn()
 
-    def _hopeless(self, elapsed: float, steps: int) -> bool:
-        """Over SLOW_STOP plain steps a step, and over STOP_COST_S lost in the chunk already (one spike of load on a
-        millisecond step is neither): more turns would only spend the run's time."""
-        if not self.plain.rounds or steps <= 0:
-            return False
-        plain = min(self.plain.rounds.values())
-        return elapsed / steps > SLOW_STOP * plain and elapsed - steps * plain > STOP_COST_S
+    def _chunk_starts(self, at: float) -> None:
+        self.chunk_started, self.last_end, self.wait_at_start = at, at, self.data_wait_s
+        self.timed_s = []
+
+    def _against(self, arm: Arm) -> Arm | None:
+        """What an arm's turn is compared with: the plain loop, or in compile's rounds the winner under it."""
+        reference = self.winner if self.phase == "compile" else self.plain
+        return None if arm is reference or reference is None else reference
+
+    def _stop_reason(self, timed: int, against: Arm, elapsed: float | None = None) -> str:
+        """The stop rule (stoprule.py) on this chunk: its fastest timed step on a CPU, its mean elsewhere, against the
+        step of ``against`` in the round beside it."""
+        fastest = min(self.timed_s) if len(self.timed_s) == timed else (elapsed or 0.0) / timed
+        name = "the plain loop" if against is self.plain else against.name
+        return stop_reason(fastest, timed, beside(against.rounds, self.round), name)
+
+    # --- faults: a loss that is not finite (fault.py) ----------------------------------------------------------
+
+    def _check_step(self) -> None:
+        """Before a step's update: on a CPU (where reading a loss costs nothing) its loss is checked now, so a fault is
+        judged in the weights it happened in (a copy is kept, its time left out of the chunk's); on an accelerator the
+        step is kept for the chunk's end."""
+        losses, calls, self.step_losses, self.step_calls = self.step_losses, self.step_calls, [], []
+        if self.fault is not None or not losses:
+            return
+        if self.device.type != "cpu":
+            self.chunk_record.append((self.steps + 1, losses, calls))
+            return
+        if _finite(losses):
+            return
+        started = clock.now()
+        state = snapshot(self._objects[0]) if self.active is not self.plain else None
+        self.fault = Fault(self.steps + 1, self.active.name, calls, state)
+        spent = clock.now() - started  # not the plan's time: the chunk's marks move past it
+        self.chunk_started, self.last_end = self.chunk_started + spent, self.last_end + spent
+
+    def _chunk_fault(self) -> Fault | None:
+        """On an accelerator, the chunk's first step whose loss was not finite (judged in the weights as they are)."""
+        for step, losses, calls in self.chunk_record:
+            if not _finite(losses):
+                return Fault(step, self.active.name, calls)
+        return None
+
+    def _judge(self, fault: Fault) -> Blame:
+        """Whose fault: the plan's, or the plain loop's too (replayed under it, nothing changed: fault.py)."""
+        if self.active is self.plain:
+            blamed = Blame(False, "the data or the loop", f"a loss was not finite at step {fault.step} under the "
+                                                          "plain loop itself", fault.step, fault.arm)
+        else:
+            self._switch({})  # the plain loop, to replay the step's forward under
+            blamed = blame(self._objects[0], fault, self.settings.tolerance, self.capture)
+        if not blamed.plan:
+            record(self.blames, blamed)
+        return blamed
 
     def _pace(self, step_s: float) -> None:
         self.chunk_steps = chunk_steps(step_s, least=2, target_s=CHUNK_S)
@@ -391,6 +467,7 @@ class TuningRun:
             self._next_turn()
             return
         self.active, self.in_chunk = arm, 0
+        self.state.update(self)  # the report says whose turn it is, and what the rounds so far measured
         # A step of 2 s or more is timed from the switch on an arm's later turns: what a switch leaves cold (caches,
         # the allocator) is small beside it, and an untimed step would cost a third of every turn.
         # compile is left out: a switch back to it may recompile (its hooks' guards), and that is not its step.
@@ -398,7 +475,7 @@ class TuningRun:
         costly = any(REGISTRY[name].costly_setup for name in arm.plan)
         self.untimed = 0 if arm.first_s is not None and long_steps and not costly else 1
         if not self.untimed:
-            self.chunk_started, self.wait_at_start = self.switched_at, self.data_wait_s
+            self._chunk_starts(self.switched_at)
 
     def _switch(self, plan: dict[str, dict], arm: Arm | None = None) -> bool:
         """accelerate() on your objects with this plan (the earlier run handed over); False when it is refused."""
@@ -412,6 +489,8 @@ class TuningRun:
             self.states[accelerator.name] = accelerator.state_dict()
         try:
             self.current = accelerate(model, optimizer, loader, plan=plan, device=self.device)
+            self.current.report.search = self.state  # every plan's report says what auto has done so far
+            self.capture.attach()  # after the plan's own hooks on your model
             for accelerator in self.current.accelerators:  # those handed over by the run before already have it
                 if accelerator.name not in leaving and accelerator.name in self.states:
                     try:
@@ -509,6 +588,7 @@ class TuningRun:
         self.arms.append(self.compile_arm)
         self.winner.status = "measuring"
         self.phase, self.phase_start = "compile", self.round + 1  # its rounds start after this one
+        self.capture.remove()  # hooks on the model compile traces would change what it compiles: no replay in its rounds
         return True
 
     def _end_compile(self) -> None:
@@ -578,6 +658,7 @@ class TuningRun:
         if not self.loader_read and self.settings.cache and any(a.rounds for a in self.arms):
             self.notes.append("your loop never iterated run.loader, so the cache was neither read nor written (its "
                               "key needs a batch)")
+        self.notes += summary(self.blames)
         if self.notes:
             why += "; " + "; ".join(self.notes)
         self.result = TuneResult(Plan(plan), rows, why, rows[0].median_ms, elapsed, settings,
@@ -593,6 +674,15 @@ class TuningRun:
             from accel import plancache
 
             self.result.key = plancache.store(self.cache_key, self.result.to_dict(), self.settings.cache)
+        self.capture.remove()
+        self.state.settle(self, cached=self._cached_words())
+
+    def _cached_words(self) -> str:
+        if self.result.key:
+            return f"cached under key {self.result.key[:12]}"
+        why = ("cache=False" if not self.settings.cache else "no batch was read for its key" if self.cache_key is None
+               else "only an established, complete answer is kept")
+        return f"not cached ({why})"
 
     def _undecided(self, ratio: Ratio) -> bool:
         """Neither established faster than the plain loop nor confidently no faster by the margin: the two verdicts
@@ -627,3 +717,7 @@ class TuningRun:
                        first_step_s=round(arm.first_s, 4) if arm.first_s is not None else None,
                        decision=decision, reason=arm.reason or f"{len(arm.rounds)} rounds, {arm.steps} steps",
                        tests=arm.tests)
+
+
+def _finite(losses: list[torch.Tensor]) -> bool:
+    return bool(torch.isfinite(torch.cat([loss.detach().float().reshape(-1) for loss in losses])).all())

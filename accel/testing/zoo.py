@@ -15,10 +15,10 @@ from typing import Any
 import torch
 from torch import nn
 from torch.utils.data import (BatchSampler, DataLoader, Dataset, IterableDataset, SequentialSampler,
-                              SubsetRandomSampler, default_collate, get_worker_info)
+                              SubsetRandomSampler, default_collate)
 
 from accel.testing.harness import Setup
-from accel.testing.loops import LOOPS
+from accel.testing.loops import LOOPS, SelfSharding
 
 Pair = collections.namedtuple("Pair", "image label")
 
@@ -169,14 +169,8 @@ class Stream(IterableDataset):
         yield from (self.samples[i] for i in range(len(self.samples)))
 
 
-class ShardedStream(Stream):
-    """A stream split between DataLoader workers, as torch documents."""
-
-    def __iter__(self):
-        info = get_worker_info()
-        start, step = (info.id, info.num_workers) if info is not None else (0, 1)
-        for index in range(start, len(self.samples), step):
-            yield self.samples[index]
+class ShardedStream(SelfSharding):
+    """A stream split between DataLoader workers by turns, as torch documents."""
 
 
 class UserLoader(DataLoader):
