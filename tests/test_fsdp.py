@@ -94,7 +94,7 @@ def test_bad_input_is_refused_together_before_anything_changes(one_rank, monkeyp
 @pytest.mark.parametrize("loop", sorted(set(LOOPS) - set(NOT_LIVE)))
 def test_what_you_hold_stays_live_under_fsdp(one_rank, loop):
     """Schedulers, param-group writes, unfreezing, your own checkpoints, eval, accelerate() again: the same training."""
-    optimizer = "momentum" if loop in ("unfreeze", "add_group") else "adam"
+    optimizer = "momentum" if loop in ("unfreeze", "add_group", "late_group") else "adam"
     result = check_equivalence([{"fsdp": {}}], Case("blocks", "dict", "mask", "shuffled", optimizer,
                                                     loop=loop).build, steps=4)
     assert result.ok and not result.stale, result

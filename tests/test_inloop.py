@@ -420,14 +420,20 @@ class Snail(Accelerator):
         return proceed(optimizer)
 
 
+def settled_against_channels_last(name):
+    """plan="auto" in the loop between a test accelerator and channels_last, trained until it settles."""
+    model = costed(tiny_model())
+    run = accel.accelerate(model, torch.optim.SGD(model.parameters(), lr=0.05), tiny_loader(),
+                           quick(candidates=[[name], ["channels_last"]]), device="cpu")
+    while run.phase != "settled":
+        train(run, 1)
+    return run
+
+
 def test_a_hopelessly_slow_plan_is_stopped_mid_chunk_and_gets_no_more_turns(virtual):
     register(Snail)
     try:
-        model = costed(tiny_model())
-        run = accel.accelerate(model, torch.optim.SGD(model.parameters(), lr=0.05), tiny_loader(),
-                               quick(candidates=[["snail"], ["channels_last"]]), device="cpu")
-        while run.phase != "settled":
-            train(run, 1)
+        run = settled_against_channels_last("snail")
         snail = next(a for a in run.arms if a.plan == {"snail": {}})
         assert snail.status == "stopped early" and "over 3x the plain loop's" in snail.reason
         assert "took 0.410 s" in snail.reason and "plain loop's 0.010 s" in snail.reason, snail.reason
@@ -523,13 +529,18 @@ def loaded_clock(seed=0, chance=0.2):
     return cost
 
 
-def test_a_plan_that_changes_nothing_is_neither_stopped_early_nor_chosen_under_load(virtual):
-    """A/A under load: large delays land on some steps of every arm. The old rule (a chunk's mean against the plain
-    loop's fastest round) stopped 'same' at its first spike of 0.5 s or more; every chunk's fastest step against the
-    plain loop's round beside it sees that 'same' is as fast."""
+@pytest.mark.parametrize("seed", [1, 2, 3, pytest.param(5, marks=pytest.mark.xfail(
+    strict=True, reason="the stop rule holds; the verdict does not: under this load the plain loop's chunks drew more "
+                        "spikes, and the t-interval of 6 paired rounds (heavy-tailed, looked at after every round) "
+                        "established 'same' 0.15x"))])
+def test_a_plan_that_changes_nothing_is_neither_stopped_early_nor_chosen_under_load(virtual, seed):
+    """A/A under load: large delays land on some steps of every arm (a quarter, never two in a row). The old rule
+    (a chunk's mean against the plain loop's fastest round) stopped 'same' at its first spike of 0.5 s or more, on
+    these seeds and 11 of 12 tried; every chunk's fastest step against the plain loop's round beside it sees that
+    'same' is as fast."""
     register(Same)
     model = tiny_model()
-    model.register_forward_pre_hook(loaded_clock())
+    model.register_forward_pre_hook(loaded_clock(seed, chance=0.25))
     run = accel.accelerate(model, torch.optim.SGD(model.parameters(), lr=0.05), tiny_loader(),
                            quick(budget_s=3600, candidates=[["same"]]), device="cpu")
     try:
@@ -797,11 +808,7 @@ class Poison(Accelerator):
 def test_a_plan_that_truly_gives_a_nan_loss_is_still_dropped(virtual):
     register(Poison)
     try:
-        model = costed(tiny_model())
-        run = accel.accelerate(model, torch.optim.SGD(model.parameters(), lr=0.05), tiny_loader(),
-                               quick(candidates=[["poison"], ["channels_last"]]), device="cpu")
-        while run.phase != "settled":
-            train(run, 1)
+        run = settled_against_channels_last("poison")
         poison = next(a for a in run.arms if a.plan == {"poison": {}})
         assert poison.status == "loss off" and "not finite under it" in poison.reason, poison
         assert "and is under the plain loop" in poison.reason, poison.reason

@@ -278,26 +278,82 @@ def test_each_run_has_its_own_accelerator_state_and_run_save_keeps_it(registered
 
 # --- the architecture's rules ------------------------------------------------------------------------------------
 
-def accelerator_modules():
-    return sorted((PACKAGE / "accelerators").glob("*.py"))
+ACCELERATORS = PACKAGE / "accelerators"
+
+
+def accelerators() -> dict[str, Path]:
+    """{name: the file holding its card}: an accelerator is a module accel/accelerators/<name>.py, or a package
+    accel/accelerators/<name>/__init__.py whose other modules are its parts."""
+    found = {p.stem: p for p in ACCELERATORS.glob("*.py") if p.stem != "__init__"}
+    found.update({p.parent.name: p for p in ACCELERATORS.glob("*/__init__.py")})
+    return dict(sorted(found.items()))
+
+
+def module_of(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def accelerator_files() -> list[tuple[str, Path]]:
+    """(accelerator, file) for every file of every accelerator: its card's file, then its package's parts."""
+    files = []
+    for name, card in accelerators().items():
+        parts = sorted(p for p in card.parent.rglob("*.py") if p != card) if card.name == "__init__.py" else []
+        files += [(name, path) for path in [card, *parts]]
+    return files
+
+
+def imported(node: ast.Import | ast.ImportFrom, path: Path) -> list[str]:
+    """The dotted names an import statement brings in, relative imports made absolute."""
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names]
+    base = node.module or ""
+    if node.level:
+        package = module_of(path).split(".") if path.name == "__init__.py" else module_of(path).split(".")[:-1]
+        base = ".".join(package[:len(package) - node.level + 1] + ([node.module] if node.module else []))
+    return [base] + [f"{base}.{a.name}" for a in node.names]
 
 
 def test_no_accelerator_module_names_another_accelerator():
-    """Accelerators read decisions and declare capabilities; no code of theirs names another one."""
-    builtin = {p.stem for p in accelerator_modules()} - {"__init__"}
-    for path in accelerator_modules():
+    """Accelerators read decisions and declare capabilities; no code of theirs names another one. An accelerator
+    in a package imports its own parts, by their modules (never the package: its __init__ is the accelerator)."""
+    builtin = set(accelerators())
+    for own, path in accelerator_files():
+        where = path.relative_to(ACCELERATORS)
         tree = ast.parse(path.read_text())
         docstrings = {id(node.body[0].value) for node in ast.walk(tree)
                       if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef)) and node.body
                       and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
-        own = path.stem
+        parts = f"accel.accelerators.{own}." if accelerators()[own].name == "__init__.py" else None
         for node in ast.walk(tree):
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
-                assert node.value not in builtin - {own}, f"{path.name} names {node.value!r}"
+                assert node.value not in builtin - {own}, f"{where} names {node.value!r}"
             if isinstance(node, (ast.Import, ast.ImportFrom)):
-                module = getattr(node, "module", None) or ""
-                names = [module] + [a.name for a in node.names]
-                assert not any(n.startswith("accel.accelerators.") for n in names), f"{path.name} imports {names}"
+                names = imported(node, path)
+                bad = [n for n in names if (n == "accel.accelerators" or n.startswith("accel.accelerators."))
+                       and not (parts and n.startswith(parts))]
+                assert not bad, f"{where} imports {bad}"
+
+
+def test_an_accelerators_parts_are_not_accelerators():
+    """The modules inside an accelerator's package each do one job, said in their docstring; none registers an
+    accelerator or holds a card. Each accelerator is registered from its own module, under its own name."""
+    cards = accelerators()
+    for own, path in accelerator_files():
+        if path == cards[own]:
+            continue
+        tree = ast.parse(path.read_text())
+        doc = ast.get_docstring(tree)
+        assert doc and "\n" not in doc and "What it does" not in doc, \
+            f"{path.relative_to(ACCELERATORS)}: a part says its job in a one-line docstring, and holds no card"
+        for node in ast.walk(tree):
+            callee = node.func if isinstance(node, ast.Call) else None
+            decorators = node.decorator_list if isinstance(node, ast.ClassDef) else []
+            for named in [callee, *decorators]:
+                assert getattr(named, "id", getattr(named, "attr", None)) != "register", \
+                    f"{path.relative_to(ACCELERATORS)} registers an accelerator"
+    builtin = {name: cls.__module__ for name, cls in REGISTRY.items() if cls.__module__.startswith("accel.")}
+    assert builtin == {name: f"accel.accelerators.{name}" for name in cards}, "an accelerator registered elsewhere"
 
 
 def import_graph():
@@ -307,9 +363,8 @@ def import_graph():
         module = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
         found = set()
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("accel"):
-                found.add(node.module)
-                found |= {f"{node.module}.{a.name}" for a in node.names}
+            if isinstance(node, ast.ImportFrom) and (node.level or node.module.startswith("accel")):
+                found |= set(imported(node, path))
             elif isinstance(node, ast.Import):
                 found |= {a.name for a in node.names if a.name.startswith("accel")}
         graph[module] = found
@@ -341,13 +396,12 @@ def test_the_import_graph_has_no_circles_and_the_core_imports_no_measurement():
 
 
 def test_each_built_in_accelerator_file_reads_as_its_card():
-    for path in accelerator_modules():
-        if path.stem == "__init__":
-            continue
+    for name, path in accelerators().items():
+        where = path.relative_to(ACCELERATORS)
         card = ast.get_docstring(ast.parse(path.read_text()))
-        assert card and card.startswith(f"{path.stem}:"), path.name
+        assert card and card.startswith(f"{name}:"), where
         for part in ("What it does", "When it helps", "What it keeps"):
-            assert part in card, f"{path.name}'s card has no '{part}'"
+            assert part in card, f"{where}'s card has no '{part}'"
     for name, cls in REGISTRY.items():
         assert cls.keeps.weights in ("exact", "float", "tolerance", "changed"), name
 

@@ -26,7 +26,7 @@ SINGLES = {"fused_optimizer": {}, "channels_last": {}, "activation_checkpointing
 def test_every_loop_behaviour_drives_every_accelerator_as_the_plain_loop(loop, name):
     if name == "compile":
         torch._dynamo.reset()
-    optimizer = "momentum" if loop in ("unfreeze", "add_group") else "adam"  # fused SGD's first-step trap
+    optimizer = "momentum" if loop in ("unfreeze", "add_group", "late_group") else "adam"  # fused SGD's first-step trap
     result = check_equivalence([{name: SINGLES[name]}], Case("batchnorm", "dict", "mask", "shuffled", optimizer,
                                                            loop=loop).build, steps=4)
     assert result.ok and not result.stale, result

@@ -1,6 +1,7 @@
-"""Built-in accelerators: one module each. Importing a module registers its accelerator.
+"""Built-in accelerators: one module each, or one package where it does more than one job (fsdp, prune: the
+accelerator and its card in the package's __init__, its parts beside it). Importing one registers it.
 
-Modules are discovered, so adding an accelerator means adding a module here and nothing else.
+Modules and packages are discovered, so adding an accelerator means adding one here and nothing else.
 Optional packages (nni, ipex) are imported inside apply(), never at module import.
 """
 import importlib

@@ -172,32 +172,37 @@ def replay(model: torch.nn.Module, calls: list[Call], state: dict[str, torch.Ten
 
 def blame(model: torch.nn.Module, fault: Fault, tolerance: float, capture: Capture | None = None) -> Blame:
     """Judge a fault under the plain loop (the search has switched to it): see the module's docstring."""
-    at = f"at step {fault.step}"
+    at, turn = f"at step {fault.step}", f"({fault.arm}'s turn)"
+
+    def said(plan: bool, who: str, words: str) -> Blame:
+        return Blame(plan, who, words, fault.step, fault.arm)
+
     state = fault.state if fault.state is not None else snapshot(model)
     if not _finite(list(state.values())):
-        return Blame(False, "the model", f"a loss was not finite {at} ({fault.arm}'s turn), and your model's weights "
-                                         "or buffers were already not finite: the plain loop gives it too", fault.step,
-                     fault.arm)
+        return said(False, "the model", f"a loss was not finite {at} {turn}, and your model's weights or buffers were "
+                                        "already not finite: the plain loop gives it too")
     if not fault.calls:
-        return Blame(True, "the plan", f"a loss was not finite {at} under it (no forward of your model was seen to "
-                                       "replay under the plain loop, so it could not be cleared)", fault.step, fault.arm)
+        return said(True, "the plan", f"a loss was not finite {at} under it (no forward of your model was seen to "
+                                      "replay under the plain loop, so it could not be cleared)")
     plain = replay(model, fault.calls, fault.state, capture)
     if not _finite(plain):
         inputs = "" if _finite([(c.args, c.kwargs) for c in fault.calls]) else ": the batch holds NaN or inf"
-        return Blame(False, "the data", f"a loss was not finite {at} ({fault.arm}'s turn), and the plain loop's forward "
-                                        f"on that batch is not finite either (the data{inputs})", fault.step, fault.arm)
+        return said(False, "the data", f"a loss was not finite {at} {turn}, and the plain loop's forward on that batch "
+                                       f"is not finite either (the data{inputs})")
     planned = [c.output for c in fault.calls]
-    if any(o is None for o in planned) or not _finite(planned):
-        return Blame(True, "the plan", f"a loss was not finite {at} under it: your model's output on that batch was "
-                                       "not finite under it, and is under the plain loop", fault.step, fault.arm)
+    if any(o is None for o in planned):
+        return said(True, "the plan", f"a loss was not finite {at} under it; the plain loop's forward on that batch is "
+                                      "finite, and its own output was not seen, so it could not be cleared")
+    if not _finite(planned):
+        return said(True, "the plan", f"a loss was not finite {at} under it: your model's output on that batch was "
+                                      "not finite under it, and is under the plain loop")
     if _same(planned, plain, tolerance):
-        return Blame(False, "the data or the loop",
-                     f"a loss was not finite {at} ({fault.arm}'s turn), though your model's output on that batch is "
-                     "finite and the same under the plain loop: the loss your code computes from it and the batch "
-                     "(its targets) is not finite, whichever plan runs (the data or the loop)", fault.step, fault.arm)
-    return Blame(True, "the plan", f"a loss was not finite {at} under it; your model's output on that batch is finite "
-                                   "under it and the plain loop, but not the same, so it could not be cleared",
-                 fault.step, fault.arm)
+        return said(False, "the data or the loop",
+                    f"a loss was not finite {at} {turn}, though your model's output on that batch is finite and the "
+                    "same under the plain loop: the loss your code computes from it and the batch (its targets) is "
+                    "not finite, whichever plan runs (the data or the loop)")
+    return said(True, "the plan", f"a loss was not finite {at} under it; your model's output on that batch is finite "
+                                  "under it and the plain loop, but not the same, so it could not be cleared")
 
 
 def summary(blames: list[Blame]) -> list[str]:

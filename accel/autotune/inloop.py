@@ -588,7 +588,7 @@ class TuningRun:
         self.arms.append(self.compile_arm)
         self.winner.status = "measuring"
         self.phase, self.phase_start = "compile", self.round + 1  # its rounds start after this one
-        self.capture.remove()  # hooks on the model compile traces would change what it compiles: no replay in its rounds
+        self.capture.remove()  # compile would trace hooks on the model: no replay in its rounds
         return True
 
     def _end_compile(self) -> None:

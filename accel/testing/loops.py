@@ -178,8 +178,8 @@ class AddGroup(Loop):
 
     def before(self, step, held, run):
         if step == 1:
-            held.model.conv2.requires_grad_(True)
-            held.optimizer.add_param_group({"params": layer(held.model)})  # the optimizer's defaults
+            self.unfreeze(held)
+            held.optimizer.add_param_group({"params": self.late_params(held)})  # the optimizer's defaults
             if isinstance(held.optimizer, torch.optim.Adagrad):  # torch 2.8's Adagrad makes its state only in
                 group = held.optimizer.param_groups[-1]  # __init__ (KeyError 'sum' otherwise): as __init__ does
                 for param in group["params"]:
@@ -187,6 +187,31 @@ class AddGroup(Loop):
                         "step": torch.tensor(0.0), "sum": torch.full_like(param, group["initial_accumulator_value"],
                                                                           memory_format=torch.preserve_format)})
         return run
+
+
+    def unfreeze(self, held: Held) -> None:
+        held.model.conv2.requires_grad_(True)
+
+    def late_params(self, held: Held) -> list[nn.Parameter]:
+        return layer(held.model)
+
+
+class LateGroup(AddGroup):
+    """AddGroup over the Parameter objects the script took before accelerate() (``backbone =
+    list(model.backbone.parameters())``), unfrozen there: under fsdp, the tensors it replaced by their shards."""
+
+    name, holds_from_before = "late_group", True
+
+    def prepare(self, held):
+        super().prepare(held)
+        self.late = layer(held.model)
+
+    def unfreeze(self, held):
+        for param in self.late:
+            param.requires_grad_(True)
+
+    def late_params(self, held):
+        return self.late
 
 
 class OwnCheckpoint(Loop):
@@ -402,5 +427,5 @@ class Precompiled(Loop):
 
 
 LOOPS: dict[str, type[Loop]] = {loop.name: loop for loop in (
-    Loop, OneCycle, LambdaDecay, Plateau, Warmup, LrWrites, Unfreeze, AddGroup, OwnCheckpoint, Validation,
+    Loop, OneCycle, LambdaDecay, Plateau, Warmup, LrWrites, Unfreeze, AddGroup, LateGroup, OwnCheckpoint, Validation,
     FrozenNorm, Hooks, Ema, Swa, Again, HalfMigrated, OwnAccumulation, TwoModels, Stream, Precompiled)}

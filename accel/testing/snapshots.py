@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from accel.accelerators.fsdp import gather_state
+from accel.accelerators.fsdp.surgery import gather_state
 from accel.accelerators.fused_optimizer import KERNEL_KEYS, kernel_settings
 from accel.batches import map_tensors
 

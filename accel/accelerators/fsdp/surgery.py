@@ -1,0 +1,164 @@
+"""fsdp's FSDP2 surgery: shard the model in place and give it back whole, and keep the optimizer on the shards."""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from accel.errors import LoopError
+
+HOOK_DICTS = ("_forward_pre_hooks", "_forward_pre_hooks_with_kwargs", "_forward_hooks", "_forward_hooks_with_kwargs",
+              "_forward_hooks_always_called", "_backward_pre_hooks", "_backward_hooks", "_state_dict_hooks",
+              "_state_dict_pre_hooks", "_load_state_dict_pre_hooks", "_load_state_dict_post_hooks")
+
+
+@dataclass
+class Sharding:
+    """Everything fully_shard changed on the model, recorded so run.close() can give the model back unsharded."""
+
+    slots: list[tuple[nn.Module, str, nn.Parameter]] = field(default_factory=list)  # the original parameters
+    classes: list[tuple[nn.Module, type]] = field(default_factory=list)  # classes before FSDP's was put first
+    added: list[tuple[nn.Module, str, Any]] = field(default_factory=list)  # (module, dict or "__dict__", key)
+    sharded: list[nn.Module] = field(default_factory=list)  # the modules fully_shard was called on
+
+    def new_parameters(self) -> dict[int, nn.Parameter]:
+        """id(original parameter) -> the parameter (a DTensor shard) now in its place."""
+        return {id(original): module._parameters[leaf] for module, leaf, original in self.slots}
+
+
+def _marks(model: nn.Module) -> dict[tuple[int, str], set]:
+    return {(id(m), where): set(getattr(m, where, {}) if where != "__dict__" else m.__dict__)
+            for m in model.modules() for where in (*HOOK_DICTS, "__dict__")}
+
+
+def shard_model(model: nn.Module, blocks: list[nn.Module], own: dict | None = None, sum_reductions: bool = False,
+                **kwargs) -> Sharding:
+    """fully_shard each block, then the root, recording what changes (the model is changed in place); ``own``
+    maps modules sharded first, on their own, to the options they take instead (BatchNorm in fp32 under amp).
+    ``sum_reductions``: gradients reduced with SUM and divided by the world size apart, never with ReduceOp.AVG
+    (gloo's reduce-scatter summed under AVG on torch 2.8: every gradient world-size times too large)."""
+    from torch.distributed.fsdp import fully_shard
+
+    record = Sharding(slots=[(m, leaf, p) for m in model.modules() for leaf, p in m._parameters.items()
+                             if p is not None],
+                      classes=[(m, type(m)) for m in model.modules()])
+    before = _marks(model)
+    own = own or {}
+    try:
+        for module in [*own, *blocks, model]:
+            fully_shard(module, **{**kwargs, **own.get(module, {})})
+            record.sharded.append(module)
+            if sum_reductions:
+                module.set_force_sum_reduction_for_comms(True)
+    finally:
+        for m in model.modules():
+            for where in (*HOOK_DICTS, "__dict__"):
+                now = m.__dict__ if where == "__dict__" else getattr(m, where, {})
+                for key in set(now) - before.get((id(m), where), set()):
+                    record.added.append((m, where, key))
+    return record
+
+
+def unshard_model(record: Sharding) -> None:
+    """Gather the trained weights into the original parameters and take FSDP off the modules (a collective)."""
+    for module in reversed(record.sharded):
+        if hasattr(module, "reshard"):
+            module.reshard()  # a forward without backward (eval) may have left a module unsharded
+    full: dict[int, torch.Tensor] = {}
+    for module, leaf, original in record.slots:  # in the model's order on every rank: the gathers pair up
+        current = module._parameters.get(leaf)
+        if id(original) not in full:
+            full[id(original)] = gather_state(current).detach()
+    for module, where, key in reversed(record.added):
+        (module.__dict__ if where == "__dict__" else getattr(module, where)).pop(key, None)
+    try:
+        from torch.distributed._composable_state import _module_state_mapping
+        for module in record.sharded:
+            _module_state_mapping.pop(module, None)
+    except ImportError:
+        pass
+    for module, cls in record.classes:
+        module.__class__ = cls
+    with torch.no_grad():
+        for module, leaf, original in record.slots:
+            current = module._parameters.get(leaf)
+            if current is not original:
+                value = full[id(original)]
+                original.copy_(value.to(original.device, original.dtype))
+                original.requires_grad_(current.requires_grad)  # unfrozen (or frozen) through the model meanwhile
+                module._parameters[leaf] = original
+                original.grad = None
+
+
+def shard_like(value: Any, param: nn.Parameter) -> Any:
+    """An optimizer state tensor of the parameter's full shape, sharded as the parameter is."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    if isinstance(value, torch.Tensor) and not isinstance(value, DTensor) and isinstance(param, DTensor) \
+            and tuple(value.shape) == tuple(param.shape):
+        return distribute_tensor(value.to(param.device), param.device_mesh, param.placements)
+    return value
+
+
+def gather_state(value: Any) -> Any:
+    """A DTensor shard gathered whole (a collective); anything else as it is."""
+    from torch.distributed.tensor import DTensor
+
+    return value.full_tensor() if isinstance(value, DTensor) else value
+
+
+def swap_parameters(optimizer: torch.optim.Optimizer, mapping: dict[int, nn.Parameter], convert) -> None:
+    """Put mapping[id(p)] in place of each p in the optimizer's groups and state, converting the state's tensors."""
+    for group in optimizer.param_groups:
+        for i, param in enumerate(group["params"]):
+            new = mapping.get(id(param))
+            if new is None:
+                continue
+            group["params"][i] = new
+            if param in optimizer.state:
+                optimizer.state[new] = {k: convert(v, new) for k, v in optimizer.state.pop(param).items()}
+
+
+class Originals:
+    """Your own parameters while the run holds their shards, kept live: ``requires_grad_`` on one of them reaches
+    its shard, and one found in the optimizer's groups (a group added with ``add_param_group`` over Parameter objects
+    taken before accelerate()) is swapped for its shard, with its state, as the first groups were."""
+
+    def __init__(self, model: nn.Module, record: Sharding):
+        self.shards = record.new_parameters()  # id(original) -> its shard
+        self.pairs = [(o, self.shards[id(o)]) for o in {id(o): o for _, _, o in record.slots}.values()]
+        self.seen = [o.requires_grad for o, _ in self.pairs]  # what the shards were given from your parameters
+        self.names = {id(p): n for n, p in reversed(list(model.named_parameters(remove_duplicate=False)))}
+
+    def back(self) -> dict[int, nn.Parameter]:
+        """id(shard) -> your parameter it stands for."""
+        return {id(shard): original for original, shard in self.pairs}
+
+    def follow(self, optimizer: torch.optim.Optimizer | None) -> None:
+        """Before every forward and every optimizer step: your unfreezing, then your optimizer's new groups."""
+        for i, (original, shard) in enumerate(self.pairs):
+            if original.requires_grad != self.seen[i]:
+                self.seen[i] = original.requires_grad
+                shard.requires_grad_(self.seen[i])
+        if optimizer is None or all(id(p) in self.names for g in optimizer.param_groups for p in g["params"]):
+            return
+        held = [(i, j, p) for i, g in enumerate(optimizer.param_groups) for j, p in enumerate(g["params"])]
+        foreign = [f"group {i} position {j} (shape {tuple(p.shape)})" for i, j, p in held
+                   if id(p) not in self.names and id(p) not in self.shards]
+        if foreign:
+            raise LoopError(f"fsdp: your optimizer holds {len(foreign)} parameter(s) that are not the model's, added "
+                            f"after accelerate(): {', '.join(foreign[:5])}. fsdp trains the model's parameters as its "
+                            "shards and cannot shard these; give add_param_group the model's parameters only (keep "
+                            "another tensor in an optimizer of its own). The weights and the optimizer are as they "
+                            "were")
+        whose = Counter(id(self.shards.get(id(p), p)) for _, _, p in held)
+        twice = sorted(self.names[k] for k, count in whose.items() if count > 1)
+        if twice:
+            raise LoopError(f"fsdp: your optimizer holds the model's {twice[:5]} twice: once as the shard fsdp put in "
+                            "its place and once as your own Parameter (added again with add_param_group); torch "
+                            "refuses a parameter in more than one group. The weights and the optimizer are as they "
+                            "were")
+        swap_parameters(optimizer, self.shards, shard_like)

@@ -1,0 +1,261 @@
+"""prune: structured pruning with NNI 3.0, made real: NNI's masks become a smaller model (ModelSpeedup).
+
+What it does: on a deep copy of the model, swapped in only when everything worked, optional warm-up or Taylor
+steps train the copy on the loader, an NNI pruner (L1, L2, FPGM, Taylor) chooses whole channels of the layers
+the config list selects, and ModelSpeedup rebuilds the layers without them: fewer parameters and FLOPs, not
+zeros. The optimizer is rebuilt on the new parameters (same class and hyperparameters, state reset). NNI's own
+tracer fails on torch >= 2.2 (microsoft/nni#5768), so ModelSpeedup gets a torch.fx graph; a model fx cannot
+trace is refused at plan time, naming the module that failed. ModelSpeedup takes every value that is the same
+for all the samples of its random batch for pruned, so the constants of a fresh initialization (a ViT's zero
+head, ConvNeXt's LayerNorm2d weights and layer_scale) would empty layers: a layer it would leave with no channel
+is named with the values that caused it, at plan time when nothing trains before pruning (its mask inference
+runs on a copy, only for models holding such constants), else while applying, before NNI rebuilds anything.
+
+When it helps: a model wider than its task, whose time goes into the pruned layers. Here (Zen 4, 2 cores,
+Adam, batch 64, 3x32x32, L1 at 0.5 on every Conv2d) the book's CNN went from 2,122,186 to 1,059,306 parameters
+and took 0.34 of the unpruned step time, resnet18 0.54 (docs/accelerators/prune.md). When it hurts: accuracy,
+when the ratio is too high (it removes capacity: fine-tune after it); setup time (NNI runs the model several
+times to propagate masks); and little gain where the time is spent outside the pruned layers.
+
+What it keeps exactly: parameter names; which parameters are frozen; tied parameters (one tensor: a tie that
+pruning would reshape is refused at plan time); the shape of the model's output (the layers producing it are
+never pruned unless named in op_names); the weights and BatchNorm statistics of the channels kept; each
+module's train/eval mode; tensors the optimizer trains beside the model; the user's objects and random states
+(taking a batch from the loader advances neither the loader's generator nor torch's). What it changes, as
+declared: the channels it removes and the shapes of the layers they fed, the copy's weights trained by warm-up
+or Taylor steps, and the optimizer's state (reset).
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+from typing import Any
+
+import torch
+from torch import nn
+
+from accel.accelerator import Accelerator, Keeps, Option, Stage, at_least, register
+from accel.accelerators.prune.config import DEFAULT_CONFIG, PRUNERS, config_problems
+from accel.accelerators.prune.diagnosis import empty_message, same_for_every_input
+from accel.accelerators.prune.speedup import (QUIET, count, nni_quiet, output_shapes, shape_changes, speedup_class,
+                                             surgery)
+from accel.accelerators.prune.tracing import fx_trace, keep_outputs, structure_problems
+from accel.errors import Problem
+from accel.optim import copy_with_optimizer, describe_optimizer, init_kwargs, rebuild_optimizer, same_params
+from accel import randomness
+from accel.randomness import first_batch
+from accel.batches import describe_batch, move
+
+
+def model_input(batch: Any) -> torch.Tensor | None:
+    """The model's input in a batch: the batch itself when it is a tensor, or the first item of an (inputs, ...)
+    tuple or list; None for anything else (a dict of a tokenizer, say), which needs a dummy_input."""
+    if isinstance(batch, torch.Tensor):
+        return batch
+    if isinstance(batch, (list, tuple)) and batch and isinstance(batch[0], torch.Tensor):
+        return batch[0]
+    return None
+
+
+def trainable_batch(batch: Any) -> bool:
+    """Warm-up and Taylor steps compute loss_fn(model(batch[0]), batch[1])."""
+    return isinstance(batch, (list, tuple)) and len(batch) >= 2 and isinstance(batch[0], torch.Tensor)
+
+
+@contextlib.contextmanager
+def foreign_kept(optimizer: torch.optim.Optimizer | None, model: nn.Module):
+    """Tensors the optimizer trains beside the model (a learned temperature) are the user's own objects, shared by
+    the copy's optimizer: training the copy must leave their values and gradients as they were."""
+    owned = {id(p) for p in model.parameters()}
+    groups = optimizer.param_groups if optimizer is not None else []
+    saved = [(p, p.detach().clone(), p.grad) for group in groups for p in group["params"] if id(p) not in owned]
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for tensor, value, grad in saved:
+                tensor.copy_(value)
+                tensor.grad = grad
+
+
+
+@register
+class Prune(Accelerator):
+    """Structured pruning with NNI, then real surgery: smaller layers, fewer parameters, faster steps."""
+
+    name = "prune"
+    stage = Stage.SURGERY
+    requires = ("nni",)
+    provides = ("model.structure",)
+    keeps = Keeps("changed", structure=False, note="the channels it removes and the shapes of the layers they fed; "
+                  "weights trained by warm-up or Taylor steps; the optimizer's state (reset)")
+    options = {
+        "pruner": Option("l1", (str,), choices=tuple(PRUNERS), help="l1/l2 norm, fpgm, or taylor (trains to score)"),
+        "config_list": Option(DEFAULT_CONFIG, (list,), help="NNI config dicts (op_types, op_names, sparse_ratio, ...)"),
+        "warmup_steps": Option(0, (int,), check=at_least(0), help="train this many steps on the loader first"),
+        "taylor_steps": Option(20, (int,), check=at_least(1), help="taylor: training steps that score the channels"),
+        "dummy_input": Option(None, (torch.Tensor, tuple, type(None)), help="None: the first batch of the loader"),
+        "loss_fn": Option(None, (type(None), object), check=lambda f: None if f is None or callable(f) else
+                          "is not callable", allowed="None (cross entropy) or loss_fn(output, target)"),
+    }
+
+    def check(self, ctx):
+        found = config_problems(self.config_list, ctx.model)
+        problems = [Problem(self.name, message, field="config_list") for message in found]
+        if self.dummy_input is None and ctx.loader is None:
+            problems.append(Problem(self.name, "needs a dummy_input or a loader to take one from", field="dummy_input",
+                                    kind="missing"))
+        trains = [f for f, on in (("warmup_steps", self.warmup_steps > 0), ("pruner", self.pruner == "taylor")) if on]
+        for field in trains:
+            if ctx.loader is None or ctx.optimizer is None:
+                problems.append(Problem(self.name, "needs the loader and the optimizer (it trains)", field=field,
+                                        value=getattr(self, field), kind="missing"))
+        batch = None
+        if ctx.loader is not None and (self.dummy_input is None or trains):
+            batch = first_batch(ctx.loader)
+            problems += self._batch_problems(batch, trains)
+        dummy = self.dummy_input if self.dummy_input is not None else model_input(batch)
+        runs = self._run_problems(ctx, dummy) if dummy is not None else []
+        problems += runs
+        try:
+            graph = fx_trace(ctx.model)
+        except ValueError as error:
+            problems.append(Problem(self.name, f"{error}; ModelSpeedup needs a torch.fx graph (the model was left "
+                                    "as it was)", field="model", value=type(ctx.model).__name__))
+            return problems
+        if not found:
+            structure = structure_problems(self.config_list, ctx.model, graph)
+            problems += [Problem(self.name, message, field="config_list") for message in structure]
+            if not (structure or runs or trains) and dummy is not None:
+                problems += self._empty_problems(ctx, graph, dummy)
+        return problems
+
+    def _empty_problems(self, ctx, graph, dummy):
+        """A layer NNI's mask inference would leave with no channel, named before anything is touched.
+
+        Only when something in the model varies for no input (``same_for_every_input``, cheap): then the pruner
+        and ModelSpeedup's mask inference run on a copy, rebuilding nothing. Not when warm-up or Taylor steps train
+        the weights first (they may no longer be constant): apply() names such a layer then."""
+        if not same_for_every_input(graph, dummy):
+            return []
+        import nni.compression.pruning as pruning
+
+        model = copy.deepcopy(ctx.model)
+        device = next(model.parameters(), torch.empty(0)).device
+        try:
+            with randomness.kept(None), nni_quiet():
+                speedup = self._masks_inferred(pruning, model, move(dummy, device, False))
+        except Exception:  # anything else NNI cannot do shows (and is named) while applying
+            return []
+        if not speedup.empty:
+            return []
+        causes = same_for_every_input(speedup.graph_module, speedup.dummy_input)
+        message, allowed = empty_message(speedup.empty, causes, speedup.graph_module, speedup.node_infos)
+        return [Problem(self.name, message, field="config_list", allowed=allowed)]
+
+    def _masks_inferred(self, pruning, model, dummy):
+        """The pruner's masks on this (copied) model, then ModelSpeedup's mask inference, with no rebuilding."""
+        config_list, _ = keep_outputs(self._float_ratios(), model, fx_trace(model))
+        pruner = getattr(pruning, PRUNERS[self.pruner])(model, config_list)
+        _, masks = pruner.compress()
+        pruner.unwrap_model()
+        speedup = speedup_class()(model.eval(), dummy, masks, graph_module=fx_trace(model), logger=QUIET)
+        speedup.dry_run = True
+        speedup.speedup_model()
+        return speedup
+
+    def _float_ratios(self):
+        return [{k: float(v) if k.endswith("sparse_ratio") else v for k, v in c.items()} for c in self.config_list]
+
+    def _batch_problems(self, batch, trains):
+        if batch is None:
+            return [Problem(self.name, "the loader yields no batch", field="dummy_input" if not trains else trains[0])]
+        problems = []
+        if self.dummy_input is None and model_input(batch) is None:
+            problems.append(Problem(self.name, f"the loader's batches are {describe_batch(batch)}, not a tensor or an "
+                                    "(inputs, ...) tuple: pass the model's input as dummy_input=...",
+                                    field="dummy_input"))
+        for field in trains if not trainable_batch(batch) else ():
+            problems.append(Problem(self.name, f"trains with loss_fn(model(batch[0]), batch[1]), but the loader's "
+                                    f"batches are {describe_batch(batch)}: use a loader of (inputs, targets) batches, or "
+                                    "no warm-up and a pruner that does not train (l1, l2, fpgm)", field=field,
+                                    value=getattr(self, field)))
+        return problems
+
+    def _run_problems(self, ctx, dummy):
+        """NNI runs the model on the dummy input: a model that needs more than the batch's first item (a mask
+        beside the image) fails there with an error about NNI's internals; here it names the input."""
+        model = copy.deepcopy(ctx.model).eval()
+        device = next(model.parameters(), torch.empty(0)).device
+        try:
+            with randomness.kept(None):
+                output_shapes(model, move(dummy, device, False))
+        except Exception as error:
+            what = "the dummy_input" if self.dummy_input is not None else "the first item of the loader's batches"
+            return [Problem(self.name, f"the model cannot run on {what} ({type(error).__name__}: {error}): pass "
+                            "its inputs as dummy_input=... (a tuple for several)", field="dummy_input")]
+        return []
+
+    def apply(self, ctx):
+        import nni.compression.pruning as pruning
+
+        user_model = ctx.model
+        model, optimizer = copy_with_optimizer(user_model, ctx.optimizer)  # swapped in only when all worked
+        loss_fn = self.loss_fn or nn.functional.cross_entropy
+
+        def loss_of(batch, model):  # NNI's training_step signature
+            return loss_fn(model(batch[0]), batch[1])
+
+        changes: dict[str, Any] = {"pruner": PRUNERS[self.pruner], "parameters_before": count(user_model)}
+        modes = {name: module.training for name, module in model.named_modules()}  # a frozen BatchNorm's eval
+        with randomness.kept(ctx.loader), foreign_kept(optimizer, model), nni_quiet():
+            if self.warmup_steps:
+                self._train(model, optimizer, ctx, loss_of, self.warmup_steps)
+                changes["warmup_steps"] = self.warmup_steps
+            dummy = self.dummy_input if self.dummy_input is not None else model_input(first_batch(ctx.loader))
+            dummy = move(dummy, ctx.device, False)
+            config_list, kept = keep_outputs(self._float_ratios(), model, fx_trace(model))
+            cls = getattr(pruning, PRUNERS[self.pruner])
+            if self.pruner == "taylor":
+                pruner = cls(model, config_list, self._evaluator(ctx, model, optimizer, loss_of), self.taylor_steps)
+            else:
+                pruner = cls(model, config_list)
+            _, masks = pruner.compress()
+            pruner.unwrap_model()
+            surgery(model, dummy, masks, speedup_class())
+        for name, module in model.named_modules():  # NNI's new modules, and training steps, set one mode for all
+            module.training = modes.get(name, modes[""])
+        ctx.model = model.to(ctx.device)
+        changes["parameters_after"] = count(model)
+        changes["parameters_ratio"] = round(changes["parameters_after"] / changes["parameters_before"], 4)
+        changes["layers_changed"] = shape_changes(user_model, model)
+        if kept:
+            changes["output_layers_kept"] = kept
+        if ctx.optimizer is not None:
+            ctx.optimizer = rebuild_optimizer(ctx.optimizer, params=same_params(ctx.optimizer, user_model, model),
+                                              keep_state=False)
+            changes["optimizer"] = f"rebuilt on the new parameters: {describe_optimizer(ctx.optimizer)}; state reset"
+        return changes
+
+    def _batches(self, ctx):
+        while True:
+            for batch in ctx.loader:
+                yield move(batch, ctx.device, False)
+
+    def _train(self, model, optimizer, ctx, loss_of, steps):
+        model.train()
+        for _, batch in zip(range(steps), self._batches(ctx)):
+            optimizer.zero_grad(set_to_none=True)
+            loss_of(batch, model).backward()
+            optimizer.step()
+
+    def _evaluator(self, ctx, model, optimizer, loss_of):
+        """NNI's TorchEvaluator over the user's loader: Taylor scores channels from gradients of real steps."""
+        import nni
+        from nni.compression import TorchEvaluator
+
+        def training_func(model, optimizers, training_step, lr_schedulers=None, max_steps=None, max_epochs=None):
+            self._train(model, optimizers, ctx, training_step, max_steps or self.taylor_steps)
+
+        traced = nni.trace(type(optimizer))(model.parameters(), **init_kwargs(optimizer))
+        return TorchEvaluator(training_func, traced, loss_of)

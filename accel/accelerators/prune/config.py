@@ -1,0 +1,93 @@
+"""prune's config list: NNI 3.0's schema checked against the model, and which layers each config selects."""
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from torch import nn
+
+PRUNERS = {"l1": "L1NormPruner", "l2": "L2NormPruner", "fpgm": "FPGMPruner", "taylor": "TaylorPruner"}
+DEFAULT_CONFIG = [{"op_types": ["Conv2d"], "sparse_ratio": 0.5}]
+SELECTORS = ("op_types", "op_names", "op_names_re")
+NAME_LISTS = (*SELECTORS, "exclude_op_names", "exclude_op_types", "exclude_op_names_re")
+GRANULARITIES = ("default", "in_channel", "out_channel", "per_channel")
+CONFIG_KEYS = (*NAME_LISTS, "sparse_ratio", "sparse_threshold", "max_sparse_ratio", "min_sparse_ratio",
+               "global_group_id", "dependency_group_id", "granularity", "align", "target_names", "target_settings")
+
+
+def config_problems(config_list: Any, model: nn.Module) -> list[str]:
+    """What is wrong with an NNI pruning config list (NNI 3.0's schema), checked against the model's modules."""
+    if not isinstance(config_list, list) or not config_list:
+        return ["must be a non-empty list of NNI config dicts"]
+    modules = dict(model.named_modules())
+    types = {type(m).__name__ for m in modules.values()}
+    found = []
+    for i, config in enumerate(config_list):
+        where = f"config_list[{i}]"
+        if not isinstance(config, Mapping):
+            found.append(f"{where}: {config!r} is not a dict")
+            continue
+        for key in config:
+            if key not in CONFIG_KEYS:
+                hint = difflib.get_close_matches(str(key), CONFIG_KEYS, n=1)
+                found.append(f"{where}: unknown key {key!r}" + (f"; did you mean {hint[0]!r}?" if hint else ""))
+        if not any(config.get(k) for k in SELECTORS):
+            found.append(f"{where}: names no layers (give op_types, op_names or op_names_re)")
+        for key in NAME_LISTS:
+            value = config.get(key)
+            if value is not None and (not isinstance(value, list) or not all(isinstance(v, str) for v in value)):
+                found.append(f"{where}.{key}: {value!r} is not a list of strings")
+            elif value and key in ("op_names", "exclude_op_names"):
+                missing = [v for v in value if v not in modules]
+                if missing:
+                    found.append(f"{where}.{key}: no module named {missing} in the model")
+            elif value and key.endswith("_re"):
+                bad = [f"{v!r} ({regex_error(v)})" for v in value if regex_error(v)]
+                if bad:
+                    found.append(f"{where}.{key}: not regular expressions: {', '.join(bad)}")
+            elif value and key in ("op_types", "exclude_op_types"):
+                missing = [v for v in value if v not in types]
+                if missing:
+                    found.append(f"{where}.{key}: no module of type {missing} in the model "
+                                 f"(types are class names, e.g. 'Conv2d')")
+        if "sparse_ratio" in config and "sparse_threshold" in config:
+            found.append(f"{where}: give sparse_ratio or sparse_threshold, not both")
+        if not any(k in config for k in ("sparse_ratio", "sparse_threshold", "target_settings")):
+            found.append(f"{where}: says how much to prune nowhere (give sparse_ratio, e.g. 0.5)")
+        for key in ("sparse_ratio", "max_sparse_ratio", "min_sparse_ratio"):
+            value = config.get(key)
+            if key in config and (isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1):
+                found.append(f"{where}.{key}: {value!r} must be a number in [0, 1)")
+        granularity = config.get("granularity")
+        if granularity is not None and granularity not in GRANULARITIES and not isinstance(granularity, list):
+            found.append(f"{where}.granularity: {granularity!r} is not one of {GRANULARITIES} or a list")
+    return found
+
+
+def regex_error(pattern: str) -> str | None:
+    """Why a pattern is not a regular expression (None if it is): selected() must not fail on it."""
+    try:
+        re.compile(pattern)
+    except re.error as error:
+        return str(error)
+    return None
+
+
+def selected(config: Mapping, model: nn.Module) -> set[str]:
+    """Names of the modules an NNI config dict selects (the rules of nni.compression.base.config, NNI 3.0)."""
+    modules = dict(model.named_modules(remove_duplicate=False))
+
+    def by_type(types):
+        return {n for n, m in modules.items() if type(m).__name__ in types}
+
+    def by_regex(patterns):
+        return {n for n in modules if any(re.match(p, n) for p in patterns)}
+
+    named = config.get("op_names") or config.get("op_names_re")
+    names = set(config.get("op_names") or ()) | by_regex(config.get("op_names_re") or ())
+    if config.get("op_types"):
+        names = names & by_type(config["op_types"]) if named else by_type(config["op_types"])
+    return (names - set(config.get("exclude_op_names") or ()) - by_regex(config.get("exclude_op_names_re") or ())
+            - by_type(config.get("exclude_op_types") or ()))

@@ -1,0 +1,131 @@
+"""prune's surgery: NNI's ModelSpeedup failing by name, then ties, frozen flags and BatchNorm statistics put back."""
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+from typing import Any
+
+import torch
+from torch import nn
+
+from accel.accelerators.prune.diagnosis import empty_layers, empty_message, same_for_every_input
+from accel.accelerators.prune.tracing import fx_trace
+from accel.batches import map_tensors
+from accel.modules import tied_groups
+
+QUIET = logging.getLogger("accel.prune.nni")  # ModelSpeedup logs every node at INFO by default
+QUIET.setLevel(logging.WARNING)
+
+
+def shape_changes(before: nn.Module, after: nn.Module) -> dict[str, str]:
+    """{layer: 'weight (32, 3, 3, 3) -> (16, 3, 3, 3)'} for every layer whose weight shape changed."""
+    old = {n: tuple(p.shape) for n, p in before.named_parameters()}
+    changed = {}
+    for name, param in after.named_parameters():
+        layer, _, kind = name.rpartition(".")
+        if kind == "weight" and old.get(name) != tuple(param.shape):
+            changed[layer or name] = f"weight {old.get(name)} -> {tuple(param.shape)}"
+    return changed
+
+
+def count(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+@contextlib.contextmanager
+def nni_quiet():
+    logger = logging.getLogger("nni")
+    level = logger.level
+    logger.setLevel(logging.WARNING)  # NNI logs every replaced module at INFO
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def output_shapes(model: nn.Module, dummy: Any) -> Any:
+    with torch.no_grad():
+        output = model(*dummy) if isinstance(dummy, tuple) else model(dummy)
+    return map_tensors(lambda t: tuple(t.shape), output)
+
+
+def retie(model: nn.Module, tied: list[list[str]], shapes: dict[str, torch.Size]) -> None:
+    """Make tied parameters one tensor again: the surgery builds a new module per layer, so a tie comes back as
+    equal copies. A tie whose shapes or values differ now cannot be restored (ValueError: the plan rolls back)."""
+    for group in tied:
+        params = [model.get_parameter(name) for name in group]
+        if all(p is params[0] for p in params):
+            continue
+        if any(p.shape != shapes[n] for n, p in zip(group, params)) or not all(torch.equal(p, params[0])
+                                                                              for p in params):
+            raise ValueError(f"pruning untied the parameters {group} (one tensor before, now of shapes "
+                             f"{[tuple(p.shape) for p in params]}): exclude their layers from config_list")
+        for name in group[1:]:
+            owner, _, attr = name.rpartition(".")
+            setattr(model.get_submodule(owner), attr, params[0])
+
+
+def surgery(model: nn.Module, dummy: Any, masks: dict, speedup: Any) -> None:
+    """ModelSpeedup in place, then put back what its new modules lose: ties, frozen flags and buffers of unchanged
+    shape (BatchNorm statistics: NNI's first probe would update them, and new modules reset the batch count). The
+    model is left in eval mode, so that no probe updates the statistics NNI copies for the kept channels."""
+    tied = tied_groups(model)
+    shapes = {n: p.shape for n, p in model.named_parameters(remove_duplicate=False)}
+    trainable = {n: p.requires_grad for n, p in model.named_parameters(remove_duplicate=False)}
+    buffers = {n: b.detach().clone() for n, b in model.named_buffers()}
+    model.eval()
+    expected = output_shapes(model, dummy)
+    speedup(model, dummy, masks, graph_module=fx_trace(model), logger=QUIET).speedup_model()
+    found = output_shapes(model.eval(), dummy)  # NNI's new modules are made in training mode
+    if found != expected:
+        raise ValueError(f"pruning changed the model's output shape from {expected} to {found}: keep the layers "
+                         "that produce the output out of config_list")
+    retie(model, tied, shapes)
+    for name, flag in trainable.items():
+        model.get_parameter(name).requires_grad_(flag)
+    with torch.no_grad():
+        for name, buffer in model.named_buffers():
+            if name in buffers and buffers[name].shape == buffer.shape:
+                buffer.copy_(buffers[name])
+
+
+@functools.lru_cache(maxsize=None)
+def speedup_class() -> type:
+    """NNI's ModelSpeedup, checking the masks it inferred before it rebuilds anything: a layer it would empty is a
+    ValueError naming the layer and why, and any failure to rebuild a layer names the layer. With dry_run it infers
+    the masks (``.empty``) and rebuilds nothing."""
+    from nni.compression.speedup import ModelSpeedup
+    from nni.compression.speedup.replacement import replace_module
+    from nni.compression.speedup.replacer import DefaultReplacer
+
+    class Speedup(ModelSpeedup):
+        dry_run = False
+
+        def __init__(self, model, dummy_input, masks, **kwargs):
+            super().__init__(model, dummy_input, masks, **kwargs)
+            names = {id(m): n for n, m in model.named_modules()}
+
+            def named(replace):
+                def rebuild(module, masks):
+                    try:
+                        return replace(module, masks)
+                    except Exception as error:
+                        name = names.get(id(module), type(module).__name__)
+                        raise ValueError(f"NNI cannot rebuild layer {name!r} ({module}) with the channels its masks "
+                                         f"keep: {type(error).__name__}: {error}") from error
+                return rebuild
+
+            self.replacers = [DefaultReplacer({kind: named(fn) for kind, fn in replace_module.items()})]
+
+        def replace_compressed_modules(self):
+            self.empty = empty_layers(self.graph_module, self.node_infos)
+            if self.dry_run:
+                return
+            if self.empty:
+                causes = same_for_every_input(self.graph_module, self.dummy_input)
+                message, allowed = empty_message(self.empty, causes, self.graph_module, self.node_infos)
+                raise ValueError(f"{message} (allowed: {allowed})")
+            super().replace_compressed_modules()
+
+    return Speedup
+
