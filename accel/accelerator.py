@@ -220,7 +220,7 @@ class Accelerator:
 
     def relies_on(self) -> dict[str, str]:
         """The run's calls this accelerator's work goes through this run, each with what it does there, in words:
-        "backward" (run.backward), "step" (run.step), "one_backward" (one run.backward per run.step). The run
+        "backward" (run.backward), "step" (run.step), "batch" (one batch of run.loader per run.step). The run
         watches those calls (accel/watch.py) and names this accelerator when the loop goes around one."""
         return {}
 

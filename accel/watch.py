@@ -23,7 +23,8 @@ WENT_AROUND = {
     "backward": ("the loop called loss.backward() itself, not run.backward(loss)", "call run.backward(loss)"),
     "step": ("the loop called optimizer.step() itself, not run.step()",
              "call run.step() once per batch (it steps the optimizer and zeroes the gradients)"),
-    "batch": ("the loop drew a second batch from run.loader before run.step(): it accumulates gradients itself",
+    "batch": ("the loop called run.backward() on a second batch of run.loader before run.step(): it accumulates "
+              "gradients itself",
               "call run.step() after every batch and let grad_accumulation hold the step, or drop grad_accumulation "
               "from the plan and keep your own accumulation"),
 }
@@ -38,6 +39,7 @@ class Watch:
         self.backwards = 0  # run.backward() calls since the last optimizer step
         self.stepping = False  # inside run.step(): the optimizer step is the run's own
         self.drawn = 0  # batches of run.loader so far: where the loop iterates it, batch_drawn() tells for sure
+        self.fresh = False  # a batch was drawn since the last run.backward()
         self.noticed: set[str] = set()
         self.suspected = False
 
@@ -53,36 +55,41 @@ class Watch:
                          lambda o=optimizer: o.register_step_pre_hook(self._optimizer_steps))
 
     def _optimizer_steps(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        if self.stepping:
+        run = self._run()
+        if self.stepping or run is None or run.closed:  # a run dropped without close(): its hook stays, idle
             return
         # nothing went through run.backward() for this update either: the loop's own backward
-        self.notice(["step"] if self.backwards else ["backward", "step"])
+        self.notice(["step"] if self.backwards else ["backward", "step"], level=5)
         self.backwards = 0
 
     def before_backward(self) -> None:
+        """A second backward before run.step(), on a batch drawn since the first: the loop accumulates itself
+        (a loop that draws its next batch before run.step() draws it after its backward, and is not taken for it)."""
+        if self.backwards and self.fresh:
+            self.notice(["batch"], level=5)
+        self.fresh = False
         if self.backwards and self.relying["batch"] and not self.drawn and not self.suspected:
             self.suspected = True  # two backward passes per step: a GAN's two losses, or the loop's own accumulation
             for accelerator in self.relying["batch"]:
                 self.say(accelerator, f"run.backward() was called {self.backwards + 1} times before run.step(): "
                          "fine for one batch with several losses (a GAN's real and fake); if your loop accumulates "
                          f"gradients itself, {accelerator.name} accumulates on top of it (iterate run.loader and "
-                         "accel notices it)", idle=False)
+                         "accel notices it)", idle=False, level=4)
         self.backwards += 1
 
     def before_step(self, gradients: Any) -> None:
         """At run.step(): an update with no run.backward() since the last one, where gradients exist, came from
         the loop's own backward."""
         if not self.backwards and self.relying["backward"] and "backward" not in self.noticed and gradients():
-            self.notice(["backward"])
+            self.notice(["backward"], level=5)
         self.backwards = 0
 
     def batch_drawn(self) -> None:
-        """A batch of run.loader: one drawn after a backward and before run.step() means the loop accumulates."""
+        """A batch of run.loader (see before_backward)."""
         self.drawn += 1
-        if self.backwards:
-            self.notice(["batch"])
+        self.fresh = True
 
-    def notice(self, calls: list[str]) -> None:
+    def notice(self, calls: list[str], level: int) -> None:
         """Once per call: each accelerator relying on one of them says what it does now, in its row and a
         warning (one for all the calls it relies on that the loop went around at this point)."""
         calls = [c for c in calls if c not in self.noticed]
@@ -94,9 +101,10 @@ class Watch:
             missed = " and ".join(accelerator.relies_on()[c] for c in mine)
             fix = "; ".join(WENT_AROUND[c][1] for c in mine)
             now = accelerator.bypassed(run, mine[-1])
-            self.say(accelerator, f"bypassed: {did}, so its {missed} did not happen; {now}; {fix}")
+            self.say(accelerator, f"bypassed: {did}, so its {missed} did not happen; {now}; {fix}", level=level)
 
-    def say(self, accelerator: Any, text: str, idle: bool = True) -> None:
+    def say(self, accelerator: Any, text: str, idle: bool = True, level: int = 4) -> None:
+        """Into the accelerator's row, and a warning pointing at the loop's line (``level`` frames up from here)."""
         run = self._run()
         if run is not None:
             row = run.report.row(accelerator.name)
@@ -104,4 +112,4 @@ class Watch:
                 row.status, row.reason = "idle", text
             else:
                 row.warnings.append(text)
-        warnings.warn(f"accel: {accelerator.name}: {text}", BypassWarning, stacklevel=4)
+        warnings.warn(f"accel: {accelerator.name}: {text}", BypassWarning, stacklevel=level)

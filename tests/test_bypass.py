@@ -2,6 +2,7 @@
 step), its own accumulation beside grad_accumulation, a gradient penalty under compile, and a model the user
 compiled before accelerate(). Each accelerator whose work a bypassed call carried says so once, in a
 BypassWarning and in its report row, and the loop trains as it would without accel."""
+import gc
 import warnings
 
 import pytest
@@ -252,3 +253,41 @@ def test_auto_in_a_loop_that_steps_the_optimizer_itself_says_it_measured_nothing
     assert same(weights(model), plain_loop())
     run.close()
     assert not optimizer._optimizer_step_pre_hooks
+
+
+def test_a_loop_that_draws_its_next_batch_before_run_step_is_not_taken_for_its_own_accumulation():
+    model, optimizer, loader = setup()
+    run = accel.accelerate(model, optimizer, loader, [{"grad_accumulation": {"steps": 2}}], device="cpu")
+    batches = iter(run.loader)
+    batch = next(batches)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", BypassWarning)
+        while batch is not None:
+            with run.autocast():
+                loss = nn.functional.cross_entropy(run.model(batch[0]), batch[1])
+            run.backward(loss)
+            batch = next(batches, None)  # prefetched before the step
+            run.step()
+    assert run.report.row("grad_accumulation").status == "applied"
+    assert run.optimizer_steps == len(loader) // 2
+    run.close()
+
+
+def test_a_run_dropped_without_close_leaves_no_watch_that_breaks_the_next_one():
+    model, optimizer, loader = setup()
+
+    def epoch():
+        run = accel.accelerate(model, optimizer, loader, [{"grad_accumulation": {"steps": 2}}], device="cpu")
+        before = run.optimizer_steps
+        for x, y in run.loader:
+            with run.autocast():
+                loss = nn.functional.cross_entropy(run.model(x), y)
+            run.backward(loss)
+            run.step()
+        return run.optimizer_steps - before
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", BypassWarning)
+        first = epoch()
+        gc.collect()  # the first run is gone, never closed: its hook is still on the optimizer, and stays idle
+        assert first == epoch() == len(loader) // 2

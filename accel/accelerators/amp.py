@@ -136,14 +136,21 @@ class Amp(Accelerator):
         scaler, would step gradients 65536x off: the scaler stands aside, and scaled gradients are unscaled."""
         self.idle = True
         unscale = call == "step" and self.scaled and id(run.optimizer) not in self.unscaled
+        done = ""
         if unscale:
             scale = self.scaler.get_scale()
-            for param in run.unwrap().parameters():
-                if param.grad is not None:
-                    param.grad.div_(scale)
+            grads = [p.grad for p in run.unwrap().parameters() if p.grad is not None]
+            for grad in grads:
+                grad.div_(scale)
+            done = " (this step's scaled gradients were unscaled first)"
+            if not all(bool(torch.isfinite(g).all()) for g in grads):  # what the scaler's step would have skipped
+                for param in run.unwrap().parameters():
+                    param.grad = None
+                done = (" (this step's scaled gradients overflowed: they were dropped, so your optimizer.step() "
+                        "skipped it, as the GradScaler would have)")
         self.scaled = False
         return ("idle from here on: autocast goes on (run.autocast()), but no loss scaling, so fp16 gradients may "
-                "underflow" + (" (this step's scaled gradients were unscaled first)" if unscale else ""))
+                "underflow" + done)
 
     def backward(self, run, loss, proceed):
         self.scaled = self.scaler is not None and not self.idle

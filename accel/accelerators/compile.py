@@ -171,8 +171,8 @@ class Compile(Accelerator):
                 "compile: your loop backpropagates through a gradient (a gradient penalty: torch.autograd.grad(..., "
                 "create_graph=True)), and torch.compile's AOTAutograd does not run a double backward "
                 f"({error}). Plans without compile run it: accel.accelerate(model, optimizer, loader, plan={others}). "
-                "The run's weights, optimizer state and counters are as they were; this step's gradients were "
-                "dropped") from error
+                "The run's weights, optimizer state and counters are as they were; the gradients held so far "
+                "were dropped (as zero_grad does)") from error
 
     def unwrap(self, model):
         return model._orig_mod if model is getattr(self, "wrapper", None) else model

@@ -177,6 +177,11 @@ def blame(model: torch.nn.Module, fault: Fault, tolerance: float, capture: Captu
     def said(plan: bool, who: str, words: str) -> Blame:
         return Blame(plan, who, words, fault.step, fault.arm)
 
+    # on an accelerator the weights are those at the chunk's end: not finite, the arm's own step may have made them so
+    if fault.state is None and not _finite(list(snapshot(model).values())):
+        return said(True, "the plan", f"a loss was not finite {at} under it, and by the chunk's end your model's "
+                                      "weights were not finite either, so it could not be cleared (on an accelerator "
+                                      "the weights are not copied before each step)")
     state = fault.state if fault.state is not None else snapshot(model)
     if not _finite(list(state.values())):
         return said(False, "the model", f"a loss was not finite {at} {turn}, and your model's weights or buffers were "

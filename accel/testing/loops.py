@@ -372,7 +372,12 @@ class TwoModels(Loop):
     def start(self, held, run):
         plan = [{name: options} for name, options in run.plan.to_dict().items()
                 if "loader" not in accel.accelerator.REGISTRY[name].needs]
-        self.run = accel.accelerate(self.model, self.optimizer, None, plan=plan, device=run.device)
+        try:
+            self.run = accel.accelerate(self.model, self.optimizer, None, plan=plan, device=run.device)
+        except accel.PlanError as error:  # what needs data without needing the loader (prune's dummy input)
+            refused = {problem.accelerator for problem in error.problems}
+            plan = [entry for entry in plan if next(iter(entry)) not in refused]
+            self.run = accel.accelerate(self.model, self.optimizer, None, plan=plan, device=run.device)
 
     def step(self, index, run, held, batch, loss_of):
         loss = super().step(index, run, held, batch, loss_of)
