@@ -455,19 +455,25 @@ class Same(Accelerator):
         return proceed(optimizer)
 
 
+def same_against_plain(timing):
+    """A/A: plan="auto" between the plain loop and 'same' (a plan that changes nothing), with this forward
+    pre-hook moving the clock, trained until it settles; the run and the arm of 'same'."""
+    register(Same)
+    model = tiny_model()
+    model.register_forward_pre_hook(timing)
+    run = accel.accelerate(model, torch.optim.SGD(model.parameters(), lr=0.05), tiny_loader(),
+                           quick(budget_s=3600, candidates=[["same"]]), device="cpu")
+    while run.phase != "settled":
+        train(run, 1)
+    return run, next(a for a in run.arms if a.plan == {"same": {}})
+
+
 def test_a_plan_that_changes_nothing_is_neither_stopped_early_nor_chosen_while_the_machine_slows_down(virtual):
     """A/A: every step costs 2 ms more than the one before, whichever plan takes it (a load that keeps rising).
     Beside the plain loop's round next to it, 'same' is as fast; only against an old round does it look slow."""
-    register(Same)
-    model = tiny_model()
     forwards = itertools.count()
-    model.register_forward_pre_hook(lambda module, args: CLOCK.advance(BASE_S + 0.002 * next(forwards)))
-    run = accel.accelerate(model, torch.optim.SGD(model.parameters(), lr=0.05), tiny_loader(),
-                           quick(budget_s=3600, candidates=[["same"]]), device="cpu")
+    run, same = same_against_plain(lambda module, args: CLOCK.advance(BASE_S + 0.002 * next(forwards)))
     try:
-        while run.phase != "settled":
-            train(run, 1)
-        same = next(a for a in run.arms if a.plan == {"same": {}})
         assert len(same.rounds) >= inloop.MIN_ROUNDS, same
         assert same.status != "stopped early", same.reason
         assert run.winner is run.plain and run.plan.names() == [], run.report.tuning.why
@@ -538,15 +544,8 @@ def test_a_plan_that_changes_nothing_is_neither_stopped_early_nor_chosen_under_l
     (a chunk's mean against the plain loop's fastest round) stopped 'same' at its first spike of 0.5 s or more, on
     these seeds and 11 of 12 tried; every chunk's fastest step against the plain loop's round beside it sees that
     'same' is as fast."""
-    register(Same)
-    model = tiny_model()
-    model.register_forward_pre_hook(loaded_clock(seed, chance=0.25))
-    run = accel.accelerate(model, torch.optim.SGD(model.parameters(), lr=0.05), tiny_loader(),
-                           quick(budget_s=3600, candidates=[["same"]]), device="cpu")
+    run, same = same_against_plain(loaded_clock(seed, chance=0.25))
     try:
-        while run.phase != "settled":
-            train(run, 1)
-        same = next(a for a in run.arms if a.plan == {"same": {}})
         assert len(same.rounds) >= inloop.MIN_ROUNDS, same
         assert same.status not in ("stopped early", "slower", "loss off"), (same.status, same.reason)
         assert run.winner is run.plain and run.plan.names() == [], run.report.tuning.why

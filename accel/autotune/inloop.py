@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import warnings
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -193,7 +194,8 @@ class TuningRun:
         self.capture = Capture(model)  # your model's training forwards: what a fault is replayed on
         self.loader = TuningLoader(self)
         self.stepping, self.bypassed = False, False  # the search times steps between run.step() calls
-        self.watching = optimizer.register_step_pre_hook(self._optimizer_steps)
+        mine = weakref.WeakMethod(self._optimizer_steps)  # the user's optimizer must not keep a dropped search alive
+        self.watching = optimizer.register_step_pre_hook(lambda *args: mine() and mine()(*args))
         self.settled_at: int | None = None
         if self.phase == "settled":
             self._finish("nothing to measure: no accelerator offers a candidate for this model on this hardware")
