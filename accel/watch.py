@@ -41,6 +41,7 @@ class Watch:
         self.drawn = 0  # batches of run.loader so far: where the loop iterates it, batch_drawn() tells for sure
         self.fresh = False  # a batch was drawn since the last run.backward()
         self.noticed: set[str] = set()
+        self.idle: set[str] = set()  # accelerators already named: each says it once, whatever the loop goes around next
         self.suspected = False
 
     @property
@@ -95,7 +96,8 @@ class Watch:
         calls = [c for c in calls if c not in self.noticed]
         self.noticed.update(calls)
         run = self._run()
-        for accelerator in {id(a): a for c in calls for a in self.relying[c]}.values():
+        for accelerator in {id(a): a for c in calls for a in self.relying[c] if a.name not in self.idle}.values():
+            self.idle.add(accelerator.name)
             mine = [c for c in calls if accelerator in self.relying[c]]
             did = "; ".join(WENT_AROUND[c][0] for c in mine)
             missed = " and ".join(accelerator.relies_on()[c] for c in mine)

@@ -291,3 +291,23 @@ def test_a_run_dropped_without_close_leaves_no_watch_that_breaks_the_next_one():
         first = epoch()
         gc.collect()  # the first run is gone, never closed: its hook is still on the optimizer, and stays idle
         assert first == epoch() == len(loader) // 2
+
+
+def test_an_accelerator_the_loop_goes_around_twice_is_named_once():
+    """Its own accumulation (noticed at the second batch), then its own optimizer.step(): grad_accumulation stood
+    aside at the first and says nothing more at the second."""
+    model, optimizer, loader = setup()
+    run = accel.accelerate(model, optimizer, loader, [{"grad_accumulation": {"steps": 2}}], device="cpu")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for index, (x, y) in enumerate(run.loader):
+            with run.autocast():
+                loss = nn.functional.cross_entropy(run.model(x), y)
+            run.backward(loss / 2)
+            if index % 2:
+                optimizer.step()
+                optimizer.zero_grad()
+    said = bypass_warnings(caught)
+    assert len(said) == 1 and "accumulates gradients itself" in said[0], said
+    assert same(weights(model), plain_loop(every=2, divide=2))
+    run.close()
