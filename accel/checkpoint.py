@@ -18,27 +18,18 @@ import hashlib
 import importlib
 import os
 import tempfile
-import warnings
 import zipfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from accel.distributed import barrier, rank, world_size
+from accel.checkpoint_fit import gathered, rank_problems, this_rank
+from accel.distributed import barrier, rank
 from accel.errors import CheckpointError
 
 FORMAT = 2
 CALLABLE = "__callable__"
-
-
-def gather_from_ranks(obj: Any) -> list[Any]:
-    """Every rank's obj, in rank order (a collective); [obj] in a single process."""
-    if world_size() == 1:
-        return [obj]
-    gathered: list[Any] = [None] * world_size()
-    torch.distributed.all_gather_object(gathered, obj)
-    return gathered
 
 
 # --- the plan, as data a checkpoint can hold -----------------------------------------------------------------
@@ -112,13 +103,9 @@ def save(run, path) -> None:
     """Write the run's state to path; a collective when distributed (every rank calls it, rank 0 writes)."""
     path = Path(path)
     state = run.state_dict()
-    ranked = {a.name for a in run.accelerators if a.state_per_rank}
-    rng = gather_from_ranks(state["rng"])
-    per_rank = gather_from_ranks({name: s for name, s in state["accelerators"].items() if name in ranked})
+    parts = gathered(run, state)
     if rank() == 0:
-        state.update(format=FORMAT, plan=encode_plan(state["plan"]), rng=rng, accelerators_per_rank=per_rank,
-                     accelerators={name: s for name, s in state["accelerators"].items() if name not in ranked},
-                     world_size=world_size())
+        state.update(format=FORMAT, plan=encode_plan(state["plan"]), **parts)
         state["checksum"] = checksum(state)
         path.parent.mkdir(parents=True, exist_ok=True)
         handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -196,23 +183,13 @@ def load(run, path) -> dict[str, Any]:
     if not same_options(state["plan"], mine):
         raise CheckpointError(f"{path} was saved with the plan {state['plan']}, but this run has {mine}; create the "
                               f"run with plan=accel.checkpoint.saved_plan({str(path)!r})")
-    per_rank = state.get("accelerators_per_rank") or [{}]
-    problems = []
-    if len(per_rank) != world_size() and any(s.get("micro") for s in per_rank):
-        problems.append(f"saved by {len(per_rank)} rank(s) in the middle of accumulating gradients, which differ "
-                        f"per rank; loaded by {world_size()}: resume from a checkpoint saved on an optimizer step")
-    rngs = state["rng"] if isinstance(state["rng"], list) else [state["rng"]]
-    mine = per_rank[rank()] if len(per_rank) == world_size() else per_rank[0]
+    problems = rank_problems(state)
     legacy = [state["loader_generator"]] if state.get("loader_generator") is not None else []  # format 1
-    state = {**state, "accelerators": {**state.get("accelerators", {}), **mine},
-             "rng": rngs[rank()] if len(rngs) == world_size() else rngs[0],
-             "loader_generators": state.get("loader_generators", legacy)}
+    mine = this_rank(state)  # before the fit checks: it warns when the world size changed
+    state = {**state, **mine, "loader_generators": state.get("loader_generators", legacy)}
     problems += run.state_problems(state)
     if problems:
         raise CheckpointError(f"{path} does not fit this run; nothing was loaded: " + "; ".join(problems))
-    if len(rngs) != world_size():
-        warnings.warn(f"checkpoint saved by {len(rngs)} rank(s), loaded by {world_size()}: every rank takes rank 0's "
-                      "random state", stacklevel=3)
     try:
         run.load_state_dict(state)
     except Exception as error:

@@ -37,6 +37,8 @@ class Decisions:
     workers: int | None = None  # DataLoader worker processes
     non_blocking: bool = False  # host-to-device copies overlap compute (pinned memory)
     accumulation_steps: int = 1  # micro-batches per optimizer step
+    sharded_blocks: list[torch.nn.Module] = field(default_factory=list)  # the blocks a sharding accelerator (fsdp)
+    # wrapped one by one, in the model's order: compile compiles these one by one (decided in fsdp's apply)
     extra: dict[str, Any] = field(default_factory=dict)  # decisions of user-written accelerators
     by: dict[str, str] = field(default_factory=dict)
     why: dict[str, str] = field(default_factory=dict)
@@ -60,8 +62,22 @@ class Decisions:
             shown["rank"] = f"{self.rank}/{self.world_size} (local {self.local_rank}, {self.launch.launcher})"
         for name in self.by:
             value = self.extra[name] if name in self.extra else getattr(self, name)
-            shown[name] = str(value).replace("torch.", "")
+            shown[name] = shown_value(value)
         return shown
+
+
+def shown_value(value: Any) -> str:
+    """A decision as the report shows it: modules by count and class (a module's repr is its whole tree)."""
+    if isinstance(value, (list, tuple)) and value and all(isinstance(v, torch.nn.Module) for v in value):
+        kinds = sorted({module_class(v) for v in value})
+        return f"{len(value)} module(s): {', '.join(kinds)}"
+    return str(value).replace("torch.", "")
+
+
+def module_class(module: torch.nn.Module) -> str:
+    """The module's own class name, not the one a wrapper put first in place (FSDP2's FSDP<name>)."""
+    own = next((c for c in type(module).__mro__ if not c.__module__.startswith("torch.distributed")), type(module))
+    return own.__name__
 
 
 @dataclass

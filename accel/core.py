@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from accel import clock
-from accel.accelerator import Accelerator
+from accel.accelerator import Accelerator, Capability, State
 from accel.context import Context, Decisions, placement
 from accel.errors import AccelerateError, PlanError, Problem, Skip, StaleWarning
 from accel.hardware import Hardware, package_version, probe
@@ -94,7 +94,7 @@ def prepare(model, optimizer, loader, plan: PlanSpec, device: Any = "auto", jour
         if accelerator.name not in skips and not checked[accelerator.name]:
             checked[accelerator.name] += accelerator.check(ctx)
         found = checked[accelerator.name]
-        if accelerator.optional and found and all(p.kind == "missing" for p in found):
+        if accelerator.config.optional and found and all(p.kind == "missing" for p in found):
             skips[accelerator.name] = "optional, and " + "; ".join(p.message for p in found)
             _retract(ctx, accelerator.name)
         else:
@@ -161,6 +161,7 @@ def accelerate(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None =
         raise
     report = Report(device=str(ctx.device), hardware=describe(ctx.hardware), tuning=tuning)
     applied: list[Accelerator] = []
+    states: dict[str, State] = {}  # each applied accelerator's per-run state, what its hooks are handed
     replaced: dict[str, str] = {}  # "model"/"optimizer" -> the accelerator that replaced the user's
     current = "placement"
     try:
@@ -175,17 +176,23 @@ def accelerate(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None =
             model_before, optimizer_before = ctx.model, ctx.optimizer
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
+                ctx.deciding = accelerator.name  # a decision made while applying (fsdp's blocks) is its own
                 try:
-                    row.changes = accelerator.apply(ctx) or {}
-                    row.status = "applied"
+                    result = accelerator.apply(ctx)
+                    state = result if isinstance(result, State) else State(changes=dict(result or {}))
+                    row.changes, row.status = state.changes, "applied"
                     applied.append(accelerator)
+                    states[accelerator.name] = state
                 except Skip as skip:
                     row.reason = skip.reason
                     _retract(ctx, accelerator.name)
+                finally:
+                    ctx.deciding = ""
             for warning in caught:  # keep them in the report and still show them to the user
                 row.warnings.append(str(warning.message))
                 warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
-            if accelerator.unwrap(ctx.model) is not model_before:  # a wrapper (DDP, compile) keeps the model live
+            state = states.get(accelerator.name)
+            if state is not None and accelerator.unwrap(state, ctx.model) is not model_before:  # a wrapper keeps it live
                 replaced.setdefault("model", accelerator.name)
             if ctx.optimizer is not optimizer_before:
                 replaced.setdefault("optimizer", accelerator.name)
@@ -205,7 +212,7 @@ def accelerate(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None =
     report.stale = stale_objects(replaced)
     for text in report.stale.values():
         warnings.warn(f"accel: {text}", StaleWarning, stacklevel=2)
-    run = Run(ctx, report, applied)
+    run = Run(ctx, report, applied, states)
     if earlier is not None:
         earlier.hand_over(run)
     report.setup_s = clock.now() - started
@@ -215,7 +222,7 @@ def accelerate(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None =
 def keep_your_compile(yours: torch.nn.Module, model: torch.nn.Module, applied: list[Accelerator]):
     """The run's model for a model the user compiled: the plan's compile replaces their wrapper; else their own
     wrapper where the plan wrapped nothing, or their compile settings around the plan's wrappers (DDP...)."""
-    if any("model.compile" in a.provides for a in applied):
+    if any(Capability.MODEL_COMPILE in a.provides for a in applied):
         return model, "replaced by the plan's compile (run.model); run.unwrap() is the module inside yours"
     if model is yours._orig_mod:
         return yours, "kept: run.model is your compiled model; run.unwrap() is the module inside it"

@@ -11,16 +11,18 @@ from __future__ import annotations
 
 import os
 import warnings
+from dataclasses import dataclass
 
 import torch
 from torch.utils.data import DataLoader, IterableDataset, RandomSampler, SequentialSampler
 
-from accel.accelerator import Accelerator, Option, positive
+from accel.accelerator import Accelerator
 from accel.distributed import init_process_group, leave_group
 from accel.errors import Problem
 from accel.hardware import importable, is_accelerator
 from accel.journal import set_by_runs
 from accel.loaders import rebuild_loader, rebuild_problem
+from accel.options import Options, option, positive
 
 BACKENDS = ("auto", "gloo", "nccl", "xccl", "ccl", "mpi")
 DEVICE_BACKEND = {"cuda": "nccl", "xpu": "xccl"}  # every other device: gloo
@@ -39,18 +41,25 @@ def distributed_sampler(loader: DataLoader, world: int, rank: int):
                               shuffle=isinstance(loader.sampler, RandomSampler), seed=seed)
 
 
+@dataclass(frozen=True, kw_only=True)
+class DataParallelOptions(Options):
+    """What ddp's and fsdp's options share (each subclasses it)."""
+
+    backend: str = option("auto", choices=BACKENDS, help="auto = nccl on cuda, xccl on xpu, gloo on cpu")
+    timeout_s: int | float = option(600, (int, float), check=positive,
+                                    help="a collective waiting longer than this raises instead of hanging")
+    shard_loader: bool = option(True, help="put a DistributedSampler in the loader")
+
+
 class DataParallel(Accelerator):
     """The process group, the device and the loader's shard: what every data-parallel wrapper needs."""
 
-    options = {
-        "backend": Option("auto", (str,), choices=BACKENDS, help="auto = nccl on cuda, xccl on xpu, gloo on cpu"),
-        "timeout_s": Option(600, (int, float), check=positive,
-                            help="a collective waiting longer than this raises instead of hanging"),
-        "shard_loader": Option(True, (bool,), help="put a DistributedSampler in the loader"),
-    }
+    Options = DataParallelOptions
+    config: DataParallelOptions
 
     def backend_for(self, device: torch.device) -> str:
-        return DEVICE_BACKEND.get(device.type, "gloo") if self.backend == "auto" else self.backend
+        backend = self.config.backend
+        return DEVICE_BACKEND.get(device.type, "gloo") if backend == "auto" else backend
 
     def launch_problems(self, ctx) -> list[Problem]:
         """The launcher's address, the backend for this device, one device per local rank."""
@@ -70,7 +79,7 @@ class DataParallel(Accelerator):
         backend = self.backend_for(ctx.device)
         if ctx.device.type not in BACKEND_DEVICES.get(backend, ()):
             problems.append(Problem(self.name, f"backend {backend!r} does not serve device {ctx.device}",
-                                    field="backend", value=self.backend,
+                                    field="backend", value=self.config.backend,
                                     allowed="'auto' or " + ", ".join(b for b, d in BACKEND_DEVICES.items()
                                                                      if ctx.device.type in d), kind="conflict"))
         elif backend == "ccl" and not importable("oneccl_bindings_for_pytorch"):
@@ -103,7 +112,7 @@ class DataParallel(Accelerator):
         launch = ctx.decisions.launch
         changes = {"launcher": launch.launcher, "rank": f"{launch.rank}/{launch.world_size}",
                    "local_rank": f"{launch.local_rank}/{launch.local_world_size}",
-                   "backend": torch.distributed.get_backend(), "timeout_s": self.timeout_s}
+                   "backend": torch.distributed.get_backend(), "timeout_s": self.config.timeout_s}
         if is_accelerator(ctx.device):  # the device the core decided for this local rank
             module = getattr(torch, ctx.device.type)
             index = ctx.device.index if ctx.device.index is not None else module.current_device()
@@ -115,7 +124,7 @@ class DataParallel(Accelerator):
     def _group(self, joined: bool, backend: str) -> None:
         """Join the group or leave it (a barrier first: a rank leaving while a peer still talks aborts it)."""
         if joined and not torch.distributed.is_initialized():
-            init_process_group(backend, self.timeout_s)
+            init_process_group(backend, self.config.timeout_s)
         elif not joined and torch.distributed.is_initialized():
             leave_group()
 
@@ -124,7 +133,7 @@ class DataParallel(Accelerator):
         loader, launch = ctx.loader, ctx.decisions.launch
         if loader is None:
             return "none given"
-        if not self.shard_loader:
+        if not self.config.shard_loader:
             return "kept (shard_loader=False): every rank sees every sample"
         if launch.world_size == 1:
             return "kept (world size 1: the one rank sees every sample, in your sampler's order)"

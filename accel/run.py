@@ -17,23 +17,20 @@ the optimizer, the counters, each accelerator's state, the loader's generators a
 from __future__ import annotations
 
 import contextlib
-import copy
 import weakref
 from typing import Any, Callable, Iterator
 
 import torch
 
-from accel import clock, sharded_checkpoint
-from accel.accelerator import Accelerator
-from accel.batches import move
-from accel.checkpoint import load as load_checkpoint
-from accel.checkpoint import save as save_checkpoint
+from accel import clock, compat
+from accel.accelerator import Accelerator, Capability, State
+from accel.checkpoint_fit import unprefixed  # noqa: F401  (accel.run.unprefixed, as in 0.2)
 from accel.context import Context
-from accel.errors import CheckpointError
+from accel.device_loader import DeviceLoader
 from accel.loaders import release_workers
 from accel.modules import compiled
-from accel.randomness import loader_generators, rng_state, set_rng_state
 from accel.report import Report
+from accel.run_state import RunState
 from accel.watch import Watch
 
 _OPEN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # the user's model -> weakref to its open Run
@@ -46,58 +43,11 @@ def open_run(model: torch.nn.Module) -> "Run | None":
     return run if run is not None and not run.closed else None
 
 
-class DeviceLoader:
-    """Wraps the run's DataLoader: batches arrive on the device, then go through the plan's batch transforms;
-    epochs are counted so a distributed sampler reshuffles every epoch."""
-
-    def __init__(self, loader: Any, device: torch.device, non_blocking: bool, transforms: list):
-        self.loader = loader
-        self.device = device
-        self.non_blocking = non_blocking
-        self.transforms = list(transforms)
-        self.epoch = 0
-        self._move = device.type != "cpu"
-        self.drawn: Callable[[], None] | None = None  # told of every batch (the run watching for own accumulation)
-
-    def __iter__(self) -> Iterator[Any]:
-        batches = self.start_epoch()
-        if not self._move and not self.transforms and self.drawn is None:
-            yield from batches
-            return
-        for batch in batches:
-            if self.drawn is not None:
-                self.drawn()
-            yield self.prepare(batch)
-
-    def start_epoch(self) -> Any:
-        """The wrapped loader's batches for the next epoch, as they come (its sampler told the epoch)."""
-        sampler = getattr(self.loader, "sampler", None)
-        if hasattr(sampler, "set_epoch"):
-            sampler.set_epoch(self.epoch)
-        self.epoch += 1
-        return self.loader
-
-    def prepare(self, batch: Any) -> Any:
-        """One batch as the plan wants it: on the device, through the batch transforms."""
-        if self._move:
-            batch = move(batch, self.device, self.non_blocking)
-        for transform in self.transforms:
-            batch = transform(batch)
-        return batch
-
-    def __len__(self) -> int:
-        return len(self.loader)
-
-    def __getattr__(self, name: str) -> Any:  # dataset, sampler, batch_size, ... of the wrapped loader
-        if name == "loader":
-            raise AttributeError(name)
-        return getattr(self.loader, name)
-
-
-class Run:
+class Run(RunState):
     """The accelerated training objects. Use run.model, run.optimizer and run.loader in your loop."""
 
-    def __init__(self, ctx: Context, report: Report, accelerators: list[Accelerator]):
+    def __init__(self, ctx: Context, report: Report, accelerators: list[Accelerator],
+                 states: dict[str, State] | None = None):
         self.model = ctx.model
         self.optimizer = ctx.optimizer
         self.device = ctx.device
@@ -106,7 +56,8 @@ class Run:
         self.decisions = ctx.decisions
         self.extras = ctx.extras
         self.journal = ctx.journal
-        self.accelerators = list(accelerators)  # the applied ones, in plan order, each with its own state
+        self.accelerators = list(accelerators)  # the applied ones, in plan order
+        self.states = {a.name: (states or {}).get(a.name) or State() for a in self.accelerators}  # what apply returned
         self.loader = (DeviceLoader(ctx.loader, ctx.device, ctx.decisions.non_blocking, ctx.batch_transforms)
                        if ctx.loader is not None else None)
         self._user_loader = ctx.user_loader
@@ -115,6 +66,8 @@ class Run:
         self.closed = False
         self._contexts = [a for a in self.accelerators if a.overrides("forward_context")]
         self._unscalers = [a for a in self.accelerators if a.overrides("unscale_gradients")]
+        self._syncing = [a for a in self.accelerators if a.overrides("gradient_sync")]
+        self._synced: bool | None = None  # what the wrappers were last told (None: not yet)
         self._backward = self._chain("backward", lambda loss: loss.backward())
         self._optimizer_step = self._chain("optimizer_step", lambda optimizer: optimizer.step() or True)
         self._step = self._chain("step", self._update)
@@ -124,12 +77,14 @@ class Run:
             self.watch.watch_optimizers(ctx.journal, [self.optimizer, ctx.user_optimizer])
             if self.loader is not None:
                 self.loader.drawn = self.watch.batch_drawn
+        self._sync()
         _OPEN[ctx.user_model] = weakref.ref(self)
 
     def _chain(self, hook: str, innermost: Callable) -> Callable:
         call = innermost
         for accelerator in reversed([a for a in self.accelerators if a.overrides(hook)]):
-            call = (lambda method, proceed: lambda value: method(self, value, proceed))(getattr(accelerator, hook), call)
+            call = (lambda method, state, proceed: lambda value: method(self, state, value, proceed))(
+                getattr(accelerator, hook), self.states[accelerator.name], call)
         return call
 
     def _update(self, optimizer: torch.optim.Optimizer) -> bool:
@@ -141,22 +96,43 @@ class Run:
     @property
     def scaler(self):
         """The GradScaler of the plan (amp's, with fp16), or None: to read its scale; amp steps it."""
-        return next((a.scaler for a in self.accelerators if getattr(a, "scaler", None) is not None), None)
+        scalers = (a.grad_scaler(self.states[a.name]) for a in self.accelerators)
+        return next((s for s in scalers if s is not None), None)
 
     @property
     def autocast_dtype(self) -> torch.dtype | None:
-        return self.decisions.compute_dtype if any("precision.autocast" in a.provides for a in self._contexts) else None
+        autocasts = any(Capability.PRECISION_AUTOCAST in a.provides for a in self._contexts)
+        return self.decisions.compute_dtype if autocasts else None
+
+    # --- services: what one accelerator offers the others -----------------------------------------------------
+
+    @property
+    def accumulating(self) -> bool:
+        """Whether the step in progress only accumulates gradients (a step schedule holds its update)."""
+        return any(a.accumulating(self.states[a.name]) for a in self.accelerators)
+
+    def held_gradients(self) -> list[torch.Tensor]:
+        """Gradients a wrapper holds unreduced, not yet in ``.grad`` (FSDP2 while accumulating)."""
+        return [g for a in self.accelerators for g in a.held_gradients(self.states[a.name])]
+
+    def _sync(self) -> None:
+        """Tell the distribution wrappers whether the next forward and backward reduce gradients: not while a step
+        schedule accumulates (DDP's no_sync, FSDP's set_requires_gradient_sync(False)), whatever the loop enters."""
+        enabled = not self.accumulating
+        if self._syncing and enabled is not self._synced:
+            for accelerator in self._syncing:
+                accelerator.gradient_sync(self, self.states[accelerator.name], enabled)
+            self._synced = enabled
 
     def autocast(self) -> contextlib.AbstractContextManager:
-        """The contexts the plan chose for the forward pass and the loss: autocast, DDP's no_sync while
-        accumulating... (a no-op when none did)."""
+        """The contexts the plan chose for the forward pass and the loss: autocast (a no-op when none did)."""
         return self._entered() if self._contexts else contextlib.nullcontext()
 
     @contextlib.contextmanager
     def _entered(self) -> Iterator[None]:
         with contextlib.ExitStack() as stack:  # entered at `with`; one that fails exits those before it
             for accelerator in self._contexts:
-                context = accelerator.forward_context(self)
+                context = accelerator.forward_context(self, self.states[accelerator.name])
                 if context is not None:
                     stack.enter_context(context)
             yield
@@ -170,7 +146,8 @@ class Run:
         """Make the gradients true gradients before reading them (clipping, logging a norm): a plan that scales
         the loss (amp with fp16) divides them back here, once per step. A no-op otherwise."""
         for accelerator in self._unscalers:
-            accelerator.unscale_gradients(self, optimizer if optimizer is not None else self.optimizer)
+            accelerator.unscale_gradients(self, self.states[accelerator.name],
+                                          optimizer if optimizer is not None else self.optimizer)
 
     def step(self) -> bool:
         """The optimizer step through the plan's hooks, then zero_grad; call it once per batch.
@@ -186,6 +163,7 @@ class Run:
             stepped = self._step(self.optimizer)
         finally:
             self.watch.stepping = False
+            self._sync()
         self.steps += 1
         self.optimizer_steps += bool(stepped)
         now = clock.now()
@@ -197,19 +175,39 @@ class Run:
         return any(p.grad is not None for group in self.optimizer.param_groups for p in group["params"])
 
     def accelerator(self, name: str) -> Accelerator:
-        """The applied accelerator of that name (its runtime state, e.g. grad_clipping's last norm)."""
+        """The applied accelerator of that name: its options are ``.config``; its run state is ``run.state(name)``
+        (read through this object, as in 0.2, it still answers, with a DeprecationWarning)."""
         for accelerator in self.accelerators:
             if accelerator.name == name:
-                return accelerator
+                return compat.Applied(accelerator, self.states[name]) if self.states[name].__dict__ else accelerator
         raise KeyError(f"no applied accelerator {name!r} in this run; applied: {[a.name for a in self.accelerators]}")
+
+    def state(self, name: str) -> State:
+        """The per-run state of the applied accelerator of that name (grad_clipping's ``last_norm``...)."""
+        if name not in self.states:
+            raise KeyError(f"no applied accelerator {name!r} in this run; applied: {list(self.states)}")
+        return self.states[name]
+
+    def accelerator_state_dict(self, name: str) -> dict[str, Any]:
+        """What run.save keeps of one accelerator (its state_dict hook)."""
+        return self._by_name(name).state_dict(self.states[name])
+
+    def load_accelerator_state(self, name: str, saved: dict[str, Any]) -> None:
+        """Restore one accelerator's saved state (ValueError, nothing changed, when it does not fit)."""
+        self._by_name(name).load_state_dict(self.states[name], saved)
+        self._sync()
+
+    def _by_name(self, name: str) -> Accelerator:
+        return next(a for a in self.accelerators if a.name == name)
 
     def wrappers(self) -> list[torch.nn.Module]:
         """The model at each level, outermost first (compiled, DDP, ...) down to the module that trains."""
         levels = [self.model]
-        if compiled(self.model) and not any(a.unwrap(self.model) is not self.model for a in self.accelerators):
+        if compiled(self.model) and not any(a.unwrap(self.states[a.name], self.model) is not self.model
+                                            for a in self.accelerators):
             levels.append(self.model._orig_mod)  # your own torch.compile wrapper, kept outermost
         for accelerator in reversed(self.accelerators):
-            inner = accelerator.unwrap(levels[-1])
+            inner = accelerator.unwrap(self.states[accelerator.name], levels[-1])
             if inner is not levels[-1]:
                 levels.append(inner)
         return levels
@@ -218,115 +216,6 @@ class Run:
         """The module under every wrapper (DDP, compile): your model itself, unless the report names it stale
         (prune and IPEX train a copy of their own). What to save, evaluate and average."""
         return self.wrappers()[-1]
-
-    # --- state ---------------------------------------------------------------------------------------------------
-
-    def state_dict(self, model: bool = True) -> dict[str, Any]:
-        """Everything this process needs to continue the run exactly: the model, the optimizer, the counters, each
-        accelerator's state, the loader's sampler and generators, and the random state. ``model=False`` leaves
-        the model's and optimizer's state out (a sharded checkpoint writes them through DCP)."""
-        sampler, generators = self._sampling()
-        return {
-            "plan": self.plan.to_dict(),
-            **({"model": self.unwrap().state_dict(),
-                "optimizer": self.optimizer.state_dict() if self.optimizer is not None else None} if model else {}),
-            "optimizer_class": type(self.optimizer).__name__ if self.optimizer is not None else None,
-            "accelerators": {a.name: a.state_dict() for a in self.accelerators},
-            "step": self.steps,
-            "optimizer_steps": self.optimizer_steps,
-            "epoch": self.loader.epoch if self.loader is not None else 0,
-            "sampler": {k: getattr(sampler, k) for k in ("seed", "epoch", "num_replicas") if hasattr(sampler, k)},
-            "loader_generators": [g.get_state() for g in generators],
-            "rng": rng_state(),
-        }
-
-    def state_problems(self, state: dict[str, Any]) -> list[str]:
-        """Why a state does not fit this run (model keys and shapes, the optimizer, accelerators), or nothing."""
-        current = self.unwrap().state_dict()
-        problems = _model_problems(unprefixed(state["model"], current), current)
-        problems += _optimizer_problems(state["optimizer"], self.optimizer, state.get("optimizer_class"))
-        stray = sorted(set(state.get("accelerators", {})) - {a.name for a in self.accelerators})
-        if stray:
-            problems.append(f"state of accelerators this run did not apply: {stray}")
-        return problems
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore what state_dict() returned. Everything is checked first: a ValueError names every part that
-        does not fit, with nothing changed; a restore that fails half-way puts the run back as it was."""
-        state = {**state, "model": unprefixed(state["model"], self.unwrap().state_dict())}
-        problems = self.state_problems(state)
-        if problems:
-            raise ValueError("; ".join(problems))
-        backup = self._backup()
-        try:
-            self._restore(state)
-        except Exception:
-            self._restore(backup)
-            raise
-
-    def _backup(self) -> dict[str, Any]:
-        """The run's state, with its tensors copied to host memory (no second copy of the weights on a GPU)."""
-        state = self.state_dict()
-        state["model"] = {k: v.detach().to("cpu", copy=True) if isinstance(v, torch.Tensor) else v
-                          for k, v in state["model"].items()}
-        state["optimizer"] = copy.deepcopy(state["optimizer"])  # load_state_dict casts it back to each device
-        state["accelerators"] = copy.deepcopy(state["accelerators"])
-        return state
-
-    def _restore(self, state: dict[str, Any]) -> None:
-        self.unwrap().load_state_dict(state["model"])
-        if self.optimizer is not None:
-            self.optimizer.load_state_dict(state["optimizer"])
-        self.restore_progress(state)
-
-    def restore_progress(self, state: dict[str, Any]) -> None:
-        """Everything of state_dict() but the model and optimizer: accelerators, counters, sampling, randomness."""
-        for accelerator in self.accelerators:
-            accelerator.load_state_dict(state.get("accelerators", {}).get(accelerator.name, {}))
-        self.steps, self.optimizer_steps = state["step"], state.get("optimizer_steps", state["step"])
-        if self.loader is not None:
-            self.loader.epoch = state["epoch"]
-        sampler, generators = self._sampling()
-        if "seed" in state.get("sampler", {}) and hasattr(sampler, "seed"):
-            sampler.seed = state["sampler"]["seed"]
-        for generator, saved in zip(generators, state.get("loader_generators", [])):
-            generator.set_state(saved)
-        set_rng_state(state["rng"])
-
-    def _sampling(self):
-        """The loader's sampler and every generator it draws from (its own, its sampler's, its batch sampler's)."""
-        loader = getattr(self.loader, "loader", None)
-        return getattr(loader, "sampler", None), loader_generators(loader)
-
-    @property
-    def sharded(self) -> bool:
-        """Whether the run's state is sharded over the ranks (fsdp): its checkpoints are DCP folders."""
-        return any(a.shards_parameters for a in self.accelerators)
-
-    def save(self, path) -> None:
-        """Checkpoint the run's state_dict(), with the plan and a checksum: to a file, or under fsdp to a folder
-        of shards (accel.sharded_checkpoint).
-
-        Every rank calls it. A file: rank 0 writes it atomically, with every rank's random state. A folder: every
-        rank writes its shards, and the folder replaces the last one only once it is whole.
-        """
-        if self.sharded:
-            sharded_checkpoint.save(self, path)
-        else:
-            save_checkpoint(self, path)
-
-    def load(self, path) -> dict:
-        """Restore a checkpoint written by run.save into this run; returns {"step", "epoch", "path"}. A sharded
-        folder loads at any world size, and into a run without fsdp (the whole state in one process).
-
-        Everything is checked before anything changes: a refused load leaves the run as it was.
-        """
-        if sharded_checkpoint.is_sharded_checkpoint(path):
-            return sharded_checkpoint.load(self, path)
-        if self.sharded:
-            raise CheckpointError(f"{path}: under fsdp, run.load reads the folder of shards that run.save wrote "
-                                  "(this is a single-file checkpoint of a run without fsdp)")
-        return load_checkpoint(self, path)
 
     # --- lifetime ------------------------------------------------------------------------------------------------
 
@@ -340,11 +229,11 @@ class Run:
         if successor.loader is not None and self.loader is not None:
             successor.loader.epoch = self.loader.epoch
             kept.append(f"epoch={self.loader.epoch}")
-        mine = {a.name: a for a in self.accelerators}
+        mine = {a.name for a in self.accelerators}
         for accelerator in successor.accelerators:
             if accelerator.name in mine:
                 try:
-                    accelerator.load_state_dict(mine[accelerator.name].state_dict())
+                    successor.load_accelerator_state(accelerator.name, self.accelerator_state_dict(accelerator.name))
                     kept.append(f"{accelerator.name}'s state")
                 except ValueError as error:
                     kept.append(f"{accelerator.name} started afresh ({error})")
@@ -363,47 +252,3 @@ class Run:
         self._release_loader()
         self.journal.rollback()
         self.closed = True
-
-
-def unprefixed(saved: dict, current: dict) -> dict:
-    """A model state saved through the user's own torch.compile wrapper (accel 0.2 saved it so: keys starting
-    with ``_orig_mod.``), keyed as the module inside it, which is what run.unwrap() is now."""
-    prefix = "_orig_mod."
-    if saved and all(k.startswith(prefix) for k in saved) and not any(k.startswith(prefix) for k in current):
-        return {k[len(prefix):]: v for k, v in saved.items()}
-    return saved
-
-
-def _model_problems(saved: dict, current: dict) -> list[str]:
-    problems = []
-    missing, unexpected = sorted(set(current) - set(saved)), sorted(set(saved) - set(current))
-    if missing:
-        problems.append(f"the model's {missing[:5]}{' ...' if len(missing) > 5 else ''} are not in the checkpoint")
-    if unexpected:
-        problems.append(f"the checkpoint's {unexpected[:5]}{' ...' if len(unexpected) > 5 else ''} are not in the model")
-    shapes = [f"{k} {tuple(saved[k].shape)} vs {tuple(v.shape)}" for k, v in current.items()
-              if k in saved and isinstance(v, torch.Tensor) and isinstance(saved[k], torch.Tensor)
-              and tuple(saved[k].shape) != tuple(v.shape)]
-    if shapes:
-        problems.append("shapes differ (checkpoint vs model): " + "; ".join(shapes[:5]))
-    return problems
-
-
-def _optimizer_problems(saved: dict | None, optimizer, saved_class: str | None = None) -> list[str]:
-    if saved_class and optimizer is not None and saved_class != type(optimizer).__name__:
-        return [f"the checkpoint holds a {saved_class}'s state, this run's optimizer is a {type(optimizer).__name__}"]
-    if (optimizer is None) != (saved is None):
-        return [f"the checkpoint has {'an' if saved is not None else 'no'} optimizer state, this run has "
-                f"{'one' if optimizer is not None else 'none'}"]
-    if optimizer is None:
-        return []
-    groups, current = saved.get("param_groups", []), optimizer.param_groups
-    sizes, mine = [len(g["params"]) for g in groups], [len(g["params"]) for g in current]
-    if sizes != mine:
-        return [f"the optimizer's param groups hold {mine} parameters, the checkpoint's {sizes}"]
-    params = [p for g in current for p in g["params"]]
-    index = [i for g in groups for i in g["params"]]
-    wrong = [f"param {i}" for i, p in zip(index, params)
-             for t in saved.get("state", {}).get(i, {}).values()
-             if isinstance(t, torch.Tensor) and t.dim() and tuple(t.shape) != tuple(p.shape)]
-    return [f"optimizer state of another shape for {wrong[:5]}"] if wrong else []

@@ -32,7 +32,9 @@ from typing import Any
 import torch
 
 from accel.batches import map_tensors
-from accel.checkpoint import checksum, encode_plan, gather_from_ranks
+from accel.checkpoint import checksum, encode_plan
+from accel.checkpoint_fit import (gather_from_ranks, gathered, model_problems, optimizer_problems, rank_problems,
+                                  stray_problems, this_rank)
 from accel.distributed import barrier, rank, world_size
 from accel.errors import CheckpointError
 
@@ -66,7 +68,11 @@ def _states(run) -> tuple[dict, dict]:
         from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
         return get_model_state_dict(model), {}
-    return get_state_dict(model, run.optimizer)
+    run.watch.stepping = True  # get_state_dict steps an optimizer without state once (to create it): not the loop's
+    try:
+        return get_state_dict(model, run.optimizer)
+    finally:
+        run.watch.stepping = False
 
 
 def save(run, path) -> Path:
@@ -78,11 +84,10 @@ def save(run, path) -> Path:
         raise CheckpointError(f"{root}: is a file; under fsdp run.save writes a folder of shards")
     name = f"step-{run.steps:09d}"
     partial = root / f".{name}.partial"
-    mid = [a.name for a in run.accelerators if getattr(a, "micro", 0)]
-    if mid:
-        raise CheckpointError(f"{root}: cannot save a sharded checkpoint in the middle of accumulating gradients "
-                              f"({mid[0]}): FSDP keeps the unreduced gradients inside its own buffers; save when "
-                              "run.step() returned False (an optimizer step)")
+    if run.held_gradients():
+        raise CheckpointError(f"{root}: cannot save a sharded checkpoint in the middle of accumulating gradients: "
+                              "FSDP keeps the unreduced gradients inside its own buffers; save when run.step() "
+                              "returned False (an optimizer step)")
     if rank() == 0:
         root.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(partial, ignore_errors=True)  # what a save that died here left
@@ -91,16 +96,12 @@ def save(run, path) -> Path:
     with _quiet():
         dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=str(partial))
     state = run.state_dict(model=False)
-    ranked = {a.name for a in run.accelerators if a.state_per_rank}
-    rng = gather_from_ranks(state["rng"])
-    per_rank = gather_from_ranks({n: s for n, s in state["accelerators"].items() if n in ranked})
+    parts = gathered(run, state)
     mine = {f.name: (f.stat().st_size, _digest(f)) for f in partial.glob(f"__{rank()}_*")}
     files = {k: v for part in gather_from_ranks(mine) for k, v in part.items()}
     if rank() == 0:
         files[".metadata"] = ((partial / ".metadata").stat().st_size, _digest(partial / ".metadata"))
-        meta = {**state, "format": FORMAT, "plan": encode_plan(state["plan"]), "rng": rng,
-                "accelerators_per_rank": per_rank, "world_size": world_size(), "files": files,
-                "accelerators": {n: s for n, s in state["accelerators"].items() if n not in ranked}}
+        meta = {**state, "format": FORMAT, "plan": encode_plan(state["plan"]), **parts, "files": files}
         meta["checksum"] = checksum(meta)
         with open(partial / META, "wb") as handle:
             torch.save(meta, handle)
@@ -183,27 +184,11 @@ def _fit_problems(where: Path, model_state: dict, optimizer_state: dict, meta: d
     import torch.distributed.checkpoint as dcp
 
     saved = dcp.FileSystemReader(str(where)).read_metadata().state_dict_metadata
-    problems = []
-    missing = [k for k in model_state if f"model.{k}" not in saved]
-    if missing:
-        problems.append(f"the model's {missing[:5]} are not in the checkpoint")
-    shapes = [f"{k} {tuple(saved[f'model.{k}'].size)} vs {tuple(v.shape)}" for k, v in model_state.items()
-              if isinstance(v, torch.Tensor) and f"model.{k}" in saved and hasattr(saved[f"model.{k}"], "size")
-              and tuple(saved[f"model.{k}"].size) != tuple(v.shape)]
-    if shapes:
-        problems.append("shapes differ (checkpoint vs model): " + "; ".join(shapes[:5]))
-    saved_class, optimizer = meta.get("optimizer_class"), run.optimizer
-    if (saved_class is None) != (optimizer is None):
-        problems.append(f"the checkpoint has {'an' if saved_class else 'no'} optimizer state, this run has "
-                        f"{'one' if optimizer is not None else 'none'}")
-    elif optimizer is not None and saved_class != type(optimizer).__name__:
-        problems.append(f"the checkpoint holds a {saved_class}'s state, this run's optimizer is a "
-                        f"{type(optimizer).__name__}")
+    shapes = {k[len("model."):]: getattr(v, "size", None) for k, v in saved.items() if k.startswith("model.")}
+    problems = model_problems(shapes, model_state)
+    problems += optimizer_problems(run.optimizer, meta.get("optimizer_class"), meta.get("optimizer_class") is not None)
     saved_states = set(meta.get("accelerators", {})) | {n for s in meta.get("accelerators_per_rank", []) for n in s}
-    stray = sorted(set(training_plan(dict.fromkeys(saved_states))) - {a.name for a in run.accelerators})
-    if stray:
-        problems.append(f"state of accelerators this run did not apply: {stray}")
-    return problems
+    return problems + rank_problems(meta) + stray_problems(set(training_plan(dict.fromkeys(saved_states))), run)
 
 
 def training_plan(plan: dict[str, dict]) -> dict[str, dict]:
@@ -233,8 +218,6 @@ def load(run, path) -> dict[str, Any]:
                               "may differ: the shards load at any world size, or in one process)")
     current_model, current_optimizer = _states(run)
     problems = _fit_problems(where, current_model, current_optimizer, meta, run)
-    per_rank = meta.get("accelerators_per_rank") or [{}]
-    rngs = meta["rng"]
     if problems:
         raise CheckpointError(f"{where} does not fit this run; nothing was loaded: " + "; ".join(problems))
     model_state, optimizer_state = _copy(current_model), _copy(current_optimizer)  # read into copies: the run's
@@ -246,12 +229,7 @@ def load(run, path) -> dict[str, Any]:
     except Exception as error:
         raise CheckpointError(f"{where}: the shards could not be read ({type(error).__name__}: {error}); nothing "
                               "was loaded") from error
-    if len(rngs) != world_size():
-        warnings.warn(f"checkpoint saved by {len(rngs)} rank(s), loaded by {world_size()}: every rank takes rank 0's "
-                      "random state", stacklevel=3)
-    progress = {**meta, "accelerators": {**meta.get("accelerators", {}),
-                                         **(per_rank[rank()] if len(per_rank) == world_size() else per_rank[0])},
-                "rng": rngs[rank()] if len(rngs) == world_size() else rngs[0]}
+    progress = {**meta, **this_rank(meta)}
     backup = (_copy(current_model), _copy(current_optimizer), run.state_dict(model=False))
     try:
         if run.optimizer is not None:

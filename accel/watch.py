@@ -35,7 +35,9 @@ class Watch:
 
     def __init__(self, run: Any, accelerators: list):
         self._run = weakref.ref(run)  # the user's optimizer holds the hook: it must not keep a closed run alive
-        self.relying = {call: [a for a in accelerators if call in a.relies_on()] for call in WENT_AROUND}
+        self.states = run.states  # each accelerator's run state, which its relies_on and bypassed hooks are handed
+        self.relying = {call: [a for a in accelerators if call in a.relies_on(self.states[a.name])]
+                        for call in WENT_AROUND}
         self.backwards = 0  # run.backward() calls since the last optimizer step
         self.stepping = False  # inside run.step(): the optimizer step is the run's own
         self.drawn = 0  # batches of run.loader so far: where the loop iterates it, batch_drawn() tells for sure
@@ -100,9 +102,12 @@ class Watch:
             self.idle.add(accelerator.name)
             mine = [c for c in calls if accelerator in self.relying[c]]
             did = "; ".join(WENT_AROUND[c][0] for c in mine)
-            missed = " and ".join(accelerator.relies_on()[c] for c in mine)
+            state = self.states[accelerator.name]
+            missed = " and ".join(accelerator.relies_on(state)[c] for c in mine)
             fix = "; ".join(WENT_AROUND[c][1] for c in mine)
-            now = accelerator.bypassed(run, mine[-1])
+            now = accelerator.bypassed(run, state, mine[-1])
+            if run is not None:
+                run._sync()  # a schedule that stood aside accumulates no more: the wrappers reduce again
             self.say(accelerator, f"bypassed: {did}, so its {missed} did not happen; {now}; {fix}", level=level)
 
     def say(self, accelerator: Any, text: str, idle: bool = True, level: int = 4) -> None:

@@ -1,4 +1,6 @@
 """The ddp accelerator and accel.distributed: launcher variables, validation, and real 2-process gloo runs."""
+import json
+
 import pytest
 import torch
 from hypothesis import given
@@ -229,3 +231,66 @@ def test_gloo_workers_are_read_from_proc_running_or_parked(tmp_path):
     assert gloo_workers_busy(str(tmp_path)) == 2
     assert gloo_workers_busy(str(tmp_path / "absent")) == 0
 
+
+
+ACCUMULATING = '''
+"""2 gloo ranks, ddp + grad_accumulation(steps=3), a loop that never enters run.autocast(): per micro-batch, the
+all-reduces DDP ran in its backward and whether the ranks' gradients agree after it."""
+import json
+import sys
+
+import torch
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+import accel
+from accel.distributed import rank
+from accel.testing import tiny_loader, tiny_model
+
+torch.manual_seed(0)
+model = tiny_model()
+run = accel.accelerate(model, torch.optim.SGD(model.parameters(), lr=0.1), tiny_loader(samples=192),
+                       ["ddp", {"grad_accumulation": {"steps": 3}}], device="cpu")
+reduced = []
+
+
+def counted(state, bucket):
+    reduced[-1] += 1
+    return default_hooks.allreduce_hook(state, bucket)
+
+
+run.model.register_comm_hook(None, counted)
+seen = []
+for x, y in run.loader:
+    reduced.append(0)
+    loss = torch.nn.functional.cross_entropy(run.model(x), y)
+    run.backward(loss)
+    grads = torch.cat([p.grad.flatten() for p in model.parameters()])
+    both = [torch.empty_like(grads) for _ in range(2)]
+    torch.distributed.all_gather(both, grads)
+    seen.append({"allreduces": reduced[-1], "same": torch.equal(both[0], both[1]),
+                 "micro": run.state("grad_accumulation").micro, "stepped": not run.step()})
+applied, me = [row.name for row in run.report.rows if row.status == "applied"], rank()
+run.close()  # leaves the group accel joined
+with open(f"{sys.argv[1]}/rank{me}.json", "w") as handle:
+    json.dump({"seen": seen, "applied": applied}, handle)
+'''
+
+
+def test_two_ranks_accumulating_without_run_autocast_reduce_once_per_optimizer_step(tmp_path):
+    """Before: DDP's no_sync was entered by run.autocast() only, so a loop that does not enter it (no amp in its plan,
+    why would it) all-reduced every micro-batch. Now the run turns the reduction off after every run.step() while
+    grad_accumulation accumulates: the first N-1 micro-batches' backward reduces nothing (the ranks' gradients
+    differ, each its own half of the data), the N-th all-reduces their sum."""
+    script = tmp_path / "accumulating_ddp.py"
+    script.write_text(ACCUMULATING)
+    result = torchrun(str(script), tmp_path, timeout=180)
+    assert result.returncode == 0, output(result)
+    for r in range(2):
+        done = json.loads((tmp_path / f"rank{r}.json").read_text())
+        assert done["applied"] == ["grad_accumulation", "ddp"]
+        seen = done["seen"]
+        assert len(seen) == 6  # 192 samples, 96 a rank, 16 a batch: two optimizer steps
+        final = [i % 3 == 2 for i in range(len(seen))]
+        assert [s["stepped"] for s in seen] == final
+        assert [s["allreduces"] > 0 for s in seen] == final, seen
+        assert [s["same"] for s in seen] == final, seen  # unreduced: each rank's own gradients until the N-th

@@ -316,7 +316,7 @@ def test_a_step_accelerator_in_the_plan_does_not_hide_what_another_changes(step_
         def apply(self, ctx):
             return {}
 
-        def backward(self, run, loss, proceed):
+        def backward(self, run, state, loss, proceed):
             return proceed(loss * 1.5)
 
     try:

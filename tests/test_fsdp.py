@@ -504,3 +504,87 @@ def test_auto_under_torchrun_picks_by_memory_and_both_ranks_agree(room, expected
         assert rank["plan"] == expected and rank["same"] and rank["steps"] > 0, rank
         assert rank["why"].startswith(expected[0]) and "not measured under a launcher" in rank["why"], rank["why"]
         assert "memory fit" in rank["report"] and ("it fits" in rank["report"]) == (room == "fits"), rank["report"]
+
+
+# --- accumulation through the run's services (gradient_sync, held_gradients), whatever the loop enters -----------
+
+def reduce_flags(model):
+    """FSDP2's gradient-sync flag of every sharded module's param groups (torch 2.15: a list per module)."""
+    flags = []
+    for module in model.modules():
+        if hasattr(module, "_get_fsdp_state"):
+            state = module._get_fsdp_state()
+            groups = getattr(state, "_fsdp_param_groups", None) or [getattr(state, "_fsdp_param_group", None)]
+            flags += [group.reduce_grads for group in groups if group is not None]
+    return flags
+
+
+def gpt_run(plan, batches=6):
+    model = TinyGPT()
+    ids = torch.randint(0, 64, (8 * batches, 17), generator=torch.Generator().manual_seed(0))
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(ids[:, :-1], ids[:, 1:]), batch_size=8)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    return model, optimizer, loader, accel.accelerate(model, optimizer, loader, plan=plan, device="cpu")
+
+
+def gpt_step(run, x, y):
+    run.backward(torch.nn.functional.cross_entropy(run.model(x).flatten(0, 1), y.flatten()))
+    held = len(run.held_gradients())
+    return held, not run.step()
+
+
+def test_accumulating_without_run_autocast_fsdp_reduces_on_the_last_micro_batch_only(one_rank):
+    """The run turns FSDP's reduction off at its start and after every run.step() while grad_accumulation
+    accumulates: the first N-1 micro-batches' forward and backward keep their gradients unreduced (held by FSDP:
+    run.held_gradients()), the N-th reduces them all; the loop never enters run.autocast()."""
+    model, _, _, run = gpt_run({"fsdp": {}, "grad_accumulation": {"steps": 3}})
+    try:
+        assert run.decisions.sharded_blocks == list(model.blocks) and run.decisions.by["sharded_blocks"]
+        assert run.report.decisions["sharded_blocks"] == "2 module(s): Block"  # a count and names, not the modules
+        seen = []
+        for x, y in run.loader:
+            flags = set(reduce_flags(model))
+            seen.append((flags, run.accumulating, *gpt_step(run, x, y)))
+        unreduced = ({False}, True)
+        assert [s[:2] for s in seen] == [unreduced, unreduced, ({True}, False)] * 2
+        assert [held > 0 for _, _, held, _ in seen] == [True, True, False] * 2  # none held once reduced
+        assert [stepped for *_, stepped in seen] == [False, False, True] * 2
+    finally:
+        run.close()
+
+
+def test_closed_in_the_middle_of_accumulating_the_model_is_yours_again(one_rank):
+    """FSDP2 keeps its gradient-sync flag in the state fully_shard put on your modules: close() takes it off with the
+    sharding, so nothing of it stays on your model."""
+    from torch.distributed._composable_state import _module_state_mapping
+
+    model, optimizer, loader, run = gpt_run({"fsdp": {}, "grad_accumulation": {"steps": 3}})
+    x, y = next(iter(run.loader))
+    assert gpt_step(run, x, y)[0] > 0 and set(reduce_flags(model)) == {False}
+    run.close()
+    assert type(model) is TinyGPT and not reduce_flags(model)
+    assert not any(m in _module_state_mapping for m in model.modules())
+    model(x).sum().backward()  # an ordinary module again
+    assert model.tokens.weight.grad is not None
+
+
+def test_accelerate_again_mid_accumulation_is_refused_and_the_earlier_run_goes_on_unreduced(one_rank):
+    """A new run cannot take over the gradients FSDP holds unreduced (fsdp's check, from its own earlier state);
+    the earlier run, put back, keeps its reduction off as its run last said; at an optimizer step accelerate()
+    again goes through."""
+    plan = {"fsdp": {}, "grad_accumulation": {"steps": 3}}
+    model, optimizer, loader, run = gpt_run(plan)
+    try:
+        batches = iter(run.loader)
+        gpt_step(run, *next(batches))
+        with pytest.raises(accel.PlanError, match=r"accelerate\(\) again in the middle of accumulating gradients"):
+            accel.accelerate(model, optimizer, loader, plan=plan, device="cpu")
+        assert not run.closed and run.accumulating and set(reduce_flags(model)) == {False}  # sharded anew, still off
+        held, stepped = gpt_step(run, *next(batches))
+        assert held and not stepped
+        assert gpt_step(run, *next(batches)) == (0, True)
+        run = accel.accelerate(model, optimizer, loader, plan=plan, device="cpu")  # the earlier one handed over
+        assert run.state("grad_accumulation").micro == 0
+        assert run.accumulating and set(reduce_flags(model)) == {False}
+    finally:
+        run.close()

@@ -72,6 +72,8 @@ def test_foreach_true_is_replaced():
     applied = apply_one(FusedOptimizer(), model=model,
                         optimizer=torch.optim.AdamW(model.parameters(), foreach=True))
     assert applied.row.status == "applied" and applied.run.optimizer.defaults["foreach"] is None
+    # the run keeps your own values (each group's, then the defaults'): what close() and your saves put back
+    assert applied.run.state("fused_optimizer").user_settings == [{"fused": None, "foreach": True}] * 2
     accel.testing.train_steps(applied.run)
     assert applied.run.optimizer.state_dict()["param_groups"][0]["foreach"] is True  # what you save: yours
     applied.run.close()

@@ -1,6 +1,7 @@
 """plan="auto" in your own loop (accel/autotune/inloop.py): every step a real step of your objects, plans taking
 turns between chunks, nothing copied, the report true to what was and was not measured, the cache, the budget."""
 import itertools
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -13,7 +14,7 @@ from torch.utils.data import DataLoader, Dataset
 
 import accel
 import accel.clock
-from accel.accelerator import Accelerator, Stage, register, unregister
+from accel.accelerator import Accelerator, Stage, State, register, unregister
 from accel.autotune import inloop
 from accel.autotune.inloop import TuningRun
 from accel.errors import Problem
@@ -121,7 +122,7 @@ class Sleepy(Accelerator):
     def candidates(cls, hardware, model, optimizer=None, loader=None):
         return [{}]
 
-    def step(self, run, optimizer, proceed):
+    def step(self, run, state, optimizer, proceed):
         CLOCK.advance(0.02)
         return proceed(optimizer)
 
@@ -304,29 +305,33 @@ def test_an_lstm_on_packed_sequences_runs_through_auto_with_its_own_loop():
     assert process_state() == before
 
 
+@dataclass
+class CounterState(State):
+    count: int = 0
+
+
 class Counter(Accelerator):
     """A test accelerator with state: the steps it has run. Its arm's state must survive its turns apart."""
 
     name = "counter"
     stage = Stage.STEP
 
-    def __init__(self, **options):
-        super().__init__(**options)
-        self.count = 0
-
     @classmethod
     def candidates(cls, hardware, model, optimizer=None, loader=None):
         return [{}]
 
-    def step(self, run, optimizer, proceed):
-        self.count += 1
+    def apply(self, ctx):
+        return CounterState()
+
+    def step(self, run, state, optimizer, proceed):
+        state.count += 1
         return proceed(optimizer)
 
-    def state_dict(self):
-        return {"count": self.count}
+    def state_dict(self, state):
+        return {"count": state.count}
 
-    def load_state_dict(self, state):
-        self.count = state["count"]
+    def load_state_dict(self, state, saved):
+        state.count = saved["count"]
 
 
 def test_an_arms_state_waits_for_its_next_turn():
@@ -341,9 +346,11 @@ def test_an_arms_state_waits_for_its_next_turn():
         for _ in range(30):
             train(run, 1)
             if "counter" in run.plan.names() and run.phase != "settled":
-                assert run.accelerator("counter").count == arm.steps
+                assert run.state("counter").count == arm.steps
                 checked += 1
         assert checked >= 6 and arm.steps >= 6
+        with pytest.warns(DeprecationWarning, match=r"run\.state\.phase of plan='auto' is run\.search\.phase"):
+            assert run.state.phase == run.search.phase  # 0.2's name of the search state, until 0.4
         run.close()
     finally:
         unregister("counter")
@@ -415,7 +422,7 @@ class Snail(Accelerator):
     name = "snail"
     stage = Stage.STEP
 
-    def step(self, run, optimizer, proceed):
+    def step(self, run, state, optimizer, proceed):
         CLOCK.advance(0.4)
         return proceed(optimizer)
 
@@ -451,7 +458,7 @@ class Same(Accelerator):
     name = "same"
     stage = Stage.STEP
 
-    def step(self, run, optimizer, proceed):
+    def step(self, run, state, optimizer, proceed):
         return proceed(optimizer)
 
 
@@ -579,7 +586,7 @@ class Brisk(Accelerator):
     name = "brisk"
     stage = Stage.KERNELS
 
-    def forward_context(self, run):
+    def forward_context(self, run, state):
         import contextlib
 
         @contextlib.contextmanager

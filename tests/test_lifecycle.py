@@ -3,13 +3,14 @@ and the architecture's own rules (no accelerator names another, no import circle
 import ast
 import dataclasses
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch
 
 import accel
-from accel import Accelerator, Option, PlanError, Skip, Stage
+from accel import Accelerator, Capability, Options, PlanError, Skip, Stage, State, option
 from accel.accelerator import REGISTRY, register, unregister
 from accel.hardware import probe
 from accel.testing import snapshot, tiny_loader, tiny_model, tiny_optimizer, train_steps
@@ -152,8 +153,8 @@ def test_cycles_and_constraints_against_the_stages_are_plan_errors(registered):
 
 
 def test_conflicts_are_declared_by_capability_and_refused_together(registered):
-    registered(user_accelerator("my_fused_step", Stage.KERNELS, provides=("optimizer.update",),
-                                conflicts=("optimizer.update",)))
+    registered(user_accelerator("my_fused_step", Stage.KERNELS, provides=(Capability.OPTIMIZER_UPDATE,),
+                                conflicts=(Capability.OPTIMIZER_UPDATE,)))
     with pytest.raises(PlanError) as error:
         accel.Plan(["my_fused_step", "fused_optimizer"])
     assert len(error.value.problems) == 1 and "conflicts with" in str(error.value)
@@ -204,22 +205,22 @@ def test_hooks_chain_in_plan_order_the_earliest_outermost(registered):
 
     def recording(name, stage):
         class Recording(Accelerator):
-            def forward_context(self, run):
+            def forward_context(self, run, state):
                 calls.append(f"{name}.forward_context")
                 return None
 
-            def backward(self, run, loss, proceed):
+            def backward(self, run, state, loss, proceed):
                 calls.append(f"{name}.backward>")
                 proceed(loss)
                 calls.append(f"{name}.backward<")
 
-            def step(self, run, optimizer, proceed):
+            def step(self, run, state, optimizer, proceed):
                 calls.append(f"{name}.step>")
                 stepped = proceed(optimizer)
                 calls.append(f"{name}.step<{stepped}")
                 return stepped
 
-            def optimizer_step(self, run, optimizer, proceed):
+            def optimizer_step(self, run, state, optimizer, proceed):
                 calls.append(f"{name}.optimizer_step")
                 return proceed(optimizer)
 
@@ -239,28 +240,38 @@ def test_hooks_chain_in_plan_order_the_earliest_outermost(registered):
     assert all(p.grad is None for p in model.parameters())  # the innermost step zeroes the gradients
 
 
+@dataclass(frozen=True, kw_only=True)
+class CounterOptions(Options):
+    start: int = option(0)
+
+
+@dataclass
+class CounterState(State):
+    count: int
+
+
 class Counter(Accelerator):
     """Counts optimizer steps: runtime state kept per run and saved per accelerator by run.save."""
 
     name, stage = "counter", Stage.STEP
-    options = {"start": Option(0, (int,))}
+    Options = CounterOptions
+    config: CounterOptions
 
     def apply(self, ctx):
-        self.count = self.start
-        return {}
+        return CounterState(self.config.start)
 
-    def step(self, run, optimizer, proceed):
+    def step(self, run, state, optimizer, proceed):
         stepped = proceed(optimizer)
-        self.count += stepped
+        state.count += stepped
         return stepped
 
-    def state_dict(self):
-        return {"count": self.count}
+    def state_dict(self, state):
+        return {"count": state.count}
 
-    def load_state_dict(self, state):
-        if not isinstance(state.get("count"), int):
-            raise ValueError(f"no step count in {state}")
-        self.count = state["count"]
+    def load_state_dict(self, state, saved):
+        if not isinstance(saved.get("count"), int):
+            raise ValueError(f"no step count in {saved}")
+        state.count = saved["count"]
 
 
 def test_each_run_has_its_own_accelerator_state_and_run_save_keeps_it(registered, tmp_path):
@@ -269,11 +280,12 @@ def test_each_run_has_its_own_accelerator_state_and_run_save_keeps_it(registered
     first = accel.accelerate(tiny_model(), tiny_optimizer(tiny_model()), tiny_loader(), plan, device="cpu")
     second = accel.accelerate(tiny_model(), tiny_optimizer(tiny_model()), tiny_loader(), plan, device="cpu")
     train_steps(first, epochs=2)
-    assert first.accelerator("counter").count == 8 and second.accelerator("counter").count == 0
-    assert not hasattr(plan.get("counter"), "count")  # the plan's object is a configuration, never run state
+    assert first.state("counter").count == 8 and second.state("counter").count == 0
+    assert set(vars(plan.get("counter"))) == {"explicit", "config"}  # the plan's object: a configuration, no state
+    assert set(vars(first.accelerators[0])) == {"explicit", "config"}  # the run's copy too: its state is apart
     first.save(tmp_path / "ckpt.pt")
     second.load(tmp_path / "ckpt.pt")
-    assert second.accelerator("counter").count == 8
+    assert second.state("counter").count == 8
 
 
 # --- the architecture's rules ------------------------------------------------------------------------------------
@@ -482,16 +494,16 @@ def test_a_load_that_fails_half_way_puts_the_run_back(registered, tmp_path, monk
     train_steps(run)
     run.save(tmp_path / "ckpt.pt")
     train_steps(run)  # the run moves on from the checkpoint
-    before, steps, count = snapshot(run.model, run.optimizer), run.steps, run.accelerators[0].count
+    before, steps, count = snapshot(run.model, run.optimizer), run.steps, run.state("counter").count
 
-    def broken(self, state, original=Counter.load_state_dict):  # refuses the checkpoint's state, takes the backup
-        if state.get("count") != self.count:
+    def broken(self, state, saved, original=Counter.load_state_dict):  # refuses the checkpoint's, takes the backup
+        if saved.get("count") != state.count:
             raise RuntimeError("a state this version cannot read")
-        original(self, state)
+        original(self, state, saved)
 
     monkeypatch.setattr(Counter, "load_state_dict", broken)
     with pytest.raises(accel.CheckpointError, match="was put back"):
         run.load(tmp_path / "ckpt.pt")
     monkeypatch.undo()
     assert not before.changes(snapshot(run.model, run.optimizer))
-    assert run.steps == steps and run.accelerators[0].count == count
+    assert run.steps == steps and run.state("counter").count == count

@@ -2,6 +2,7 @@
 accelerated training exactly as the plain loop, with every built-in alone here (plans of up to three over the
 whole zoo: tests/test_equivalence.py), or the report names what went stale. Each test below also names the bug it
 guards against, as it was before the objects were kept live."""
+import dataclasses
 import warnings
 
 import pytest
@@ -188,17 +189,20 @@ def test_prune_names_your_model_and_optimizer_stale_and_says_what_to_use():
 
 def test_the_harness_catches_an_accelerator_that_ignores_your_learning_rate_writes():
     """A card that promises too much fails: this one steps with the learning rate it saw at apply time."""
+    @dataclasses.dataclass
+    class FrozenState(accel.State):
+        rates: list[float]  # the learning rates at apply time
+
     @register
     class Frozen(accel.Accelerator):
         name, stage = "frozen_lr", Stage.STEP
 
         def apply(self, ctx):
-            self.rates = [group["lr"] for group in ctx.optimizer.param_groups]
-            return {}
+            return FrozenState([group["lr"] for group in ctx.optimizer.param_groups])
 
-        def optimizer_step(self, run, optimizer, proceed):
+        def optimizer_step(self, run, state, optimizer, proceed):
             written = [group["lr"] for group in optimizer.param_groups]
-            for group, rate in zip(optimizer.param_groups, self.rates):
+            for group, rate in zip(optimizer.param_groups, state.rates):
                 group["lr"] = rate
             try:
                 return proceed(optimizer)

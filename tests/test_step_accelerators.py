@@ -1,4 +1,5 @@
 """grad_accumulation, grad_clipping and activation_checkpointing: each alone, against the loop written by hand."""
+import contextlib
 import copy
 import warnings
 
@@ -77,7 +78,7 @@ def test_a_run_resumed_mid_accumulation_continues_exactly(tmp_path):
     first.save(tmp_path / "mid.pt")
     resumed = new()
     summary = resumed.load(tmp_path / "mid.pt")
-    assert summary["step"] == 4 and resumed.accelerator("grad_accumulation").micro == 1
+    assert summary["step"] == 4 and resumed.state("grad_accumulation").micro == 1
     assert all(p.grad is not None for p in resumed.unwrap().parameters())
     for batch in batches[4:]:
         step(resumed, batch)
@@ -88,16 +89,18 @@ def test_a_checkpoint_that_does_not_fit_the_accumulation_is_refused_and_changes_
     model = tiny_model()
     run = accel.accelerate(model, torch.optim.SGD(model.parameters(), lr=0.1), tiny_loader(),
                            {"grad_accumulation": {"steps": 3}}, device="cpu")
-    state = run.accelerator("grad_accumulation")
     with pytest.raises(ValueError, match="micro-step 5 does not fit steps=3"):
-        state.load_state_dict({"micro": 5, "grads": {}})
+        run.load_accelerator_state("grad_accumulation", {"micro": 5, "grads": {}})
     with pytest.raises(ValueError, match="do not fit the model"):
-        state.load_state_dict({"micro": 1, "grads": {"conv9.weight": torch.zeros(1)}})
-    assert state.micro == 0
+        run.load_accelerator_state("grad_accumulation", {"micro": 1, "grads": {"conv9.weight": torch.zeros(1)}})
+    assert run.state("grad_accumulation").micro == 0 and all(p.grad is None for p in model.parameters())
 
 
-def test_under_ddp_the_first_micro_batches_do_not_synchronise(monkeypatch):
-    """A real one-rank gloo group: DDP's gradient sync is off inside run.autocast() for micro-batches 1..N-1."""
+@pytest.mark.parametrize("autocast", [True, False])
+def test_under_ddp_the_first_micro_batches_do_not_synchronise(monkeypatch, autocast):
+    """A real one-rank gloo group: DDP's gradient sync is off for the forward and backward of micro-batches 1..N-1,
+    whether or not the loop enters run.autocast() (the run sets it after every run.step(); 2 real ranks:
+    tests/test_ddp.py)."""
     for key, value in one_rank_env().items():
         monkeypatch.setenv(key, value)
     model = tiny_model()
@@ -107,16 +110,43 @@ def test_under_ddp_the_first_micro_batches_do_not_synchronise(monkeypatch):
         ddp = next(m for m in run.wrappers() if isinstance(m, nn.parallel.DistributedDataParallel))
         syncing = []
         for x, y in run.loader:
-            with run.autocast():
+            with run.autocast() if autocast else contextlib.nullcontext():
                 syncing.append(ddp.require_backward_grad_sync)
                 loss = nn.functional.cross_entropy(run.model(x), y)
+            syncing[-1] = (syncing[-1], ddp.require_backward_grad_sync)  # the same in backward as in forward
             run.backward(loss)
             run.step()
-        assert syncing == [False, False, True, False]
+        assert syncing == [(False, False), (False, False), (True, True), (False, False)]
         assert run.unwrap() is model and run.report.row("ddp").changes["sampler"].startswith("kept (world size 1")
     finally:
         run.close()
     assert not torch.distributed.is_initialized()
+
+
+@pytest.mark.parametrize("plan", [[], [{"amp": {"dtype": "bfloat16"}}]])
+def test_run_autocast_only_autocasts_it_pauses_no_gradient_sync(monkeypatch, plan):
+    """run.autocast() enters autocast (amp's) and nothing else: grad_accumulation has no forward_context any more,
+    and DDP's gradient sync is what the run set at its last run.step(), inside and outside alike."""
+    for key, value in one_rank_env().items():
+        monkeypatch.setenv(key, value)
+    assert not GradAccumulation(steps=2).overrides("forward_context")
+    model = tiny_model()
+    run = accel.accelerate(model, torch.optim.SGD(model.parameters(), lr=0.1), tiny_loader(),
+                           ["ddp", {"grad_accumulation": {"steps": 2}}, *plan], device="cpu")
+    try:
+        ddp = next(m for m in run.wrappers() if isinstance(m, nn.parallel.DistributedDataParallel))
+        assert [a.name for a in run._contexts] == [a for p in plan for a in p]
+        for x, y in run.loader:
+            outside = ddp.require_backward_grad_sync
+            with run.autocast():
+                assert ddp.require_backward_grad_sync is outside
+                assert torch.is_autocast_enabled("cpu") is bool(plan)
+                loss = nn.functional.cross_entropy(run.model(x), y)
+            assert ddp.require_backward_grad_sync is outside and not torch.is_autocast_enabled("cpu")
+            run.backward(loss)
+            run.step()
+    finally:
+        run.close()
 
 
 def test_steps_one_is_skipped_with_the_reason():
@@ -155,7 +185,7 @@ def test_clipping_is_the_hand_written_loops(options, clip):
     hand_loop(reference, torch.optim.SGD(reference.parameters(), lr=0.5), tiny_loader(), clip)
     assert close(clipped, reference, rtol=0, atol=0)
     if "max_norm" in options:
-        assert run.accelerator("grad_clipping").last_norm > 0
+        assert run.state("grad_clipping").last_norm > 0
 
 
 def test_under_the_grad_scaler_it_unscales_first():
@@ -172,7 +202,7 @@ def test_under_the_grad_scaler_it_unscales_first():
     hand_loop(reference, torch.optim.SGD(reference.parameters(), lr=0.5), tiny_loader(),
               lambda p: nn.utils.clip_grad_norm_(p, 0.05), scaler=torch.amp.GradScaler("cpu"), dtype=torch.float16)
     assert close(clipped, reference, rtol=0, atol=0)
-    assert run.accelerator("grad_clipping").last_norm < 100  # a true norm, not one scaled by 65536
+    assert run.state("grad_clipping").last_norm < 100  # a true norm, not one scaled by 65536
 
 
 def test_with_accumulation_it_clips_the_accumulated_gradient_once_per_step():
@@ -289,7 +319,7 @@ def test_your_own_unscale_before_clipping_under_fp16_unscales_once():
         run.unscale_gradients()
         norms.append(float(torch.nn.utils.get_total_norm([p.grad for p in model.parameters()])))
         run.step()
-    clipped = run.accelerator("grad_clipping").last_norm
+    clipped = run.state("grad_clipping").last_norm
     assert len(norms) == len(run.loader) and float(clipped) == pytest.approx(norms[-1])  # true norms, once
     run.close()
 

@@ -20,11 +20,13 @@ recomputation's updates of a block's buffers are undone).
 from __future__ import annotations
 
 import types
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from accel.accelerator import EXACT, Accelerator, Option, Stage, register
+from accel.accelerator import EXACT, Accelerator, Capability, Stage, register
+from accel.options import Options, option
 from accel.errors import Problem, Skip
 from accel.modules import compiled_problem, listed, outermost, repeated_blocks
 
@@ -64,43 +66,52 @@ def is_checkpointed(module: nn.Module) -> bool:
     return getattr(forward, "__func__", None) is checkpointed_forward
 
 
+@dataclass(frozen=True, kw_only=True)
+class ActivationCheckpointingOptions(Options):
+    modules: str | list = option("auto", (str, list), choices=("auto",), check=names_problem,
+                                 help="class names of the modules to checkpoint; auto = the repeated blocks")
+
+
 @register
 class ActivationCheckpointing(Accelerator):
     name = "activation_checkpointing"
     stage = Stage.KERNELS
-    provides = ("model.recompute",)
-    after = ("model.kernels", "model.layout")
+    provides = (Capability.MODEL_RECOMPUTE,)
+    after = (Capability.MODEL_KERNELS, Capability.MODEL_LAYOUT)
     keeps = EXACT
-    options = {
-        "modules": Option("auto", (str, list), choices=("auto",), check=names_problem,
-                          help="class names of the modules to checkpoint; auto = the repeated blocks"),
-    }
+    Options = ActivationCheckpointingOptions
+    config: ActivationCheckpointingOptions
+
+    def chosen_classes(self, model: nn.Module) -> tuple[set[str], list[str]]:
+        """The classes to checkpoint in the model as the user gave it (decide's, check's and apply's alike: the
+        plan's model may be another by apply, e.g. IPEX's), and the named classes it does not have."""
+        if self.config.modules == "auto":
+            return repeated_blocks(model), []
+        present = {type(m).__name__ for m in model.modules()}
+        return set(self.config.modules) & present, sorted(set(self.config.modules) - present)
 
     def decide(self, ctx):
-        present = {type(m).__name__ for m in ctx.model.modules()}
-        if self.modules == "auto":
-            self.classes = repeated_blocks(ctx.model)
-            if not self.classes:
-                raise Skip("the model has no repeated block (a class with children occurring twice): name the "
-                           "modules to checkpoint with modules=[...]")
-        else:
-            self.classes = set(self.modules) & present
-        self.missing = sorted(set(self.modules) - present) if self.modules != "auto" else []
+        classes, _ = self.chosen_classes(ctx.model)
+        if self.config.modules == "auto" and not classes:
+            raise Skip("the model has no repeated block (a class with children occurring twice): name the "
+                       "modules to checkpoint with modules=[...]")
 
     def check(self, ctx):
         why = compiled_problem(ctx.model)
         if why:
             return [Problem(self.name, why, field="model", kind="conflict")]
-        if self.missing:
-            return [Problem(self.name, f"no module of class {self.missing} in the model", field="modules",
-                            value=self.modules, allowed="class names of the model's modules, e.g. "
+        _, missing = self.chosen_classes(ctx.model)
+        if missing:
+            return [Problem(self.name, f"no module of class {missing} in the model", field="modules",
+                            value=self.config.modules, allowed="class names of the model's modules, e.g. "
                             + ", ".join(sorted(repeated_blocks(ctx.model)) or ["Bottleneck"]))]
         return []
 
     def apply(self, ctx):
-        chosen = outermost(ctx.model, self.classes)
+        classes, _ = self.chosen_classes(ctx.user_model)  # what decide() chose, on the model it saw
+        chosen = outermost(ctx.model, classes)
         if not chosen:  # e.g. IPEX replaced the named classes with its own
-            raise Skip(f"no module of class {sorted(self.classes)} left in the model to checkpoint "
+            raise Skip(f"no module of class {sorted(classes)} left in the model to checkpoint "
                        f"(found: {sorted({type(m).__name__ for m in ctx.model.modules()})[:6]})")
         names = {id(m): name for name, m in ctx.model.named_modules()}
         replaced = [names[id(m)] for m in chosen if "forward" in m.__dict__ and not is_checkpointed(m)]
@@ -112,5 +123,5 @@ class ActivationCheckpointing(Accelerator):
                 ctx.journal.change(f"checkpointed forward on {names[id(module)]}",
                                    lambda m=module: setattr(m, "forward", types.MethodType(checkpointed_forward, m)),
                                    lambda m=module: m.__dict__.pop("forward", None), kind="object")
-        return {"modules": f"{len(chosen)} x {', '.join(sorted(self.classes))}: " + listed([names[id(m)] for m in chosen]),
+        return {"modules": f"{len(chosen)} x {', '.join(sorted(classes))}: " + listed([names[id(m)] for m in chosen]),
                 "recompute": "their activations in backward (non-reentrant torch.utils.checkpoint)"}

@@ -23,10 +23,12 @@ same shapes; every other promise (batches, structure, the user's objects) is kep
 from __future__ import annotations
 
 import warnings
+from dataclasses import dataclass, field
 
 import torch
 
-from accel.accelerator import Accelerator, Keeps, Option, Stage, dtype_name, register
+from accel.accelerator import Accelerator, Capability, Keeps, Stage, State, dtype_name, register
+from accel.options import Options, option
 from accel.errors import Problem, Skip
 
 DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
@@ -56,21 +58,35 @@ def emulated(device: torch.device, dtype: torch.dtype, hardware) -> bool:
     return device.type == "cpu" and not native.get(dtype, True)
 
 
+@dataclass(frozen=True, kw_only=True)
+class AmpOptions(Options):
+    dtype: str = option("auto", choices=("auto", *DTYPES), help="auto = what the device computes natively")
+    grad_scaler: str | bool = option("auto", (str, bool), choices=("auto",), help="auto = only with fp16")
+    cudnn_benchmark: bool = option(True, help="cuda: let cuDNN pick the fastest convolution algorithms")
+    allow_tf32: bool = option(True, help="cuda: TF32 matmuls and convolutions for the fp32 parts")
+
+
+@dataclass
+class AmpState(State):
+    device_type: str
+    dtype: torch.dtype
+    scaler: torch.amp.GradScaler | None  # fp16 only: amp's alone, stepped by its optimizer_step hook
+    unscaled: set[int] = field(default_factory=set)  # the optimizers whose gradients were unscaled since their step
+    scaled: bool = False  # the gradients hold a loss it scaled (since its last step)
+    idle: bool = False  # the loop went around the run (accel/watch.py): no loss scaling from then on
+
+
 @register
 class Amp(Accelerator):
     """Mixed precision: autocast in run.autocast(), loss scaling in run.backward()/run.step() for fp16."""
 
     name = "amp"
     stage = Stage.PRECISION
-    provides = ("precision.autocast", "precision.loss_scaling")
+    provides = (Capability.PRECISION_AUTOCAST, Capability.PRECISION_LOSS_SCALING)
     keeps = Keeps("tolerance", rtol=0.4, atol=1e-3, loss_rtol=0.05,
                   note="lower-precision arithmetic in the forward pass and the loss")
-    options = {
-        "dtype": Option("auto", (str,), choices=("auto", *DTYPES), help="auto = what the device computes natively"),
-        "grad_scaler": Option("auto", (str, bool), choices=("auto",), help="auto = only with fp16"),
-        "cudnn_benchmark": Option(True, (bool,), help="cuda: let cuDNN pick the fastest convolution algorithms"),
-        "allow_tf32": Option(True, (bool,), help="cuda: TF32 matmuls and convolutions for the fp32 parts"),
-    }
+    Options = AmpOptions
+    config: AmpOptions
 
     @classmethod
     def candidates(cls, hardware, model, optimizer=None, loader=None):
@@ -82,63 +98,61 @@ class Amp(Accelerator):
         device = ctx.device
         if not torch.amp.is_autocast_available(device.type):
             raise Skip(f"torch has no autocast for device type {device.type!r}")
-        if self.dtype == "auto":
+        if self.config.dtype == "auto":
             dtype, why = auto_dtype(device, ctx.hardware)
             if dtype is None:
                 raise Skip(why)
         else:
-            dtype, why = DTYPES[self.dtype], "asked for"
+            dtype, why = DTYPES[self.config.dtype], "asked for"
         ctx.decide("compute_dtype", dtype, why)
-        scaling = dtype is torch.float16 if self.grad_scaler == "auto" else self.grad_scaler
+        wanted = self.config.grad_scaler
+        scaling = dtype is torch.float16 if wanted == "auto" else wanted
         ctx.decide("loss_scaling", bool(scaling), "fp16 needs it" if scaling else "bf16 has fp32's range")
 
     def check(self, ctx):
-        if self.grad_scaler is True and ctx.decisions.compute_dtype is torch.bfloat16:
-            source = "asked for" if self.dtype != "auto" else "what 'auto' resolves to here"
+        if self.config.grad_scaler is True and ctx.decisions.compute_dtype is torch.bfloat16:
+            source = "asked for" if self.config.dtype != "auto" else "what 'auto' resolves to here"
             return [Problem(self.name, f"a grad scaler is only for fp16, and the dtype is bfloat16 ({source}); bf16 "
                             "has fp32's range", field="grad_scaler", value=True,
                             allowed="'auto' or False with bfloat16, or dtype='float16'", kind="conflict")]
         return []
 
     def apply(self, ctx):
-        device, hardware = ctx.device, ctx.hardware
+        device, hardware, config = ctx.device, ctx.hardware, self.config
         dtype = ctx.decisions.compute_dtype
-        if self.dtype != "auto" and emulated(device, dtype, hardware):
+        if config.dtype != "auto" and emulated(device, dtype, hardware):
             warnings.warn(f"amp: {dtype} autocast on a CPU without native {dtype} support is emulated and can be "
                           "many times slower than fp32; measure it (accel bench) before keeping it", stacklevel=2)
-        changes = {"dtype": dtype_name(dtype), "why": ctx.decisions.why["compute_dtype"]}
-        self.scaler = None
-        if ctx.decisions.loss_scaling:
-            self.scaler = torch.amp.GradScaler(device.type)
-        changes["grad_scaler"] = self.scaler is not None
+        scaler = torch.amp.GradScaler(device.type) if ctx.decisions.loss_scaling else None
+        changes = {"dtype": dtype_name(dtype), "why": ctx.decisions.why["compute_dtype"],
+                   "grad_scaler": scaler is not None}
         if device.type == "cuda":
-            ctx.journal.setattr(torch.backends.cudnn, "benchmark", self.cudnn_benchmark)
-            ctx.journal.setattr(torch.backends.cuda.matmul, "allow_tf32", self.allow_tf32)
-            ctx.journal.setattr(torch.backends.cudnn, "allow_tf32", self.allow_tf32)
-            changes.update(cudnn_benchmark=self.cudnn_benchmark, allow_tf32=self.allow_tf32)
-        self.device_type, self.dtype_ = device.type, dtype
-        self.unscaled: set[int] = set()  # the optimizers whose gradients were unscaled since their last step
-        self.scaled = False  # the gradients hold a loss it scaled (since its last step)
-        self.idle = False  # the loop went around the run (accel/watch.py): no loss scaling from then on
-        return changes
+            ctx.journal.setattr(torch.backends.cudnn, "benchmark", config.cudnn_benchmark)
+            ctx.journal.setattr(torch.backends.cuda.matmul, "allow_tf32", config.allow_tf32)
+            ctx.journal.setattr(torch.backends.cudnn, "allow_tf32", config.allow_tf32)
+            changes.update(cudnn_benchmark=config.cudnn_benchmark, allow_tf32=config.allow_tf32)
+        return AmpState(device.type, dtype, scaler, changes=changes)
 
-    def forward_context(self, run):
-        return torch.autocast(self.device_type, dtype=self.dtype_)
+    def forward_context(self, run, state):
+        return torch.autocast(state.device_type, dtype=state.dtype)
 
-    def relies_on(self):
-        if self.scaler is None:
+    def grad_scaler(self, state):
+        return state.scaler
+
+    def relies_on(self, state):
+        if state.scaler is None:
             return {}
         return {"backward": "scaling of the loss for the GradScaler",
                 "step": "GradScaler step (unscale, skip a step with inf/NaN gradients)"}
 
-    def bypassed(self, run, call):
+    def bypassed(self, run, state, call):
         """A scaled loss stepped by the loop's optimizer.step(), or the loop's unscaled loss stepped through the
         scaler, would step gradients 65536x off: the scaler stands aside, and scaled gradients are unscaled."""
-        self.idle = True
-        unscale = call == "step" and self.scaled and id(run.optimizer) not in self.unscaled
+        state.idle = True
+        unscale = call == "step" and state.scaled and id(run.optimizer) not in state.unscaled
         done = ""
         if unscale:
-            scale = self.scaler.get_scale()
+            scale = state.scaler.get_scale()
             grads = [p.grad for p in run.unwrap().parameters() if p.grad is not None]
             for grad in grads:
                 grad.div_(scale)
@@ -148,37 +162,39 @@ class Amp(Accelerator):
                     param.grad = None
                 done = (" (this step's scaled gradients overflowed: they were dropped, so your optimizer.step() "
                         "skipped it, as the GradScaler would have)")
-        self.scaled = False
+        state.scaled = False
         return ("idle from here on: autocast goes on (run.autocast()), but no loss scaling, so fp16 gradients may "
                 "underflow" + done)
 
-    def backward(self, run, loss, proceed):
-        self.scaled = self.scaler is not None and not self.idle
-        proceed(self.scaler.scale(loss) if self.scaled else loss)
+    def backward(self, run, state, loss, proceed):
+        state.scaled = state.scaler is not None and not state.idle
+        proceed(state.scaler.scale(loss) if state.scaled else loss)
 
-    def unscale_gradients(self, run, optimizer):
+    def unscale_gradients(self, run, state, optimizer):
         # once per step, however many readers ask (your code, grad_clipping): the GradScaler refuses a second
         # unscale_ before its update, and its step then uses these gradients
-        if self.scaler is not None and not self.idle and id(optimizer) not in self.unscaled:
-            self.scaler.unscale_(optimizer)
-            self.unscaled.add(id(optimizer))
+        has_gradients = any(p.grad is not None for group in optimizer.param_groups for p in group["params"])
+        if state.scaler is not None and not state.idle and id(optimizer) not in state.unscaled and has_gradients:
+            # (with no gradients yet the scaler would record no inf check, and its step would then refuse)
+            state.scaler.unscale_(optimizer)
+            state.unscaled.add(id(optimizer))
 
-    def optimizer_step(self, run, optimizer, proceed):
-        if self.scaler is None or self.idle:
+    def optimizer_step(self, run, state, optimizer, proceed):
+        if state.scaler is None or state.idle:
             return proceed(optimizer)
-        scale = self.scaler.get_scale()
-        self.scaler.step(optimizer)
-        self.scaler.update()
-        self.unscaled.discard(id(optimizer))
-        self.scaled = False
-        return self.scaler.get_scale() >= scale  # the scaler lowers its scale exactly when it skipped the step
+        scale = state.scaler.get_scale()
+        state.scaler.step(optimizer)
+        state.scaler.update()
+        state.unscaled.discard(id(optimizer))
+        state.scaled = False
+        return state.scaler.get_scale() >= scale  # the scaler lowers its scale exactly when it skipped the step
 
-    def state_dict(self):
-        return {"scaler": self.scaler.state_dict()} if self.scaler is not None else {}
+    def state_dict(self, state):
+        return {"scaler": state.scaler.state_dict()} if state.scaler is not None else {}
 
-    def load_state_dict(self, state):
-        if (self.scaler is None) != ("scaler" not in state):
-            raise ValueError(f"the checkpoint has {'a' if 'scaler' in state else 'no'} GradScaler state, this run "
-                             f"has {'one' if self.scaler is not None else 'none'}")
-        if self.scaler is not None:
-            self.scaler.load_state_dict(state["scaler"])
+    def load_state_dict(self, state, saved):
+        if (state.scaler is None) != ("scaler" not in saved):
+            raise ValueError(f"the checkpoint has {'a' if 'scaler' in saved else 'no'} GradScaler state, this run "
+                             f"has {'one' if state.scaler is not None else 'none'}")
+        if state.scaler is not None:
+            state.scaler.load_state_dict(saved["scaler"])

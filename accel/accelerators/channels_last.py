@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from accel.accelerator import SAME_MATH, Accelerator, Stage, register
+from accel.accelerator import SAME_MATH, Accelerator, Capability, Stage, register
 from accel.errors import Problem, Skip
 from accel.modules import compiled_problem
 
@@ -40,7 +40,7 @@ def has_conv2d(model: torch.nn.Module) -> bool:
 class ChannelsLast(Accelerator):
     name = "channels_last"
     stage = Stage.KERNELS
-    provides = ("model.layout",)
+    provides = (Capability.MODEL_LAYOUT,)
     keeps = SAME_MATH
 
     @classmethod

@@ -27,11 +27,16 @@ compiles the inner frames one by one). One run compiles one model; torch 2.15 ne
 """
 from __future__ import annotations
 
+import functools
 import shutil
 import warnings
+from dataclasses import dataclass, field
+
+import torch
 
 
-from accel.accelerator import SAME_MATH, Accelerator, Option, Stage, register
+from accel.accelerator import SAME_MATH, Accelerator, Capability, Stage, State, register
+from accel.options import Options, option
 from accel.errors import LoopError, Problem, Skip
 from accel.hardware import PACKAGE_BACKENDS, compile_backend_problem, import_compile_backend, torch_version
 from accel.modules import compiled, listed, outermost, repeated_blocks, trainable
@@ -50,24 +55,35 @@ def available_backends() -> list[str]:
     return sorted(torch._dynamo.list_backends(exclude_tags=()))
 
 
+@dataclass(frozen=True, kw_only=True)
+class CompileOptions(Options):
+    mode: str | None = option(None, (str, type(None)), choices=MODES)
+    backend: str = option("inductor", help="any name torch._dynamo.list_backends() gives, or one an optional package "
+                          "registers (IPEX's)")
+    fullgraph: bool = option(False, help="fail instead of falling back to eager at graph breaks")
+    dynamic: bool | None = option(None, (bool, type(None)), help="None: let dynamo decide when shapes change")
+    options: dict | None = option(None, (dict, type(None)), help="backend options (inductor config); excludes mode")
+    regional: bool | None = option(None, (bool, type(None)), help="compile each repeated block (transformer layers, "
+                                   "ResNet stages) in place instead of the whole model: one warm-up per block class. "
+                                   "None: per block under fsdp (its blocks), the whole model otherwise")
+
+
+@dataclass
+class CompileState(State):
+    wrapper: torch.nn.Module | None = None  # the OptimizedModule around the model (None: compiled in regions)
+    params: list = field(default_factory=list)  # torch < 2.15: the parameters watched for unfreezing
+    trainable: list = field(default_factory=list)  # their requires_grad when last compiled
+
+
 @register
 class Compile(Accelerator):
     name = "compile"
     stage = Stage.COMPILATION
-    provides = ("model.compile",)
+    provides = (Capability.MODEL_COMPILE,)
     keeps = SAME_MATH
     costly_setup = True
-    options = {
-        "mode": Option(None, (str, type(None)), choices=MODES),
-        "backend": Option("inductor", (str,), help="any name torch._dynamo.list_backends() gives, or one an "
-                          "optional package registers (IPEX's)"),
-        "fullgraph": Option(False, (bool,), help="fail instead of falling back to eager at graph breaks"),
-        "dynamic": Option(None, (bool, type(None)), help="None: let dynamo decide when shapes change"),
-        "options": Option(None, (dict, type(None)), help="backend options (inductor config); excludes mode"),
-        "regional": Option(None, (bool, type(None)), help="compile each repeated block (transformer layers, ResNet "
-                           "stages) in place instead of the whole model: one warm-up per block class. None: per "
-                           "block under fsdp (its blocks), the whole model otherwise"),
-    }
+    Options = CompileOptions
+    config: CompileOptions
 
     @classmethod
     def candidates(cls, hardware, model, optimizer=None, loader=None):
@@ -85,31 +101,33 @@ class Compile(Accelerator):
                                     value=type(ctx.model).__name__,
                                     allowed="pass the module itself (model._orig_mod), or drop compile from the plan",
                                     kind="conflict"))
-        if self.mode is not None and self.options is not None:
+        config = self.config
+        if config.mode is not None and config.options is not None:
             problems.append(Problem(self.name, "torch.compile takes either mode or options, not both", field="options",
-                                    value=self.options, allowed="drop mode, or drop options", kind="conflict"))
-        why = compile_backend_problem(self.backend)
+                                    value=config.options, allowed="drop mode, or drop options", kind="conflict"))
+        why = compile_backend_problem(config.backend)
         if why:
-            problems.append(Problem(self.name, why, field="backend", value=self.backend, kind="missing"))
-        elif self.backend not in available_backends() + list(PACKAGE_BACKENDS):
-            problems.append(Problem(self.name, "unknown compile backend", field="backend", value=self.backend,
+            problems.append(Problem(self.name, why, field="backend", value=config.backend, kind="missing"))
+        elif config.backend not in available_backends() + list(PACKAGE_BACKENDS):
+            problems.append(Problem(self.name, "unknown compile backend", field="backend", value=config.backend,
                                     allowed=", ".join(available_backends() + list(PACKAGE_BACKENDS)), kind="missing"))
-        if self.backend == "inductor" and ctx.device.type == "cpu" and not has_compiler():
+        if config.backend == "inductor" and ctx.device.type == "cpu" and not has_compiler():
             problems.append(Problem(self.name, "inductor on CPU needs a C++ compiler (g++ or clang++) on PATH",
                                     field="backend", value="inductor", kind="missing"))
         return problems
 
     def apply(self, ctx):
-        import_compile_backend(self.backend)  # an optional package's backend, imported once its check passed
-        kwargs = {"backend": self.backend, "fullgraph": self.fullgraph, "dynamic": self.dynamic}
-        if self.mode is not None:
-            kwargs["mode"] = self.mode
-        if self.options is not None:
-            kwargs["options"] = self.options
+        config = self.config
+        import_compile_backend(config.backend)  # an optional package's backend, imported once its check passed
+        kwargs = {"backend": config.backend, "fullgraph": config.fullgraph, "dynamic": config.dynamic}
+        if config.mode is not None:
+            kwargs["mode"] = config.mode
+        if config.options is not None:
+            kwargs["options"] = config.options
         import torch._dynamo
 
-        sharded = ctx.extras.get("sharded_blocks")  # the blocks a sharding accelerator (fsdp) wraps one by one
-        regional = self.regional or (self.regional is None and bool(sharded))
+        sharded = ctx.decisions.sharded_blocks  # the blocks a sharding accelerator (fsdp) wraps one by one
+        regional = config.regional or (config.regional is None and bool(sharded))
         blocks = (sharded or outermost(ctx.model, repeated_blocks(ctx.model))) if regional else []
         if regional and not blocks:
             raise Skip("regional: the model has no repeated block (a class with children occurring twice) to "
@@ -128,15 +146,16 @@ class Compile(Accelerator):
                                        "recompile_limit (8), then runs the rest eagerly; set "
                                        "model.config.use_cache = False for training")
                 warnings.warn(f"accel compile: {changes['kv cache']}", stacklevel=2)
-            return changes
-        self.wrapper = ctx.model = torch.compile(ctx.model, **kwargs)
+            return CompileState(changes=changes)
+        state = CompileState(torch.compile(ctx.model, **kwargs), changes=changes)
+        ctx.model = state.wrapper
         if torch_version() < (2, 15):  # measured: torch 2.8's AOTAutograd kept training a layer unfrozen after compiling
-            self.params = list(self.wrapper.parameters())  # with the graph of the frozen one (2.15 recompiles)
-            self.trainable = trainable(self.params)
-            ctx.journal.hook("compile: recompile after unfreezing",
-                             lambda: self.wrapper.register_forward_pre_hook(self._recompile_on_unfreeze))
+            state.params = list(state.wrapper.parameters())  # with the graph of the frozen one (2.15 recompiles)
+            state.trainable = trainable(state.params)
+            ctx.journal.hook("compile: recompile after unfreezing", lambda: state.wrapper.register_forward_pre_hook(
+                functools.partial(recompile_on_unfreeze, state)))
             changes["unfreezing"] = "recompiles (torch < 2.15 does not by itself)"
-        return changes
+        return state
 
     def compile_blocks(self, ctx, blocks, kwargs) -> str:
         """Compile each block in place (``module.compile``): the blocks fsdp sharded, else the repeated ones."""
@@ -147,18 +166,10 @@ class Compile(Accelerator):
                                lambda b=block: setattr(b, "_compiled_call_impl", None), kind="object")
         kinds = sorted({type(b).__name__.removeprefix("FSDP") for b in blocks})
         return (f"{len(blocks)} x {', '.join(kinds)} compiled in place, one by one"
-                + (" (the blocks fsdp sharded)" if ctx.extras.get("sharded_blocks") else "") + ": "
+                + (" (the blocks fsdp sharded)" if ctx.decisions.sharded_blocks else "") + ": "
                 + listed([names.get(id(b), "?") for b in blocks]) + "; the rest runs eagerly")
 
-    def _recompile_on_unfreeze(self, module, args):
-        now = trainable(self.params)
-        if now != self.trainable:
-            import torch._dynamo
-
-            self.trainable = now
-            torch._dynamo.reset()  # drops the compiled graphs: the next call compiles with the new requires_grad
-
-    def backward(self, run, loss, proceed):
+    def backward(self, run, state, loss, proceed):
         try:
             proceed(loss)
         except RuntimeError as error:
@@ -174,5 +185,14 @@ class Compile(Accelerator):
                 "The run's weights, optimizer state and counters are as they were; the gradients held so far "
                 "were dropped (as zero_grad does)") from error
 
-    def unwrap(self, model):
-        return model._orig_mod if model is getattr(self, "wrapper", None) else model
+    def unwrap(self, state, model):
+        return model._orig_mod if state.wrapper is not None and model is state.wrapper else model
+
+
+def recompile_on_unfreeze(state: CompileState, module, args) -> None:
+    now = trainable(state.params)
+    if now != state.trainable:
+        import torch._dynamo
+
+        state.trainable = now
+        torch._dynamo.reset()  # drops the compiled graphs: the next call compiles with the new requires_grad

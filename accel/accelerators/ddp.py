@@ -5,7 +5,10 @@ nccl on cuda, xccl on xpu, gloo on cpu; ccl when asked for and importable), wrap
 this rank's device (decided before any stage, so each rank's model goes straight to its own device), and
 gives each rank a DistributedSampler shard of the loader that keeps the user's shuffle and generator seed;
 ``run.loader`` calls ``set_epoch`` every epoch. In a single process (no launcher) it is skipped with the
-reason. Applied after surgery, kernels and precision, before compile (which then wraps the DDP module).
+reason. Applied after surgery, kernels and precision, before compile (which then wraps the DDP module). While
+a step schedule accumulates (grad_accumulation's first N-1 micro-batches) the run turns its gradient reduction
+off through ``gradient_sync``: the wrapper's ``require_backward_grad_sync``, the flag ``DDP.no_sync()`` sets, read
+in forward, so it holds whether or not the loop enters ``run.autocast()``.
 
 When it helps: more devices or machines. When it hurts: on one 2-core CPU, 2 gloo ranks x 1 core ran the
 book's CNN at 0.60x the speed of 1 process x 2 threads here (the all-reduce of 8.5 MB a step costs more than
@@ -24,14 +27,16 @@ broadcasts rank 0's weights and registers gradient hooks on the parameters, as P
 from __future__ import annotations
 
 import warnings
+from dataclasses import dataclass
 
 import torch
 
-from accel.accelerator import SAME_MATH, Option, Stage, positive, register
-from accel.data_parallel import LAUNCHERS, DataParallel
+from accel.accelerator import SAME_MATH, Capability, Stage, State, register
+from accel.data_parallel import LAUNCHERS, DataParallel, DataParallelOptions
 from accel.errors import Skip, StaleWarning
 from accel.hardware import is_accelerator
 from accel.modules import trainable
+from accel.options import option, positive
 
 
 def comm_hooks():
@@ -40,23 +45,35 @@ def comm_hooks():
     return {"fp16": default_hooks.fp16_compress_hook, "bf16": default_hooks.bf16_compress_hook}
 
 
+@dataclass(frozen=True, kw_only=True)
+class DDPOptions(DataParallelOptions):
+    bucket_cap_mb: int | float = option(25, (int, float), check=positive, help="gradient bucket size")
+    find_unused_parameters: bool = option(False, help="for models whose forward skips parameters")
+    static_graph: bool = option(False, help="the graph is the same every step (lets DDP optimise)")
+    gradient_as_bucket_view: bool = option(False, help="gradients alias the buckets (saves a copy)")
+    comm_hook: str | None = option(None, (str, type(None)), choices=("fp16", "bf16"),
+                                   help="compress gradients to this dtype for the all-reduce")
+
+
+@dataclass
+class DDPState(State):
+    wrapper: torch.nn.parallel.DistributedDataParallel  # accel's own DDP module around the model
+    params: list[torch.nn.Parameter]  # the parameters DDP registered, checked for unfreezing every step
+    registered: tuple[bool, ...]  # which of them required gradients when DDP wrapped the model (all it syncs)
+    world_size: int
+    warned: bool = False  # the StaleWarning about a parameter (un)frozen later was given
+
+
 @register
 class DDP(DataParallel):
     """Data parallel training: each rank a shard of every epoch, gradients averaged in buckets during backward."""
 
     name = "ddp"
     stage = Stage.DISTRIBUTION
-    provides = ("model.distributed", "data.shard")
+    provides = (Capability.MODEL_DISTRIBUTED, Capability.DATA_SHARD)
     keeps = SAME_MATH
-    options = {
-        **DataParallel.options,
-        "bucket_cap_mb": Option(25, (int, float), check=positive, help="gradient bucket size"),
-        "find_unused_parameters": Option(False, (bool,), help="for models whose forward skips parameters"),
-        "static_graph": Option(False, (bool,), help="the graph is the same every step (lets DDP optimise)"),
-        "gradient_as_bucket_view": Option(False, (bool,), help="gradients alias the buckets (saves a copy)"),
-        "comm_hook": Option(None, (str, type(None)), choices=("fp16", "bf16"),
-                            help="compress gradients to this dtype for the all-reduce"),
-    }
+    Options = DDPOptions
+    config: DDPOptions
 
     def decide(self, ctx):
         if ctx.decisions.launch is None:
@@ -66,29 +83,33 @@ class DDP(DataParallel):
         return self.launch_problems(ctx)
 
     def apply(self, ctx):
+        config = self.config
         changes = self.join(ctx)
         device_ids = [ctx.device.index] if is_accelerator(ctx.device) else None
-        self.wrapper = ctx.model = torch.nn.parallel.DistributedDataParallel(
-            ctx.model, device_ids=device_ids, bucket_cap_mb=self.bucket_cap_mb,
-            find_unused_parameters=self.find_unused_parameters, static_graph=self.static_graph,
-            gradient_as_bucket_view=self.gradient_as_bucket_view)
-        if self.comm_hook is not None:
-            ctx.model.register_comm_hook(state=None, hook=comm_hooks()[self.comm_hook])
-            changes["comm_hook"] = f"{self.comm_hook}_compress_hook"
+        wrapper = ctx.model = torch.nn.parallel.DistributedDataParallel(
+            ctx.model, device_ids=device_ids, bucket_cap_mb=config.bucket_cap_mb,
+            find_unused_parameters=config.find_unused_parameters, static_graph=config.static_graph,
+            gradient_as_bucket_view=config.gradient_as_bucket_view)
+        if config.comm_hook is not None:
+            wrapper.register_comm_hook(state=None, hook=comm_hooks()[config.comm_hook])
+            changes["comm_hook"] = f"{config.comm_hook}_compress_hook"
         changes["sampler"] = self.shard(ctx)
-        self.params = list(ctx.model.parameters())
-        self.synced = trainable(self.params)
-        self.world_size, self.warned = ctx.decisions.launch.world_size, False
-        return changes
+        params = list(wrapper.parameters())
+        return DDPState(wrapper, params, trainable(params), ctx.decisions.launch.world_size, changes=changes)
 
-    def step(self, run, optimizer, proceed):
-        if self.world_size > 1 and not self.warned and trainable(self.params) != self.synced:
-            self.warned = True
+    def gradient_sync(self, run, state, enabled):
+        """All-reduce gradients in the next backward (True), or let each rank accumulate its own (False): exactly
+        what ``DistributedDataParallel.no_sync()`` sets, kept until the run says otherwise."""
+        state.wrapper.require_backward_grad_sync = enabled
+
+    def step(self, run, state, optimizer, proceed):
+        if state.world_size > 1 and not state.warned and trainable(state.params) != state.registered:
+            state.warned = True
             warnings.warn("accel: ddp: parameters were frozen or unfrozen after DDP wrapped the model; DDP "
                           "synchronizes only those that required gradients then, so the ranks now train apart: "
                           "call accel.accelerate() again after unfreezing (it wraps the model anew and continues "
                           "the run)", StaleWarning, stacklevel=3)
         return proceed(optimizer)
 
-    def unwrap(self, model):
-        return model.module if model is getattr(self, "wrapper", None) else model
+    def unwrap(self, state, model):
+        return model.module if model is state.wrapper else model

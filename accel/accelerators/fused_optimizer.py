@@ -23,9 +23,12 @@ float precision.
 """
 from __future__ import annotations
 
+import functools
+from dataclasses import dataclass
+
 import torch
 
-from accel.accelerator import SAME_MATH, Accelerator, Stage, register
+from accel.accelerator import SAME_MATH, Accelerator, Capability, Stage, State, register
 from accel.errors import Skip
 from accel.optim import describe_optimizer
 
@@ -71,13 +74,42 @@ def steps_on_device(optimizer: torch.optim.Optimizer) -> None:
 SHARDED_FUSED = (torch.optim.Adam, torch.optim.AdamW)  # DTensor (fsdp) has fused kernels for these (torch 2.15)
 
 
+def as_yours(settings: list[dict], groups: list[dict], defaults: dict | None = None) -> None:
+    """Your own fused/foreach values (``settings``: kernel_settings() before the run) in these groups (a group added
+    later takes your defaults' values)."""
+    *own, own_defaults = settings
+    for index, group in enumerate(groups):
+        group.update(own[index] if index < len(own) else own_defaults)
+    if defaults is not None:
+        defaults.update(own_defaults)
+
+
+def saved_as_yours(settings: list[dict], optimizer: torch.optim.Optimizer, state_dict: dict) -> dict:
+    """Your optimizer's state_dict() holds your own fused/foreach values: a checkpoint as the plain loop's (a
+    state-dict post-hook, bound to your settings with functools.partial)."""
+    as_yours(settings, state_dict["param_groups"])
+    return state_dict
+
+
+def fused_again(optimizer: torch.optim.Optimizer) -> None:
+    """load_state_dict() restores the saved param groups, fused=False among them: the run stays fused."""
+    for group in [*optimizer.param_groups, optimizer.defaults]:
+        group["foreach"], group["fused"] = None, True
+    steps_on_device(optimizer)
+
+
+@dataclass
+class FusedOptimizerState(State):
+    user_settings: list[dict]  # kernel_settings() of your optimizer before the run: what close() and a save put back
+
+
 @register
 class FusedOptimizer(Accelerator):
     name = "fused_optimizer"
     stage = Stage.KERNELS  # after surgery, which rebuilds the optimizer on the new parameters
     needs = ("optimizer",)
-    provides = ("optimizer.update",)
-    conflicts = ("optimizer.update",)
+    provides = (Capability.OPTIMIZER_UPDATE,)
+    conflicts = (Capability.OPTIMIZER_UPDATE,)
     keeps = SAME_MATH
 
     @classmethod
@@ -91,26 +123,27 @@ class FusedOptimizer(Accelerator):
         why = fused_problem(optimizer)
         if why:
             raise Skip(why)
-        sharded = [a.name for a in ctx.plan if "model.sharded" in a.provides]
+        sharded = [a.name for a in ctx.plan if Capability.MODEL_SHARDED in a.provides]  # class declarations only
         if sharded and not isinstance(optimizer, SHARDED_FUSED):
             raise Skip(f"{sharded[0]} trains DTensor shards, and torch has no sharded fused kernel for "
                        f"{type(optimizer).__name__} (aten._fused_{type(optimizer).__name__.lower()}_ has no sharding "
                        "strategy; fused Adam and AdamW have one): the foreach step runs")
         journal = ctx.journal
-        self.user_settings = kernel_settings(optimizer)
-        journal.change(f"your {type(optimizer).__name__}: fused=True", lambda: self._fused_again(optimizer),
-                       lambda: self._as_yours(optimizer.param_groups, optimizer.defaults),
+        settings = kernel_settings(optimizer)
+        journal.change(f"your {type(optimizer).__name__}: fused=True", lambda: fused_again(optimizer),
+                       lambda: as_yours(settings, optimizer.param_groups, optimizer.defaults),
                        kind="object")
         journal.hook("optimizer state_dict hook: saves your fused/foreach",
-                     lambda: optimizer.register_state_dict_post_hook(self._saved_as_yours))
+                     lambda: optimizer.register_state_dict_post_hook(functools.partial(saved_as_yours, settings)))
         journal.hook("optimizer load_state_dict hook: stays fused",
-                     lambda: optimizer.register_load_state_dict_post_hook(self._fused_again))
-        return {"optimizer": f"your {type(optimizer).__name__} steps with fused=True (its param groups; "
-                             "run.close() puts them back)",
-                "state": "kept" if optimizer.state else "empty (no step taken yet)",
-                "now": describe_optimizer(optimizer)}
+                     lambda: optimizer.register_load_state_dict_post_hook(fused_again))
+        return FusedOptimizerState(settings, changes={
+            "optimizer": f"your {type(optimizer).__name__} steps with fused=True (its param groups; "
+                         "run.close() puts them back)",
+            "state": "kept" if optimizer.state else "empty (no step taken yet)",
+            "now": describe_optimizer(optimizer)})
 
-    def optimizer_step(self, run, optimizer, proceed):
+    def optimizer_step(self, run, state, optimizer, proceed):
         """torch's fused SGD with momentum cannot step a group where some parameters have a momentum buffer and
         others have none yet (a layer just unfrozen: TypeError); that one step runs unfused, as the plain loop."""
         if not isinstance(optimizer, torch.optim.SGD):
@@ -125,22 +158,3 @@ class FusedOptimizer(Accelerator):
         finally:
             for group in mixed:
                 group["fused"] = True
-
-    def _as_yours(self, groups: list[dict], defaults: dict | None = None) -> None:
-        """Your own fused/foreach values in these groups (a group added later takes your defaults' values)."""
-        *own, own_defaults = self.user_settings
-        for index, group in enumerate(groups):
-            group.update(own[index] if index < len(own) else own_defaults)
-        if defaults is not None:
-            defaults.update(own_defaults)
-
-    def _saved_as_yours(self, optimizer, state_dict):
-        """Your optimizer's state_dict() holds your own fused/foreach values: a checkpoint as the plain loop's."""
-        self._as_yours(state_dict["param_groups"])
-        return state_dict
-
-    def _fused_again(self, optimizer):
-        """load_state_dict() restores the saved param groups, fused=False among them: the run stays fused."""
-        for group in [*optimizer.param_groups, optimizer.defaults]:
-            group["foreach"], group["fused"] = None, True
-        steps_on_device(optimizer)

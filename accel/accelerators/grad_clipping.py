@@ -5,7 +5,7 @@ What it does: on each real optimizer step (not on accumulation's micro-steps: it
 them; a no-op otherwise), then applies
 ``torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type)`` or ``clip_grad_value_(params, value)`` to the
 optimizer's parameters. Under DDP the gradients are already averaged over ranks, so every rank clips the
-same global gradient. ``run.accelerator("grad_clipping").last_norm`` is the norm before clipping.
+same global gradient. ``run.state("grad_clipping").last_norm`` is the norm before clipping.
 
 When it helps: stability (exploding gradients in RNNs and transformers, large learning rates), not speed: it
 adds a pass over the gradients (a norm and a scale), small next to a step.
@@ -16,14 +16,33 @@ plain loop's exactly. Everything else is kept exactly.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from accel.accelerator import Accelerator, Keeps, Option, Stage, positive, register
+from accel.accelerator import Accelerator, Capability, Keeps, Stage, State, register
 from accel.errors import Problem
+from accel.options import Options, option, positive
 
 
 def norm_type_problem(value) -> str | None:
     return None if value == "inf" or (not isinstance(value, str) and value > 0) else "must be > 0 or 'inf'"
+
+
+@dataclass(frozen=True, kw_only=True)
+class GradClippingOptions(Options):
+    max_norm: int | float | None = option(None, (int, float, type(None)), check=positive,
+                                          help="largest total gradient norm")
+    norm_type: int | float | str = option(2.0, (int, float, str), choices=("inf",), check=norm_type_problem,
+                                          help="the p of the p-norm, or 'inf'")
+    value: int | float | None = option(None, (int, float, type(None)), check=positive,
+                                       help="clamp every gradient to +-value")
+    foreach: bool | None = option(None, (bool, type(None)), help="None: torch's choice of the foreach kernels")
+
+
+@dataclass
+class GradClippingState(State):
+    last_norm: torch.Tensor | None = None  # the total norm before the last clipping (max_norm only)
 
 
 @register
@@ -32,42 +51,39 @@ class GradClipping(Accelerator):
     example = {"max_norm": 1.0}
     stage = Stage.STEP
     needs = ("optimizer",)
-    provides = ("gradients.clip",)
-    after = ("step.schedule",)  # clip the accumulated gradient, once per optimizer step
+    provides = (Capability.GRADIENTS_CLIP,)
+    after = (Capability.STEP_SCHEDULE,)  # clip the accumulated gradient, once per optimizer step
     keeps = Keeps("changed", note="gradients above max_norm scaled down to it (or clamped to +-value)")
-    options = {
-        "max_norm": Option(None, (int, float, type(None)), check=positive, help="largest total gradient norm"),
-        "norm_type": Option(2.0, (int, float, str), choices=("inf",), check=norm_type_problem,
-                            help="the p of the p-norm, or 'inf'"),
-        "value": Option(None, (int, float, type(None)), check=positive, help="clamp every gradient to +-value"),
-        "foreach": Option(None, (bool, type(None)), help="None: torch's choice of the foreach kernels"),
-    }
+    Options = GradClippingOptions
+    config: GradClippingOptions
 
     def check(self, ctx):
         problems = []
-        if (self.max_norm is None) == (self.value is None):
+        if (self.config.max_norm is None) == (self.config.value is None):
             problems.append(Problem(self.name, "give max_norm (clip the total norm) or value (clamp each gradient), "
-                                    "one of them", field="max_norm", value=self.max_norm,
+                                    "one of them", field="max_norm", value=self.config.max_norm,
                                     allowed="max_norm=1.0, or value=0.5"))
         return problems
 
     def apply(self, ctx):
-        self.last_norm = None
-        if self.max_norm is not None:
-            return {"max_norm": self.max_norm, "norm_type": self.norm_type,
-                    "under_grad_scaler": "unscaled first" if ctx.decisions.loss_scaling else "no scaler"}
-        return {"value": self.value}
+        config = self.config
+        if config.max_norm is not None:
+            changes = {"max_norm": config.max_norm, "norm_type": config.norm_type,
+                       "under_grad_scaler": "unscaled first" if ctx.decisions.loss_scaling else "no scaler"}
+        else:
+            changes = {"value": config.value}
+        return GradClippingState(changes=changes)
 
-    def relies_on(self):
+    def relies_on(self, state):
         return {"step": "clipping of the gradients before the update"}
 
-    def step(self, run, optimizer, proceed):
+    def step(self, run, state, optimizer, proceed):
+        config = self.config
         run.unscale_gradients(optimizer)  # true gradients under a loss scaler (fp16), before they are read
         params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
-        if self.max_norm is not None:
-            norm_type = float(self.norm_type)
-            self.last_norm = torch.nn.utils.clip_grad_norm_(params, self.max_norm, norm_type=norm_type,
-                                                            foreach=self.foreach).detach()
+        if config.max_norm is not None:
+            state.last_norm = torch.nn.utils.clip_grad_norm_(params, config.max_norm, norm_type=float(config.norm_type),
+                                                             foreach=config.foreach).detach()
         else:
-            torch.nn.utils.clip_grad_value_(params, self.value, foreach=self.foreach)
+            torch.nn.utils.clip_grad_value_(params, config.value, foreach=config.foreach)
         return proceed(optimizer)

@@ -16,9 +16,12 @@ What it keeps: a copy of the model trained by IPEX's kernels: the same math to f
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from accel.accelerator import SAME_MATH, Accelerator, Option, Stage, dtype_name, register
+from accel.accelerator import SAME_MATH, Accelerator, Capability, Stage, dtype_name, register
+from accel.options import Options, option
 from accel.errors import Problem
 from accel.hardware import ipex_problem
 from accel.optim import copy_with_optimizer, foreign_tensors
@@ -27,16 +30,24 @@ IPEX_DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": to
                "float32": torch.float32, "fp32": torch.float32}
 
 
+@dataclass(frozen=True, kw_only=True)
+class IpexOptions(Options):
+    dtype: str = option("auto", (str,), choices=("auto", *IPEX_DTYPES),
+                        help="auto = follow amp (float32 without it)")
+    level: str = option("O1", (str,), choices=("O0", "O1"), help="ipex.optimize level: O1 fuses and prepacks")
+
 
 @register
 class Ipex(Accelerator):
     name = "ipex"
     stage = Stage.KERNELS
-    provides = ("model.kernels", "optimizer.update")
-    conflicts = ("optimizer.update",)
-    after = ("model.layout",)
+    provides = (Capability.MODEL_KERNELS, Capability.OPTIMIZER_UPDATE)
+    conflicts = (Capability.OPTIMIZER_UPDATE,)
+    after = (Capability.MODEL_LAYOUT,)
     needs = ("optimizer",)
     keeps = SAME_MATH
+    Options = IpexOptions
+    config: IpexOptions
 
     @classmethod
     def candidates(cls, hardware, model, optimizer=None, loader=None):
@@ -48,11 +59,6 @@ class Ipex(Accelerator):
         if decided is None:
             return torch.float32, "no compute dtype decided in the plan"
         return decided, f"the plan's compute dtype ({ctx.decisions.by['compute_dtype']}: {ctx.decisions.why['compute_dtype']})"
-
-    options = {
-        "dtype": Option("auto", (str,), choices=("auto", *IPEX_DTYPES), help="auto = follow amp (float32 without it)"),
-        "level": Option("O1", (str,), choices=("O0", "O1"), help="ipex.optimize level: O1 fuses and prepacks"),
-    }
 
     def check(self, ctx):
         problems = []
@@ -67,22 +73,23 @@ class Ipex(Accelerator):
                                     f"(param group, shape: {foreign_tensors(ctx.optimizer, ctx.model)}); "
                                     "ipex.optimize rebuilds the optimizer on the model's parameters and would drop "
                                     "them", field="optimizer", kind="conflict"))
-        if self.dtype != "auto":
+        if self.config.dtype != "auto":
             follows, reason = self.followed(ctx)
-            if IPEX_DTYPES[self.dtype] is not follows:
+            if IPEX_DTYPES[self.config.dtype] is not follows:
                 problems.append(Problem(
                     self.name, f"contradicts the plan's precision ({reason}, so the model trains in "
-                    f"{dtype_name(follows)}); IPEX's dtype must match it", field="dtype", value=self.dtype,
+                    f"{dtype_name(follows)}); IPEX's dtype must match it", field="dtype", value=self.config.dtype,
                     allowed=f"'auto' or {dtype_name(follows)!r}", kind="conflict"))
         return problems
 
     def apply(self, ctx):
         import intel_extension_for_pytorch as ipex  # safe: check() compared the versions
 
-        dtype, why = self.followed(ctx) if self.dtype == "auto" else (IPEX_DTYPES[self.dtype], "asked for")
+        config = self.config
+        dtype, why = self.followed(ctx) if config.dtype == "auto" else (IPEX_DTYPES[config.dtype], "asked for")
         model, optimizer = copy_with_optimizer(ctx.model, ctx.optimizer)  # IPEX trains in place: spare the user's
         model.train()
-        ctx.model, ctx.optimizer = ipex.optimize(model, optimizer=optimizer, dtype=dtype, level=self.level)
-        return {"dtype": dtype_name(dtype), "why": why, "level": self.level, "version": ipex.__version__,
+        ctx.model, ctx.optimizer = ipex.optimize(model, optimizer=optimizer, dtype=dtype, level=config.level)
+        return {"dtype": dtype_name(dtype), "why": why, "level": config.level, "version": ipex.__version__,
                 "model": "replaced by IPEX's (prepacked weights, fused ops)",
                 "optimizer": f"replaced by IPEX's {type(ctx.optimizer).__name__} (fused step)"}

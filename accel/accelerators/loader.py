@@ -29,10 +29,12 @@ from __future__ import annotations
 import dataclasses
 import os
 import warnings
+from dataclasses import dataclass
 
 import torch
 
-from accel.accelerator import Accelerator, Option, Stage, at_least, register
+from accel.accelerator import Accelerator, Capability, Stage, register
+from accel.options import Options, at_least, option
 from accel.distributed import cores_for_rank, rank_cores
 from accel.errors import Problem, Skip
 from accel.hardware import format_cpu_list, hyperthread_siblings, is_accelerator
@@ -81,6 +83,18 @@ PERSISTENT = ("persistent workers draw the loader's seed once per run, others on
               "dropping the workers they need, shifts the shuffle from the second epoch on")
 
 
+@dataclass(frozen=True, kw_only=True)
+class LoaderOptions(Options):
+    num_workers: str | int = option("auto", (str, int), choices=("auto",), check=at_least(0),
+                                    help="auto = allowed CPUs left after the compute threads")
+    pin_memory: str | bool = option("auto", (str, bool), choices=("auto",), help="auto = only for accelerator devices")
+    persistent_workers: str | bool = option("auto", (str, bool), choices=("auto",),
+                                            help="auto = the loader's own setting")
+    prefetch_factor: int | None = option(None, (int, type(None)), check=at_least(1),
+                                         help="batches each worker loads ahead")
+    non_blocking: str | bool = option("auto", (str, bool), choices=("auto",), help="auto = when memory is pinned")
+
+
 @register
 class Loader(Accelerator):
     """Workers from the cores the compute threads leave free; pinned memory only where a bus is crossed."""
@@ -88,16 +102,10 @@ class Loader(Accelerator):
     name = "loader"
     stage = Stage.DATA
     needs = ("loader",)
-    provides = ("data.loader",)
+    provides = (Capability.DATA_LOADER,)
     switch_at = "epoch"
-    options = {
-        "num_workers": Option("auto", (str, int), choices=("auto",), check=at_least(0),
-                              help="auto = allowed CPUs left after the compute threads"),
-        "pin_memory": Option("auto", (str, bool), choices=("auto",), help="auto = only for accelerator devices"),
-        "persistent_workers": Option("auto", (str, bool), choices=("auto",), help="auto = the loader's own setting"),
-        "prefetch_factor": Option(None, (int, type(None)), check=at_least(1), help="batches each worker loads ahead"),
-        "non_blocking": Option("auto", (str, bool), choices=("auto",), help="auto = when memory is pinned"),
-    }
+    Options = LoaderOptions
+    config: LoaderOptions
 
     @classmethod
     def candidates(cls, hardware, model, optimizer=None, loader=None):
@@ -113,14 +121,15 @@ class Loader(Accelerator):
         why = rebuild_problem(loader)
         if why:
             raise Skip(f"left as it was: {why}")
-        self.stream = workers_change_batches(loader.dataset)  # None for a map-style dataset
+        stream = workers_change_batches(loader.dataset)  # None for a map-style dataset
+        config = self.config
         threads = ctx.decisions.threads or torch.get_num_threads()
         ranks = ctx.decisions.launch.local_world_size if ctx.decisions.launch else 1
         allowed = len(ctx.hardware.cpus_allowed) // ranks  # this rank's share of the CPUs
-        if self.stream:  # an explicit other number is refused by check()
-            workers, why = loader.num_workers, f"kept: {self.stream}"
-        elif self.num_workers != "auto":
-            workers, why = self.num_workers, "asked for"
+        if stream:  # an explicit other number is refused by check()
+            workers, why = loader.num_workers, f"kept: {stream}"
+        elif config.num_workers != "auto":
+            workers, why = config.num_workers, "asked for"
         else:
             share = f"this rank's {allowed} of {len(ctx.hardware.cpus_allowed)} CPUs" if ranks > 1 else f"{allowed} CPUs"
             workers, why = max(0, allowed - threads), f"{share} - {threads} compute threads"
@@ -128,43 +137,45 @@ class Loader(Accelerator):
                 workers, why = loader.num_workers, f"kept ({why} = 0): {PERSISTENT}"
         ctx.decide("workers", workers, why)
         accelerator_device = is_accelerator(ctx.device)
-        pin = accelerator_device if self.pin_memory == "auto" else (self.pin_memory and accelerator_device)
-        ctx.decide("non_blocking", pin if self.non_blocking == "auto" else self.non_blocking,
+        pin = accelerator_device if config.pin_memory == "auto" else (config.pin_memory and accelerator_device)
+        ctx.decide("non_blocking", pin if config.non_blocking == "auto" else config.non_blocking,
                    "pinned memory" if pin else "no pinned memory")
 
     def check(self, ctx):
+        config = self.config
         user = ctx.loader.persistent_workers
-        persistent = user if self.persistent_workers == "auto" else self.persistent_workers
+        persistent = user if config.persistent_workers == "auto" else config.persistent_workers
         if ctx.decisions.workers == 0 and user or ctx.decisions.workers > 0 and persistent != user:
             return [Problem(self.name, PERSISTENT, field="persistent_workers" if persistent != user else "num_workers",
-                            value=self.persistent_workers if persistent != user else ctx.decisions.workers,
+                            value=config.persistent_workers if persistent != user else ctx.decisions.workers,
                             allowed=f"the loader's own persistent_workers={user}"
                                     + (" with workers" if user else ""), kind="conflict")]
-        if self.stream and self.num_workers not in ("auto", ctx.loader.num_workers):
-            return [Problem(self.name, f"{self.stream}; {STREAM_BATCHES}, and loader keeps the batches exact",
-                            field="num_workers", value=self.num_workers,
+        stream = workers_change_batches(ctx.loader.dataset)  # what decide() found (the loader is the same)
+        if stream and config.num_workers not in ("auto", ctx.loader.num_workers):
+            return [Problem(self.name, f"{stream}; {STREAM_BATCHES}, and loader keeps the batches exact",
+                            field="num_workers", value=config.num_workers,
                             allowed=f'"auto" or {ctx.loader.num_workers} (your loader\'s own); for other workers, '
                                     "set num_workers on your DataLoader: its batches are then the plain loop's too",
                             kind="conflict")]
         return []
 
     def apply(self, ctx):
-        loader = ctx.loader
+        loader, config = ctx.loader, self.config
         decisions = ctx.decisions
         accelerator_device = is_accelerator(ctx.device)
         workers = decisions.workers
         changes = {"num_workers": f"{workers} ({decisions.why['workers']})"}
-        pin = accelerator_device if self.pin_memory == "auto" else self.pin_memory
+        pin = accelerator_device if config.pin_memory == "auto" else config.pin_memory
         if pin and not accelerator_device:
             pin = False
             warnings.warn(f"loader: pin_memory=True ignored: device {ctx.device} needs no host-to-device copy",
                           stacklevel=2)
         changes["pin_memory"] = pin
-        persistent = (loader.persistent_workers if self.persistent_workers == "auto" else self.persistent_workers
+        persistent = (loader.persistent_workers if config.persistent_workers == "auto" else config.persistent_workers
                       ) and workers > 0  # check() refused any other change of it
         changes["persistent_workers"] = persistent
-        prefetch = (self.prefetch_factor or loader.prefetch_factor) if workers > 0 else None
-        if self.prefetch_factor is not None and workers == 0:
+        prefetch = (config.prefetch_factor or loader.prefetch_factor) if workers > 0 else None
+        if config.prefetch_factor is not None and workers == 0:
             changes["prefetch_factor"] = "ignored (no workers)"
         elif prefetch is not None:
             changes["prefetch_factor"] = prefetch

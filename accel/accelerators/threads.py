@@ -20,9 +20,11 @@ from __future__ import annotations
 
 import os
 import warnings
+from dataclasses import dataclass
 
 
-from accel.accelerator import SAME_MATH, Accelerator, Option, Stage, at_least, register
+from accel.accelerator import SAME_MATH, Accelerator, Capability, Stage, register
+from accel.options import Options, at_least, option
 from accel.distributed import rank_cores
 from accel.hardware import format_cpu_list, loaded_openmp
 from accel.journal import set_by_runs
@@ -38,30 +40,35 @@ def openmp_variables(runtime: str, cpus: tuple[int, ...], threads: int) -> dict[
     return env
 
 
+@dataclass(frozen=True, kw_only=True)
+class ThreadsOptions(Options):
+    threads: str | int = option("auto", (str, int), choices=("auto",), check=at_least(1),
+                                help="intra-op threads; auto = this rank's physical cores")
+    affinity: bool = option(True, (bool,), help="pin this process's threads to its physical cores")
+    export_env: bool = option(True, (bool,), help="export the OpenMP variables for child processes")
+
+
 @register
 class Threads(Accelerator):
     """Compute threads = physical cores (per local rank), pinned, with OpenMP variables for children."""
 
     name = "threads"
     stage = Stage.ENVIRONMENT
-    provides = ("process.threads",)
+    provides = (Capability.PROCESS_THREADS,)
     keeps = SAME_MATH
-    options = {
-        "threads": Option("auto", (str, int), choices=("auto",), check=at_least(1),
-                          help="intra-op threads; auto = this rank's physical cores"),
-        "affinity": Option(True, (bool,), help="pin this process's threads to its physical cores"),
-        "export_env": Option(True, (bool,), help="export the OpenMP variables for child processes"),
-    }
+    Options = ThreadsOptions
+    config: ThreadsOptions
 
     @classmethod
     def candidates(cls, hardware, model, optimizer=None, loader=None):
         return [{}]
 
     def decide(self, ctx):
-        cpus, self.source = rank_cores(ctx.hardware.physical_cpus, ctx.decisions.launch)
-        threads = len(cpus) if self.threads == "auto" else self.threads
-        ctx.decide("cpus", cpus, f"{format_cpu_list(cpus)} ({self.source})")
-        ctx.decide("threads", threads, "this rank's physical cores" if self.threads == "auto" else "asked for")
+        cpus, source = rank_cores(ctx.hardware.physical_cpus, ctx.decisions.launch)
+        auto = self.config.threads == "auto"
+        threads = len(cpus) if auto else self.config.threads
+        ctx.decide("cpus", cpus, f"{format_cpu_list(cpus)} ({source})")
+        ctx.decide("threads", threads, "this rank's physical cores" if auto else "asked for")
 
     def apply(self, ctx):
         decisions, journal = ctx.decisions, ctx.journal
@@ -72,15 +79,16 @@ class Threads(Accelerator):
                           stacklevel=2)
         journal.set_threads(threads)
         launch = decisions.launch
-        if (launch and launch.local_world_size > 1) or self.source == "accel launch":
+        _, source = rank_cores(ctx.hardware.physical_cpus, launch)  # where decide() took the cores from
+        if (launch and launch.local_world_size > 1) or source == "accel launch":
             local = f"{launch.local_rank}/{launch.local_world_size}" if launch else "0/1"
-            changes["rank_cores"] = f"local rank {local} -> cpus {format_cpu_list(cpus)} ({self.source})"
-        if self.affinity:
+            changes["rank_cores"] = f"local rank {local} -> cpus {format_cpu_list(cpus)} ({source})"
+        if self.config.affinity:
             pinned = journal.set_affinity(cpus)
             changes["affinity"] = format_cpu_list(cpus) if pinned else "not set: this OS offers no CPU affinity"
         runtime = loaded_openmp()
         changes["openmp"] = runtime
-        if self.export_env:
+        if self.config.export_env:
             exported, kept = [], []
             for key, value in openmp_variables(runtime, cpus, threads).items():
                 # the user's own value is kept; another open run's (one run per model) is layered over

@@ -113,6 +113,25 @@ class TuningLoader:
         return getattr(self.tuning.current.loader, name)
 
 
+class States:
+    """``run.state`` of a TuningRun. Called, an accelerator's run state, as on accel.Run; read as an attribute, 0.2's
+    name of the search state (now ``run.search``), with a DeprecationWarning until 0.4."""
+
+    def __init__(self, tuning: TuningRun):
+        self._tuning = tuning
+
+    def __call__(self, name: str) -> Any:
+        return self._tuning.current.state(name)
+
+    def __getattr__(self, key: str) -> Any:
+        if key.startswith("__") or key == "_tuning":
+            raise AttributeError(key)
+        warnings.warn(f"accel: run.state.{key} of plan='auto' is run.search.{key} (run.state(name) is an "
+                      "accelerator's run state, as on accel.Run); the old name goes in 0.4 (docs/migration.md)",
+                      DeprecationWarning, stacklevel=2)
+        return getattr(self._tuning.search, key)
+
+
 class TuningRun:
     """What plan="auto" returns: a Run whose plan changes between chunks of your steps until the search settles.
 
@@ -174,10 +193,11 @@ class TuningRun:
         self.compile_arm: Arm | None = None
         self.compile_base: Arm | None = None
         self.winner: Arm | None = None
+        self.settle_how = ""  # how it ended: "settled", "budget", "rounds", "resumed from ..." ("" until it does)
         self.result: TuneResult | None = None
         self.cache_key: dict | None = None
         self.switch_s = 0.0
-        self.states: dict[str, dict] = {}  # accelerator name -> its state when its arm last stepped aside
+        self.saved: dict[str, dict] = {}  # accelerator name -> its saved state when its arm last stepped aside
         self.measured_s: float | None = None  # from accelerate() to the settled plan
         self.turn_began = self.started  # when the last chunk began
         self.active = self.plain
@@ -189,8 +209,8 @@ class TuningRun:
         self.timed_s: list[float] = []  # on a CPU, this chunk's timed steps one by one (the stop rule's evidence)
         self.last_end = self.started
         self.current = accelerate(model, optimizer, loader, plan={}, device=device)
-        self.state = SearchState(since_step=self.current.steps)  # what the report says auto has done, kept current
-        self.current.report.search = self.state
+        self.search = SearchState(since_step=self.current.steps)  # what the report says auto has done, kept current
+        self.current.report.search = self.search
         self.capture = Capture(model)  # your model's training forwards: what a fault is replayed on
         self.loader = TuningLoader(self)
         self.stepping, self.bypassed = False, False  # the search times steps between run.step() calls
@@ -198,6 +218,7 @@ class TuningRun:
         self.watching = optimizer.register_step_pre_hook(lambda *args: mine() and mine()(*args))
         self.settled_at: int | None = None
         if self.phase == "settled":
+            self.settle_how = "settled"
             self._finish("nothing to measure: no accelerator offers a candidate for this model on this hardware")
         else:
             self._next_round()
@@ -223,6 +244,12 @@ class TuningRun:
     def autocast(self):
         return self.current.autocast()
 
+    @property
+    def state(self) -> "States":
+        """``run.state(name)``: the run state of that accelerator in the plan taking its turn (accel.Run.state).
+        What auto has done so far is ``run.search`` (also ``run.report.search``)."""
+        return States(self)
+
     def backward(self, loss: torch.Tensor) -> None:
         if self.phase != "settled":
             self.losses.append(loss.detach())
@@ -239,14 +266,14 @@ class TuningRun:
         finally:
             self.stepping = False
         if self.phase != "settled":
-            self.state.step = self.steps
+            self.search.step = self.steps
             self._after_step()
         return skipped
 
     def close(self) -> None:
         """Close the run; before auto settled, the report says so: nothing chosen, nothing cached, what it learned."""
         if self.phase != "settled":
-            self.state.end(self)
+            self.search.end(self)
         self.capture.remove()
         self.watching.remove()
         self.current.close()
@@ -320,7 +347,7 @@ class TuningRun:
             self.phase = "settled"
             self.settled_at = self.steps
             self.capture.remove()
-            self.state.settle(self, cached=f"from the cache, key {result.key[:12]}")
+            self.search.settle(self, cached=f"from the cache, key {result.key[:12]}")
 
     def _key_settings(self) -> dict[str, Any]:
         s = self.settings
@@ -469,7 +496,7 @@ class TuningRun:
             self._next_turn()
             return
         self.active, self.in_chunk = arm, 0
-        self.state.update(self)  # the report says whose turn it is, and what the rounds so far measured
+        self.search.update(self)  # the report says whose turn it is, and what the rounds so far measured
         # A step of 2 s or more is timed from the switch on an arm's later turns: what a switch leaves cold (caches,
         # the allocator) is small beside it, and an untimed step would cost a third of every turn.
         # compile is left out: a switch back to it may recompile (its hooks' guards), and that is not its step.
@@ -486,17 +513,17 @@ class TuningRun:
             return True
         model, optimizer, loader = self._objects
         started = clock.now()
-        leaving = {a.name for a in self.current.accelerators}
-        for accelerator in self.current.accelerators:  # each arm's state (amp's GradScaler) waits for its next turn
-            self.states[accelerator.name] = accelerator.state_dict()
+        leaving = [a.name for a in self.current.accelerators]
+        for name in leaving:  # each arm's state (amp's GradScaler) waits for its next turn
+            self.saved[name] = self.current.accelerator_state_dict(name)
         try:
             self.current = accelerate(model, optimizer, loader, plan=plan, device=self.device)
-            self.current.report.search = self.state  # every plan's report says what auto has done so far
+            self.current.report.search = self.search  # every plan's report says what auto has done so far
             self.capture.attach()  # after the plan's own hooks on your model
             for accelerator in self.current.accelerators:  # those handed over by the run before already have it
-                if accelerator.name not in leaving and accelerator.name in self.states:
+                if accelerator.name not in leaving and accelerator.name in self.saved:
                     try:
-                        accelerator.load_state_dict(self.states[accelerator.name])
+                        self.current.load_accelerator_state(accelerator.name, self.saved[accelerator.name])
                     except ValueError:  # another configuration of it (bf16 after fp16): it starts afresh
                         pass
         except (PlanError, AccelerateError) as error:  # the earlier run is back as it was
@@ -670,14 +697,14 @@ class TuningRun:
                                      if a.status == "not chosen" and a.rounds and a is not self.compile_arm))
         self._take(plan)
         self.current.report.tuning = self.result
-        complete = (self.result.established and getattr(self, "settle_how", "settled") == "settled"
+        complete = (self.result.established and self.settle_how == "settled"
                     and not any(r.status == "not measured" for r in rows))
         if self.cache_key is not None and complete:
             from accel import plancache
 
             self.result.key = plancache.store(self.cache_key, self.result.to_dict(), self.settings.cache)
         self.capture.remove()
-        self.state.settle(self, cached=self._cached_words())
+        self.search.settle(self, cached=self._cached_words())
 
     def _cached_words(self) -> str:
         if self.result.key:

@@ -81,7 +81,7 @@ class SearchState:
             ratio = winner.ratio_to(against)
             self.chosen_why = (f"{ratio.estimate:.2f}x {'the plain loop' if against is run.plain else against.name}'s "
                                f"step ({ratio})")
-        how = getattr(run, "settle_how", "")
+        how = run.settle_how
         self.by = {}
         for name in self.chosen:
             decided = next((a for a in run.arms if a.decided_by and name in a.plan and a.status == "settled"), None)

@@ -28,9 +28,10 @@ A deep copy of a sharded model raises in FSDP2 (an EMA by ``copy.deepcopy``/``Av
 before ``accelerate()`` or from ``run.save``). An optimizer over parameters that are not the model's is refused
 before anything changes.
 
-Composes with ``grad_accumulation`` (no gradient reduction on the non-final micro-steps:
-``set_requires_gradient_sync(False)``; the unreduced gradients are kept unsharded until the last one, as in
-FSDP2), ``grad_clipping`` (``clip_grad_norm_`` over the DTensor gradients gives the global norm),
+Composes with ``grad_accumulation`` (no gradient reduction on the non-final micro-steps: while a step schedule
+accumulates, the run turns it off through ``gradient_sync``, ``set_requires_gradient_sync(False)`` on the root;
+the unreduced gradients are kept unsharded until the last one, as in FSDP2, and named by ``held_gradients``),
+``grad_clipping`` (``clip_grad_norm_`` over the DTensor gradients gives the global norm),
 ``activation_checkpointing`` (applied before sharding), ``compile`` (per block, see its card) and ``amp``.
 
 Checkpoints: ``run.save(path)`` writes a ``torch.distributed.checkpoint`` (DCP) directory, each rank its own
@@ -48,17 +49,19 @@ order); BatchNorm's running statistics stay per rank (FSDP2 does not synchronise
 from __future__ import annotations
 
 import warnings
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
-from accel.accelerator import SAME_MATH, Option, Stage, dtype_name, register
-from accel.accelerators.fsdp.surgery import (Originals, gather_state, shard_like, shard_model, swap_parameters,
-                                             unshard_model)
-from accel.data_parallel import LAUNCHERS, DataParallel
+from accel.accelerator import SAME_MATH, Capability, Stage, State, dtype_name, register
+from accel.accelerators.fsdp.surgery import (Originals, Sharding, gather_state, shard_like, shard_model,
+                                             swap_parameters, unshard_model)
+from accel.data_parallel import LAUNCHERS, DataParallel, DataParallelOptions
 from accel.errors import Problem, StaleWarning
 from accel.hardware import is_accelerator
 from accel.modules import listed, outermost, repeated_blocks
+from accel.options import option
 
 REDUCE_DTYPES = ("float32", "compute")
 
@@ -86,35 +89,56 @@ def is_sharded(model: nn.Module) -> bool:
     return any(isinstance(m, FSDPModule) for m in model.modules())
 
 
+@dataclass(frozen=True, kw_only=True)
+class FSDPOptions(DataParallelOptions):
+    blocks: str | list[str] = option("auto", (str, list), choices=("auto",), check=blocks_problem,
+                                     help="class names of the modules to shard one by one; auto = the repeated "
+                                          "blocks")
+    reshard_after_forward: bool = option(True, help="free each block's gathered weights after its forward "
+                                                    "(gathered again for backward): less memory, more traffic")
+    reduce_dtype: str = option("float32", choices=REDUCE_DTYPES,
+                               help="with amp: reduce gradients in fp32, or in the compute dtype")
+    cpu_offload: bool = option(False, help="keep shards and optimizer state in host memory (accelerators only)")
+
+
+@dataclass
+class FSDPState(State):
+    """The model's sharding while the run holds it (None once run.close() or a later plan took it off; a failed
+    later plan puts it back, redone), and what the hooks follow."""
+
+    sharding: Sharding | None = None  # what fully_shard changed, to give the model back (surgery.py)
+    originals: Originals | None = None  # your own parameters while their shards train
+    params: list[tuple[str, nn.Parameter]] = field(default_factory=list)  # the shards, checked for gradient hooks
+    sync: bool = True  # reduce-scatter gradients in backward (False while a step schedule accumulates)
+    unreduced_when_taken_off: int = 0  # gradients FSDP held unreduced when the sharding was last taken off: a new
+    # run on the model cannot take them over (check)
+    warned: bool = False  # the StaleWarning about a gradient hook on a shard was given
+
+
 @register
 class FSDP(DataParallel):
     """Fully sharded data parallel (FSDP2): parameters, gradients and optimizer state split over the ranks."""
 
     name = "fsdp"
     stage = Stage.DISTRIBUTION
-    provides = ("model.distributed", "data.shard", "model.sharded")
-    conflicts = ("model.distributed",)  # ddp
+    provides = (Capability.MODEL_DISTRIBUTED, Capability.DATA_SHARD, Capability.MODEL_SHARDED)
+    conflicts = (Capability.MODEL_DISTRIBUTED,)  # ddp
     keeps = SAME_MATH
     shards_parameters = True  # in place until run.close(); run.save writes a DCP directory
     example = {}
-    options = {
-        **DataParallel.options,
-        "blocks": Option("auto", (str, list), choices=("auto",), check=blocks_problem,
-                         help="class names of the modules to shard one by one; auto = the repeated blocks"),
-        "reshard_after_forward": Option(True, (bool,), help="free each block's gathered weights after its forward "
-                                        "(gathered again for backward): less memory, more traffic"),
-        "reduce_dtype": Option("float32", (str,), choices=REDUCE_DTYPES,
-                               help="with amp: reduce gradients in fp32, or in the compute dtype"),
-        "cpu_offload": Option(False, (bool,), help="keep shards and optimizer state in host memory (accelerators "
-                              "only)"),
-    }
+    Options = FSDPOptions
+    config: FSDPOptions
 
-    def decide(self, ctx):
-        present = {type(m).__name__ for m in ctx.model.modules()}
-        self.classes = repeated_blocks(ctx.model) if self.blocks == "auto" else set(self.blocks) & present
-        self.missing = sorted(set(self.blocks) - present) if self.blocks != "auto" else []
+    def block_classes(self, model: nn.Module) -> tuple[set[str], list[str]]:
+        """The class names to shard one by one in this model, and those asked for that it does not have."""
+        blocks = self.config.blocks
+        if blocks == "auto":
+            return repeated_blocks(model), []
+        present = {type(m).__name__ for m in model.modules()}
+        return set(blocks) & present, sorted(set(blocks) - present)
 
     def check(self, ctx):
+        config = self.config
         problems = []
         why = fsdp_available()
         if why:
@@ -134,18 +158,20 @@ class FSDP(DataParallel):
             problems.append(Problem(self.name, "the model is already sharded by FSDP (fully_shard was called on it)",
                                     field="model", value=type(ctx.model).__name__,
                                     allowed="the model before fully_shard", kind="conflict"))
-        if self.missing:
-            problems.append(Problem(self.name, f"no module of class {self.missing} in the model", field="blocks",
-                                    value=self.blocks, allowed="class names of the model's modules, e.g. "
+        missing = self.block_classes(ctx.model)[1]
+        if missing:
+            problems.append(Problem(self.name, f"no module of class {missing} in the model", field="blocks",
+                                    value=config.blocks, allowed="class names of the model's modules, e.g. "
                                     + ", ".join(sorted(repeated_blocks(ctx.model)) or ["TransformerBlock"])))
-        if self.cpu_offload and not is_accelerator(ctx.device):
+        if config.cpu_offload and not is_accelerator(ctx.device):
             problems.append(Problem(self.name, f"offloading to CPU memory needs an accelerator device; the device is "
                                     f"{ctx.device}, whose memory already is CPU memory", field="cpu_offload",
                                     value=True, allowed="False on cpu", kind="conflict"))
         from accel.run import open_run
 
-        earlier = open_run(ctx.user_model)
-        if earlier is not None and earlier.sharded and any(getattr(a, "micro", 0) for a in earlier.accelerators):
+        earlier = open_run(ctx.user_model)  # its changes are already undone (accelerate() does that first)
+        mine = earlier.states.get(self.name) if earlier is not None else None
+        if isinstance(mine, FSDPState) and (mine.unreduced_when_taken_off or earlier.held_gradients()):
             problems.append(Problem(self.name, "accelerate() again in the middle of accumulating gradients under "
                                     "fsdp: FSDP keeps the unreduced gradients in its own buffers, which a new run "
                                     "cannot take over", field="accelerate",
@@ -167,18 +193,21 @@ class FSDP(DataParallel):
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy
 
+        config = self.config
         changes = self.join(ctx)
         world = ctx.decisions.launch.world_size
-        blocks = outermost(ctx.model, self.classes) if self.classes else []
+        classes = self.block_classes(ctx.model)[0]
+        blocks = outermost(ctx.model, classes) if classes else []
         names = {id(m): name for name, m in ctx.model.named_modules()}
         kinds = sorted({type(m).__name__ for m in blocks})  # before FSDP renames the classes
         dtype = ctx.decisions.compute_dtype
-        policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32 if self.reduce_dtype == "float32"
-                                      else dtype) if dtype is not None else MixedPrecisionPolicy()
+        reduce = torch.float32 if config.reduce_dtype == "float32" else dtype
+        policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=reduce) if dtype is not None else (
+            MixedPrecisionPolicy())
         mesh = init_device_mesh(ctx.device.type, (world,))
-        kwargs = {"mesh": mesh, "reshard_after_forward": self.reshard_after_forward, "mp_policy": policy,
-                  "offload_policy": CPUOffloadPolicy() if self.cpu_offload else OffloadPolicy()}
-        model, record = ctx.model, {}  # record["sharding"]: the model's sharding now (redone after a handover)
+        kwargs = {"mesh": mesh, "reshard_after_forward": config.reshard_after_forward, "mp_policy": policy,
+                  "offload_policy": CPUOffloadPolicy() if config.cpu_offload else OffloadPolicy()}
+        model, state = ctx.model, FSDPState(changes=changes)  # state.sharding: the model's sharding now
         norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)
                  and any(p is not None for p in m._parameters.values())] if dtype is not None else []
         own = {m: {"mp_policy": MixedPrecisionPolicy()} for m in norms}  # autocast runs BatchNorm in fp32
@@ -190,55 +219,62 @@ class FSDP(DataParallel):
                                          "average on every torch)" if sums else "average")
 
         def shard():  # also redone when a later plan on this model fails and this run is given back
-            record["sharding"] = shard_model(model, blocks, own, sums, **kwargs)
-            self.params = list(model.named_parameters())  # the shards, checked for gradient hooks every step
-            record["originals"] = Originals(model, record["sharding"])
+            state.sharding = shard_model(model, blocks, own, sums, **kwargs)
+            state.params = list(model.named_parameters())  # the shards, checked for gradient hooks every step
+            state.originals = Originals(model, state.sharding)
+            state.unreduced_when_taken_off = 0
+            if not state.sync:  # redone mid-run: the new FSDP state reduces by default, the run said not to
+                self.gradient_sync(None, state, False)
 
-        ctx.journal.change(f"fsdp: fully_shard on {len(blocks)} block(s) and the root",
-                           shard, lambda: record.get("sharding") and unshard_model(record.pop("sharding")),
-                           kind="object")
-        self.record, optimizer = record, ctx.optimizer
+        def unshard():  # a collective; FSDP's own state (its gradient-sync flag with it) goes with the sharding
+            if state.sharding is not None:
+                state.unreduced_when_taken_off = len(self.held_gradients(state))
+                sharding, state.sharding = state.sharding, None
+                unshard_model(sharding)
+
+        ctx.journal.change(f"fsdp: fully_shard on {len(blocks)} block(s) and the root", shard, unshard, kind="object")
+        optimizer = ctx.optimizer
         if optimizer is not None:
             ctx.journal.change(
                 "fsdp: the optimizer's parameters replaced by their shards",
-                lambda: swap_parameters(optimizer, record["originals"].shards, shard_like),
-                lambda: swap_parameters(optimizer, record["originals"].back(), lambda value, _: gather_state(value)),
+                lambda: swap_parameters(optimizer, state.originals.shards, shard_like),
+                lambda: swap_parameters(optimizer, state.originals.back(), lambda value, _: gather_state(value)),
                 kind="object")
             ctx.journal.hook("fsdp: a group added later over your own parameters swapped for their shards at the "
                              "step", lambda: optimizer.register_step_pre_hook(
-                                 lambda *_: record["originals"].follow(optimizer)))
-        follow = torch.compiler.disable(lambda *_: record["originals"].follow(optimizer))  # eager under compile too
+                                 lambda *_: state.originals.follow(optimizer)))
+        follow = torch.compiler.disable(lambda *_: state.originals.follow(optimizer))  # eager under compile too
         ctx.journal.hook("fsdp: your own parameters' unfreezing, and groups added over them, followed before each "
                          "forward", lambda: model.register_forward_pre_hook(follow, prepend=True))
-        ctx.extras["sharded_blocks"] = blocks  # compile compiles these one by one
+        ctx.decide("sharded_blocks", blocks, f"fsdp shards {len(blocks)} block(s) one by one: compile compiles them "
+                                             "one by one")
         changes["sharded"] = (f"{len(blocks)} x {', '.join(kinds)}: "
                               + listed([names[id(m)] for m in blocks]) + ", then the root") if blocks else (
             "the root only (no repeated block found: name them with blocks=[...] to gather one block at a time)")
         changes["world"] = (f"{world} ranks: each holds 1/{world} of every parameter, gradient and optimizer state"
                             if world > 1 else "world size 1: one rank holds everything, nothing is sharded "
                             "(checkpoints are still sharded DCP directories, loadable at any world size)")
-        changes["reshard_after_forward"] = self.reshard_after_forward
+        changes["reshard_after_forward"] = config.reshard_after_forward
         if dtype is not None:
             changes["mixed_precision"] = (f"param_dtype={dtype_name(dtype)}, reduce_dtype="
-                                          f"{'float32' if self.reduce_dtype == 'float32' else dtype_name(dtype)}")
+                                          f"{'float32' if config.reduce_dtype == 'float32' else dtype_name(dtype)}")
             if norms:
                 changes["batch_norms"] = f"{len(norms)} sharded on their own in float32 (autocast runs them in fp32)"
-        if self.cpu_offload:
+        if config.cpu_offload:
             changes["cpu_offload"] = "shards, gradients and optimizer state in host memory; the step runs there"
         changes["parameters"] = ("replaced in place by DTensor shards (your optimizer's groups hold them, and a "
                                  "group you add later over your own parameters takes theirs); run.close() gathers "
                                  "them back into your own parameters")
         changes["sampler"] = self.shard(ctx)
         changes["checkpoints"] = "run.save writes a sharded DCP directory"
-        self.warned = False
-        return changes
+        return state
 
-    def step(self, run, optimizer, proceed):
-        if not self.warned:
-            hooked = [name for name, p in self.params
+    def step(self, run, state, optimizer, proceed):
+        if not state.warned:
+            hooked = [name for name, p in state.params
                       if getattr(p, "_backward_hooks", None) or getattr(p, "_post_accumulate_grad_hooks", None)]
             if hooked:
-                self.warned = True
+                state.warned = True
                 warnings.warn(f"accel: fsdp: a gradient hook on the parameter(s) {hooked[:4]} never runs: under FSDP2 "
                               "autograd computes the gradient of the gathered weight and the shard's gradient comes "
                               "from the reduce-scatter; hook the module instead (register_full_backward_hook), or "
@@ -246,18 +282,22 @@ class FSDP(DataParallel):
                               stacklevel=3)
         return proceed(optimizer)
 
-    def gradient_sync(self, enabled: bool) -> None:
-        """Reduce-scatter gradients in backward (True), or keep accumulating them unreduced (False)."""
-        self.record["sharding"].sharded[-1].set_requires_gradient_sync(enabled)  # the root, and every block in it
+    def gradient_sync(self, run, state, enabled):
+        """Reduce-scatter gradients in backward (True), or keep accumulating them unreduced (False). The flag lives
+        in FSDP2's state on the sharded modules, which run.close() takes off with the sharding."""
+        state.sync = enabled
+        if state.sharding is not None:
+            state.sharding.sharded[-1].set_requires_gradient_sync(enabled)  # the root, and every block in it
 
-    def held_gradients(self) -> list[torch.Tensor]:
+    def held_gradients(self, state):
         """The gradients FSDP2 holds unreduced while gradient sync is off (accumulation's micro-steps): what a
         grad_accumulation that stands aside multiplies back (FSDP2's state: torch 2.15 keeps one list of param
         groups per module, 2.8 one group)."""
         held = []
-        for module in self.record["sharding"].sharded:
-            state = module._get_fsdp_state()
-            groups = getattr(state, "_fsdp_param_groups", None) or [getattr(state, "_fsdp_param_group", None)]
+        for module in state.sharding.sharded if state.sharding is not None else []:
+            fsdp_state = module._get_fsdp_state()
+            groups = getattr(fsdp_state, "_fsdp_param_groups", None) or [getattr(fsdp_state, "_fsdp_param_group",
+                                                                                  None)]
             for fsdp_param in (p for group in groups if group is not None for p in group.fsdp_params):
                 param = getattr(fsdp_param, "_unsharded_param", None)
                 grads = [getattr(param, "grad", None), getattr(fsdp_param, "_unsharded_accumulated_grad", None)]

@@ -29,12 +29,14 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Callable
 
 import torch
 from torch import nn
 
-from accel.accelerator import Accelerator, Keeps, Option, Stage, at_least, register
+from accel.accelerator import Accelerator, Capability, Keeps, Stage, register
+from accel.options import Options, at_least, option
 from accel.accelerators.prune.config import DEFAULT_CONFIG, PRUNERS, config_problems
 from accel.accelerators.prune.diagnosis import empty_message, same_for_every_input
 from accel.accelerators.prune.speedup import (QUIET, count, nni_quiet, output_shapes, shape_changes, speedup_class,
@@ -79,6 +81,19 @@ def foreign_kept(optimizer: torch.optim.Optimizer | None, model: nn.Module):
 
 
 
+@dataclass(frozen=True, kw_only=True)
+class PruneOptions(Options):
+    pruner: str = option("l1", (str,), choices=tuple(PRUNERS), help="l1/l2 norm, fpgm, or taylor (trains to score)")
+    config_list: list = option(DEFAULT_CONFIG, (list,),
+                               help="NNI config dicts (op_types, op_names, sparse_ratio, ...)")
+    warmup_steps: int = option(0, (int,), check=at_least(0), help="train this many steps on the loader first")
+    taylor_steps: int = option(20, (int,), check=at_least(1), help="taylor: training steps that score the channels")
+    dummy_input: torch.Tensor | tuple | None = option(None, (torch.Tensor, tuple, type(None)),
+                                                      help="None: the first batch of the loader")
+    loss_fn: Callable | None = option(None, (type(None), object), check=lambda f: None if f is None or callable(f)
+                                      else "is not callable", allowed="None (cross entropy) or loss_fn(output, target)")
+
+
 @register
 class Prune(Accelerator):
     """Structured pruning with NNI, then real surgery: smaller layers, fewer parameters, faster steps."""
@@ -86,35 +101,30 @@ class Prune(Accelerator):
     name = "prune"
     stage = Stage.SURGERY
     requires = ("nni",)
-    provides = ("model.structure",)
+    provides = (Capability.MODEL_STRUCTURE,)
     keeps = Keeps("changed", structure=False, note="the channels it removes and the shapes of the layers they fed; "
                   "weights trained by warm-up or Taylor steps; the optimizer's state (reset)")
-    options = {
-        "pruner": Option("l1", (str,), choices=tuple(PRUNERS), help="l1/l2 norm, fpgm, or taylor (trains to score)"),
-        "config_list": Option(DEFAULT_CONFIG, (list,), help="NNI config dicts (op_types, op_names, sparse_ratio, ...)"),
-        "warmup_steps": Option(0, (int,), check=at_least(0), help="train this many steps on the loader first"),
-        "taylor_steps": Option(20, (int,), check=at_least(1), help="taylor: training steps that score the channels"),
-        "dummy_input": Option(None, (torch.Tensor, tuple, type(None)), help="None: the first batch of the loader"),
-        "loss_fn": Option(None, (type(None), object), check=lambda f: None if f is None or callable(f) else
-                          "is not callable", allowed="None (cross entropy) or loss_fn(output, target)"),
-    }
+    Options = PruneOptions
+    config: PruneOptions
 
     def check(self, ctx):
-        found = config_problems(self.config_list, ctx.model)
+        config = self.config
+        found = config_problems(config.config_list, ctx.model)
         problems = [Problem(self.name, message, field="config_list") for message in found]
-        if self.dummy_input is None and ctx.loader is None:
+        if config.dummy_input is None and ctx.loader is None:
             problems.append(Problem(self.name, "needs a dummy_input or a loader to take one from", field="dummy_input",
                                     kind="missing"))
-        trains = [f for f, on in (("warmup_steps", self.warmup_steps > 0), ("pruner", self.pruner == "taylor")) if on]
+        trains = [f for f, on in (("warmup_steps", config.warmup_steps > 0), ("pruner", config.pruner == "taylor"))
+                  if on]
         for field in trains:
             if ctx.loader is None or ctx.optimizer is None:
                 problems.append(Problem(self.name, "needs the loader and the optimizer (it trains)", field=field,
-                                        value=getattr(self, field), kind="missing"))
+                                        value=getattr(config, field), kind="missing"))
         batch = None
-        if ctx.loader is not None and (self.dummy_input is None or trains):
+        if ctx.loader is not None and (config.dummy_input is None or trains):
             batch = first_batch(ctx.loader)
             problems += self._batch_problems(batch, trains)
-        dummy = self.dummy_input if self.dummy_input is not None else model_input(batch)
+        dummy = config.dummy_input if config.dummy_input is not None else model_input(batch)
         runs = self._run_problems(ctx, dummy) if dummy is not None else []
         problems += runs
         try:
@@ -124,7 +134,7 @@ class Prune(Accelerator):
                                     "as it was)", field="model", value=type(ctx.model).__name__))
             return problems
         if not found:
-            structure = structure_problems(self.config_list, ctx.model, graph)
+            structure = structure_problems(config.config_list, ctx.model, graph)
             problems += [Problem(self.name, message, field="config_list") for message in structure]
             if not (structure or runs or trains) and dummy is not None:
                 problems += self._empty_problems(ctx, graph, dummy)
@@ -156,7 +166,7 @@ class Prune(Accelerator):
     def _masks_inferred(self, pruning, model, dummy):
         """The pruner's masks on this (copied) model, then ModelSpeedup's mask inference, with no rebuilding."""
         config_list, _ = keep_outputs(self._float_ratios(), model, fx_trace(model))
-        pruner = getattr(pruning, PRUNERS[self.pruner])(model, config_list)
+        pruner = getattr(pruning, PRUNERS[self.config.pruner])(model, config_list)
         _, masks = pruner.compress()
         pruner.unwrap_model()
         speedup = speedup_class()(model.eval(), dummy, masks, graph_module=fx_trace(model), logger=QUIET)
@@ -165,13 +175,14 @@ class Prune(Accelerator):
         return speedup
 
     def _float_ratios(self):
-        return [{k: float(v) if k.endswith("sparse_ratio") else v for k, v in c.items()} for c in self.config_list]
+        return [{k: float(v) if k.endswith("sparse_ratio") else v for k, v in c.items()}
+                for c in self.config.config_list]
 
     def _batch_problems(self, batch, trains):
         if batch is None:
             return [Problem(self.name, "the loader yields no batch", field="dummy_input" if not trains else trains[0])]
         problems = []
-        if self.dummy_input is None and model_input(batch) is None:
+        if self.config.dummy_input is None and model_input(batch) is None:
             problems.append(Problem(self.name, f"the loader's batches are {describe_batch(batch)}, not a tensor or an "
                                     "(inputs, ...) tuple: pass the model's input as dummy_input=...",
                                     field="dummy_input"))
@@ -179,7 +190,7 @@ class Prune(Accelerator):
             problems.append(Problem(self.name, f"trains with loss_fn(model(batch[0]), batch[1]), but the loader's "
                                     f"batches are {describe_batch(batch)}: use a loader of (inputs, targets) batches, or "
                                     "no warm-up and a pruner that does not train (l1, l2, fpgm)", field=field,
-                                    value=getattr(self, field)))
+                                    value=getattr(self.config, field)))
         return problems
 
     def _run_problems(self, ctx, dummy):
@@ -191,7 +202,7 @@ class Prune(Accelerator):
             with randomness.kept(None):
                 output_shapes(model, move(dummy, device, False))
         except Exception as error:
-            what = "the dummy_input" if self.dummy_input is not None else "the first item of the loader's batches"
+            what = "the dummy_input" if self.config.dummy_input is not None else "the first item of the loader's batches"
             return [Problem(self.name, f"the model cannot run on {what} ({type(error).__name__}: {error}): pass "
                             "its inputs as dummy_input=... (a tuple for several)", field="dummy_input")]
         return []
@@ -199,25 +210,26 @@ class Prune(Accelerator):
     def apply(self, ctx):
         import nni.compression.pruning as pruning
 
+        config = self.config
         user_model = ctx.model
         model, optimizer = copy_with_optimizer(user_model, ctx.optimizer)  # swapped in only when all worked
-        loss_fn = self.loss_fn or nn.functional.cross_entropy
+        loss_fn = config.loss_fn or nn.functional.cross_entropy
 
         def loss_of(batch, model):  # NNI's training_step signature
             return loss_fn(model(batch[0]), batch[1])
 
-        changes: dict[str, Any] = {"pruner": PRUNERS[self.pruner], "parameters_before": count(user_model)}
+        changes: dict[str, Any] = {"pruner": PRUNERS[config.pruner], "parameters_before": count(user_model)}
         modes = {name: module.training for name, module in model.named_modules()}  # a frozen BatchNorm's eval
         with randomness.kept(ctx.loader), foreign_kept(optimizer, model), nni_quiet():
-            if self.warmup_steps:
-                self._train(model, optimizer, ctx, loss_of, self.warmup_steps)
-                changes["warmup_steps"] = self.warmup_steps
-            dummy = self.dummy_input if self.dummy_input is not None else model_input(first_batch(ctx.loader))
+            if config.warmup_steps:
+                self._train(model, optimizer, ctx, loss_of, config.warmup_steps)
+                changes["warmup_steps"] = config.warmup_steps
+            dummy = config.dummy_input if config.dummy_input is not None else model_input(first_batch(ctx.loader))
             dummy = move(dummy, ctx.device, False)
             config_list, kept = keep_outputs(self._float_ratios(), model, fx_trace(model))
-            cls = getattr(pruning, PRUNERS[self.pruner])
-            if self.pruner == "taylor":
-                pruner = cls(model, config_list, self._evaluator(ctx, model, optimizer, loss_of), self.taylor_steps)
+            cls = getattr(pruning, PRUNERS[config.pruner])
+            if config.pruner == "taylor":
+                pruner = cls(model, config_list, self._evaluator(ctx, model, optimizer, loss_of), config.taylor_steps)
             else:
                 pruner = cls(model, config_list)
             _, masks = pruner.compress()
@@ -255,7 +267,7 @@ class Prune(Accelerator):
         from nni.compression import TorchEvaluator
 
         def training_func(model, optimizers, training_step, lr_schedulers=None, max_steps=None, max_epochs=None):
-            self._train(model, optimizers, ctx, training_step, max_steps or self.taylor_steps)
+            self._train(model, optimizers, ctx, training_step, max_steps or self.config.taylor_steps)
 
         traced = nni.trace(type(optimizer))(model.parameters(), **init_kwargs(optimizer))
         return TorchEvaluator(training_func, traced, loss_of)

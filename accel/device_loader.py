@@ -1,0 +1,56 @@
+"""The run's loader: the user's batches (or a loader an accelerator rebuilt) moved to the run's device."""
+from __future__ import annotations
+
+from typing import Any, Callable, Iterator
+
+import torch
+
+from accel.batches import move
+
+
+class DeviceLoader:
+    """Wraps the run's DataLoader: batches arrive on the device, then go through the plan's batch transforms;
+    epochs are counted so a distributed sampler reshuffles every epoch."""
+
+    def __init__(self, loader: Any, device: torch.device, non_blocking: bool, transforms: list):
+        self.loader = loader
+        self.device = device
+        self.non_blocking = non_blocking
+        self.transforms = list(transforms)
+        self.epoch = 0
+        self._move = device.type != "cpu"
+        self.drawn: Callable[[], None] | None = None  # told of every batch (the run watching for own accumulation)
+
+    def __iter__(self) -> Iterator[Any]:
+        batches = self.start_epoch()
+        if not self._move and not self.transforms and self.drawn is None:
+            yield from batches
+            return
+        for batch in batches:
+            if self.drawn is not None:
+                self.drawn()
+            yield self.prepare(batch)
+
+    def start_epoch(self) -> Any:
+        """The wrapped loader's batches for the next epoch, as they come (its sampler told the epoch)."""
+        sampler = getattr(self.loader, "sampler", None)
+        if hasattr(sampler, "set_epoch"):
+            sampler.set_epoch(self.epoch)
+        self.epoch += 1
+        return self.loader
+
+    def prepare(self, batch: Any) -> Any:
+        """One batch as the plan wants it: on the device, through the batch transforms."""
+        if self._move:
+            batch = move(batch, self.device, self.non_blocking)
+        for transform in self.transforms:
+            batch = transform(batch)
+        return batch
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __getattr__(self, name: str) -> Any:  # dataset, sampler, batch_size, ... of the wrapped loader
+        if name == "loader":
+            raise AttributeError(name)
+        return getattr(self.loader, name)

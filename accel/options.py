@@ -1,0 +1,105 @@
+"""An accelerator's options: one frozen dataclass per accelerator, each field declared with ``option()``.
+
+Why a dataclass: an IDE sees the fields, they are checked in one place (``Options.problems``, before anything is
+touched), they cannot change once the plan is built, and ``to_dict()`` is what a checkpoint and the plan cache
+key keep. An accelerator reads its options as ``self.config.<name>``.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import difflib
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar
+
+from accel.errors import Problem
+
+
+@dataclass(frozen=True)
+class Option:
+    """How one option is checked: its default, accepted types, allowed strings, and a value check.
+
+    ``choices`` constrains string values only (e.g. "auto" or a mode name); ``check(value)`` returns
+    None when a non-string value is fine, else what is wrong; ``allowed`` is the text shown to users.
+    """
+
+    default: Any
+    types: tuple[type, ...]
+    choices: tuple[str, ...] | None = None
+    check: Callable[[Any], str | None] | None = None
+    allowed: str = ""
+    help: str = ""
+
+    def describe(self) -> str:
+        if self.allowed:
+            return self.allowed
+        names = ["None" if t is type(None) else t.__name__ for t in self.types if t is not str or not self.choices]
+        return ", ".join([repr(c) for c in self.choices or ()] + names)
+
+    def problem(self, value: Any) -> str | None:
+        # bool is an int subclass: refuse True where only numbers are meant.
+        if not isinstance(value, self.types) or (isinstance(value, bool) and bool not in self.types):
+            return f"wrong type {type(value).__name__}"
+        if isinstance(value, str) and self.choices is not None:
+            return None if value in self.choices else "not allowed"
+        return self.check(value) if self.check else None
+
+
+def option(default: Any, types: tuple[type, ...] | None = None, *, choices: tuple[str, ...] | None = None,
+           check: Callable[[Any], str | None] | None = None, allowed: str = "", help: str = "") -> Any:
+    """A field of an Options dataclass: its default and how a value is checked (types default to the default's)."""
+    spec = Option(default, types or (type(default),), choices, check, allowed, help)
+    return default_field(spec)
+
+
+def default_field(spec: Option) -> Any:
+    if isinstance(spec.default, (list, dict, set)):  # a fresh copy per instance, as dataclasses require
+        return dataclasses.field(default_factory=lambda: copy.copy(spec.default), metadata={"option": spec})
+    return dataclasses.field(default=spec.default, metadata={"option": spec})
+
+
+@dataclass(frozen=True, kw_only=True)
+class Options:
+    """Base of every accelerator's options (subclass it with frozen=True, kw_only=True and ``option()`` fields)."""
+
+    optional: bool = option(False, help="skip (with the reason) instead of failing when a package or device is "
+                                        "missing")
+    owner: ClassVar[str] = ""  # the accelerator's name, for the problems
+
+    @classmethod
+    def specs(cls) -> dict[str, Option]:
+        return {f.name: f.metadata["option"] for f in dataclasses.fields(cls)}
+
+    @classmethod
+    def problems(cls, values: dict[str, Any], owner: str = "") -> list[Problem]:
+        """Unknown options (with a suggestion) and bad values, all at once."""
+        known, problems = cls.specs(), []
+        for key, value in values.items():
+            if key not in known:
+                hint = difflib.get_close_matches(str(key), list(known), n=1)
+                problems.append(Problem(
+                    owner, "unknown option" + (f"; did you mean {hint[0]!r}?" if hint else ""),
+                    field=str(key), allowed=", ".join(sorted(known)), kind="unknown"))
+                continue
+            message = known[key].problem(value)
+            if message:
+                problems.append(Problem(owner, message, field=key, value=value, allowed=known[key].describe()))
+        return problems
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every option's value, defaults included (plain types: what a checkpoint or cache key keeps)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+
+def options_from_specs(name: str, specs: dict[str, Option]) -> type[Options]:
+    """The Options dataclass of a 0.2-style accelerator that declared ``options = {name: Option(...)}``."""
+    fields = [(key, Any, default_field(spec)) for key, spec in specs.items()]
+    return dataclasses.make_dataclass(name, fields, bases=(Options,), frozen=True, kw_only=True)
+
+
+def at_least(low: float) -> Callable[[Any], str | None]:
+    return lambda value: None if value is None or value >= low else f"must be >= {low}"
+
+
+def positive(value: Any) -> str | None:
+    return None if value is None or value > 0 else "must be > 0"
