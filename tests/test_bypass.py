@@ -52,6 +52,20 @@ def own_steps(run, optimizer):
         optimizer.zero_grad()
 
 
+def accumulate_yourself(run, step):
+    """The loop's own accumulation (transformers' no_trainer): loss / 2 through run.backward, ``step()`` every second
+    batch of run.loader; returns the BypassWarnings said."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for index, (x, y) in enumerate(run.loader):
+            with run.autocast():
+                loss = nn.functional.cross_entropy(run.model(x), y)
+            run.backward(loss / 2)
+            if index % 2:
+                step()
+    return bypass_warnings(caught)
+
+
 def bypass_warnings(caught):
     return [str(w.message) for w in caught if issubclass(w.category, BypassWarning)]
 
@@ -146,15 +160,7 @@ def test_own_accumulation_beside_grad_accumulation_is_noticed_and_the_loops_own_
     too it trained with half the updates in silence; now the second batch before run.step() is noticed."""
     model, optimizer, loader = setup()
     run = accel.accelerate(model, optimizer, loader, [{"grad_accumulation": {"steps": 4}}], device="cpu")
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        for index, (x, y) in enumerate(run.loader):
-            with run.autocast():
-                loss = nn.functional.cross_entropy(run.model(x), y)
-            run.backward(loss / 2)
-            if (index + 1) % 2 == 0:
-                run.step()
-    said = bypass_warnings(caught)
+    said = accumulate_yourself(run, step=run.step)
     assert len(said) == 1 and "accumulates gradients itself" in said[0], said
     assert "multiplied back by 4" in said[0]
     assert run.report.row("grad_accumulation").status == "idle"
@@ -298,16 +304,7 @@ def test_an_accelerator_the_loop_goes_around_twice_is_named_once():
     aside at the first and says nothing more at the second."""
     model, optimizer, loader = setup()
     run = accel.accelerate(model, optimizer, loader, [{"grad_accumulation": {"steps": 2}}], device="cpu")
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        for index, (x, y) in enumerate(run.loader):
-            with run.autocast():
-                loss = nn.functional.cross_entropy(run.model(x), y)
-            run.backward(loss / 2)
-            if index % 2:
-                optimizer.step()
-                optimizer.zero_grad()
-    said = bypass_warnings(caught)
+    said = accumulate_yourself(run, step=lambda: (optimizer.step(), optimizer.zero_grad()))
     assert len(said) == 1 and "accumulates gradients itself" in said[0], said
     assert same(weights(model), plain_loop(every=2, divide=2))
     run.close()
