@@ -1,12 +1,19 @@
-"""compile's warm-up, whole model against regional (each repeated block compiled once), on a cold cache.
+"""compile's warm-up, whole model against regional (each repeated block compiled once), on a cold cache; with
+--warm, a cold start against a warm one (a second run of the same script, with what the first compiled on disk).
 
 Each variant runs in a fresh process with its own empty inductor cache (TORCHINDUCTOR_CACHE_DIR), so every warm-up
 is a first compile. Reported: the first step's time minus a steady step (the warm-up), and the steady step, for
 eager, compile and compile with regional=True; the variants run in turn, `--repeats` times, and the table gives
 the median and the min-max.
 
+--warm: each compile variant runs twice, in two fresh processes sharing one empty accel cache folder
+(ACCEL_CACHE_DIR; compile keeps inductor's artifacts in its compile/ folder, accel/compile_cache.py): the first
+compiles cold and writes the folder, the second starts warm. Every repeat starts from a new empty folder.
+
     python benchmarks/bench_compile_warmup.py                          # a 12-layer GPT-style model (width 256)
     python benchmarks/bench_compile_warmup.py --model resnet18 --repeats 1
+    python benchmarks/bench_compile_warmup.py --warm                   # cold against warm, the GPT-style model
+    python benchmarks/bench_compile_warmup.py --warm --model cnn       # a small CNN (4 residual stages, 32 ch.)
 """
 from __future__ import annotations
 
@@ -36,6 +43,14 @@ def child(model_name: str, variant: str, steps: int) -> None:
         def loss_of(run, batch):
             logits = run.model(batch[:, :-1])
             return torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten())
+    elif model_name == "cnn":  # a small ResNet-like CNN: a stem, 4 residual stages of 32 channels, 32x32 images
+        from accel.testing.models import NormCNN
+
+        model = NormCNN(channels=32, stages=4, classes=10, in_channels=3)
+        batches = [(torch.randn(32, 3, 32, 32), torch.randint(0, 10, (32,))) for _ in range(4)]
+
+        def loss_of(run, batch):
+            return torch.nn.functional.cross_entropy(run.model(batch[0]), batch[1])
     else:
         import torchvision
 
@@ -55,18 +70,67 @@ def child(model_name: str, variant: str, steps: int) -> None:
         run.step()
         times.append(time.perf_counter() - started)
     steady = statistics.median(times[2:])
-    print(json.dumps({"first_s": times[0], "steady_s": steady, "warmup_s": times[0] - steady}))
+    compiled = run.report.row("compile").changes if "compile" in run.report.applied else {}
+    print(json.dumps({"first_s": times[0], "steady_s": steady, "warmup_s": times[0] - steady,
+                      "warm_start": compiled.get("warm start", "")}))
+
+
+def spread(values: list[float], unit: str = "s", scale: float = 1.0, digits: int = 1) -> str:
+    values = [v * scale for v in values]
+    return f"{statistics.median(values):.{digits}f} {unit} ({min(values):.{digits}f}-{max(values):.{digits}f})"
+
+
+def child_run(model: str, variant: str, steps: int, env: dict[str, str]) -> dict:
+    out = subprocess.run([sys.executable, __file__, "--child", model, variant, "--steps", str(steps)], env=env,
+                         capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def cold_and_warm(args) -> None:
+    """Each compile variant twice per repeat, in fresh processes sharing one new accel cache folder."""
+    variants = [v for v in VARIANTS if v != "eager"]
+    found: dict[str, dict[str, list[dict]]] = {v: {"cold": [], "warm": []} for v in variants}
+    base = {k: v for k, v in os.environ.items() if not k.startswith("TORCHINDUCTOR_")}  # torch's defaults
+    loads: list[float] = []
+    for _ in range(args.repeats):
+        for variant in variants:
+            with tempfile.TemporaryDirectory() as cache:
+                env = {**base, "ACCEL_CACHE_DIR": cache}
+                for start in ("cold", "warm"):
+                    result = child_run(args.model, variant, args.steps, env)
+                    loads.append(os.getloadavg()[0])  # others' work on the cores slows every number down
+                    if not result["warm_start"].startswith("yes" if start == "warm" else "no"):
+                        raise SystemExit(f"{variant}: the {start} run's report says warm start: {result['warm_start']}")
+                    found[variant][start].append(result)
+    print(f"{args.model}: warm-up (first step minus a steady one) and steady step, cold start against warm start "
+          f"(a second process, same accel cache folder); median (min-max) of {args.repeats} repeat(s); 1-min load "
+          f"average after each run {min(loads):.1f}-{max(loads):.1f} on {os.cpu_count()} CPUs (its own threads "
+          "included)")
+    for variant, runs in found.items():
+        for start in ("cold", "warm"):
+            rows = runs[start]
+            print(f"  {variant:17} {start}  warm-up {spread([r['warmup_s'] for r in rows]):>20}   "
+                  f"step {spread([r['steady_s'] for r in rows], 'ms', 1000):>22}")
+        cold = statistics.median(r["warmup_s"] for r in runs["cold"])
+        warm = statistics.median(r["warmup_s"] for r in runs["warm"])
+        print(f"  {variant:17} warm start saves {cold - warm:.1f} s of {cold:.1f} s "
+              f"({warm / cold:.0%} of the cold warm-up left)" if cold > 0 else "")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="gpt")
+    parser.add_argument("--model", default="gpt", help="gpt (default), cnn, or a torchvision model name")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--warm", action="store_true",
+                        help="cold start against warm start: each compile variant twice, sharing one cache folder")
     parser.add_argument("--child", nargs=2, metavar=("MODEL", "VARIANT"))
     args = parser.parse_args()
     if args.child:
         child(args.child[0], args.child[1], args.steps)
+        return
+    if args.warm:
+        cold_and_warm(args)
         return
     found: dict[str, list[dict]] = {v: [] for v in VARIANTS}
     for _ in range(args.repeats):

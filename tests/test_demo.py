@@ -15,6 +15,7 @@ def test_demo_trains_both_ways_and_reports_every_accelerator(capsys):
     result = json.loads(capsys.readouterr().out)
     plain, accelerated = result["plain"], result["accelerated"]
     assert plain["steps"] == accelerated["steps"] == 63  # 1,347 digits in batches of 64, 3 epochs
+    assert result["expected_steps"] is None  # a plan given: nothing searches, nothing to tell
     assert plain["accuracy"] > 0.6 and accelerated["accuracy"] > 0.6, (plain["accuracy"], accelerated["accuracy"])
     assert abs(plain["accuracy"] - accelerated["accuracy"]) < 0.15, (plain["accuracy"], accelerated["accuracy"])
     rows = {row["name"]: row for row in accelerated["report"]["accelerators"]}
@@ -23,11 +24,14 @@ def test_demo_trains_both_ways_and_reports_every_accelerator(capsys):
 
 
 def test_demo_with_auto_shows_the_search_and_writes_the_chart(tmp_path, capsys, monkeypatch):
+    """plan="auto" is told the run's length before it starts (1 epoch of 21 batches), and the demo says what the
+    search, settled ("chose"), records it was told."""
     monkeypatch.setenv("ACCEL_CACHE_DIR", str(tmp_path / "cache"))
     chart = tmp_path / "demo.png"
     assert main(["demo", "--epochs", "1", "--image-size", "16", "--budget", "20", "--plot", str(chart)]) == 0
     out = capsys.readouterr().out
     assert "accel tune: chose" in out and "speed-up:" in out and "test acc" in out
+    assert "plan='auto' was told the run's length: expected_steps=21 (1 epoch x 21 batches)" in out
     assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

@@ -17,6 +17,11 @@ long on 2 cores (24-41 s for resnet18, about 27 s for a tiny CNN), and alone, in
 resnet18 (1.03x eager on a Zen 3): ``plan="auto"`` with ``expected_steps`` picks it only when the run is long
 enough to pay that back.
 
+Where it keeps what it compiled: inductor's compiled graphs and kernels go to ``compile/`` in accel's cache folder
+(accel/compile_cache.py: torch's own AOTAutograd and FX graph caches, pointed there for the run and put back by
+close), so a second run of the same script loads them instead of compiling; the report says where, and whether
+this setup started warm. A ``TORCHINDUCTOR_CACHE_DIR`` of your own is left as it is.
+
 What it keeps: the same math, in generated kernels (``SAME_MATH``: float sums in another order). It compiles
 your model itself (wrapped, not copied), so its ``train()``/``eval()``, ``requires_grad_()`` and your hooks stay
 live: dynamo guards on them and recompiles when they change (accel turns on the hook guards that dynamo skips by
@@ -35,6 +40,7 @@ from dataclasses import dataclass, field
 import torch
 
 
+from accel import compile_cache
 from accel.accelerator import SAME_MATH, Accelerator, Capability, Stage, State, register
 from accel.options import Options, option
 from accel.errors import LoopError, Problem, Skip
@@ -137,6 +143,8 @@ class Compile(Accelerator):
         ctx.journal.setattr(torch._dynamo.config, "skip_nnmodule_hook_guards", False)
         changes = {**{k: v for k, v in kwargs.items() if v is not None}, "compiles": "on the first step (see timing)",
                    "hooks": "guarded: hooks you add or remove later recompile"}
+        if config.backend == "inductor":  # the backend whose compiled graphs torch keeps on disk, in accel's folder
+            changes.update(compile_cache.keep_in_accel_cache(ctx, {**kwargs, "regional": regional}))
         if regional:
             changes["regions"] = self.compile_blocks(ctx, blocks, kwargs)
             if getattr(getattr(ctx.model, "config", None), "use_cache", None) is True:

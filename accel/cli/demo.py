@@ -31,6 +31,13 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     return parser
 
 
+def batches_per_epoch(batch_size: int, seed: int = 0) -> int:
+    """Batches in one epoch of the demo's loader: the digits' training split in full batches (drop_last)."""
+    from accel.book import digits_datasets
+
+    return len(digits_datasets(seed)[0]) // batch_size
+
+
 def train(model_name: str, plan, epochs: int, batch_size: int, image_size: int, seed: int = 0) -> dict:
     """Train with the plan and return seconds (training only), ms per step, test accuracy and the report."""
     import torch
@@ -102,8 +109,10 @@ def run(args) -> int:
     import accel
 
     plan = parse_plan_argument(args.plan)
-    if plan == "auto":
-        plan = accel.Auto(budget_s=args.budget, expected_steps=None)
+    per_epoch = batches_per_epoch(args.batch_size)
+    expected = args.epochs * per_epoch
+    if plan == "auto":  # the run's length: compile (or another costly accelerator) must pay back within it
+        plan = accel.Auto(budget_s=args.budget, expected_steps=expected or None)
     else:
         accel.Plan(plan)  # a bad plan is refused before any training (main() prints the PlanError)
     import torchvision
@@ -112,14 +121,16 @@ def run(args) -> int:
         print(f"accel demo: {args.model!r} is not a torchvision model", file=sys.stderr)
         return 2
     plain = train(args.model, [], args.epochs, args.batch_size, args.image_size)
-    if isinstance(plan, accel.Auto):
-        plan.expected_steps = plain["steps"]
     accelerated = train(args.model, plan, args.epochs, args.batch_size, args.image_size)
     speedup = plain["seconds"] / accelerated["seconds"]
+    told = getattr(plan, "expected_steps", None)  # the run's length, as the demo told plan="auto"
+    tuning = accelerated["report"].tuning
+    if tuning is not None and "expected_steps" in (tuning.settings or {}):
+        told = tuning.settings["expected_steps"]  # as the search records it was told, once it settled
     if args.json:
         print(json.dumps({"plain": {**plain, "report": plain["report"].to_dict()},
                           "accelerated": {**accelerated, "report": accelerated["report"].to_dict()},
-                          "speedup": speedup}, default=str))
+                          "speedup": speedup, "expected_steps": told}, default=str))
         return 0
     print(accelerated["report"])
     print()
@@ -135,6 +146,10 @@ def run(args) -> int:
                if accelerated["settled_at"] is not None else "auto was still measuring when the training ended")
     else:
         how = f"choosing the plan took {accelerated['setup_s']:.1f} s before training"
+    if told is not None:
+        epochs = f"{args.epochs} epoch{'s' if args.epochs != 1 else ''}"
+        print(f"plan='auto' was told the run's length: expected_steps={told} ({epochs} x {per_epoch} batches), so "
+              "a costly accelerator (compile) is kept only if its warm-up pays back within them")
     print(f"speed-up: {speedup:.2f}x at accuracy {accelerated['accuracy']:.3f} vs {plain['accuracy']:.3f}; {how} "
           "(a second run takes the plan from the cache)")
     if not args.no_plot and importable("matplotlib"):
