@@ -20,10 +20,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch.utils.data import DataLoader, TensorDataset
 
 from accel import clock
+from accel.autotune import tune
+from accel.context import placement
+from accel.errors import PlanError
+from accel.hardware import probe
 from accel.measure import Lab, Ratio, TrainStep, matmul_peaks, peak_dtype, plan_label, summarize, training_flops
+from accel.plan import Plan
 from accel.report import render_table
+from accel.workloads import WORKLOADS, TinyCNN
 
 MODELS = ("alexnet", "resnet18", "resnet50", "vgg16", "mobilenet_v2", "mobilenet_v3_large")
 DEFAULT_MODELS = ("alexnet", "resnet18", "mobilenet_v2")
@@ -34,18 +41,16 @@ CSV_FIELDS = ("model", "plan", "chosen", "status", "median_ms", "min_ms", "max_m
 
 
 def model_names() -> list[str]:
-    import torchvision
+    import torchvision  # 1.3 s to import: paid by what builds a torchvision model, not by every `accel` command
 
     return ["tiny", *torchvision.models.list_models(module=torchvision.models)]
 
 
 def build_model(name: str, classes: int = 1000) -> torch.nn.Module:
-    """A torchvision model by name (random weights), or 'tiny' (accel.book.TinyCNN on 3x8x8 images)."""
+    """A torchvision model by name (random weights), or 'tiny' (accel.workloads.TinyCNN on 3x8x8 images)."""
     if name == "tiny":
-        from accel.book import TinyCNN
-
         return TinyCNN(channels=3, classes=classes)
-    import torchvision
+    import torchvision  # slow to import (see model_names)
 
     return torchvision.models.get_model(name, weights=None, num_classes=classes)
 
@@ -96,7 +101,7 @@ class BenchResult:
 
     def plot(self, path) -> None:
         """A bar chart of ms per step, one group per model, labelled with the ratio to eager."""
-        import matplotlib
+        import matplotlib  # optional (pip install 'accel[bench]'): only --plot needs it
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
@@ -160,13 +165,7 @@ def bench(models=DEFAULT_MODELS, plans=("auto",), rounds: int = 3, steps: int | 
     (accel.workloads: BERT, GPT-2, ViT, timm, a detector, an LSTM and the seed CNNs, each with its own loss and
     batches; AdamW) instead of `models`.
     """
-    from tqdm import tqdm
-
-    from accel.autotune import tune
-    from accel.context import placement
-    from accel.errors import PlanError
-    from accel.hardware import probe
-    from accel.plan import Plan
+    from tqdm import tqdm  # a test and benchmark dependency, not the library's
 
     hardware, problems = probe(), []
     decided = placement(device, hardware, problems)
@@ -182,8 +181,6 @@ def bench(models=DEFAULT_MODELS, plans=("auto",), rounds: int = 3, steps: int | 
                "torch": torch.__version__, "peaks_gflops": {k: round(v / 1e9, 1) for k, v in peaks.items()}}
     wanted = [[]] + [p for p in plans if plan_label(p) != "eager"]
     if suite is not None:
-        from accel.workloads import WORKLOADS
-
         models = list(WORKLOADS)
     settings = {"models": list(models), "suite": suite, "plans": [plan_label(p) for p in wanted], "rounds": rounds,
                 "steps": steps,
@@ -205,8 +202,6 @@ def bench(models=DEFAULT_MODELS, plans=("auto",), rounds: int = 3, steps: int | 
 def _torchvision(name, optimizer, batch_size, image_size, classes):
     """The seed benchmark's setting: a torchvision model, random images, cross-entropy."""
     def build():
-        from torch.utils.data import DataLoader, TensorDataset
-
         torch.manual_seed(0)
         net = build_model(name, classes)
         opt = make_optimizer(optimizer, net)
@@ -220,8 +215,6 @@ def _torchvision(name, optimizer, batch_size, image_size, classes):
 def _workload(name, size):
     """A workload of the zoo with its own batches and loss (its FLOPs are not counted: 0)."""
     def build():
-        from accel.workloads import WORKLOADS
-
         workload = WORKLOADS[name]
         net, opt, loader = workload.build(size, steps=2)
         return net, opt, loader, TrainStep(step_fn=lambda run, batch: workload.loss(run.model, batch)), 0.0

@@ -37,6 +37,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from accel import plancache
+
 ENV = "TORCHINDUCTOR_CACHE_DIR"
 GRAPHS = ("aotautograd", "fxgraph")  # torch's entries: one folder each, fxgraph/ by two-letter prefix
 MARKERS = "accel-setups"
@@ -45,9 +47,7 @@ SLACK_S = 2.0  # file systems that keep modification times to the second or two 
 
 def folder(where: Any = True) -> Path:
     """Where compile's artifacts are kept: ``compile/`` in accel's cache folder."""
-    from accel.plancache import cache_dir
-
-    return cache_dir(where) / "compile"
+    return plancache.compile_dir(where)
 
 
 def caches_off() -> str:
@@ -103,20 +103,44 @@ def setup_key(facts: dict[str, Any]) -> str:
 def warm_before(where: Path, facts: dict[str, Any]) -> tuple[bool, int]:
     """Whether this setup compiled into the folder before (the module's docstring says how that is judged), and
     how many graph entries the folder holds; records this run's marker."""
-    marker = where / MARKERS / f"{setup_key(facts)}.json"
-    try:
-        first = float(json.loads(marker.read_text())["first_run"])
-    except (OSError, ValueError, KeyError, TypeError):
-        first = None
-    entries = graph_entries(where)
-    warm = first is not None and any(_mtime(e) >= first - SLACK_S for e in entries)
+    marker = _marker(where, facts)
+    first = _first_run(marker)
+    warm, count = _judged(where, first)
     try:
         marker.parent.mkdir(parents=True, exist_ok=True)
         marker.write_text(json.dumps({"setup": facts, "first_run": time.time() if first is None else first,
                                       "last_run": time.time()}, default=str, indent=1))
     except OSError:
         pass  # torch says for itself when it cannot write the folder; the marker is only the report's
-    return warm, len(entries)
+    return warm, count
+
+
+def would_start_warm(model, device, cpu_model: str, settings: dict[str, Any], where: Any = True) -> bool:
+    """Whether compile with these settings (as compile's apply passes them) would start warm on this setup now,
+    judged as warm_before judges it, but read-only: no marker is written (a search asks before it tries compile,
+    to expect a warm start's warm-up, seconds, and not a cold one's, tens of seconds). False where accel does not
+    keep the folder (your own TORCHINDUCTOR_CACHE_DIR, caches off) or the backend keeps nothing (not inductor)."""
+    if settings.get("backend", "inductor") != "inductor" or users_folder() or caches_off():
+        return False
+    place = Path(os.path.abspath(folder(where)))
+    return _judged(place, _first_run(_marker(place, model_facts(model, device, cpu_model, settings))))[0]
+
+
+def _marker(where: Path, facts: dict[str, Any]) -> Path:
+    return where / MARKERS / f"{setup_key(facts)}.json"
+
+
+def _first_run(marker: Path) -> float | None:
+    try:
+        return float(json.loads(marker.read_text())["first_run"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _judged(where: Path, first: float | None) -> tuple[bool, int]:
+    """Warm when the setup has a marker and graph entries were written since its first run; the entries' count."""
+    entries = graph_entries(where)
+    return first is not None and any(_mtime(e) >= first - SLACK_S for e in entries), len(entries)
 
 
 def _mtime(path: Path) -> float:
@@ -129,12 +153,15 @@ def _mtime(path: Path) -> float:
 def setup_facts(ctx, settings: dict[str, Any]) -> dict[str, Any]:
     """What decides this setup's graphs, for its marker: the model's structure, the compile settings, the device
     and CPU, torch's version (torch's own keys, finer, decide whether an entry fits)."""
+    return model_facts(ctx.model, ctx.device, ctx.hardware.cpu_model, settings)
+
+
+def model_facts(model, device, cpu_model: str, settings: dict[str, Any]) -> dict[str, Any]:
+    """setup_facts of a model not yet applied (a search asks before it tries compile)."""
     import torch
 
-    from accel.plancache import _device, _model
-
-    return {"model": f"{type(ctx.model).__qualname__} {_model(ctx.model)}", "compile": settings,
-            "device": _device(ctx.device), "cpu": ctx.hardware.cpu_model, "torch": torch.__version__}
+    return {"model": f"{type(model).__qualname__} {plancache._model(model)}", "compile": settings,
+            "device": plancache._device(torch.device(device)), "cpu": cpu_model, "torch": torch.__version__}
 
 
 def keep_in_accel_cache(ctx, settings: dict[str, Any], where: Any = True) -> dict[str, str]:

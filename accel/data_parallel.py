@@ -41,6 +41,30 @@ def distributed_sampler(loader: DataLoader, world: int, rank: int):
                               shuffle=isinstance(loader.sampler, RandomSampler), seed=seed)
 
 
+def join_group(journal, launch, backend: str, timeout_s: float) -> None:
+    """Join the process group the launcher describes, as a layered setting of this journal (undone, it leaves).
+
+    The group and the launcher's variables are layered settings (accel/journal.py): with one run per model (a GAN's
+    two), or a search holding it across plan switches (accel.autotune.ranks.GroupHold), the group stays until the
+    last journal that joined it is undone, in any order. A group your script joined is yours: it stays, unlayered.
+    """
+    if torch.distributed.is_initialized() and not set_by_runs("process group"):
+        return
+    for key, value in launch.to_env().items():  # as env:// reads them; yours are kept
+        if key not in os.environ or set_by_runs(("environ", key)):
+            journal.setenv(key, value)
+    journal.layer("process group", f"process group ({backend})", torch.distributed.is_initialized,
+                  lambda joined: _join_or_leave(joined, backend, timeout_s), True)
+
+
+def _join_or_leave(joined: bool, backend: str, timeout_s: float) -> None:
+    """Join the group or leave it (a barrier first: a rank leaving while a peer still talks aborts it)."""
+    if joined and not torch.distributed.is_initialized():
+        init_process_group(backend, timeout_s)
+    elif not joined and torch.distributed.is_initialized():
+        leave_group()
+
+
 @dataclass(frozen=True, kw_only=True)
 class DataParallelOptions(Options):
     """What ddp's and fsdp's options share (each subclasses it)."""
@@ -100,15 +124,7 @@ class DataParallel(Accelerator):
         backend = self.backend_for(ctx.device)
         if backend == "ccl":
             import oneccl_bindings_for_pytorch  # noqa: F401  (registers the ccl backend)
-        # The group and the launcher's variables are layered settings (accel/journal.py): with one run per model
-        # (a GAN's two), the group stays until the last run that joined it closes, in any order. A group your
-        # script joined is yours: it stays.
-        if not torch.distributed.is_initialized() or set_by_runs("process group"):
-            for key, value in ctx.decisions.launch.to_env().items():  # as env:// reads them; yours are kept
-                if key not in os.environ or set_by_runs(("environ", key)):
-                    ctx.journal.setenv(key, value)
-            ctx.journal.layer("process group", f"process group ({backend})", torch.distributed.is_initialized,
-                              lambda joined: self._group(joined, backend), True)
+        join_group(ctx.journal, ctx.decisions.launch, backend, self.config.timeout_s)
         launch = ctx.decisions.launch
         changes = {"launcher": launch.launcher, "rank": f"{launch.rank}/{launch.world_size}",
                    "local_rank": f"{launch.local_rank}/{launch.local_world_size}",
@@ -120,13 +136,6 @@ class DataParallel(Accelerator):
                               module.current_device, module.set_device, index)
             changes["device"] = str(ctx.device)
         return changes
-
-    def _group(self, joined: bool, backend: str) -> None:
-        """Join the group or leave it (a barrier first: a rank leaving while a peer still talks aborts it)."""
-        if joined and not torch.distributed.is_initialized():
-            init_process_group(backend, self.config.timeout_s)
-        elif not joined and torch.distributed.is_initialized():
-            leave_group()
 
     def shard(self, ctx) -> str:
         """Give each rank its shard of the loader's samples; say what was done."""

@@ -19,9 +19,10 @@ import torch
 from accel.hardware import parse_cpu_list
 
 __all__ = ["Launch", "all_reduce_mean", "barrier", "cores_for_rank", "init_process_group", "is_main_process",
-           "launcher_environment", "rank", "rank_cores", "world_size", "drain_gloo_workers"]
+           "launcher_environment", "node_cores", "rank", "rank_cores", "world_size", "drain_gloo_workers"]
 
 CORE_MAP_VARIABLE = "ACCEL_CORE_MAP"  # `accel launch`'s cores per local rank: "0,1;2,3" (rank 0: 0,1; rank 1: 2,3)
+NODE_CPUS_VARIABLE = "ACCEL_NODE_CPUS"  # `accel launch`'s node: the physical CPUs it shared out, "0-3"
 
 # launcher -> (rank, world size, local rank, local world size) variable names, in order of precedence:
 # torchrun comes first, because `srun torchrun ...` and `mpirun torchrun ...` leave the outer variables set.
@@ -95,6 +96,17 @@ def rank_cores(physical_cpus: tuple[int, ...], launch: Launch | None,
     if local_rank < len(shares) and shares[local_rank]:
         return parse_cpu_list(shares[local_rank]), "accel launch"
     return cores_for_rank(physical_cpus, local_rank, local_world), f"partition of {len(physical_cpus)} physical cores"
+
+
+def node_cores(physical_cores: int, environ: Mapping[str, str] = os.environ) -> int:
+    """The node's physical cores, which a rank pinned by `accel launch` no longer sees (its affinity is its
+    share): what a single process on the same node counts. Elsewhere (a single process, torchrun, which pins
+    nothing) the cores this process sees."""
+    node = environ.get(NODE_CPUS_VARIABLE, "")
+    try:
+        return len(parse_cpu_list(node)) if node else physical_cores
+    except ValueError:
+        return physical_cores
 
 
 EXIT_BARRIER_S = 30

@@ -1,11 +1,16 @@
 """Remembered plan choices: plan="auto" on the same setup returns at once, saying when it was measured.
 
-The key holds everything that decides the answer: the model's structure (module classes, parameter and buffer
-names, shapes, dtypes, which are trainable), the batch's structure (shapes and dtypes), the optimizer's class
-and flags, the device (type and model), the CPU model, ISA and physical cores, the loader's workers and
-pinning, torch's and accel's versions, the registered accelerators, and tune's settings. Any change measures again. Entries are JSON files in ``cache_dir()``:
+The key (``setup_key``) holds everything that decides the answer: the model's structure (module classes, parameter
+and buffer names, shapes, dtypes, which are trainable), the batch's structure (shapes and dtypes), the optimizer's
+class and flags, the device (type and model), the CPU model, ISA and the node's physical cores, the loader's
+workers and pinning, torch's and accel's versions, the registered accelerators, and the search's settings that
+change its answer (KEY_SETTINGS). Any change measures again. It is one key for the setup whichever search asks: the
+in-loop search of a single process, the offline one (accel.tune), and each rank of a launched job, which takes the
+single process's answer (the cores counted are the node's, not the rank's share; ddp or fsdp is added by memory fit,
+accel.autotune.distribution). Entries are JSON files in ``cache_dir()``:
 ``$ACCEL_CACHE_DIR``, else ``$XDG_CACHE_HOME/accel/plans``, else ``~/.cache/accel/plans``.
-``accel cache list`` and ``accel cache clear`` show and remove them.
+``accel cache list`` and ``accel cache clear`` show and remove them (clear: compile's artifacts in ``compile/``
+too, accel.compile_cache).
 
 Beside the choices, in ``warmups/``: the warm-up a costly candidate (compile) took on a setup, measured when a
 search tried it, so that the next search on the same model, batch, device, CPU and versions decides by that and
@@ -16,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -60,14 +66,22 @@ def function_key(fn: Any) -> str:
     return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__name__)} {digest}".strip()
 
 
-def key_parts(model, optimizer, loader, batch, device, hardware, settings: dict, step) -> dict[str, Any]:
-    """The facts that decide tune's answer, readable (``accel cache list`` shows them).
+KEY_SETTINGS = ("tolerance", "margin", "expected_steps", "accelerators", "candidates")
+"""The search settings that change its answer. Not: which search measured (in your loop or apart), its budget,
+steps and check steps (how it measures, not what it looks for), the device index."""
+
+
+def setup_key(model, optimizer, loader, batch, device, hardware, step, settings: dict) -> dict[str, Any]:
+    """The facts that decide a search's answer on this setup, readable (``accel cache list`` shows them): the one
+    key every search stores and looks up under (in your loop, apart, and each rank of a launched job).
 
     The device counts by type and model (rank 3's cuda:3 takes what a single process measured on cuda:0); the
-    thread count by the cores it comes from (a launcher sets OMP_NUM_THREADS per rank; the threads accelerator
-    decides); the loader by what its candidates read (workers, pinning).
+    CPU by the node's physical cores, not a rank's share (`accel launch` pins each rank to its own cores; the
+    threads accelerator decides a rank's threads from them); the loader by what its candidates read (workers,
+    pinning); the settings by KEY_SETTINGS; how a batch becomes a loss by step's functions.
     """
     import accel
+    from accel.distributed import node_cores
 
     flags = {k: v for k, v in sorted(optimizer.defaults.items()) if isinstance(v, (bool, str)) or v is None}
     functions = {name: function_key(fn) for name, fn in
@@ -77,14 +91,19 @@ def key_parts(model, optimizer, loader, batch, device, hardware, settings: dict,
         "batch": _structure(batch),
         "optimizer": f"{type(optimizer).__name__} {flags} {len(optimizer.param_groups)} group(s)",
         "device": _device(torch.device(device)),
-        "cpu": f"{hardware.cpu_model} [{','.join(hardware.isa)}] {hardware.physical_cores} cores",
+        "cpu": f"{hardware.cpu_model} [{','.join(hardware.isa)}] {node_cores(hardware.physical_cores)} cores",
         "versions": f"torch {torch.__version__}, accel {accel.__version__}",
         "accelerators": sorted(REGISTRY),
         "loader": f"{type(loader).__name__} workers={getattr(loader, 'num_workers', 0)} "
                   f"pin_memory={getattr(loader, 'pin_memory', False)}",
-        "settings": {k: v for k, v in settings.items() if k not in ("budget_s", "steps", "device")},
+        "settings": {k: settings.get(k) for k in KEY_SETTINGS},
         "functions": functions,
     }
+
+
+def key_parts(model, optimizer, loader, batch, device, hardware, settings: dict, step) -> dict[str, Any]:
+    """setup_key, in the argument order its first callers use."""
+    return setup_key(model, optimizer, loader, batch, device, hardware, step, settings)
 
 
 def _device(device: torch.device) -> str:
@@ -171,14 +190,41 @@ def entries(where: Any = True) -> list[dict[str, Any]]:
 
 def clear(where: Any = True, key: str | None = None) -> int:
     """Forget every remembered choice (or the one of this key, or key prefix); returns how many. Clearing all
-    forgets the measured warm-ups too (counted)."""
+    forgets the measured warm-ups too (counted), and compile's artifacts (clear_compile counts those)."""
     removed = 0
     if key is None:
         for path in (cache_dir(where) / "warmups").glob("*.json"):
             path.unlink(missing_ok=True)
             removed += 1
+        clear_compile(where)
     for path in cache_dir(where).glob("*.json"):
         if key is None or path.stem.startswith(key):
             path.unlink(missing_ok=True)
             removed += 1
     return removed
+
+
+def compile_dir(where: Any = True) -> Path:
+    """Where compile's artifacts are kept (accel.compile_cache): ``compile/`` in accel's cache folder."""
+    return cache_dir(where) / "compile"
+
+
+def compile_usage(where: Any = True) -> tuple[int, int]:
+    """(files, bytes) of compile's artifacts in the cache folder."""
+    files = [p for p in compile_dir(where).rglob("*") if p.is_file() and not p.is_symlink()]
+    return len(files), sum(_size(p) for p in files)
+
+
+def clear_compile(where: Any = True) -> tuple[int, int]:
+    """Remove compile's artifacts from the cache folder; returns the (files, bytes) removed. The next compile of
+    any setup is cold. A folder of yours (TORCHINDUCTOR_CACHE_DIR set by you) is not accel's and is not touched."""
+    found = compile_usage(where)
+    shutil.rmtree(compile_dir(where), ignore_errors=True)
+    return found
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:  # removed meanwhile
+        return 0

@@ -30,10 +30,10 @@ VARIANTS = {"eager": [], "compile": [{"compile": {}}], "compile regional": [{"co
 
 
 def child(model_name: str, variant: str, steps: int) -> None:
-    import torch
+    import torch  # in the child only: the parent measures fresh processes and never imports torch itself
 
     import accel
-    from accel.testing.models import TinyGPT
+    from accel.workloads import NormCNN, TinyGPT
 
     torch.manual_seed(0)
     if model_name == "gpt":
@@ -44,8 +44,6 @@ def child(model_name: str, variant: str, steps: int) -> None:
             logits = run.model(batch[:, :-1])
             return torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten())
     elif model_name == "cnn":  # a small ResNet-like CNN: a stem, 4 residual stages of 32 channels, 32x32 images
-        from accel.testing.models import NormCNN
-
         model = NormCNN(channels=32, stages=4, classes=10, in_channels=3)
         batches = [(torch.randn(32, 3, 32, 32), torch.randint(0, 10, (32,))) for _ in range(4)]
 

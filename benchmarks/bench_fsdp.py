@@ -1,6 +1,6 @@
 """fsdp against ddp at 2 ranks: per-rank memory of parameters, gradients and optimizer state, and step time.
 
-The model is GPT-2 small's shape (accel.testing.models.TinyGPT.gpt2_small(): 12 layers, width 768, vocabulary
+The model is GPT-2 small's shape (accel.workloads.TinyGPT.gpt2_small(): 12 layers, width 768, vocabulary
 50257, 124M parameters, random weights) with AdamW; each rank trains on its own batch of random tokens.
 
 Memory is measured on the tensors each rank holds after a step: the bytes of every distinct storage behind the
@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 
 import accel
-from accel.testing.models import TinyGPT
+from accel.workloads import TinyGPT
 
 
 def held_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:

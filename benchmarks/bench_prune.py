@@ -17,9 +17,10 @@ import warnings
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.flop_counter import FlopCounterMode
 
 import accel
-from accel.book import BookCNN
+from accel.workloads import BookCNN
 
 
 def make_model(name: str) -> nn.Module:
@@ -46,8 +47,6 @@ def steps(model, optimizer, batch, n: int) -> float:
 
 def step_gflop(model, batch) -> float:
     """FLOPs of one forward + backward (torch.utils.flop_counter): a load-independent companion to the times."""
-    from torch.utils.flop_counter import FlopCounterMode
-
     with FlopCounterMode(display=False) as counter:
         nn.functional.cross_entropy(model(batch[0]), batch[1]).backward()
     model.zero_grad(set_to_none=True)

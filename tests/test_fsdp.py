@@ -17,7 +17,7 @@ from accel.errors import CheckpointError, StaleWarning
 from accel.testing import check_equivalence, snapshot, tiny_loader, tiny_model
 from accel.testing.harness import process_state
 from accel.testing.loops import LOOPS, Loop, layer
-from accel.testing.models import TinyGPT
+from accel.workloads import TinyGPT
 from accel.testing.zoo import Case
 from scripts.launching import LAUNCHER_VARIABLES, SCRIPTS, one_rank_env, output, run, torchrun
 
@@ -502,7 +502,8 @@ def test_auto_under_torchrun_picks_by_memory_and_both_ranks_agree(room, expected
     assert len(ranks) == 2, output(result)
     for rank in ranks:
         assert rank["plan"] == expected and rank["same"] and rank["steps"] > 0, rank
-        assert rank["why"].startswith(expected[0]) and "not measured under a launcher" in rank["why"], rank["why"]
+        assert rank["why"].startswith(expected[0]), rank["why"]
+        assert f"every arm ran with {expected[0]} (by memory fit)" in rank["why"], rank["why"]
         assert "memory fit" in rank["report"] and ("it fits" in rank["report"]) == (room == "fits"), rank["report"]
 
 

@@ -1,6 +1,6 @@
 """What people train today, through plan="auto" with their ordinary loops and no extra arguments: the seed CNNs,
 Hugging Face BERT, GPT-2 and ViT from small configs, a timm CNN, a torchvision detector, an LSTM on packed
-sequences (accel.testing.workloads; random weights, nothing downloaded)."""
+sequences (accel.workloads; random weights, nothing downloaded)."""
 import math
 
 import pytest

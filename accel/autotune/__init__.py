@@ -36,19 +36,19 @@ class Auto(Settings):
     """plan=accel.Auto(...) chooses the plan by measuring with these settings (accel.autotune.config.Settings);
     "auto" is Auto().
 
-    In a single process, without step_fn/loss_fn/split, it measures in your own loop (start: a TuningRun);
-    otherwise, and in a launched job of several ranks, apart (resolve: accel.tune, on copies or by memory fit).
+    Without step_fn/loss_fn/split it measures in your own loop (start: a TuningRun), in a launched job too (every
+    rank runs the same arm, with ddp or fsdp: accel.autotune.ranks); otherwise apart (resolve: accel.tune, on
+    copies; under a launcher, the single-process answer from the cache and ddp or fsdp by memory fit).
     """
 
     def in_loop(self) -> bool:
         from accel.distributed import launcher_environment
 
         try:
-            launch = launcher_environment()
+            launcher_environment()
         except ValueError:  # said by the offline path, which decides the launch as accelerate() does
             return False
-        return (self.step_fn is None and self.loss_fn is None and self.split is None
-                and (launch is None or launch.world_size <= 1))
+        return self.step_fn is None and self.loss_fn is None and self.split is None
 
     def start(self, model, optimizer, loader, device="auto"):
         from accel.autotune.inloop import TuningRun
@@ -56,11 +56,18 @@ class Auto(Settings):
         return TuningRun(self, model, optimizer, loader, device)
 
     def resolve(self, model, optimizer, loader, device="auto") -> TuneResult:
-        return tune(model, optimizer, loader, device=device, budget_s=self.budget_s,
-                    expected_steps=self.expected_steps, step_fn=self.step_fn, loss_fn=self.loss_fn, split=self.split,
-                    tolerance=self.tolerance, margin=self.margin, candidates=self.candidates,
-                    accelerators=self.accelerators, cache=self.cache, warmup=self.check_steps,
-                    memory_per_rank=self.memory_per_rank)
+        """The offline search's answer; in a launched job of several ranks, the single-process answer for this
+        setup from the cache plus ddp or fsdp by memory fit, its why saying where the answer came from."""
+        from accel.autotune.distribution import with_source
+        from accel.distributed import launcher_environment
+
+        result = tune(model, optimizer, loader, device=device, budget_s=self.budget_s,
+                      expected_steps=self.expected_steps, step_fn=self.step_fn, loss_fn=self.loss_fn,
+                      split=self.split, tolerance=self.tolerance, margin=self.margin, candidates=self.candidates,
+                      accelerators=self.accelerators, cache=self.cache, warmup=self.check_steps,
+                      memory_per_rank=self.memory_per_rank)
+        launch = launcher_environment()  # tune() decided the launch already: this reads the same, valid one
+        return with_source(result) if launch is not None and launch.world_size > 1 else result
 
 
 RESOLVERS["auto"] = Auto

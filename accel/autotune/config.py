@@ -1,6 +1,8 @@
 """The settings of a search (plan="auto", accel.Auto, accel.tune): what a search may spend and what it must keep."""
 from __future__ import annotations
 
+import importlib
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -10,35 +12,18 @@ BUDGET_STEPS = 100
 SLOW_STOP = 3.0  # a candidate whose first steps take this many baseline steps (and over 0.5 s) is not timed
 COMPILE_GUESS_S = 30.0  # compile's warm-up before one is measured (cold, here: resnet18 24-41 s, a 12-layer GPT 29 s;
 # regional, half of it: 13 s on that GPT; benchmarks/bench_compile_warmup.py)
+WARM_GUESS_S = 3.0  # compile's warm-up when inductor's cache is warm for the setup (measured 1.5-2.5 s against 17-50 s
+# cold: bench_compile_warmup.py --warm); dynamo still traces
 
 
-def warmup_guess(candidate: dict[str, dict]) -> float:
+def warmup_guess(candidate: dict[str, dict], warm: bool = False) -> float:
     """The warm-up a costly candidate is assumed to take before one is measured: a search starts it only if this
-    fits the budget left."""
+    fits the budget left. A warm start of inductor's compile cache (accel.compile_cache) loads its graphs."""
     if "compile" not in candidate:
         return 0.0  # another costly accelerator: its warm-up is measured when it is tried
+    if warm:
+        return WARM_GUESS_S
     return COMPILE_GUESS_S * (0.5 if candidate["compile"].get("regional") else 1.0)
-
-
-def expected_warmup(candidate: dict[str, dict], facts: dict[str, Any] | None, cache: Any) -> tuple[float, str]:
-    """The warm-up a costly candidate will take, and how that is known: as measured on this setup by an earlier
-    search (the cache, under the search's key facts), else warmup_guess."""
-    if facts is not None and cache:
-        from accel import plancache
-
-        seen = plancache.known_warmup(plancache.warmup_parts(facts, candidate), cache)
-        if seen is not None:
-            return seen, "as measured on this setup before"
-    return warmup_guess(candidate), "assumed before one is measured here"
-
-
-def remember_warmup(candidate: dict[str, dict], facts: dict[str, Any] | None, cache: Any, seconds: float) -> None:
-    if facts is not None and cache:
-        from accel import plancache
-
-        plancache.remember_warmup(plancache.warmup_parts(facts, candidate), seconds, cache)
-
-
 
 
 @dataclass
@@ -64,3 +49,15 @@ class Settings:
     cache: Any = True
     check_steps: int = 2
     memory_per_rank: int | None = None  # bytes a rank may hold under a launcher (default: its device's total)
+
+
+MOVED = {"expected_warmup": "accel.autotune.remembered", "remember_warmup": "accel.autotune.remembered"}
+
+
+def __getattr__(name: str) -> Any:
+    """0.3's names of the warm-up memory, now in accel.autotune.remembered (keyed on a warm or cold start too)."""
+    if name not in MOVED:
+        raise AttributeError(name)
+    warnings.warn(f"accel: accel.autotune.config.{name} is {MOVED[name]}.{name}; the old name goes in 0.4 "
+                  "(docs/migration.md)", DeprecationWarning, stacklevel=2)
+    return getattr(importlib.import_module(MOVED[name]), name)

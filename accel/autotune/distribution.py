@@ -6,6 +6,10 @@ so auto keeps ddp until the state would take more than FIT of a rank's memory (t
 buffers and the allocator), then shards. The ranks must agree without talking (no process group exists yet),
 so the memory is the device's total (the host's, shared by the node's ranks, on a CPU), the same on every rank
 of a uniform job, never a reading of what is free at this moment.
+
+The rest of the plan is the answer a single process measured on the same setup, from the plan cache (one key for
+the setup, accel.plancache.setup_key): the ranks measure nothing themselves, so none can choose on its own.
+``distribute`` adds the distribution accelerator to a search's result and says where the rest came from.
 """
 from __future__ import annotations
 
@@ -105,6 +109,47 @@ def choose(model, optimizer, device: torch.device, world_size: int, local_world_
                 "not fit, so parameters and optimizer state live in host memory")
     return ({"fsdp": {}}, f"fsdp: {whole}: even sharded over {world_size} ranks ({_gib(sharded)}) it may not fit: "
             "more ranks or activation_checkpointing would help")
+
+
+SOURCE_WORDS = "the rest of the plan is the answer a single process measured on this setup"
+
+
+def answer_source(result) -> str:
+    """Where a launched job's plan (but ddp or fsdp) came from, for its why: the cache's single-process answer,
+    when and under which key; "" for a result that was not read from the cache."""
+    if not result.from_cache:
+        return ""
+    search = result.settings.get("search", "apart (accel.tune)")
+    return (f"{SOURCE_WORDS} ({search}, measured {result.measured_at or 'at an unknown time'}, cache key "
+            f"{result.key[:12]}): every rank takes it")
+
+
+def distribute(result, model, optimizer, device: torch.device, launch, memory: int | None = None):
+    """A TuneResult for a launched job of several ranks: its plan plus ddp or fsdp, chosen by memory fit, a row
+    saying so, and the why (with where the rest of the plan came from). Unchanged in a single process; adding
+    twice adds once."""
+    from accel.autotune.results import TuneRow
+    from accel.plan import Plan
+
+    if launch is None or launch.world_size <= 1:
+        return result
+    if not any(r.status == "memory fit" for r in result.rows):
+        chosen, why = choose(model, optimizer, device, launch.world_size, launch.local_world_size, memory)
+        plan = {k: v for k, v in result.plan.to_dict().items() if k not in ("ddp", "fsdp")}
+        result.plan = Plan({**plan, **chosen})
+        result.rows.append(TuneRow(next(iter(chosen)), chosen, "memory fit", decision=why,
+                                   reason="chosen by memory fit, not timed"))
+        result.why = f"{why}; {result.why}" if result.why else why
+    return with_source(result)
+
+
+def with_source(result):
+    """The result, its why saying where a cached answer came from (once)."""
+    source = answer_source(result)
+    if source and SOURCE_WORDS not in result.why:
+        head, sep, tail = result.why.partition("; ")
+        result.why = f"{head}; {source}{sep}{tail}" if sep else f"{result.why}; {source}" if result.why else source
+    return result
 
 
 def _gib(size: int) -> str:

@@ -1,9 +1,12 @@
-"""What a search found: a row per candidate measured (or not, and why), and the result with its plan."""
+"""What a search found: a row per candidate measured (or not, and why), and the result with its plan. Both searches
+(tune() on copies, plan="auto" in your loop) write this one table, with the same rounding (timing_fields)."""
 from __future__ import annotations
 
+import datetime as _dt
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from accel.measure.labels import plan_label
 from accel.plan import Plan
 
 
@@ -24,6 +27,24 @@ class TuneRow:
     reason: str = ""
     tests: str = ""  # the accelerator this row measures the effect of (dropped, kept, or added on top)
     losses: list[float] = field(default_factory=list, repr=False)
+
+
+def timing_fields(ratio: Any = None, median_s: float | None = None, first_s: float | None = None) -> dict[str, Any]:
+    """A row's measured numbers as both searches write them: the ratio (accel.measure.Ratio) with its interval,
+    the median step in ms, the first step in s."""
+    fields: dict[str, Any] = {}
+    if ratio is not None and ratio.samples:
+        fields["ratio"] = ratio.to_dict()
+    if median_s is not None:
+        fields["median_ms"] = round(median_s * 1000, 3)
+    if first_s is not None:
+        fields["first_step_s"] = round(first_s, 4)
+    return fields
+
+
+def not_measured(plan: dict[str, dict], against: str, reason: str) -> TuneRow:
+    """The row of a candidate the search did not measure (the budget, a warm-up that does not fit), and why."""
+    return TuneRow(plan_label(plan), plan, "not measured", against=against, reason=reason)
 
 
 @dataclass
@@ -50,6 +71,13 @@ class TuneResult:
             elif row.tests and ratio:  # a stack without it (1 / ratio) or with it on top (ratio)
                 effects[row.tests] = round(ratio if row.tests in row.plan else 1 / ratio, 4)
         return effects
+
+    @classmethod
+    def measured(cls, plan: dict[str, dict], rows: list[TuneRow], why: str, baseline_ms: float | None,
+                 elapsed_s: float, settings: dict[str, Any], established: bool = True) -> TuneResult:
+        """A search's answer now: the plan (a dict inside the search) becomes a Plan here, at its edge."""
+        return cls(Plan(plan), rows, why, baseline_ms, elapsed_s, settings,
+                   measured_at=_dt.datetime.now().isoformat(timespec="seconds"), established=established)
 
     def row(self, name: str) -> TuneRow:
         return next(r for r in self.rows if r.name == name)

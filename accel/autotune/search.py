@@ -1,17 +1,18 @@
 """tune(): the offline search, on copies of the user's objects side by side (accel.measure.Lab)."""
 from __future__ import annotations
 
-import datetime as _dt
+import dataclasses
 import math
 from typing import Any, Callable
 
 import torch
 
-from accel import clock
+from accel import clock, plancache
 from accel.accelerator import REGISTRY
 from accel.autotune import distribution, strategies
 from accel.autotune.config import BUDGET_STEPS, MARGIN, MIN_BUDGET_S
-from accel.autotune.results import TuneResult, TuneRow
+from accel.autotune.remembered import cached_answer, keep_answer
+from accel.autotune.results import TuneResult, timing_fields
 from accel.autotune.state import Search
 from accel.autotune.wording import why
 from accel.context import placement
@@ -23,8 +24,6 @@ from accel.plan import Plan
 
 def for_device(hardware: Hardware, device: torch.device) -> Hardware:
     """The hardware as a run on this device sees it: a CPU run is offered no GPU's candidates."""
-    import dataclasses
-
     devices = {"cpu": 1, **({device.type: hardware.devices.get(device.type, 1)} if device.type != "cpu" else {})}
     return dataclasses.replace(hardware, devices=devices)
 
@@ -78,21 +77,15 @@ def tune(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loader: Any, 
     if batch is None:
         raise MeasureError("tune needs batches, and the loader yields none")
     step.check(batch)
-    key_parts = None
-    if cache:
-        from accel import plancache
-
-        key_parts = plancache.key_parts(model, optimizer, loader, batch, resolved, hardware, settings, step)
-        hit = plancache.lookup(key_parts, cache)
-        if hit is not None:
-            lab.close()
-            result = TuneResult.from_dict(hit)
-            result.from_cache, result.elapsed_s = True, clock.now() - started
-            return _distributed(result, model, optimizer, resolved, launch, memory_per_rank)
+    key_parts = plancache.setup_key(model, optimizer, loader, batch, resolved, hardware, step, settings) if cache \
+        else None
+    hit = cached_answer(key_parts, cache, started)
+    if hit is not None:
+        lab.close()
+        return _distributed(hit, model, optimizer, resolved, launch, memory_per_rank)
     if launch is not None and launch.world_size > 1:  # every rank measuring on its own would choose on its own
         lab.close()
-        result = TuneResult(Plan([]), [], "", None, clock.now() - started, settings,
-                            measured_at=_dt.datetime.now().isoformat(timespec="seconds"))
+        result = TuneResult.measured({}, [], "", None, clock.now() - started, settings)
         result.why = ("the rest of the plan is not measured under a launcher (each rank would choose on its own): "
                       "run plan='auto' once in a single process on the same setup, and the cache gives the ranks "
                       "its answer" if cache else "the rest of the plan is not measured under a launcher (each rank "
@@ -104,6 +97,7 @@ def tune(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loader: Any, 
     plans = [p for p in plans if p]
     search = Search(lab, tolerance, margin, math.inf, expected_steps)
     search.facts, search.cache = key_parts, cache
+    search.model, search.device, search.cpu_model = model, resolved, hardware.cpu_model
     try:
         base = lab.trial({})
         search.base = base
@@ -122,28 +116,15 @@ def tune(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loader: Any, 
         search.finish_row(base_row, base)
     finally:
         lab.close()
-    plan = Plan(chosen.plan) if chosen is not None else Plan([])
-    result = TuneResult(plan, search.rows, why(search, chosen), round(base.median_s * 1000, 3) if base.median_s else
-                        None, clock.now() - started, settings,
-                        measured_at=_dt.datetime.now().isoformat(timespec="seconds"),
-                        established=chosen is not None or not any("noisy" in n for n in search.notes))
+    result = TuneResult.measured(chosen.plan if chosen is not None else {}, search.rows, why(search, chosen),
+                                 timing_fields(median_s=base.median_s).get("median_ms"), clock.now() - started,
+                                 settings, established=chosen is not None or not any("noisy" in n for n in search.notes))
     complete = result.established and not search.cut_short and not any(r.status == "not measured"
                                                                         for r in result.rows)
-    if key_parts is not None and complete:  # a noisy or cut-short answer is not one to remember
-        from accel import plancache
-
-        result.key = plancache.store(key_parts, result.to_dict(), cache)
+    keep_answer(result, key_parts, cache, complete)
     return result
 
 
 def _distributed(result: TuneResult, model, optimizer, device, launch, memory: int | None) -> TuneResult:
     """In a launched job of several ranks: the plan plus ddp or fsdp, chosen by memory fit, with the why."""
-    if launch is None or launch.world_size <= 1:
-        return result
-    chosen, why = distribution.choose(model, optimizer, device, launch.world_size, launch.local_world_size, memory)
-    name = next(iter(chosen))
-    plan = {k: v for k, v in result.plan.to_dict().items() if k not in ("ddp", "fsdp")}
-    result.plan = Plan({**plan, **chosen})
-    result.rows.append(TuneRow(name, chosen, "memory fit", decision=why, reason="chosen by memory fit, not timed"))
-    result.why = f"{why}; {result.why}" if result.why else why
-    return result
+    return distribution.distribute(result, model, optimizer, device, launch, memory)

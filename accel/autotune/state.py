@@ -1,28 +1,13 @@
 """The state of one search: the lab it measures in, its rows, its deadline, and the tests every comparison uses."""
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from accel import clock
 from accel.autotune.config import SLOW_STOP
-from accel.autotune.results import TuneRow
+from accel.autotune.results import TuneRow, timing_fields
+from accel.autotune.verdicts import established, verdict
 from accel.measure import Lab, Ratio, Trial
-
-
-def established(ratio: Ratio | None, margin: float) -> bool:
-    """Faster than what it is compared with, with 95% confidence, and by more than the margin."""
-    return ratio is not None and bool(ratio.samples) and ratio.below(1.0) and ratio.estimate <= 1 - margin
-
-
-def payback(ratio: Ratio, step_s: float, extra_warmup_s: float, margin: float,
-            expected_steps: int | None) -> tuple[bool, int | None, bool]:
-    """A costly accelerator's verdict (compile): (faster, the step its extra warm-up pays back at, kept)."""
-    gain_s = step_s * (1 - ratio.estimate) if ratio.samples else 0.0
-    break_even = math.ceil(extra_warmup_s / gain_s) if gain_s > 0 else None
-    faster = bool(ratio.samples) and ratio.below(1 - margin / 2) and ratio.estimate <= 1 - margin
-    pays = faster and (expected_steps is None or (break_even is not None and break_even < expected_steps))
-    return faster, break_even, pays
 
 
 class Search:
@@ -37,6 +22,9 @@ class Search:
         self.cut_short = False  # a step of the search skipped for the budget: the answer is not one to remember
         self.facts: dict[str, Any] | None = None  # the cache's key facts (a measured warm-up is kept under them)
         self.cache: Any = False
+        self.model: Any = None  # the user's model, device and CPU: whether compile would start warm
+        self.device: Any = None
+        self.cpu_model = ""
 
     def left(self) -> float:
         return self.deadline - clock.now()
@@ -53,7 +41,7 @@ class Search:
         if trial.status in ("refused", "failed"):
             row.status, row.reason = trial.status, trial.error
         else:
-            row.first_step_s = round(trial.first_s[0], 4) if trial.first_s else None
+            row.first_step_s = timing_fields(first_s=trial.first_s[0] if trial.first_s else None).get("first_step_s")
             row.losses = list(trial.check_losses)
             row.loss = sum(trial.check_losses) / len(trial.check_losses) if trial.check_losses else None
             if self.base is not None and self.base is not trial and row.loss is not None:
@@ -69,10 +57,8 @@ class Search:
     def finish_row(self, row: TuneRow, trial: Trial, ratio: Ratio | None = None) -> None:
         if trial.status == "failed" and row.status == "measured":  # broke in a later round
             row.status, row.reason = "failed", trial.error
-        if ratio is not None and ratio.samples:
-            row.ratio = ratio.to_dict()
-        if trial.median_s is not None:
-            row.median_ms = round(trial.median_s * 1000, 3)
+        for name, value in timing_fields(ratio, trial.median_s).items():
+            setattr(row, name, value)
         row.warmup_s = round(trial.warmup_s, 4) if trial.first_s else None
 
     def usable(self, trial: Trial, row: TuneRow) -> bool:
@@ -110,6 +96,4 @@ class Search:
 
     def verdict(self, ratio: Ratio) -> str:
         """'faster' (established), 'not faster' (clearly not by the margin), or 'noisy' (cannot tell)."""
-        if self.established(ratio):
-            return "faster"
-        return "not faster" if ratio.above(1 - self.margin) or ratio.estimate > 1 else "noisy"
+        return verdict(ratio, self.margin)

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 
 from accel.accelerator import REGISTRY
-from accel.autotune.config import expected_warmup, remember_warmup
-from accel.autotune.results import TuneRow
-from accel.autotune.state import Search, payback
+from accel.autotune.remembered import remember_warmup, starts_warm
+from accel.autotune.results import TuneRow, not_measured
+from accel.autotune.state import Search
+from accel.autotune.verdicts import payback, warmup_fit
 from accel.measure import Ratio, Trial, plan_label
 from accel.plan import Plan
 
@@ -32,7 +33,7 @@ def given(search: Search, plans: list[dict[str, dict]]) -> Trial | None:
     winners = []
     for plan in plans:
         if search.left() <= 0:
-            search.rows.append(TuneRow(plan_label(plan), plan, "not measured", against="eager", reason="time budget"))
+            search.rows.append(not_measured(plan, "eager", "time budget"))
             continue
         trial, row, ratio = search.measure_vs_base(plan)
         if search.established(ratio):
@@ -149,7 +150,7 @@ def _singles_then_stack(search: Search, singles: list[dict[str, dict]]) -> tuple
     helped: dict[str, dict] = {}
     for plan in singles:
         if search.left() <= 0:
-            search.rows.append(TuneRow(plan_label(plan), plan, "not measured", against="eager", reason="time budget"))
+            search.rows.append(not_measured(plan, "eager", "time budget"))
             continue
         trial, row, ratio = search.measure_vs_base(plan)
         if ratio is not None and ratio.estimate < 1.0:
@@ -170,12 +171,11 @@ def _try_costly(search: Search, incumbent: Trial | None, candidate: dict[str, di
     """A costly accelerator (compile) on top of the best plan so far, kept when it pays back within the run."""
     reference = incumbent or search.base
     plan = {**reference.plan, **candidate}
-    guess, known = expected_warmup(candidate, search.facts, search.cache)
-    if search.left() < guess:  # started on whatever budget is left, it ran the search far past it
+    warm = starts_warm(candidate, search.model, search.device, search.cpu_model)
+    fit = warmup_fit(candidate, search.facts, search.cache, warm, search.left())
+    if not fit.fits:
         search.cut_short = True
-        search.rows.append(TuneRow(plan_label(plan), plan, "not measured", against=reference.name,
-                                   reason=f"its warm-up (about {guess:.0f} s, {known}) does not fit the "
-                                          f"{max(search.left(), 0):.0f} s of budget left"))
+        search.rows.append(not_measured(plan, reference.name, fit.reason))
         return incumbent
     trial = search.lab.trial(plan)
     row = search.row_of(trial, against=reference.name, tests=next(iter(candidate)))
@@ -188,7 +188,7 @@ def _try_costly(search: Search, incumbent: Trial | None, candidate: dict[str, di
     if trial.status != "ready":
         return incumbent
     extra_warmup = trial.warmup_s - reference.warmup_s
-    remember_warmup(candidate, search.facts, search.cache, extra_warmup)
+    remember_warmup(candidate, search.facts, search.cache, extra_warmup, warm)
     faster, break_even, pays = payback(ratio, reference.median_s or 0.0, extra_warmup, search.margin,
                                        search.expected_steps)
     name = "+".join(candidate)

@@ -6,12 +6,12 @@ import argparse
 import difflib
 import sys
 
+from accel.bench import DEFAULT_MODELS, MODELS, bench, model_names
 from accel.cli import parse_plan_argument, positive
+from accel.hardware import importable
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
-    from accel.bench import DEFAULT_MODELS, MODELS
-
     parser = subparsers.add_parser("bench", help="measure training steps of torchvision models: eager vs plans")
     parser.add_argument("--models", nargs="+", default=None,
                         help=f"torchvision model names, or 'tiny' (default: {' '.join(DEFAULT_MODELS)})")
@@ -44,9 +44,6 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args) -> int:
-    from accel.bench import DEFAULT_MODELS, MODELS, bench, model_names
-    from accel.hardware import importable
-
     models = args.models or (MODELS if args.full else DEFAULT_MODELS)
     known = model_names() if args.suite is None else models
     unknown = [m for m in models if m not in known]

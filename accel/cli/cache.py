@@ -1,4 +1,5 @@
-"""accel cache: the plans plan="auto" remembered (accel.plancache): list them, or clear them."""
+"""accel cache: the plans plan="auto" remembered (accel.plancache): list them, or clear them (clearing all clears
+compile's artifacts too, accel.compile_cache: the next compile of every setup is cold)."""
 from __future__ import annotations
 
 import argparse
@@ -18,14 +19,19 @@ def run(args) -> int:
 
     folder = plancache.cache_dir()
     if args.action == "clear":
+        compiled = plancache.clear_compile() if args.key is None else (0, 0)
         removed = plancache.clear(key=args.key)
         print(f"accel cache: removed {removed} entr{'y' if removed == 1 else 'ies'} from {folder}")
+        if args.key is None:
+            print(f"accel cache: removed compile's artifacts: {_files(*compiled)} from {folder / 'compile'}")
         return 0
     entries = plancache.entries()
     if args.json:
         print(json.dumps(entries, indent=2, default=str))
         return 0
     print(f"accel cache: {len(entries)} remembered plan(s) in {folder}")
+    print(f"accel cache: compile's artifacts: {_files(*plancache.compile_usage())} in {folder / 'compile'} "
+          "(accel cache clear removes them too)")
     for entry in entries:
         facts = entry["facts"]
         names = list(entry["plan"] or {}) or ["the empty plan"]
@@ -34,3 +40,8 @@ def run(args) -> int:
             print(f"      {facts.get('model', '')}; batch {facts.get('batch', '')}; {facts.get('optimizer', '')}; "
                   f"{facts.get('device', '')}, {facts.get('cpu', '')}; {facts.get('versions', '')}")
     return 0
+
+
+def _files(count: int, size: int) -> str:
+    amount = f"{size / 2**20:.1f} MiB" if size >= 2**20 else f"{size / 2**10:.1f} KiB"
+    return f"{count} file{'' if count == 1 else 's'} ({amount})"

@@ -11,7 +11,13 @@ import json
 import sys
 import time
 
+import torch
+from torch.utils.data import DataLoader
+
+import accel
 from accel.cli import parse_plan_argument, positive
+from accel.hardware import importable
+from accel.workloads import accuracy, cifar_shaped, digits_datasets
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -33,19 +39,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 def batches_per_epoch(batch_size: int, seed: int = 0) -> int:
     """Batches in one epoch of the demo's loader: the digits' training split in full batches (drop_last)."""
-    from accel.book import digits_datasets
-
     return len(digits_datasets(seed)[0]) // batch_size
 
 
 def train(model_name: str, plan, epochs: int, batch_size: int, image_size: int, seed: int = 0) -> dict:
     """Train with the plan and return seconds (training only), ms per step, test accuracy and the report."""
-    import torch
-    import torchvision
-    from torch.utils.data import DataLoader
-
-    import accel
-    from accel.book import accuracy, cifar_shaped, digits_datasets
+    import torchvision  # 1.3 s to import: paid by `accel demo`, not by every `accel` command
 
     train_set, test_set = (cifar_shaped(d, image_size) for d in digits_datasets(seed))
     torch.manual_seed(seed)
@@ -73,7 +72,7 @@ def train(model_name: str, plan, epochs: int, batch_size: int, image_size: int, 
 
 
 def plot(path: str, plain: dict, accelerated: dict) -> None:
-    import matplotlib
+    import matplotlib  # optional (pip install 'accel[demo]'): the chart is drawn only where it is installed
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -101,13 +100,9 @@ def plot(path: str, plain: dict, accelerated: dict) -> None:
 
 
 def run(args) -> int:
-    from accel.hardware import importable
-
     if not importable("sklearn"):
         print("accel demo trains on scikit-learn's bundled digits: pip install 'accel[demo]'", file=sys.stderr)
         return 2
-    import accel
-
     plan = parse_plan_argument(args.plan)
     per_epoch = batches_per_epoch(args.batch_size)
     expected = args.epochs * per_epoch
@@ -115,7 +110,7 @@ def run(args) -> int:
         plan = accel.Auto(budget_s=args.budget, expected_steps=expected or None)
     else:
         accel.Plan(plan)  # a bad plan is refused before any training (main() prints the PlanError)
-    import torchvision
+    import torchvision  # slow to import (see train)
 
     if args.model not in torchvision.models.list_models(module=torchvision.models):
         print(f"accel demo: {args.model!r} is not a torchvision model", file=sys.stderr)

@@ -5,6 +5,16 @@ import argparse
 import json
 from typing import Any
 
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+import accel
+from accel.accelerator import REGISTRY
+from accel.core import prepare
+from accel.errors import PlanError
+from accel.hardware import ipex_problem, package_version, probe
+from accel.workloads import TinyCNN
+
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     parser = subparsers.add_parser("env", help="hardware, runtime and every accelerator's availability with the reason")
@@ -14,11 +24,6 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 def tiny_objects():
     """A tiny real CNN, its Adam and a loader of 1x8x8 images: enough for plan-time checks."""
-    import torch
-    from torch.utils.data import DataLoader, TensorDataset
-
-    from accel.book import TinyCNN
-
     torch.manual_seed(0)
     model = TinyCNN()
     data = TensorDataset(torch.randn(32, 1, 8, 8), torch.randint(0, 10, (32,)))
@@ -28,11 +33,6 @@ def tiny_objects():
 def accelerator_availability() -> dict[str, dict[str, Any]]:
     """For each registered accelerator: its required packages and what its plan-time decisions and checks say on
     this machine, against a tiny real model on cpu (nothing is applied)."""
-    from accel.accelerator import REGISTRY
-    from accel.core import prepare
-    from accel.errors import PlanError
-    from accel.hardware import package_version
-
     found = {}
     for name in sorted(REGISTRY):
         cls = REGISTRY[name]
@@ -54,11 +54,6 @@ def accelerator_availability() -> dict[str, dict[str, Any]]:
 
 def environment() -> dict[str, Any]:
     """Hardware, runtime and accelerator availability as data (what `accel env --json` prints)."""
-    import torch
-
-    import accel
-    from accel.hardware import ipex_problem, probe
-
     hardware = probe()
     return {
         "accel": accel.__version__,

@@ -23,6 +23,7 @@ if __name__ == "__main__":  # a rank's start: this file's folder must not shadow
 from pathlib import Path  # noqa: E402
 
 CORE_MAP = "ACCEL_CORE_MAP"  # = accel.distributed.CORE_MAP_VARIABLE (not imported: see rank_main)
+NODE_CPUS = "ACCEL_NODE_CPUS"  # = accel.distributed.NODE_CPUS_VARIABLE: the node's cores, for the plan cache's key
 ALLOCATORS = {"jemalloc": "libjemalloc.so*", "tcmalloc": "libtcmalloc*.so*"}
 JEMALLOC_CONF = "oversize_threshold:1,background_thread:true,metadata_thp:auto"  # torch's run_cpu uses these
 LIBRARY_DIRS = ("{prefix}/lib", "/usr/local/lib", "/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib")
@@ -71,10 +72,14 @@ def rank_layout(physical_cpus: tuple[int, ...], nproc: int, cores_per_proc: int 
             for local in range(nproc)]
 
 
-def environment(layout, iomp: bool, allocator: str, environ, prefix: str = sys.prefix):
-    """(variables to set, user values kept): OpenMP threads, the core map, preloads."""
+def environment(layout, iomp: bool, allocator: str, environ, prefix: str = sys.prefix, node_cpus: tuple = ()):
+    """(variables to set, user values kept): OpenMP threads, the core map, the node's cores (a pinned rank sees
+    only its share; plan="auto"'s cache counts the node's, as a single process does), preloads."""
+    from accel.hardware import format_cpu_list
+
     wanted = {"OMP_NUM_THREADS": str(len(layout[0][2])),
-              CORE_MAP: ";".join(",".join(map(str, cpus)) for _, _, cpus in layout)}
+              CORE_MAP: ";".join(",".join(map(str, cpus)) for _, _, cpus in layout),
+              **({NODE_CPUS: format_cpu_list(node_cpus)} if node_cpus else {})}
     preload = []
     if iomp:
         library = Path(prefix) / "lib" / "libiomp5.so"
@@ -94,7 +99,7 @@ def environment(layout, iomp: bool, allocator: str, environ, prefix: str = sys.p
             wanted["MALLOC_CONF"] = JEMALLOC_CONF
     set_, kept = {}, {}
     for key, value in wanted.items():
-        if key != CORE_MAP and environ.get(key, value) != value:
+        if key not in (CORE_MAP, NODE_CPUS) and environ.get(key, value) != value:
             kept[key] = environ[key]
         else:
             set_[key] = value
@@ -142,7 +147,7 @@ def run(args) -> int:
     try:
         master_port = check_numbers(args)
         layout = rank_layout(physical, args.nproc_per_node, args.cores_per_proc, args.node_rank)
-        set_, kept = environment(layout, args.iomp, args.allocator, os.environ)
+        set_, kept = environment(layout, args.iomp, args.allocator, os.environ, node_cpus=physical)
         if not args.dry_run and not Path(args.script).is_file():
             raise LaunchError(f"the training script {args.script!r} does not exist")
     except LaunchError as error:

@@ -12,14 +12,12 @@ from __future__ import annotations
 import contextlib
 import os
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Iterator
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader
 
 from accel.accelerator import Accelerator
-from accel.book import BookCNN, TinyCNN, accuracy, cifar_shaped, digits_datasets  # noqa: F401  (re-exported)
 from accel.core import accelerate
 from accel.journal import pin_process
 from accel.report import Row
@@ -27,29 +25,12 @@ from accel.run import Run
 from accel.testing.clock import VirtualClock  # noqa: F401  (public)
 from accel.testing.harness import Equivalence, Setup, check_equivalence  # noqa: F401  (public)
 from accel.testing.snapshots import Snapshot, snapshot  # noqa: F401  (public)
+from accel.workloads.book import BookCNN, TinyCNN, accuracy, cifar_shaped, digits_datasets  # noqa: F401  (re-exported)
+from accel.workloads.tiny import tiny_loader, tiny_model, tiny_optimizer  # noqa: F401  (re-exported)
 
 __all__ = ["Applied", "BookCNN", "Equivalence", "Setup", "Snapshot", "TinyCNN", "VirtualClock", "accuracy",
            "apply_one", "check_equivalence", "cifar_shaped", "digits_datasets", "process_state_restored", "snapshot",
            "tiny_loader", "tiny_model", "tiny_optimizer", "train_steps"]
-
-
-def tiny_model(seed: int = 0) -> TinyCNN:
-    torch.manual_seed(seed)
-    return TinyCNN()
-
-
-def tiny_optimizer(model: nn.Module, lr: float = 0.01) -> torch.optim.Optimizer:
-    return torch.optim.Adam(model.parameters(), lr=lr)
-
-
-def tiny_loader(samples: int = 64, batch_size: int = 16, seed: int = 0, **kwargs: Any) -> DataLoader:
-    """Random 1x8x8 images with labels 0-9: for checking plumbing, not accuracy."""
-    from torch.utils.data import TensorDataset
-
-    generator = torch.Generator().manual_seed(seed)
-    images = torch.randn(samples, 1, 8, 8, generator=generator)
-    labels = torch.randint(0, 10, (samples,), generator=generator)
-    return DataLoader(TensorDataset(images, labels), batch_size=batch_size, **kwargs)
 
 
 def train_steps(run: Run, epochs: int = 1, loss_fn=nn.functional.cross_entropy) -> list[float]:

@@ -1,5 +1,7 @@
 """2 gloo ranks with plan="auto": ddp or fsdp joins the plan by whether the training state fits the memory given
-per rank ("fits": 4x the state; "shards": 1.2x, so only half of it fits); both ranks train and agree.
+per rank ("fits": 4x the state; "shards": 1.2x, so only half of it fits); both ranks train and agree. No candidate
+is given, so the search in the loop settles at once on the distribution alone (tests/test_ranks.py runs one that
+measures).
 
     torchrun --nproc-per-node 2 auto_ranks.py fits|shards OUT_DIR"""
 import json
@@ -15,7 +17,8 @@ model = tiny_model()
 optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
 need = footprint(model, optimizer).total
 memory = int({"fits": 4.0, "shards": 1.2}[sys.argv[1]] * need)
-run = accel.accelerate(model, optimizer, tiny_loader(shuffle=False), accel.Auto(cache=False, memory_per_rank=memory),
+run = accel.accelerate(model, optimizer, tiny_loader(shuffle=False), accel.Auto(cache=False, memory_per_rank=memory,
+                                                                                candidates=[]),
                        device="cpu")
 for x, y in run.loader:
     run.backward(torch.nn.functional.cross_entropy(run.model(x), y))

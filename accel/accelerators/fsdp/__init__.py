@@ -49,70 +49,20 @@ order); BatchNorm's running statistics stay per rank (FSDP2 does not synchronise
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
-from accel.accelerator import SAME_MATH, Capability, Stage, State, dtype_name, register
-from accel.accelerators.fsdp.surgery import (Originals, Sharding, gather_state, shard_like, shard_model,
-                                             swap_parameters, unshard_model)
-from accel.data_parallel import LAUNCHERS, DataParallel, DataParallelOptions
+from accel.accelerator import SAME_MATH, Capability, Stage, dtype_name, register
+from accel.accelerators.fsdp.checks import foreign_parameter_problems, fsdp_available, is_sharded
+from accel.accelerators.fsdp.config import FSDPOptions, FSDPState
+from accel.accelerators.fsdp.surgery import (Originals, gather_state, shard_like, shard_model, swap_parameters,
+                                             unshard_model)
+from accel.data_parallel import LAUNCHERS, DataParallel
 from accel.errors import Problem, StaleWarning
 from accel.hardware import is_accelerator
 from accel.modules import listed, outermost, repeated_blocks
-from accel.options import option
-
-REDUCE_DTYPES = ("float32", "compute")
-
-
-def blocks_problem(value) -> str | None:
-    ok = isinstance(value, list) and value and all(isinstance(v, str) for v in value)
-    return None if ok else "must be a non-empty list of module class names"
-
-
-def fsdp_available() -> str | None:
-    """Why this torch cannot run FSDP2, or None."""
-    try:
-        from torch.distributed.fsdp import fully_shard  # noqa: F401  (torch >= 2.6)
-    except ImportError as error:
-        return f"this torch has no FSDP2 (torch.distributed.fsdp.fully_shard): {error}"
-    return None
-
-
-def is_sharded(model: nn.Module) -> bool:
-    """Whether FSDP2 manages this module (its class was given FSDPModule's)."""
-    try:
-        from torch.distributed.fsdp import FSDPModule
-    except ImportError:
-        return False
-    return any(isinstance(m, FSDPModule) for m in model.modules())
-
-
-@dataclass(frozen=True, kw_only=True)
-class FSDPOptions(DataParallelOptions):
-    blocks: str | list[str] = option("auto", (str, list), choices=("auto",), check=blocks_problem,
-                                     help="class names of the modules to shard one by one; auto = the repeated "
-                                          "blocks")
-    reshard_after_forward: bool = option(True, help="free each block's gathered weights after its forward "
-                                                    "(gathered again for backward): less memory, more traffic")
-    reduce_dtype: str = option("float32", choices=REDUCE_DTYPES,
-                               help="with amp: reduce gradients in fp32, or in the compute dtype")
-    cpu_offload: bool = option(False, help="keep shards and optimizer state in host memory (accelerators only)")
-
-
-@dataclass
-class FSDPState(State):
-    """The model's sharding while the run holds it (None once run.close() or a later plan took it off; a failed
-    later plan puts it back, redone), and what the hooks follow."""
-
-    sharding: Sharding | None = None  # what fully_shard changed, to give the model back (surgery.py)
-    originals: Originals | None = None  # your own parameters while their shards train
-    params: list[tuple[str, nn.Parameter]] = field(default_factory=list)  # the shards, checked for gradient hooks
-    sync: bool = True  # reduce-scatter gradients in backward (False while a step schedule accumulates)
-    unreduced_when_taken_off: int = 0  # gradients FSDP held unreduced when the sharding was last taken off: a new
-    # run on the model cannot take them over (check)
-    warned: bool = False  # the StaleWarning about a gradient hook on a shard was given
+from accel.run import open_run
 
 
 @register
@@ -167,8 +117,6 @@ class FSDP(DataParallel):
             problems.append(Problem(self.name, f"offloading to CPU memory needs an accelerator device; the device is "
                                     f"{ctx.device}, whose memory already is CPU memory", field="cpu_offload",
                                     value=True, allowed="False on cpu", kind="conflict"))
-        from accel.run import open_run
-
         earlier = open_run(ctx.user_model)  # its changes are already undone (accelerate() does that first)
         mine = earlier.states.get(self.name) if earlier is not None else None
         if isinstance(mine, FSDPState) and (mine.unreduced_when_taken_off or earlier.held_gradients()):
@@ -177,20 +125,10 @@ class FSDP(DataParallel):
                                     "cannot take over", field="accelerate",
                                     allowed="call it after an optimizer step (run.step() returned False)",
                                     kind="conflict"))
-        if ctx.optimizer is not None:
-            mine = {id(p) for p in params}
-            foreign = [i for i, p in enumerate(p for g in ctx.optimizer.param_groups for p in g["params"])
-                       if id(p) not in mine]
-            if foreign:
-                problems.append(Problem(self.name, f"the optimizer holds {len(foreign)} parameter(s) that are not the "
-                                        f"model's (positions {foreign[:5]} in its param groups): fsdp replaces the "
-                                        "model's parameters with their shards and cannot shard those",
-                                        field="optimizer", allowed="an optimizer built over model.parameters()",
-                                        kind="conflict"))
-        return problems
+        return problems + foreign_parameter_problems(self.name, ctx, params)
 
     def apply(self, ctx):
-        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.device_mesh import init_device_mesh  # FSDP2 (torch >= 2.6): check() found it here
         from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy
 
         config = self.config

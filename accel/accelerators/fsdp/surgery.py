@@ -1,6 +1,9 @@
 """fsdp's FSDP2 surgery: shard the model in place and give it back whole, and keep the optimizer on the shards."""
 from __future__ import annotations
 
+# torch.distributed's FSDP2 and DTensor are imported where they are used: accel imports on a torch without them
+# (fsdp's check says why it cannot run there).
+
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any

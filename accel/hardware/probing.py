@@ -1,0 +1,127 @@
+"""probe(): the machine as this process sees it. Cores, NUMA nodes and ISA flags come from /sys and /proc; the
+OpenMP runtime from this process's memory maps; package versions from installed metadata."""
+from __future__ import annotations
+
+import functools
+import os
+import platform
+import re
+from pathlib import Path
+
+import torch
+
+from accel.hardware.cpu_lists import parse_cpu_list
+from accel.hardware.facts import Hardware
+from accel.hardware.packages import package_version
+
+OPTIONAL_PACKAGES = {
+    # distribution name -> import name
+    "torchvision": "torchvision",
+    "nni": "nni",
+    "intel-extension-for-pytorch": "intel_extension_for_pytorch",
+    "intel-openmp": None,  # ships libiomp5.so only
+    "oneccl_bind_pt": "oneccl_bindings_for_pytorch",
+    "scikit-learn": "sklearn",
+    "matplotlib": "matplotlib",
+}
+
+ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_fp16")
+OPENMP_LIBRARIES = {"libgomp": "gnu", "libiomp5": "intel", "libomp.": "llvm"}
+
+def _read(path: str | Path) -> str:
+    try:
+        return Path(path).read_text()
+    except OSError:
+        return ""
+
+
+def hyperthread_siblings(cpus) -> tuple[int, ...]:
+    """The logical CPUs that share a physical core with any of ``cpus`` (themselves excluded), from /sys; () where
+    the topology is not exposed."""
+    found: set[int] = set()
+    for cpu in cpus:
+        found.update(parse_cpu_list(_read(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list")))
+    return tuple(sorted(found - set(cpus)))
+
+
+def _allowed_cpus() -> tuple[int, ...]:
+    try:
+        return tuple(sorted(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return tuple(range(os.cpu_count() or 1))
+
+
+def _physical_cpus(allowed: tuple[int, ...]) -> tuple[int, ...]:
+    """First logical CPU of each physical core (by package and core id), restricted to the allowed set."""
+    seen: dict[tuple[str, str], int] = {}
+    for cpu in allowed:
+        topo = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology")
+        key = (_read(topo / "physical_package_id").strip(), _read(topo / "core_id").strip())
+        if key == ("", ""):
+            key = ("cpu", str(cpu))  # no topology exposed: count every logical CPU as a core
+        seen.setdefault(key, cpu)
+    return tuple(sorted(seen.values()))
+
+
+def _numa_nodes() -> dict[int, tuple[int, ...]]:
+    nodes = {}
+    for path in sorted(Path("/sys/devices/system/node").glob("node[0-9]*")):
+        nodes[int(path.name[4:])] = parse_cpu_list(_read(path / "cpulist"))
+    return nodes
+
+
+def _cpuinfo() -> tuple[tuple[str, ...], str]:
+    text = _read("/proc/cpuinfo")
+    flags_line = re.search(r"^flags\s*:\s*(.*)$", text, re.M)
+    flags = set(flags_line.group(1).split()) if flags_line else set()
+    model = re.search(r"^model name\s*:\s*(.*)$", text, re.M)
+    return tuple(f for f in ISA_FLAGS if f in flags), (model.group(1) if model else platform.processor())
+
+
+def loaded_openmp(maps: str | None = None) -> str:
+    """Which OpenMP runtime this process has loaded, read from /proc/self/maps."""
+    maps = _read("/proc/self/maps") if maps is None else maps
+    found = sorted({kind for lib, kind in OPENMP_LIBRARIES.items() if lib in maps})
+    if not found:
+        return "none"
+    return found[0] if len(found) == 1 else "several: " + ", ".join(found)
+
+
+def _devices() -> dict[str, int]:
+    devices = {"cpu": 1}
+    if torch.cuda.is_available():
+        devices["cuda"] = torch.cuda.device_count()
+    xpu = getattr(torch, "xpu", None)
+    if xpu is not None and xpu.is_available():
+        devices["xpu"] = xpu.device_count()
+    mps = getattr(torch.backends, "mps", None)
+    if mps is not None and mps.is_available():
+        devices["mps"] = 1
+    custom = torch._C._get_privateuse1_backend_name()
+    module = getattr(torch, custom, None)
+    if custom != "privateuseone" and module is not None and hasattr(module, "device_count"):
+        devices[custom] = module.device_count()
+    return devices
+
+
+@functools.lru_cache(maxsize=1)
+def probe() -> Hardware:
+    """The machine as this process sees it (cached: the hardware does not change under us)."""
+    allowed = _allowed_cpus()
+    physical = _physical_cpus(allowed)
+    isa, model = _cpuinfo()
+    versions = {"python": platform.python_version(), "torch": torch.__version__}
+    versions.update({name: package_version(name) for name in OPTIONAL_PACKAGES})
+    return Hardware(
+        logical_cpus=os.cpu_count() or 1,
+        physical_cores=len(physical),
+        cpus_allowed=allowed,
+        physical_cpus=physical,
+        numa_nodes=_numa_nodes(),
+        isa=isa,
+        cpu_model=model,
+        openmp=loaded_openmp(),
+        devices=_devices(),
+        versions=versions,
+        torch_cpu_capability=torch.backends.cpu.get_cpu_capability(),
+    )

@@ -1,0 +1,154 @@
+"""What one training of check_equivalence saw and left: the batches, the outputs' structure, the losses and
+learning rates, then the model's, the user's and the loop's state, and the process around it."""
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from accel.batches import map_tensors
+from accel.loaders import release_workers
+from accel.measure import TrainStep, endless
+from accel.modules import tied_groups
+from accel.run import Run
+from accel.testing.snapshots import snapshot, whole
+from accel.workloads.setup import Setup
+
+
+def fingerprint(batch: Any) -> str:
+    """The batch's containers and every tensor's dtype, shape and values, as a short text."""
+    def one(tensor: torch.Tensor) -> str:
+        data = tensor.detach().cpu().contiguous()
+        digest = hashlib.blake2b(data.reshape(-1).view(torch.uint8).numpy().tobytes(), digest_size=6).hexdigest()
+        return f"{str(data.dtype)[6:]}{list(data.shape)}:{digest}"
+
+    described = map_tensors(one, batch)
+    return f"{type(batch).__name__}:{described!r}"
+
+
+def structure(output: Any) -> str:
+    return repr(map_tensors(lambda t: f"{str(t.dtype)[6:]}{list(t.shape)}", output))
+
+
+def ties(model: torch.nn.Module) -> list[tuple[str, ...]]:
+    """Groups of parameter names that are one tensor, in a fixed order."""
+    return sorted(tuple(names) for names in tied_groups(model))
+
+
+TORCH_SETS_ON_IMPORT = ("KMP_INIT_AT_FORK", "KMP_DUPLICATE_LIB_OK", "TORCHINDUCTOR_", "_TORCHINDUCTOR_",
+                        "CUDA_MODULE_LOADING")  # torch's compiler sets these (names, or prefixes) the first time it
+# runs in a process, whoever uses it: not the plan's (torch 2.8's inductor sets CUDA_MODULE_LOADING=LAZY)
+
+
+def process_state() -> tuple:
+    """Threads, environment, affinity and the backend flags an accelerator may set (amp sets TF32 on CUDA)."""
+    affinity = tuple(sorted(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") else None
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(TORCH_SETS_ON_IMPORT)}
+    flags = (torch.backends.cudnn.benchmark, torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32,
+             torch.get_float32_matmul_precision())
+    return torch.get_num_threads(), environ, affinity, flags
+
+
+KERNEL_CHOICES = ("params", "fused", "foreach", "capturable", "differentiable")  # how a step runs, not what it does
+
+
+@dataclass
+class Trace:
+    """What one training saw and left."""
+
+    batches: list[str] = field(default_factory=list)
+    outputs: list[str] = field(default_factory=list)
+    losses: list[float] = field(default_factory=list)
+    state: dict[str, torch.Tensor] = field(default_factory=dict)
+    optimizer: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
+    trainable: dict[str, bool] = field(default_factory=dict)
+    ties: list[tuple[str, ...]] = field(default_factory=list)
+    groups: list[dict[str, Any]] = field(default_factory=list)  # the optimizer's hyper-parameters, per group
+    frozen_moved: list[str] = field(default_factory=list)
+    rates: list[list[float]] = field(default_factory=list)  # the learning rates each step used, per group
+    steps_counted: int = 0  # run.steps at the end (accelerate() again continues it)
+    user: dict[str, torch.Tensor] = field(default_factory=dict)  # the user's own model and optimizer state
+    observed: dict[str, torch.Tensor] = field(default_factory=dict)  # what the loop built (EMA, validation)
+    closed: tuple = ()  # hooks and optimizer flags on the user's objects after run.close()
+    run: Any = None
+
+
+def train(run: Run, setup: Setup, steps: int, seed: int) -> Trace:
+    """The README loop for `steps` batches, with the setup's loop behaviour, recording the batches, outputs,
+    losses and learning rates, then the model's, the user's and the loop's state."""
+    trace = Trace()
+    loop, held = setup.loop, setup.held(run)
+    model = run.unwrap()
+    frozen = {n: p.detach().clone() for n, p in model.named_parameters() if not p.requires_grad}
+    user_names = {id(p): n for n, p in setup.model.named_parameters()}  # the optimizer's places, by the user's names
+    start = [user_names.get(id(p)) for group in setup.optimizer.param_groups for p in group["params"]]
+    hook = model.register_forward_hook(lambda module, args, output: trace.outputs.append(structure(output)))
+    step = TrainStep(step_fn=setup.step_fn)
+    torch.manual_seed(seed)
+    try:
+        batches = endless(run.loader)
+        run.model.train()
+        loop.start(held, run)
+        for i in range(steps):
+            again = loop.before(i, held, run)
+            if again is not run:  # accelerate() again: the new run's loader, from the start of an epoch
+                run, batches = again, endless(again.loader)
+            batch = next(batches)
+            trace.batches.append(fingerprint(batch))
+            trace.rates.append([group["lr"] for group in run.optimizer.param_groups])
+            loss = float(loop.step(i, run, held, batch, step.loss))
+            trace.losses.append(loss)
+            loop.after(i, held, run, loss)
+    finally:
+        hook.remove()
+    trace.run = run  # the run at the end (the loop may have made another): the one to close
+    trace.steps_counted = run.steps
+    trace.observed = {k: whole(v).detach().cpu().clone() for k, v in loop.observed().items()}
+    names = {id(p): n for n, p in model.named_parameters()}
+    trace.state = {k: whole(v).detach().cpu().clone() for k, v in model.state_dict().items()}
+    trace.user = {f"your model's {k}": whole(v).detach().cpu().clone() for k, v in setup.model.state_dict().items()}
+    for index, state in setup.optimizer.state_dict()["state"].items():
+        trace.user.update({f"your optimizer's {index}.{k}": whole(v).detach().cpu().float().clone() for k, v in state.items()
+                           if isinstance(v, torch.Tensor)})
+    trace.trainable = {n: p.requires_grad for n, p in model.named_parameters()}
+    trace.ties = ties(model)
+    trace.frozen_moved = [n for n, p in model.named_parameters() if n in frozen and not p.requires_grad and
+                          (p.shape != frozen[n].shape or not torch.equal(p.detach(), frozen[n]))]  # (unfrozen: trains)
+    # Through state_dict(), what the user saves (IPEX keeps a conv's momentum in its blocked layout and converts
+    # it back there), named by position in the user's optimizer: engines may step master copies that are not
+    # the model's parameters (IPEX's fp32 weights beside a bf16 model), in the same order.
+    # A parameter of the model is named by the model; one that is not (a master copy) by the name its place held
+    # when training began (a group the loop added later holds the model's own parameters).
+    params = [param for group in run.optimizer.param_groups for param in group["params"]]
+    positions = [names.get(id(p)) or (start[i] if i < len(start) else None) or f"(not in the model) {tuple(p.shape)}"
+                 for i, p in enumerate(params)]
+    saved = run.optimizer.state_dict()
+    states = saved["state"]
+    trace.groups = [{k: v for k, v in group.items() if k not in KERNEL_CHOICES} for group in saved["param_groups"]]
+    for index, key in enumerate(positions):
+        trace.optimizer[key] = {k: whole(v).detach().cpu().float().clone() for k, v in states.get(index, {}).items()
+                                if isinstance(v, torch.Tensor)}
+    return trace
+
+
+def closed_state(setup: Setup) -> tuple:
+    """How the user's objects run once the run is closed: their hooks and forwards, the optimizer's flags."""
+    after = snapshot(setup.model, setup.optimizer)
+    return tuple(after.hooks), repr(after.kernels)
+
+
+def trained(run: Run, setup: Setup, steps: int, seed: int) -> Trace:
+    """train(), then, whatever happened, close the run the loop ended with, finish the loop and release the
+    loader's workers; the trace also records how the user's objects run once the run is closed."""
+    trace = None
+    try:
+        trace = train(run, setup, steps, seed)
+    finally:
+        (trace.run if trace is not None else run).close()
+        setup.loop.finish()
+        release_workers(setup.loader)
+    trace.closed = closed_state(setup)
+    return trace

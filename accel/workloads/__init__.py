@@ -1,0 +1,14 @@
+"""What accel trains, in one place: the book's CNNs on real digits, the workloads people train today (Hugging Face,
+timm, torchvision, an LSTM), small models shaped like GPT-2 and ResNet, the tiny objects of tests, and the zoo of
+ordinary user code with its loops (accel.workloads.zoo, accel.workloads.loops: imported on their own, as they
+build on accelerate()).
+
+    model, optimizer, loader = WORKLOADS["bert"].build("tiny")
+"""
+from accel.workloads.book import BookCNN, TinyCNN, accuracy, cifar_shaped, digits_datasets
+from accel.workloads.catalog import SIZES, WORKLOADS, Tagger, Workload
+from accel.workloads.miniatures import NormCNN, TinyGPT
+from accel.workloads.tiny import tiny_loader, tiny_model, tiny_optimizer
+
+__all__ = ["SIZES", "WORKLOADS", "BookCNN", "NormCNN", "Tagger", "TinyCNN", "TinyGPT", "Workload", "accuracy",
+           "cifar_shaped", "digits_datasets", "tiny_loader", "tiny_model", "tiny_optimizer"]

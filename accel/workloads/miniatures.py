@@ -1,0 +1,76 @@
+"""Small models shaped like what people train, for tests and benchmarks: a GPT-style decoder and a CNN with
+BatchNorm in repeated stages. Random weights; sizes from arguments (GPT-2 small: ``TinyGPT.gpt2_small()``)."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class Block(nn.Module):
+    """A pre-norm transformer decoder block: causal self-attention, then an MLP."""
+
+    def __init__(self, width: int, heads: int):
+        super().__init__()
+        self.norm1, self.norm2 = nn.LayerNorm(width), nn.LayerNorm(width)
+        self.attention = nn.MultiheadAttention(width, heads, bias=False, batch_first=True)  # no biases: a key's
+        # bias has a zero gradient in exact math, and Adam would turn its rounding noise into steps
+        self.mlp = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        length = x.shape[1]
+        causal = torch.triu(torch.ones(length, length, dtype=torch.bool, device=x.device), 1)
+        h = self.norm1(x)
+        x = x + self.attention(h, h, h, attn_mask=causal, need_weights=False)[0]
+        return x + self.mlp(self.norm2(x))
+
+
+class TinyGPT(nn.Module):
+    """Token and position embeddings, repeated Blocks, a final norm and a head tied to the token embedding."""
+
+    def __init__(self, vocab: int = 64, width: int = 32, layers: int = 2, heads: int = 2, context: int = 16):
+        super().__init__()
+        self.tokens = nn.Embedding(vocab, width)
+        self.positions = nn.Embedding(context, width)
+        self.blocks = nn.ModuleList([Block(width, heads) for _ in range(layers)])
+        self.norm = nn.LayerNorm(width)
+        self.head = nn.Linear(width, vocab, bias=False)
+        self.head.weight = self.tokens.weight  # tied, as GPT-2's
+        for embedding in (self.tokens, self.positions):
+            nn.init.normal_(embedding.weight, std=0.02)  # GPT-2's initialisation
+
+    @classmethod
+    def gpt2_small(cls) -> "TinyGPT":
+        """GPT-2 small's shape: 12 layers, width 768, 12 heads, vocabulary 50257, context 1024 (124M parameters)."""
+        return cls(vocab=50257, width=768, layers=12, heads=12, context=1024)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.tokens(ids) + self.positions(torch.arange(ids.shape[1], device=ids.device))
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.norm(x))
+
+
+class Stage(nn.Module):
+    """Two 3x3 convolutions with BatchNorm and a residual: a ResNet stage in miniature."""
+
+    def __init__(self, channels: int):
+        super().__init__()
+        self.conv1, self.norm1 = nn.Conv2d(channels, channels, 3, padding=1, bias=False), nn.BatchNorm2d(channels)
+        self.conv2, self.norm2 = nn.Conv2d(channels, channels, 3, padding=1, bias=False), nn.BatchNorm2d(channels)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x + self.norm2(self.conv2(torch.relu(self.norm1(self.conv1(x))))))
+
+
+class NormCNN(nn.Module):
+    """A stem, repeated Stages with BatchNorm, a pooled linear head: for 1-channel 8x8 digits by default."""
+
+    def __init__(self, channels: int = 8, stages: int = 2, classes: int = 10, in_channels: int = 1):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(in_channels, channels, 3, padding=1, bias=False),
+                                  nn.BatchNorm2d(channels), nn.ReLU())
+        self.stages = nn.Sequential(*[Stage(channels) for _ in range(stages)])
+        self.head = nn.Linear(channels, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.stages(self.stem(x)).mean((2, 3)))

@@ -1,0 +1,66 @@
+"""accel/autotune/ranks.py: the ranks of in-loop auto agree (the slowest rank's times, rank 0's decisions), and a
+search holds the process group across its plan switches. Real 2-process gloo runs on loopback."""
+import json
+
+import pytest
+
+from accel.autotune.ranks import AgreedChunk, ChunkTimes, GroupHold, RankAgreement, RanksDiverged, slowest_steps
+from scripts.launching import output, torchrun
+
+
+def test_a_single_process_agrees_with_itself_without_a_collective():
+    agreement = RankAgreement.current()
+    assert (agreement.world_size, agreement.rank, agreement.deciding) == (1, 0, True)
+    agreed = agreement.chunk(ChunkTimes(0.3, (0.1, 0.2), nonfinite=True))
+    assert agreed == AgreedChunk(0.3, (0.1, 0.2), True, (0.3,)) and agreed.slowest_rank == 0
+    assert agreement.decide("settle") == "settle" and agreement.past(deadline=2.0, now=1.0) is False
+    assert agreement.any_true(False) is False and agreement.slowest(0.5) == 0.5
+    with GroupHold() as hold:
+        assert not hold.held  # no launcher: nothing to hold
+
+
+def test_the_slowest_rank_is_the_step_and_unequal_chunks_are_refused():
+    assert slowest_steps([(0.1, 0.5), (0.2, 0.4)]) == (0.2, 0.5)
+    with pytest.raises(RanksDiverged, match="different numbers of steps"):
+        slowest_steps([(0.1,), (0.1, 0.2)])
+
+
+@pytest.mark.slow
+def test_two_ranks_agree_and_the_held_group_survives_plan_switches(tmp_path):
+    result = torchrun("rank_agreement.py", tmp_path, timeout=240)
+    assert result.returncode == 0, output(result)
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    for info in ranks:
+        assert info["initialized_before"] is False  # the group is accel's (the hold made it)
+        # the first run closed while held: the group was neither destroyed nor made again
+        assert info["between"] == {"initialized": True, "same_world": True}, info
+        assert info["after_second"] == {"initialized": True, "same_world": True}, info
+        assert info["group_inits_while_held"] == 0
+        assert info["second_plan"] == ["grad_clipping", "ddp"], info["second_plan"]
+        assert info["weights_identical"] and info["trained_on"]
+        # different local times: every rank takes the slowest, step by step, and any rank's non-finite loss
+        assert info["agreed"] == {"seconds": 2.0, "step_s": [0.2, 0.5], "nonfinite": True,
+                                  "rank_seconds": [1.0, 2.0], "slowest_rank": 1}
+        assert info["decision"] == {"next_arm": {"amp": {}}, "verdict": "faster"}  # rank 0's, on both
+        assert info["past_deadline"] is True and info["any_nonfinite"] is True and info["slowest"] == 0.5
+        assert "different numbers of steps" in info["diverged"]
+        assert info["after_release"] == {"initialized": False}  # released: the process is as before
+
+
+@pytest.mark.slow
+def test_two_ranks_search_in_their_own_loop_in_step(tmp_path):
+    """plan="auto" in the loop under a launcher: both ranks run the same arm at every step (ddp in each), settle at
+    the same step on the same plan, train identical weights, and the group is made once and kept across switches."""
+    result = torchrun("inloop_ranks.py", tmp_path, timeout=300)
+    assert result.returncode == 0, output(result)
+    first, second = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert first["plans"] == second["plans"]  # the same arm on both ranks, step by step
+    assert all("ddp" in plan for plan in first["plans"])
+    assert len({tuple(plan) for plan in first["plans"]}) == 3  # the plain loop and both candidates took turns
+    assert first["settled_at"] is not None and first["settled_at"] == second["settled_at"]  # one decision
+    assert first["chosen"] == second["chosen"] and "ddp" in first["chosen"]
+    assert first["rows"] == second["rows"] and ["ddp", "memory fit"] in first["rows"]
+    assert "the same arm on every rank at every step" in first["why"]
+    for rank in (first, second):
+        assert rank["weights_identical"] and rank["group_inits"] == 1 and rank["same_world"]
+        assert rank["initialized_after_close"] is False  # accel made the group; closing the run let it go
