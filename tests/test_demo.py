@@ -33,6 +33,10 @@ def test_demo_with_auto_shows_the_search_and_writes_the_chart(tmp_path, capsys, 
     assert "accel tune: chose" in out and "speed-up:" in out and "test acc" in out
     assert "plan='auto' was told the run's length: expected_steps=21 (1 epoch x 21 batches)" in out
     assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # what it says of a second run is what the cache holds: the plan only when the answer was kept
+    kept = list((tmp_path / "cache").glob("*.json"))
+    assert ("a second run takes the plan from the cache" in out) == bool(kept), out[-600:]
+    assert ("so a second run measures again" in out) != bool(kept), out[-600:]
 
 
 def test_demo_refuses_a_bad_plan_before_training(capsys):

@@ -42,6 +42,17 @@ def batches_per_epoch(batch_size: int, seed: int = 0) -> int:
     return len(digits_datasets(seed)[0]) // batch_size
 
 
+def next_run(tuning) -> str:
+    """What a second run of the demo will do, as the cache says: only an established, complete answer is kept."""
+    if tuning is None:
+        return "nothing was chosen, so a second run measures again"
+    if tuning.from_cache:
+        return f"the plan came from the cache, key {tuning.key[:12]}"
+    if tuning.key:
+        return f"cached under key {tuning.key[:12]}: a second run takes the plan from the cache at its first batch"
+    return "not cached (the search was cut short or too noisy to be sure), so a second run measures again"
+
+
 def train(model_name: str, plan, epochs: int, batch_size: int, image_size: int, seed: int = 0) -> dict:
     """Train with the plan and return seconds (training only), ms per step, test accuracy and the report."""
     import torchvision  # 1.3 s to import: paid by `accel demo`, not by every `accel` command
@@ -146,7 +157,7 @@ def run(args) -> int:
         print(f"plan='auto' was told the run's length: expected_steps={told} ({epochs} x {per_epoch} batches), so "
               "a costly accelerator (compile) is kept only if its warm-up pays back within them")
     print(f"speed-up: {speedup:.2f}x at accuracy {accelerated['accuracy']:.3f} vs {plain['accuracy']:.3f}; {how} "
-          "(a second run takes the plan from the cache)")
+          f"({next_run(tuning)})")
     if not args.no_plot and importable("matplotlib"):
         plot(args.plot, plain, accelerated)
         print(f"chart: {args.plot}")
