@@ -563,6 +563,23 @@ def test_a_plan_that_changes_nothing_is_neither_stopped_early_nor_chosen_under_l
         unregister("same")
 
 
+def test_a_plan_that_changes_nothing_is_not_stopped_when_the_machine_gets_busy_right_after_the_plain_loop(virtual):
+    """A/A with a step change of load: from the step after the plain loop's first chunk on, every step takes 4x as
+    long, whichever plan takes it (another job started on the machine). 'same' is caught by the stop rule against
+    the plain loop's chunk from before; the plain loop, timed again right after, is as slow: nothing is dropped,
+    and nothing is chosen. (Before the recheck, 'same' was stopped early here.)"""
+    forwards = itertools.count()
+    run, same = same_against_plain(lambda module, args: CLOCK.advance(0.2 if next(forwards) < 3 else 0.8))
+    try:
+        assert same.status not in ("stopped early", "slower", "loss off"), (same.status, same.reason)
+        assert len(same.rounds) >= inloop.MIN_ROUNDS - 1, same  # the disputed chunk of round 0 is no sample
+        assert 0 not in same.rounds and run.plain.rounds[0] == pytest.approx(0.2)
+        assert run.winner is run.plain and run.plan.names() == [], run.report.tuning.why
+    finally:
+        run.close()
+        unregister("same")
+
+
 def test_the_stop_rule_pairs_each_chunk_with_the_plain_loops_round_beside_it():
     """The reference is the plain loop's step in the same round when it ran first there, else its latest round; and
     one slow step in a chunk is not a verdict: every timed step must be over SLOW_STOP plain steps."""

@@ -41,7 +41,7 @@ from accel.autotune.search import for_device, generate_candidates
 from accel.autotune.searchstate import SearchState
 from accel.autotune.settle import DATA_WAIT, Settling  # noqa: F401  (inloop.DATA_WAIT, as before)
 from accel.autotune.switch import States, Switching, TuningLoader
-from accel.autotune.turns import MAX_ROUNDS, MIN_ROUNDS, TurnTaking  # noqa: F401  (inloop.MIN_ROUNDS, as before)
+from accel.autotune.turns import MAX_ROUNDS, MIN_ROUNDS, Recheck, TurnTaking  # noqa: F401  (inloop.MIN_ROUNDS, as before)
 from accel.checkpoint import saved_plan
 from accel.context import placement
 from accel.core import accelerate
@@ -118,6 +118,7 @@ class TuningRun(TurnTaking, FaultWatch, Switching, CompileLast, Settling, Run):
         self.active = self.plain
         self.blames: list[Blame] = []  # faults no arm paid for (the data's, the loop's): said in the notes
         self.fault: Fault | None = None  # this chunk's first loss that was not finite, judged at its end
+        self.recheck: Recheck | None = None  # an arm the stop rule caught, waiting for its reference timed again
         self.step_losses: list[torch.Tensor] = []  # this step's losses, and your model's forwards that gave them
         self.step_calls: list = []
         self.chunk_record: list[tuple[int, list, list]] = []  # on an accelerator: (step, losses, forwards) per step

@@ -4,7 +4,10 @@ each round the verdicts (verdicts.py) drop what cannot win.
 A chunk is timed from the end of its first step (the one after a switch; for steps of 2 s or more, from the
 switch on an arm's later turns) to the end of its last: whole steps, with your data loading, your code, forward,
 backward and update. The order reverses every round (A B C, C B A, ...), so a change in the machine's load hits
-every arm alike. An arm hopelessly slower than the plain loop's round beside it stops mid-chunk (stoprule.py).
+every arm alike. An arm hopelessly slower than the plain loop's round beside it stops mid-chunk (stoprule.py), and
+its reference (the plain loop) is timed again at once: the arm is dropped only when it is still hopelessly slower
+than that fresh chunk, so a machine that got busy between the two chunks drops nothing (the disputed chunk is no
+sample of the round).
 
 Two seams, a method each: ``_step_time_of_chunk`` (a chunk's timed steps become the arm's step time in that
 round) and ``_next_arm`` (which arm takes the next turn); a job of several ranks agrees on both there.
@@ -13,6 +16,8 @@ from __future__ import annotations
 
 from accel import clock
 from accel.accelerator import REGISTRY
+from dataclasses import dataclass
+
 from accel.autotune.arms import Arm
 from accel.autotune.ranks import ChunkTimes
 from accel.autotune.stoprule import beside, stop_reason
@@ -21,6 +26,15 @@ from accel.measure import SETTLE_BELOW_S, round_order, synchronize
 
 MIN_ROUNDS = 3  # rounds before any verdict
 MAX_ROUNDS = 30
+
+
+@dataclass(frozen=True)
+class Recheck:
+    """An arm the stop rule caught, waiting for the chunk of its reference that is timed right after it."""
+
+    arm: Arm
+    fastest_s: float  # its chunk's fastest timed step (on an accelerator, the mean)
+    timed: int
 
 
 class TurnTaking:
@@ -54,15 +68,22 @@ class TurnTaking:
         self.fault, self.chunk_record = None, []
         self.losses.clear()
         elapsed, blamed, plan_blamed = self._agree_on_chunk(elapsed, fault)
+        if self.recheck is not None:  # this chunk timed the reference again, for the arm caught before it
+            self._end_recheck(self._step_time_of_chunk(elapsed, timed))
+            self._next_turn()
+            return
         if plan_blamed:
             arm.status, arm.reason = "loss off", (blamed.words if blamed is not None and blamed.plan else
                                                   "a loss was not finite on another rank under this plan, and was "
                                                   "finite there under the plain loop")
+        elif against is not None and self._stop_reason(timed, against, elapsed):
+            # bf16 emulated on a CPU without it was 14x slower: it may get no more turns, once its reference,
+            # timed again now, confirms it (a machine that got busy since the reference's chunk slows both)
+            self.recheck = Recheck(arm, self._fastest(timed, elapsed), timed)
+            self._go(against)
+            return
         else:
             arm.rounds[self.round] = self._step_time_of_chunk(elapsed, timed)
-            why = self._stop_reason(timed, against, elapsed) if against is not None else ""
-            if why:  # bf16 emulated on a CPU without it was 14x slower: no more turns for it
-                arm.status, arm.reason = "stopped early", why
         if arm is self.plain:
             self.plain_wait[0] += self.data_wait_s - self.wait_at_start
             self.plain_wait[1] += elapsed
@@ -94,12 +115,24 @@ class TurnTaking:
         reference = self.winner if self.phase == "compile" else self.plain
         return None if arm is reference or reference is None else reference
 
+    def _fastest(self, timed: int, elapsed: float | None = None) -> float:
+        """The stop rule's evidence from this chunk: its fastest timed step on a CPU, its mean elsewhere."""
+        return min(self.timed_s) if len(self.timed_s) == timed else (elapsed or 0.0) / timed
+
     def _stop_reason(self, timed: int, against: Arm, elapsed: float | None = None) -> str:
-        """The stop rule (stoprule.py) on this chunk: its fastest timed step on a CPU, its mean elsewhere, against the
-        step of ``against`` in the round beside it."""
-        fastest = min(self.timed_s) if len(self.timed_s) == timed else (elapsed or 0.0) / timed
+        """The stop rule (stoprule.py) on this chunk, against the step of ``against`` in the round beside it."""
         name = "the plain loop" if against is self.plain else against.name
-        return stop_reason(fastest, timed, beside(against.rounds, self.round), name)
+        return stop_reason(self._fastest(timed, elapsed), timed, beside(against.rounds, self.round), name)
+
+    def _end_recheck(self, reference_s: float) -> None:
+        """The reference was timed again right after the caught arm's chunk: the arm stops when it is still
+        hopelessly slower than that; else it goes on, its disputed chunk no sample of the round."""
+        check, self.recheck = self.recheck, None
+        name = "the plain loop" if self.active is self.plain else self.active.name
+        why = stop_reason(check.fastest_s, check.timed, reference_s, name)
+        if why:
+            check.arm.status = "stopped early"
+            check.arm.reason = why.replace("in the round beside it", "timed again right after it")
 
     def _live(self) -> list[Arm]:
         return [a for a in self.arms if a.status == "measuring"]
