@@ -2,21 +2,30 @@
 
     run = accel.accelerate(model, optimizer, loader, plan=["threads", "loader", "channels_last", "compile"])
     run = accel.accelerate(model, optimizer, loader, plan="auto")      # measured on your model, remembered
+
+The layout (docs/contract.md has the contract): ``api`` (accelerate, decide); ``plan/`` (the plan and the
+accelerator contract); ``run/`` (the run and its checkpoints); ``accelerators/`` (one module or folder each);
+``hardware/`` (the machine and the launch); ``measure/``; ``search/`` (tune, plan="auto"); ``workloads/``;
+``testing/``; ``cli/``. Paths that moved in 0.3 still import, with a warning (accel/_moved.py).
 """
-from accel.accelerator import Accelerator, Capability, Keeps, Stage, State, register, unregister
-from accel.autotune import Auto, TuneResult, tune
-from accel.core import accelerate, decide
+from accel import _moved
+
+_moved.install()
+
+from accel.plan.contract import Accelerator, Capability, Keeps, Stage, State, register, unregister  # noqa: E402
+from accel.search import Auto, TuneResult, tune
+from accel.api import accelerate, decide
 from accel.errors import (AccelerateError, AccelError, BypassWarning, CheckpointError, LoopError, MeasureError,
                           PlanError, Problem, Skip, StaleWarning)
 from accel.hardware import probe
-from accel.options import Option, Options, option
+from accel.plan.options import Option, Options, option
 from accel.plan import Plan
-from accel.report import Report
+from accel.run.report import Report
 from accel.run import Run
 
 import accel.accelerators  # noqa: E402,F401  (registers the built-in accelerators)
-import accel.checkpoint  # noqa: E402,F401
-import accel.distributed  # noqa: E402,F401
+import accel.run.checkpoint  # noqa: E402,F401
+import accel.hardware.launch  # noqa: E402,F401
 
 __all__ = ["AccelError", "AccelerateError", "Accelerator", "Auto", "Capability", "BypassWarning", "CheckpointError", "LoopError", "Keeps", "MeasureError", "Option", "Options", "Plan",
            "PlanError", "Problem", "Report", "Run", "Skip", "Stage", "State", "StaleWarning", "TuneResult", "accelerate", "decide", "probe",

@@ -16,13 +16,13 @@ from dataclasses import dataclass
 import torch
 from torch.utils.data import DataLoader, IterableDataset, RandomSampler, SequentialSampler
 
-from accel.accelerator import Accelerator
-from accel.distributed import init_process_group, leave_group
+from accel.plan.contract import Accelerator
+from accel.hardware.launch import init_process_group, leave_group
 from accel.errors import Problem
 from accel.hardware import importable, is_accelerator
-from accel.journal import set_by_runs
-from accel.loaders import rebuild_loader, rebuild_problem
-from accel.options import Options, option, positive
+from accel.run.journal import set_by_runs
+from accel.run.loaders import rebuild_loader, rebuild_problem
+from accel.plan.options import Options, option, positive
 
 BACKENDS = ("auto", "gloo", "nccl", "xccl", "ccl", "mpi")
 DEVICE_BACKEND = {"cuda": "nccl", "xpu": "xccl"}  # every other device: gloo
@@ -44,8 +44,8 @@ def distributed_sampler(loader: DataLoader, world: int, rank: int):
 def join_group(journal, launch, backend: str, timeout_s: float) -> None:
     """Join the process group the launcher describes, as a layered setting of this journal (undone, it leaves).
 
-    The group and the launcher's variables are layered settings (accel/journal.py): with one run per model (a GAN's
-    two), or a search holding it across plan switches (accel.autotune.ranks.GroupHold), the group stays until the
+    The group and the launcher's variables are layered settings (accel/run/journal.py): with one run per model (a GAN's
+    two), or a search holding it across plan switches (accel.search.ranks.GroupHold), the group stays until the
     last journal that joined it is undone, in any order. A group your script joined is yours: it stays, unlayered.
     """
     if torch.distributed.is_initialized() and not set_by_runs("process group"):

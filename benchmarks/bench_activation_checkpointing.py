@@ -33,7 +33,7 @@ from torch.utils.data import DataLoader, TensorDataset
 import accel
 from accel.bench import build_model, make_optimizer
 from accel.measure import Lab, Ratio, TrainStep, endless, summarize, timed_steps
-from accel.report import render_table
+from accel.run.report import render_table
 
 PLANS = {"plain": {}, "checkpointed": {"activation_checkpointing": {}}}
 

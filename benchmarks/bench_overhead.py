@@ -7,7 +7,7 @@ Reports median ms/step of each and the ratio accel/hand, with the spread of the 
 hundreds of ms a step, that spread (a few %) hides a cost of microseconds, so the script also measures the
 wrapper directly: the same loop over a trivial model (steps of microseconds) with and without accel, which
 gives accel's own cost per step; divided by the real model's step time it is the overhead. Goal: under 1%.
-Last, what watching the loop costs (accel/watch.py: the counters, the optimizer hook, the loader's callback):
+Last, what watching the loop costs (accel/run/watch.py: the counters, the optimizer hook, the loader's callback):
 two do-nothing accelerators with the same hooks, one relying on run.backward/run.step/one batch per step (so the
 run watches) and one not, alternated on the trivial model's loop.
 
@@ -176,7 +176,7 @@ def main() -> None:
           f"through accel {accel_us:.1f} us/step: accel adds {added:.1f} us = {added / (step_ms * 1e3):.4%} "
           f"of this {step_ms:.0f} ms step")
     watch, low, high = watch_cost_us()
-    print(f"watching the loop (accel/watch.py), per step on the trivial model: {watch:+.2f} us (rounds {low:+.2f} to "
+    print(f"watching the loop (accel/run/watch.py), per step on the trivial model: {watch:+.2f} us (rounds {low:+.2f} to "
           f"{high:+.2f}) = {watch / (step_ms * 1e3):.4%} of this {step_ms:.0f} ms step")
 
 

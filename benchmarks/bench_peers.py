@@ -49,7 +49,7 @@ import torch
 import accel
 from accel.measure import Lab, Ratio, TrainStep, Trial, endless, paired, plan_label, summarize, timed_steps
 from accel.optim import rebuild_optimizer, same_params
-from accel.report import render_table
+from accel.run.report import render_table
 from accel.workloads import WORKLOADS
 
 # label -> Accelerator(**kwargs)

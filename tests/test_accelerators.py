@@ -138,7 +138,7 @@ def test_channels_last_skips_models_without_conv2d():
 
 def test_an_accelerator_that_cannot_serve_the_device_is_skipped_with_the_reason():
     """An out-of-tree device (privateuseone): amp has no autocast for it and says so instead of crashing."""
-    from accel.context import Context, Decisions
+    from accel.run.context import Context, Decisions
 
     device = torch.device("privateuseone", 0)
     assert accel.hardware.resolve_device("privateuseone:0") == device

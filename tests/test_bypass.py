@@ -150,7 +150,7 @@ def test_amp_stands_aside_when_the_loop_goes_around_its_grad_scaler(own):
     if own == "backward":  # the loop's own unscaled backward, stepped as it is
         assert same(weights(model), expected)
     else:  # one step's gradients were computed scaled in fp16 (other roundings), then unscaled: within amp's card
-        card = accel.accelerator.REGISTRY["amp"].keeps
+        card = accel.plan.contract.REGISTRY["amp"].keeps
         assert all(torch.allclose(a, b, rtol=card.rtol, atol=card.atol) for a, b in zip(weights(model), expected))
     run.close()
 

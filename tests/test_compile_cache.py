@@ -1,4 +1,4 @@
-"""compile keeps what inductor compiled in accel's cache folder (accel/compile_cache.py): a second process compiling
+"""compile keeps what inductor compiled in accel's cache folder (accel/accelerators/compile/cache.py): a second process compiling
 the same model starts warm, and the run puts the process's TORCHINDUCTOR_CACHE_DIR back when it closes or fails."""
 import json
 import os
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import accel
-from accel import compile_cache
+import accel.accelerators.compile.cache as compile_cache
 from accel.accelerators.compile import has_compiler
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -16,12 +16,12 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import accel
-from accel.accelerator import Accelerator, Stage
+from accel.plan.contract import Accelerator, Stage
 from accel.accelerators.threads import openmp_variables
-from accel.distributed import CORE_MAP_VARIABLE
+from accel.hardware.launch import CORE_MAP_VARIABLE
 from accel.errors import AccelerateError, MeasureError, PlanError
 from accel.hardware import format_cpu_list, probe
-from accel.journal import Journal, pin_process, set_by_runs
+from accel.run.journal import Journal, pin_process, set_by_runs
 from scripts.launching import one_rank_env
 
 HAS_AFFINITY = hasattr(os, "sched_getaffinity")
@@ -440,7 +440,7 @@ def test_plan_auto_on_a_generator_that_never_reads_its_loader_says_so(user_state
     """The generator's plan="auto" given the discriminator's loader, which only the discriminator's run iterates:
     it measures in chunks of g.step() calls, and its report says what it could not know (the data wait of a
     rebuilt loader, never taken) and that the cache was neither read nor written."""
-    from accel.autotune import inloop
+    from accel.search import inloop
 
     monkeypatch.setattr(inloop, "CHUNK_S", 0.0)  # 2 timed steps a turn: a short loop settles
     before = process_state()

@@ -5,7 +5,7 @@ accelerator written for 0.2 keeps working until 0.4, and warns what to write ins
 
 Real runs, no mocks: every built-in trains a few steps with its ``example`` options (ddp and fsdp in a gloo group of
 one, in this process, as torchrun --nproc-per-node 1 would start), is saved and loaded, and then
-``accel.compat.BROKEN``, where a built-in's breach of the contract is recorded, must hold nothing of it."""
+``accel.plan.compat.BROKEN``, where a built-in's breach of the contract is recorded, must hold nothing of it."""
 import ast
 import dataclasses
 import subprocess
@@ -20,8 +20,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import accel
-from accel import compat
-from accel.accelerator import REGISTRY, Accelerator, Capability, Option, Options, Stage, State, register, unregister
+import accel.plan.compat as compat
+from accel.plan.contract import REGISTRY, Accelerator, Capability, Option, Options, Stage, State, register, unregister
 from accel.errors import PlanError
 from test_lifecycle import accelerators, imported, module_of  # the layout rules read the source the same way
 from accel.hardware import package_version
@@ -132,8 +132,8 @@ def ran(tmp_path_factory) -> dict[str, Ran]:
 # --- (a) nothing shipped breaks the contract, at import and while it runs ---------------------------------------
 
 def test_importing_accel_records_no_breach():
-    """What accel.compat records at class creation (an options dict, hooks without state), in a fresh process."""
-    code = "import accel, accel.compat as c; print(sorted(c.BROKEN))"
+    """What accel.plan.compat records at class creation (an options dict, hooks without state), in a fresh process."""
+    code = "import accel, accel.plan.compat as c; print(sorted(c.BROKEN))"
     out = subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True, timeout=120,
                          cwd=PACKAGE.parent)
     assert out.returncode == 0, out.stderr

@@ -7,8 +7,8 @@ import torch
 import accel
 from accel.accelerators.amp import Amp, auto_dtype, emulated
 from accel.accelerators.loader import Loader
-from accel.autotune import generate_candidates
-from accel.distributed import cores_for_rank
+from accel.search import generate_candidates
+from accel.hardware.launch import cores_for_rank
 from accel.hardware import resolve_device
 from accel.measure import peak_dtypes
 from accel.testing import tiny_loader, tiny_model, tiny_optimizer

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from accel.accelerator import REGISTRY, Accelerator, Stage, register, unregister
+from accel.plan.contract import REGISTRY, Accelerator, Stage, register, unregister
 from accel.cli import main
 from accel.cli.env import environment
 from accel.errors import Problem

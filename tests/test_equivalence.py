@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import accel
-from accel.accelerator import REGISTRY
+from accel.plan.contract import REGISTRY
 from accel.hardware import ipex_problem, package_version
 from accel.testing import check_equivalence
 from accel.testing.harness import LEVELS, combined
@@ -307,7 +307,7 @@ def test_every_comparison_of_the_harness_can_fail(change, levels, word, level):
 def test_a_step_accelerator_in_the_plan_does_not_hide_what_another_changes(step_accelerator):
     """grad_clipping and grad_accumulation change the training by their cards; they run in the reference too, so
     an accelerator beside them that promises exactness and scales the gradients is still caught."""
-    from accel.accelerator import Stage, register, unregister
+    from accel.plan.contract import Stage, register, unregister
 
     @register
     class Louder(accel.Accelerator):

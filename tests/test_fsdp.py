@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import accel
-from accel.accelerator import Accelerator, Stage, register, unregister
+from accel.plan.contract import Accelerator, Stage, register, unregister
 from accel.errors import CheckpointError, StaleWarning
 from accel.testing import check_equivalence, snapshot, tiny_loader, tiny_model
 from accel.testing.harness import process_state
@@ -459,11 +459,11 @@ def test_two_ranks_train_a_group_added_later_over_your_own_parameters(tmp_path, 
         assert not any(torch.equal(mine, before) for mine, before in zip(rank["closed"], rank["before"]))
 
 
-# --- plan="auto" under a launcher: ddp or fsdp by memory fit (accel.autotune.distribution) ----------------------
+# --- plan="auto" under a launcher: ddp or fsdp by memory fit (accel.search.distribution) ----------------------
 
 
 def test_the_footprint_counts_adam_state_as_it_will_be_and_as_it_is():
-    from accel.autotune.distribution import footprint
+    from accel.search.distribution import footprint
 
     model = tiny_model()
     model.conv1.requires_grad_(False)  # frozen: no gradient, no state
@@ -483,7 +483,7 @@ def test_the_footprint_counts_adam_state_as_it_will_be_and_as_it_is():
 
 @pytest.mark.parametrize("room, expected", [(4.0, {"ddp": {}}), (1.2, {"fsdp": {}}), (0.5, {"fsdp": {}})])
 def test_ddp_where_the_state_fits_fsdp_where_only_its_shard_does(room, expected):
-    from accel.autotune.distribution import choose, footprint
+    from accel.search.distribution import choose, footprint
 
     model = tiny_model()
     optimizer = torch.optim.Adam(model.parameters())

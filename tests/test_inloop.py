@@ -1,4 +1,4 @@
-"""plan="auto" in your own loop (accel/autotune/inloop.py): every step a real step of your objects, plans taking
+"""plan="auto" in your own loop (accel/search/inloop.py): every step a real step of your objects, plans taking
 turns between chunks, nothing copied, the report true to what was and was not measured, the cache, the budget."""
 import itertools
 from dataclasses import dataclass
@@ -14,10 +14,10 @@ from torch.utils.data import DataLoader, Dataset
 
 import accel
 import accel.clock
-from accel.accelerator import Accelerator, Stage, State, register, unregister
-from accel.autotune import inloop
-from accel.autotune import turns as turn_taking
-from accel.autotune.inloop import TuningRun
+from accel.plan.contract import Accelerator, Stage, State, register, unregister
+from accel.search import inloop
+from accel.search import turns as turn_taking
+from accel.search.inloop import TuningRun
 from accel.errors import Problem
 from accel.testing import VirtualClock, check_equivalence, tiny_loader, tiny_model
 from accel.testing.harness import process_state
@@ -212,7 +212,7 @@ def test_the_step_after_a_switch_is_untimed_except_on_later_turns_of_long_steps(
     """Steps of 2 s or more (here: any, with the threshold at 0) are timed from the switch on an arm's later turns:
     a BERT-base step takes seconds on 2 cores, and an untimed step cost a third of every turn."""
     if long_steps:
-        monkeypatch.setattr(turn_taking, "SETTLE_BELOW_S", 0.0)  # the turns read it (accel/autotune/turns.py)
+        monkeypatch.setattr(turn_taking, "SETTLE_BELOW_S", 0.0)  # the turns read it (accel/search/turns.py)
     model = tiny_model()
     run = accel.accelerate(model, torch.optim.SGD(model.parameters(), lr=0.05), tiny_loader(),
                            quick(candidates=[["channels_last"], ["fused_optimizer"]]), device="cpu")
@@ -379,7 +379,7 @@ def test_compiles_measured_warm_up_is_remembered_and_decides_the_next_search(tmp
     the warm-up measured on this setup, both ways (a long one is not started; a short one fits a short budget)."""
     import json
 
-    from accel import plancache
+    import accel.plan.cache as plancache
 
     def search(budget_s):
         torch._dynamo.reset()
@@ -583,7 +583,7 @@ def test_a_plan_that_changes_nothing_is_not_stopped_when_the_machine_gets_busy_r
 def test_the_stop_rule_pairs_each_chunk_with_the_plain_loops_round_beside_it():
     """The reference is the plain loop's step in the same round when it ran first there, else its latest round; and
     one slow step in a chunk is not a verdict: every timed step must be over SLOW_STOP plain steps."""
-    from accel.autotune.stoprule import beside, stop_reason
+    from accel.search.stoprule import beside, stop_reason
 
     assert beside({0: 0.01, 1: 0.5}, 1) == 0.5 and beside({0: 0.01, 1: 0.5}, 2) == 0.5 and beside({}, 0) is None
     assert beside({0: 0.01, 2: 0.3}, 1) == 0.01  # not the fastest ever: the latest before
@@ -791,7 +791,7 @@ def test_a_loss_the_plain_loop_gives_too_is_the_datas_fault_and_no_arm_pays(virt
 def test_judging_a_fault_changes_nothing_the_training_holds():
     """The replay under the plain loop runs in train mode without grad, and puts back every buffer (BatchNorm's
     running statistics) and torch's RNG."""
-    from accel.autotune.fault import Capture, Fault, blame
+    from accel.search.fault import Capture, Fault, blame
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Dropout(0.5), nn.Linear(8, 3))

@@ -11,7 +11,7 @@ import torch
 
 import accel
 from accel import Accelerator, Capability, Options, PlanError, Skip, Stage, State, option
-from accel.accelerator import REGISTRY, register, unregister
+from accel.plan.contract import REGISTRY, register, unregister
 from accel.hardware import probe
 from accel.testing import snapshot, tiny_loader, tiny_model, tiny_optimizer, train_steps
 
@@ -43,7 +43,7 @@ def test_every_rank_of_a_simulated_multi_gpu_launch_decides_its_own_device_befor
     accelerator already sees it in decide(), before stage 0. Only the probe is mocked (there is no GPU here)."""
     four_gpus = dataclasses.replace(probe(), devices={"cpu": 1, "cuda": 4})
     monkeypatch.setattr(accel.hardware, "probe", lambda: four_gpus)
-    monkeypatch.setattr(accel.core, "probe", lambda: four_gpus)
+    monkeypatch.setattr(accel.api, "probe", lambda: four_gpus)
     seen = []
 
     class Recorder(Accelerator):
@@ -385,7 +385,7 @@ def import_graph():
 
 def test_the_import_graph_has_no_circles_and_the_core_imports_no_measurement():
     graph = import_graph()
-    facade = {"accel", "accel.accelerators", "accel.cli", "accel.autotune"}  # packages that import their parts to register them
+    facade = {"accel", "accel.accelerators", "accel.cli", "accel.search"}  # packages that import their parts to register them
 
     def reach(start):
         seen, todo = set(), [start]
@@ -398,14 +398,50 @@ def test_the_import_graph_has_no_circles_and_the_core_imports_no_measurement():
 
     circles = [m for m in graph if m not in facade and m in reach(m)]
     assert circles == [], f"modules on an import circle: {circles}"
-    core = ("accel.core", "accel.context", "accel.plan", "accel.run", "accel.accelerator", "accel.journal")
-    measurement = {"accel.measure", "accel.autotune", "accel.bench", "accel.plancache", "accel.testing"}
+    measurement = {"accel.measure", "accel.search", "accel.bench", "accel.plan.cache", "accel.testing"}
+    core = [m for m in graph if (m == "accel.api" or m.startswith(("accel.plan", "accel.run")))
+            and m not in measurement]  # the entry point, the plan and its contract, the run and its checkpoints
+    assert {"accel.api", "accel.plan", "accel.plan.contract", "accel.run", "accel.run.context",
+            "accel.run.journal"} <= set(core)
     for module in core:
         reached = {m for m in reach(module) if m in measurement or m.startswith(tuple(f"{p}." for p in measurement))}
         assert not reached, f"{module} reaches {reached}"
     for module in graph:
         if not module.startswith("accel.testing"):
             assert "accel.testing" not in graph[module], f"{module} imports accel.testing"
+
+
+# The layout's floors, from the ground up: a module imports only modules of its own floor or below (never one
+# back up). ``accel`` itself (the package's face, for ``accel.__version__``) is not a floor.
+FLOORS = [
+    ("accel._moved", "accel.errors", "accel.clock", "accel.batches", "accel.modules", "accel.randomness",
+     "accel.optim"),                                 # leaves every floor shares
+    ("accel.hardware",),                             # the machine and the launch
+    ("accel.plan",),                                 # the plan and its contract
+    ("accel.run",),                                  # the run and its checkpoints
+    ("accel.data_parallel", "accel.accelerators"),   # the accelerators (no accelerator imports the entry point)
+    ("accel.api",),                                  # accelerate(), decide()
+    ("accel.measure", "accel.workloads"),            # measurement; what accel trains
+    ("accel.search",),                               # tune, plan="auto": above the run, the api and measurement
+    ("accel.testing", "accel.bench"),
+    ("accel.cli", "accel.__main__"),
+]
+
+
+def floor_of(module: str) -> int | None:
+    for number, prefixes in enumerate(FLOORS):
+        if any(module == p or module.startswith(p + ".") for p in prefixes):
+            return number
+    return None
+
+
+def test_the_layout_has_floors_and_no_import_runs_back_up():
+    graph = import_graph()
+    unplaced = [m for m in graph if m != "accel" and floor_of(m) is None]
+    assert unplaced == [], f"modules on no floor of the layout: {unplaced}"
+    up = [f"{m} -> {d}" for m, deps in graph.items() if m != "accel"
+          for d in deps if d != "accel" and floor_of(d) > floor_of(m)]
+    assert up == [], "imports that run back up:\n" + "\n".join(sorted(up))
 
 
 def test_each_built_in_accelerator_file_reads_as_its_card():
@@ -422,7 +458,7 @@ def test_each_built_in_accelerator_file_reads_as_its_card():
 @pytest.mark.parametrize("target", [torch.float64, "meta"], ids=["dtype", "meta"])
 def test_the_journal_puts_a_moved_model_back_with_its_gradients(target):
     """torch moves a gradient by assigning its .data (and may swap Parameter objects): undo restores all of it."""
-    from accel.journal import Journal
+    from accel.run.journal import Journal
 
     model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.BatchNorm1d(2))
     model(torch.randn(4, 3)).sum().backward()
@@ -438,7 +474,7 @@ def test_the_journal_puts_a_moved_model_back_with_its_gradients(target):
 
 
 def test_a_change_that_fails_half_way_is_undone_at_once():
-    from accel.journal import Journal
+    from accel.run.journal import Journal
 
     class Breaks(torch.nn.Module):
         def _apply(self, fn, recurse=True):

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import accel
-from accel.accelerator import Stage, register, unregister
-from accel.checkpoint import read
+from accel.plan.contract import Stage, register, unregister
+from accel.run.checkpoint import read
 from accel.errors import CheckpointError, StaleWarning
 from accel.hardware import package_version
 from accel.testing import check_equivalence, tiny_loader, tiny_model, train_steps

@@ -9,9 +9,9 @@ from torch.utils.data import DataLoader
 
 import accel
 from accel.accelerators.loader import Loader
-from accel.core import prepare
+from accel.api import prepare
 from accel.errors import PlanError, Skip
-from accel.loaders import STREAM_BATCHES
+from accel.run.loaders import STREAM_BATCHES
 from accel.testing import check_equivalence, process_state_restored, tiny_model
 from accel.testing.hardware import simulated
 from accel.testing.zoo import Case, Samples, ShardedStream, Stream

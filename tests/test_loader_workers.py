@@ -9,9 +9,9 @@ from torch.utils.data import DataLoader, Dataset
 
 import accel
 from accel.accelerators.loader import worker_cpus
-from accel.distributed import CORE_MAP_VARIABLE, Launch
+from accel.hardware.launch import CORE_MAP_VARIABLE, Launch
 from accel.hardware import format_cpu_list, probe
-from accel.loaders import PinWorkers
+from accel.run.loaders import PinWorkers
 from accel.testing import process_state_restored, tiny_model
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs CPU affinity (Linux)")

@@ -42,7 +42,7 @@ def test_false_switches_an_accelerator_off(tmp_path):
 def test_order_is_by_stage_not_by_listing():
     names = Plan(["compile", "amp", "channels_last", "loader", "threads"]).names()
     assert names == ["threads", "loader", "channels_last", "amp", "compile"]
-    stages = [accel.accelerator.REGISTRY[n].stage for n in names]
+    stages = [accel.plan.contract.REGISTRY[n].stage for n in names]
     assert stages == sorted(stages)
 
 

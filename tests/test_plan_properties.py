@@ -5,7 +5,7 @@ from hypothesis import strategies as st
 
 import accel
 from accel import Plan, PlanError
-from accel.accelerator import REGISTRY
+from accel.plan.contract import REGISTRY
 from accel.testing import snapshot, tiny_loader, tiny_model, tiny_optimizer
 
 GOOD_OPTIONS = {

@@ -264,14 +264,14 @@ def loss_of(output, target):  # a module-level function: a plan holding it can b
 
 
 def test_plans_holding_functions_and_tensors_save_and_load(tmp_path):
-    from accel.checkpoint import saved_plan
+    from accel.run.checkpoint import saved_plan
 
     plan = {"grad_clipping": {"max_norm": 1.0}}
     model = tiny_model()
     run = accel.accelerate(model, tiny_optimizer(model), tiny_loader(), plan, device="cpu")
     run.save(tmp_path / "a.pt")
     assert saved_plan(tmp_path / "a.pt") == accel.Plan(plan)
-    from accel.checkpoint import decode_plan, encode_plan
+    from accel.run.checkpoint import decode_plan, encode_plan
 
     encoded = encode_plan({"prune": {"loss_fn": loss_of, "dummy_input": torch.ones(2, 1, 8, 8)}})
     assert encoded["prune"]["loss_fn"] == {"__callable__": f"{__name__}:loss_of"}
@@ -339,7 +339,7 @@ def test_a_few_adaptive_steps_on_a_small_tensor_pass_the_float_card_a_systematic
     """CI drew cnn/rmsprop/hooks under channels_last: 3 of conv1's 72 weights moved 1.6e-3 (a gradient exactly 0 in
     eager, 1e-9 through channels_last's kernels, turned into RMSprop steps); the model as a whole stayed within
     1e-3. A float-card error that moves every element of a small tensor must still be reported."""
-    from accel.accelerator import Keeps
+    from accel.plan.contract import Keeps
     from accel.testing.harness import compare_tensors
 
     generator = torch.Generator().manual_seed(0)

@@ -12,7 +12,7 @@ import accel
 from accel.accelerators.prune.config import config_problems, selected
 from accel.accelerators.prune.speedup import retie
 from accel.accelerators.prune.tracing import fx_trace
-from accel.checkpoint import saved_plan
+from accel.run.checkpoint import saved_plan
 from accel.errors import AccelerateError, CheckpointError, PlanError
 from accel.hardware import torch_version
 from accel.testing import (BookCNN, cifar_shaped, digits_datasets, snapshot, tiny_loader, tiny_model, tiny_optimizer,

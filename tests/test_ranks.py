@@ -1,10 +1,10 @@
-"""accel/autotune/ranks.py: the ranks of in-loop auto agree (the slowest rank's times, rank 0's decisions), and a
+"""accel/search/ranks.py: the ranks of in-loop auto agree (the slowest rank's times, rank 0's decisions), and a
 search holds the process group across its plan switches. Real 2-process gloo runs on loopback."""
 import json
 
 import pytest
 
-from accel.autotune.ranks import AgreedChunk, ChunkTimes, GroupHold, RankAgreement, RanksDiverged, slowest_steps
+from accel.search.ranks import AgreedChunk, ChunkTimes, GroupHold, RankAgreement, RanksDiverged, slowest_steps
 from scripts.launching import output, torchrun
 
 

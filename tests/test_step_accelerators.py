@@ -326,20 +326,20 @@ def test_your_own_unscale_before_clipping_under_fp16_unscales_once():
 
 def test_auto_measures_your_model_after_the_earlier_run_on_it_is_undone(monkeypatch):
     """Before: plan="auto" measured copies of a model that still carried the earlier run's hooks."""
-    import accel.core
+    import accel.api
 
     model = tiny_model()
     run = accel.accelerate(model, torch.optim.SGD(model.parameters(), lr=0.1), tiny_loader(),
                            plan=["channels_last"], device="cpu")
     assert model.conv1._forward_pre_hooks
     seen = []
-    resolve = accel.core._resolve_plan
+    resolve = accel.api._resolve_plan
 
     def watched(plan, model_, *args):
         seen.append(sum(len(m._forward_pre_hooks) for m in model_.modules()))
         return resolve([], model_, *args)  # the plan the search would pick; the ordering is what is checked
 
-    monkeypatch.setattr(accel.core, "_resolve_plan", watched)
+    monkeypatch.setattr(accel.api, "_resolve_plan", watched)
     again = accel.accelerate(model, run.optimizer, tiny_loader(), plan="auto", device="cpu")
     assert seen == [0] and run.closed
     again.close()

@@ -12,11 +12,11 @@ from torch.utils.data import DataLoader
 
 import accel
 import accel.clock
-from accel.accelerator import REGISTRY, Accelerator, Stage, register, unregister
-from accel.autotune import TuneResult, generate_candidates
+from accel.plan.contract import REGISTRY, Accelerator, Stage, register, unregister
+from accel.search import TuneResult, generate_candidates
 from accel.hardware import ISA_FLAGS, probe
 from accel.measure import Lab, Ratio, Trial
-from accel.report import Report
+from accel.run.report import Report
 from accel.testing import VirtualClock, snapshot, tiny_loader, tiny_model, tiny_optimizer
 from accel.testing.harness import process_state
 
@@ -282,7 +282,7 @@ def test_the_cache_answers_the_same_setup_at_once_and_measures_again_after_any_c
     assert not other_batch.from_cache and other_batch.key != first.key
     other_optimizer = accel.tune(model, torch.optim.SGD(model.parameters(), lr=0.1), loader, **kwargs)
     assert not other_optimizer.from_cache
-    from accel import plancache
+    import accel.plan.cache as plancache
 
     assert {e["key"] for e in plancache.entries(tmp_path)} == {first.key, other_batch.key, other_optimizer.key}
     assert plancache.clear(tmp_path, key=first.key[:6]) == 1 and len(plancache.entries(tmp_path)) == 2
@@ -291,7 +291,7 @@ def test_the_cache_answers_the_same_setup_at_once_and_measures_again_after_any_c
 def test_a_noisy_or_cut_short_answer_is_not_remembered(tmp_path):
     cut = accel.tune(*objects(), device="cpu", candidates=[["channels_last"]], budget_s=0, cache=tmp_path)
     assert cut.row("channels_last").status == "not measured" and cut.key == ""
-    from accel import plancache
+    import accel.plan.cache as plancache
 
     assert plancache.entries(tmp_path) == []
 
@@ -380,7 +380,7 @@ def test_rounds_stop_once_every_challenger_failed():
 
 
 def test_the_cache_key_holds_the_loaders_workers_but_not_the_device_index():
-    from accel import plancache
+    import accel.plan.cache as plancache
     from accel.measure import TrainStep
 
     model, optimizer, loader = objects()
@@ -398,8 +398,8 @@ def test_the_cache_key_holds_the_loaders_workers_but_not_the_device_index():
 
 def test_a_drop_phase_cut_by_the_budget_marks_the_search_cut_short():
     """Nothing measured for lack of time is still a gap: such an answer is never remembered."""
-    from accel.autotune.state import Search as _Search
-    from accel.autotune.strategies import _drop_what_does_not_pay
+    from accel.search.state import Search as _Search
+    from accel.search.strategies import _drop_what_does_not_pay
 
     search = _Search(lab=None, tolerance=0.05, margin=0.02, deadline=accel.clock.now() - 1,
                      expected_steps=None)

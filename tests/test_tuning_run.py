@@ -1,6 +1,6 @@
 """plan="auto" in your loop returns a real accel.Run (issue 24): every method and property of Run, with Run's
 signature, answered by the run of the plan in place, mid-search and settled; and compile's expected warm-up
-kept apart for a warm and a cold start of inductor's compile cache (accel/compile_cache.py)."""
+kept apart for a warm and a cold start of inductor's compile cache (accel/accelerators/compile/cache.py)."""
 import inspect
 
 import pytest
@@ -9,10 +9,10 @@ from torch import nn
 
 import accel
 import accel.clock
-from accel import compile_cache
-from accel.autotune import config, inloop, remembered
-from accel.autotune.inloop import TuningRun
-from accel.autotune.switch import TuningLoader
+import accel.accelerators.compile.cache as compile_cache
+from accel.search import config, inloop, remembered
+from accel.search.inloop import TuningRun
+from accel.search.switch import TuningLoader
 from accel.hardware import probe
 from accel.run import Run
 from accel.testing import VirtualClock, tiny_loader, tiny_model

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import accel
-from accel.autotune import inloop
+from accel.search import inloop
 from accel.hardware import importable
 from accel.testing.harness import process_state
 from accel.workloads import WORKLOADS

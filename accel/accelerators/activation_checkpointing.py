@@ -25,8 +25,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from accel.accelerator import EXACT, Accelerator, Capability, Stage, register
-from accel.options import Options, option
+from accel.plan.contract import EXACT, Accelerator, Capability, Stage, register
+from accel.plan.options import Options, option
 from accel.errors import Problem, Skip
 from accel.modules import compiled_problem, listed, outermost, repeated_blocks
 

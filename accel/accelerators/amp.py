@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from accel.accelerator import Accelerator, Capability, Keeps, Stage, State, dtype_name, register
-from accel.options import Options, option
+from accel.plan.contract import Accelerator, Capability, Keeps, Stage, State, dtype_name, register
+from accel.plan.options import Options, option
 from accel.errors import Problem, Skip
 
 DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
@@ -73,7 +73,7 @@ class AmpState(State):
     scaler: torch.amp.GradScaler | None  # fp16 only: amp's alone, stepped by its optimizer_step hook
     unscaled: set[int] = field(default_factory=set)  # the optimizers whose gradients were unscaled since their step
     scaled: bool = False  # the gradients hold a loss it scaled (since its last step)
-    idle: bool = False  # the loop went around the run (accel/watch.py): no loss scaling from then on
+    idle: bool = False  # the loop went around the run (accel/run/watch.py): no loss scaling from then on
 
 
 @register

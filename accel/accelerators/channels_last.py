@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from accel.accelerator import SAME_MATH, Accelerator, Capability, Stage, register
+from accel.plan.contract import SAME_MATH, Accelerator, Capability, Stage, register
 from accel.errors import Problem, Skip
 from accel.modules import compiled_problem
 

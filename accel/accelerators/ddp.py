@@ -31,12 +31,12 @@ from dataclasses import dataclass
 
 import torch
 
-from accel.accelerator import SAME_MATH, Capability, Stage, State, register
+from accel.plan.contract import SAME_MATH, Capability, Stage, State, register
 from accel.data_parallel import LAUNCHERS, DataParallel, DataParallelOptions
 from accel.errors import Skip, StaleWarning
 from accel.hardware import is_accelerator
 from accel.modules import trainable
-from accel.options import option, positive
+from accel.plan.options import option, positive
 
 
 def comm_hooks():

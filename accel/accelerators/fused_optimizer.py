@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
-from accel.accelerator import SAME_MATH, Accelerator, Capability, Stage, State, register
+from accel.plan.contract import SAME_MATH, Accelerator, Capability, Stage, State, register
 from accel.errors import Skip
 from accel.optim import describe_optimizer
 

@@ -25,9 +25,9 @@ from dataclasses import dataclass
 
 import torch
 
-from accel.accelerator import Accelerator, Capability, Keeps, Stage, State, register
+from accel.plan.contract import Accelerator, Capability, Keeps, Stage, State, register
 from accel.errors import Skip
-from accel.options import Options, at_least, option
+from accel.plan.options import Options, at_least, option
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -40,7 +40,7 @@ class GradAccumulationState(State):
     model: torch.nn.Module  # its parameters are read when saved: fsdp, applied later, replaces them in place
     micro: int = 0  # micro-batches since the last optimizer step
     divided: bool = False  # the gradients hold a loss it divided (since the last optimizer step)
-    idle: bool = False  # the loop went around the run (accel/watch.py): it stands aside
+    idle: bool = False  # the loop went around the run (accel/run/watch.py): it stands aside
 
 
 @register

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 
 import torch
 
-from accel.accelerator import Accelerator, Capability, Keeps, Stage, State, register
+from accel.plan.contract import Accelerator, Capability, Keeps, Stage, State, register
 from accel.errors import Problem
-from accel.options import Options, option, positive
+from accel.plan.options import Options, option, positive
 
 
 def norm_type_problem(value) -> str | None:

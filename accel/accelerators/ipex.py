@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
-from accel.accelerator import SAME_MATH, Accelerator, Capability, Stage, dtype_name, register
-from accel.options import Options, option
+from accel.plan.contract import SAME_MATH, Accelerator, Capability, Stage, dtype_name, register
+from accel.plan.options import Options, option
 from accel.errors import Problem
 from accel.hardware import ipex_problem
 from accel.optim import copy_with_optimizer, foreign_tensors

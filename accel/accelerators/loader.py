@@ -6,7 +6,7 @@ run a new DataLoader over the same dataset, sampler or batch sampler, batch size
 collate_fn, generator, worker_init_fn, timeout, prefetch factor, multiprocessing context and order. When the
 threads accelerator pins the compute threads to some CPUs (``decisions.cpus``), the workers, which would inherit
 that pin, are pinned to the spare CPUs instead (the allowed ones minus the compute ones, hyper-threads of the
-compute cores included) by a worker_init_fn (``accel.loaders.PinWorkers``) that then calls the user's own; with no
+compute cores included) by a worker_init_fn (``accel.run.loaders.PinWorkers``) that then calls the user's own; with no
 spare CPU they stay where they are, and the row says so.
 
 When it helps: when loading is part of the step (decoding and augmenting images: 2 workers ran the book's
@@ -18,7 +18,7 @@ order), epoch after epoch: it keeps the loader's persistent_workers, since a Dat
 its generator per iterator and persistent workers make one iterator for the whole run. It leaves the loader
 alone, and says why, when it cannot rebuild it faithfully (a DataLoader subclass, another iterable) or when
 nothing would change. It never changes the number of workers of an IterableDataset
-(``accel.loaders.workers_change_batches``): a stream is batched inside each worker, so another number of
+(``accel.run.loaders.workers_change_batches``): a stream is batched inside each worker, so another number of
 workers changes which samples share a batch (a stream that shards itself by worker interleaves the workers'
 shards, one that does not is repeated by every worker). ``auto`` keeps the loader's own number and says why
 (pinned memory and non-blocking copies, which keep the batches, still apply); an explicit other
@@ -33,12 +33,12 @@ from dataclasses import dataclass
 
 import torch
 
-from accel.accelerator import Accelerator, Capability, Stage, register
-from accel.options import Options, at_least, option
-from accel.distributed import cores_for_rank, rank_cores
+from accel.plan.contract import Accelerator, Capability, Stage, register
+from accel.plan.options import Options, at_least, option
+from accel.hardware.launch import cores_for_rank, rank_cores
 from accel.errors import Problem, Skip
 from accel.hardware import format_cpu_list, hyperthread_siblings, is_accelerator
-from accel.loaders import (STREAM_BATCHES, PinWorkers, rebuild_loader, rebuild_problem, settings,
+from accel.run.loaders import (STREAM_BATCHES, PinWorkers, rebuild_loader, rebuild_problem, settings,
                            workers_change_batches)
 
 

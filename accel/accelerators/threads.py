@@ -13,7 +13,7 @@ Exporting ``GOMP_CPU_AFFINITY`` binds a *spawned* child's main thread to one CPU
 What it keeps: the same math; the thread count changes only the order of float sums (``SAME_MATH``).
 Every change goes through the journal: a failed plan, or ``run.close()``, puts threads, affinity and
 variables back. Several open runs (one per model: a GAN's generator and discriminator) each lay their values over
-the others' (accel/journal.py): the newest open run's are live, and closing them in any order restores the
+the others' (accel/run/journal.py): the newest open run's are live, and closing them in any order restores the
 process; a variable the user set is kept, one another open run set is not the user's and is layered over.
 """
 from __future__ import annotations
@@ -23,11 +23,11 @@ import warnings
 from dataclasses import dataclass
 
 
-from accel.accelerator import SAME_MATH, Accelerator, Capability, Stage, register
-from accel.options import Options, at_least, option
-from accel.distributed import rank_cores
+from accel.plan.contract import SAME_MATH, Accelerator, Capability, Stage, register
+from accel.plan.options import Options, at_least, option
+from accel.hardware.launch import rank_cores
 from accel.hardware import format_cpu_list, loaded_openmp
-from accel.journal import set_by_runs
+from accel.run.journal import set_by_runs
 
 
 def openmp_variables(runtime: str, cpus: tuple[int, ...], threads: int) -> dict[str, str]:

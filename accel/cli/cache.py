@@ -1,5 +1,5 @@
-"""accel cache: the plans plan="auto" remembered (accel.plancache): list them, or clear them (clearing all clears
-compile's artifacts too, accel.compile_cache: the next compile of every setup is cold)."""
+"""accel cache: the plans plan="auto" remembered (accel.plan.cache): list them, or clear them (clearing all clears
+compile's artifacts too, accel.accelerators.compile.cache: the next compile of every setup is cold)."""
 from __future__ import annotations
 
 import argparse
@@ -15,7 +15,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args) -> int:
-    from accel import plancache
+    import accel.plan.cache as plancache
 
     folder = plancache.cache_dir()
     if args.action == "clear":

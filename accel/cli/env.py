@@ -9,8 +9,8 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 import accel
-from accel.accelerator import REGISTRY
-from accel.core import prepare
+from accel.plan.contract import REGISTRY
+from accel.api import prepare
 from accel.errors import PlanError
 from accel.hardware import ipex_problem, package_version, probe
 from accel.workloads import TinyCNN

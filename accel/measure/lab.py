@@ -98,7 +98,7 @@ class Lab:
 
     def trial(self, plan: Any) -> Trial:
         """Apply the plan to fresh copies and take its first steps from the common start (timed apart)."""
-        from accel.core import accelerate
+        from accel.api import accelerate
         from accel.errors import PlanError
         from accel.plan import Plan
 

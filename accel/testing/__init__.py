@@ -17,10 +17,10 @@ from typing import Iterator
 import torch
 from torch import nn
 
-from accel.accelerator import Accelerator
-from accel.core import accelerate
-from accel.journal import pin_process
-from accel.report import Row
+from accel.plan.contract import Accelerator
+from accel.api import accelerate
+from accel.run.journal import pin_process
+from accel.run.report import Row
 from accel.run import Run
 from accel.testing.clock import VirtualClock  # noqa: F401  (public)
 from accel.testing.harness import Equivalence, Setup, check_equivalence  # noqa: F401  (public)

@@ -6,7 +6,7 @@ import re
 
 import torch
 
-from accel.accelerator import EXACT, Keeps
+from accel.plan.contract import EXACT, Keeps
 from accel.testing.trace import Trace
 
 LEVELS = ("exact", "float", "tolerance", "changed")

@@ -30,10 +30,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from accel.accelerator import EXACT, REGISTRY, Keeps
-from accel.core import accelerate
+from accel.plan.contract import EXACT, REGISTRY, Keeps
+from accel.api import accelerate
 from accel.errors import AccelerateError, PlanError
-from accel.loaders import release_workers
+from accel.run.loaders import release_workers
 from accel.plan import Plan
 from accel.testing.comparison import LEVELS, combined, compare, compare_tensors  # noqa: F401  (tests import them here)
 from accel.testing.snapshots import snapshot
@@ -50,7 +50,7 @@ class Equivalence:
     applied: list[str] = field(default_factory=list)
     skipped: dict[str, str] = field(default_factory=dict)
     stale: dict[str, str] = field(default_factory=dict)  # what the report named stale (the user's model/optimizer)
-    idle: dict[str, str] = field(default_factory=dict)  # applied, then bypassed by the loop: why (accel/watch.py)
+    idle: dict[str, str] = field(default_factory=dict)  # applied, then bypassed by the loop: why (accel/run/watch.py)
     refused: str | None = None  # a PlanError: refused up front
     failed: str | None = None  # an AccelerateError: failed while applying, rolled back
     differences: list[str] = field(default_factory=list)

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from accel.batches import map_tensors
-from accel.loaders import release_workers
+from accel.run.loaders import release_workers
 from accel.measure import TrainStep, endless
 from accel.modules import tied_groups
 from accel.run import Run

@@ -1,4 +1,4 @@
-"""2 gloo ranks: plan="auto" in the user's own loop under a launcher (accel/autotune/ranks.py).
+"""2 gloo ranks: plan="auto" in the user's own loop under a launcher (accel/search/ranks.py).
 
 Each rank trains the same model with the same loop; auto measures two candidates against the plain loop with ddp
 in every arm. Each rank writes OUT_DIR/rankN.json: the plan of every step, the plan it settled on and when, whether
@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 import accel
-from accel.autotune import inloop
+from accel.search import inloop
 from accel.testing import tiny_loader, tiny_model, tiny_optimizer
 
 inloop.CHUNK_S = 0.02  # short chunks: the search settles in seconds

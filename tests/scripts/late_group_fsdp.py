@@ -16,7 +16,7 @@ from torch.nn.functional import cross_entropy
 from torch.utils.data import DataLoader, TensorDataset
 
 import accel
-from accel.distributed import rank
+from accel.hardware.launch import rank
 from accel.testing.models import TinyGPT
 
 parser = argparse.ArgumentParser()

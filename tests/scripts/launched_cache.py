@@ -14,7 +14,7 @@ import torch
 
 import accel
 import accel.clock
-from accel.accelerator import Accelerator, Stage, register
+from accel.plan.contract import Accelerator, Stage, register
 from accel.testing import VirtualClock, tiny_loader, tiny_model
 
 CLOCK = VirtualClock()

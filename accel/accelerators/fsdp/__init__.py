@@ -53,7 +53,7 @@ import warnings
 import torch
 from torch import nn
 
-from accel.accelerator import SAME_MATH, Capability, Stage, dtype_name, register
+from accel.plan.contract import SAME_MATH, Capability, Stage, dtype_name, register
 from accel.accelerators.fsdp.checks import foreign_parameter_problems, fsdp_available, is_sharded
 from accel.accelerators.fsdp.config import FSDPOptions, FSDPState
 from accel.accelerators.fsdp.surgery import (Originals, gather_state, shard_like, shard_model, swap_parameters,

@@ -5,10 +5,10 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
-from accel.accelerator import State
+from accel.plan.contract import State
 from accel.accelerators.fsdp.surgery import Originals, Sharding
 from accel.data_parallel import DataParallelOptions
-from accel.options import option
+from accel.plan.options import option
 
 REDUCE_DTYPES = ("float32", "compute")
 

@@ -35,8 +35,8 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from accel.accelerator import Accelerator, Capability, Keeps, Stage, register
-from accel.options import Options, at_least, option
+from accel.plan.contract import Accelerator, Capability, Keeps, Stage, register
+from accel.plan.options import Options, at_least, option
 from accel.accelerators.prune.config import DEFAULT_CONFIG, PRUNERS, config_problems
 from accel.accelerators.prune.diagnosis import empty_message, same_for_every_input
 from accel.accelerators.prune.speedup import (QUIET, count, nni_quiet, output_shapes, shape_changes, speedup_class,

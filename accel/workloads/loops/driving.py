@@ -6,8 +6,8 @@ import copy
 
 import torch
 
-from accel.accelerator import REGISTRY
-from accel.core import accelerate
+from accel.plan.contract import REGISTRY
+from accel.api import accelerate
 from accel.errors import PlanError
 from accel.workloads.loops.base import Loop
 
@@ -35,7 +35,7 @@ class Again(Loop):
 
 class HalfMigrated(Loop):
     """The first thing people do when they migrate: run.loader, run.model and run.autocast(), but their own
-    loss.backward(), optimizer.step() and zero_grad(). accel notices it (accel/watch.py): what relies on
+    loss.backward(), optimizer.step() and zero_grad(). accel notices it (accel/run/watch.py): what relies on
     run.backward()/run.step() stands aside, named in the report, and the loop trains as it did without accel."""
 
     name = "half_migrated"

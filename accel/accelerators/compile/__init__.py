@@ -1,0 +1,206 @@
+"""compile: torch.compile, applied last and outermost, so it sees every wrapper other accelerators added.
+
+What it does: wraps the run's model in ``torch.compile(backend, mode, fullgraph, dynamic, options)``;
+compilation happens on the first step, and the report keeps that step (compile and warm-up) apart from the
+steady step time. ``regional=True`` compiles each repeated block in place instead (``module.compile()`` on every
+transformer layer or ResNet stage; the rest runs eagerly): blocks of one class share their compiled code, so the
+warm-up is one block's, not the whole model's. Under ``fsdp`` it compiles the blocks fsdp sharded, one by one, as
+FSDP2 expects (its hooks run between them). ``run.unwrap()`` peels the wrapper off. A model you compiled
+yourself is peeled by accelerate() first: the plan's compile replaces your wrapper. A double backward (a gradient
+penalty) does not run under AOTAutograd: ``run.backward`` raises ``LoopError`` naming the plans that run it.
+
+When it helps: GPUs, and models with many small element-wise ops to fuse. On top of channels_last + bf16 +
+fused Adam on resnet18 here (Zen 4) it read 0.43 against 0.46 of eager's step in one run and 0.49 against 0.46
+in the seed-model run of docs/measurement.md: within the noise, and the search dropped it on every seed model.
+When it hurts: its warm-up is
+long on 2 cores (24-41 s for resnet18, about 27 s for a tiny CNN), and alone, in fp32, it gained nothing on
+resnet18 (1.03x eager on a Zen 3): ``plan="auto"`` with ``expected_steps`` picks it only when the run is long
+enough to pay that back.
+
+Where it keeps what it compiled: inductor's compiled graphs and kernels go to ``compile/`` in accel's cache folder
+(accel/accelerators/compile/cache.py: torch's own AOTAutograd and FX graph caches, pointed there for the run and put back by
+close), so a second run of the same script loads them instead of compiling; the report says where, and whether
+this setup started warm. A ``TORCHINDUCTOR_CACHE_DIR`` of your own is left as it is.
+
+What it keeps: the same math, in generated kernels (``SAME_MATH``: float sums in another order). It compiles
+your model itself (wrapped, not copied), so its ``train()``/``eval()``, ``requires_grad_()`` and your hooks stay
+live: dynamo guards on them and recompiles when they change (accel turns on the hook guards that dynamo skips by
+default; without them a forward hook registered after compiling never ran here).
+On torch 2.8, a process that compiled many instances of one model class past dynamo's recompile limit (8)
+trained a later instance differently (loss 0.3% off by the third step; pytorch/pytorch#128954: dynamo then
+compiles the inner frames one by one). One run compiles one model; torch 2.15 never showed it in 1,000 zoo cases.
+"""
+from __future__ import annotations
+
+import functools
+import shutil
+import warnings
+from dataclasses import dataclass, field
+
+import torch
+
+
+import accel.accelerators.compile.cache as compile_cache
+from accel.plan.contract import SAME_MATH, Accelerator, Capability, Stage, State, register
+from accel.plan.options import Options, option
+from accel.errors import LoopError, Problem, Skip
+from accel.hardware import PACKAGE_BACKENDS, compile_backend_problem, import_compile_backend, torch_version
+from accel.modules import compiled, listed, outermost, repeated_blocks, trainable
+
+MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
+def has_compiler() -> bool:
+    """inductor on a CPU writes C++: a compiler must be on PATH."""
+    return any(shutil.which(c) for c in ("g++", "c++", "clang++"))
+
+
+def available_backends() -> list[str]:
+    import torch._dynamo
+
+    return sorted(torch._dynamo.list_backends(exclude_tags=()))
+
+
+@dataclass(frozen=True, kw_only=True)
+class CompileOptions(Options):
+    mode: str | None = option(None, (str, type(None)), choices=MODES)
+    backend: str = option("inductor", help="any name torch._dynamo.list_backends() gives, or one an optional package "
+                          "registers (IPEX's)")
+    fullgraph: bool = option(False, help="fail instead of falling back to eager at graph breaks")
+    dynamic: bool | None = option(None, (bool, type(None)), help="None: let dynamo decide when shapes change")
+    options: dict | None = option(None, (dict, type(None)), help="backend options (inductor config); excludes mode")
+    regional: bool | None = option(None, (bool, type(None)), help="compile each repeated block (transformer layers, "
+                                   "ResNet stages) in place instead of the whole model: one warm-up per block class. "
+                                   "None: per block under fsdp (its blocks), the whole model otherwise")
+
+
+@dataclass
+class CompileState(State):
+    wrapper: torch.nn.Module | None = None  # the OptimizedModule around the model (None: compiled in regions)
+    params: list = field(default_factory=list)  # torch < 2.15: the parameters watched for unfreezing
+    trainable: list = field(default_factory=list)  # their requires_grad when last compiled
+
+
+@register
+class Compile(Accelerator):
+    name = "compile"
+    stage = Stage.COMPILATION
+    provides = (Capability.MODEL_COMPILE,)
+    keeps = SAME_MATH
+    costly_setup = True
+    Options = CompileOptions
+    config: CompileOptions
+
+    @classmethod
+    def candidates(cls, hardware, model, optimizer=None, loader=None):
+        if not (has_compiler() or hardware.devices.keys() - {"cpu"}) or compiled(model):
+            return []
+        # a model of repeated blocks compiles each block's code once: half the warm-up (a 12-layer GPT here: 13 s
+        # against 29 s), so it fits a search's budget
+        return [{"regional": True}] if repeated_blocks(model) else [{}]
+
+    def check(self, ctx):
+        problems = []
+        if compiled(ctx.model):
+            problems.append(Problem(self.name, "the model is already compiled (torch.compile's OptimizedModule): "
+                                    "compiling it again would wrap it twice", field="model",
+                                    value=type(ctx.model).__name__,
+                                    allowed="pass the module itself (model._orig_mod), or drop compile from the plan",
+                                    kind="conflict"))
+        config = self.config
+        if config.mode is not None and config.options is not None:
+            problems.append(Problem(self.name, "torch.compile takes either mode or options, not both", field="options",
+                                    value=config.options, allowed="drop mode, or drop options", kind="conflict"))
+        why = compile_backend_problem(config.backend)
+        if why:
+            problems.append(Problem(self.name, why, field="backend", value=config.backend, kind="missing"))
+        elif config.backend not in available_backends() + list(PACKAGE_BACKENDS):
+            problems.append(Problem(self.name, "unknown compile backend", field="backend", value=config.backend,
+                                    allowed=", ".join(available_backends() + list(PACKAGE_BACKENDS)), kind="missing"))
+        if config.backend == "inductor" and ctx.device.type == "cpu" and not has_compiler():
+            problems.append(Problem(self.name, "inductor on CPU needs a C++ compiler (g++ or clang++) on PATH",
+                                    field="backend", value="inductor", kind="missing"))
+        return problems
+
+    def apply(self, ctx):
+        config = self.config
+        import_compile_backend(config.backend)  # an optional package's backend, imported once its check passed
+        kwargs = {"backend": config.backend, "fullgraph": config.fullgraph, "dynamic": config.dynamic}
+        if config.mode is not None:
+            kwargs["mode"] = config.mode
+        if config.options is not None:
+            kwargs["options"] = config.options
+        import torch._dynamo
+
+        sharded = ctx.decisions.sharded_blocks  # the blocks a sharding accelerator (fsdp) wraps one by one
+        regional = config.regional or (config.regional is None and bool(sharded))
+        blocks = (sharded or outermost(ctx.model, repeated_blocks(ctx.model))) if regional else []
+        if regional and not blocks:
+            raise Skip("regional: the model has no repeated block (a class with children occurring twice) to "
+                       "compile one by one; regional=False compiles the whole model")
+        # Hooks you register or remove after accelerate() must reach the compiled code: dynamo guards on them
+        # (its default skips those guards, and a hook added later would silently never run). Put back by close.
+        ctx.journal.setattr(torch._dynamo.config, "skip_nnmodule_hook_guards", False)
+        changes = {**{k: v for k, v in kwargs.items() if v is not None}, "compiles": "on the first step (see timing)",
+                   "hooks": "guarded: hooks you add or remove later recompile"}
+        if config.backend == "inductor":  # the backend whose compiled graphs torch keeps on disk, in accel's folder
+            changes.update(compile_cache.keep_in_accel_cache(ctx, {**kwargs, "regional": regional}))
+        if regional:
+            changes["regions"] = self.compile_blocks(ctx, blocks, kwargs)
+            if getattr(getattr(ctx.model, "config", None), "use_cache", None) is True:
+                # measured: a 12-layer GPT-2, 8 graphs (torch's recompile_limit), blocks 9-12 eager; 1 without
+                changes["kv cache"] = ("the model's config.use_cache is True: Hugging Face hands every block its KV "
+                                       "cache, and dynamo compiles a block again for each layer index, up to torch's "
+                                       "recompile_limit (8), then runs the rest eagerly; set "
+                                       "model.config.use_cache = False for training")
+                warnings.warn(f"accel compile: {changes['kv cache']}", stacklevel=2)
+            return CompileState(changes=changes)
+        state = CompileState(torch.compile(ctx.model, **kwargs), changes=changes)
+        ctx.model = state.wrapper
+        if torch_version() < (2, 15):  # measured: torch 2.8's AOTAutograd kept training a layer unfrozen after compiling
+            state.params = list(state.wrapper.parameters())  # with the graph of the frozen one (2.15 recompiles)
+            state.trainable = trainable(state.params)
+            ctx.journal.hook("compile: recompile after unfreezing", lambda: state.wrapper.register_forward_pre_hook(
+                functools.partial(recompile_on_unfreeze, state)))
+            changes["unfreezing"] = "recompiles (torch < 2.15 does not by itself)"
+        return state
+
+    def compile_blocks(self, ctx, blocks, kwargs) -> str:
+        """Compile each block in place (``module.compile``): the blocks fsdp sharded, else the repeated ones."""
+        names = {id(m): name for name, m in ctx.model.named_modules()}
+        for block in blocks:
+            ctx.journal.change(f"compile: {names.get(id(block), type(block).__name__)}",
+                               lambda b=block: b.compile(**kwargs),
+                               lambda b=block: setattr(b, "_compiled_call_impl", None), kind="object")
+        kinds = sorted({type(b).__name__.removeprefix("FSDP") for b in blocks})
+        return (f"{len(blocks)} x {', '.join(kinds)} compiled in place, one by one"
+                + (" (the blocks fsdp sharded)" if ctx.decisions.sharded_blocks else "") + ": "
+                + listed([names.get(id(b), "?") for b in blocks]) + "; the rest runs eagerly")
+
+    def backward(self, run, state, loss, proceed):
+        try:
+            proceed(loss)
+        except RuntimeError as error:
+            if "double backward" not in str(error):
+                raise
+            for param in run.unwrap().parameters():  # partial sums of the failed pass: dropped, as zero_grad does
+                param.grad = None
+            others = [name for name in run.plan.names() if name != self.name]
+            raise LoopError(
+                "compile: your loop backpropagates through a gradient (a gradient penalty: torch.autograd.grad(..., "
+                "create_graph=True)), and torch.compile's AOTAutograd does not run a double backward "
+                f"({error}). Plans without compile run it: accel.accelerate(model, optimizer, loader, plan={others}). "
+                "The run's weights, optimizer state and counters are as they were; the gradients held so far "
+                "were dropped (as zero_grad does)") from error
+
+    def unwrap(self, state, model):
+        return model._orig_mod if state.wrapper is not None and model is state.wrapper else model
+
+
+def recompile_on_unfreeze(state: CompileState, module, args) -> None:
+    now = trainable(state.params)
+    if now != state.trainable:
+        import torch._dynamo
+
+        state.trainable = now
+        torch._dynamo.reset()  # drops the compiled graphs: the next call compiles with the new requires_grad

@@ -1,0 +1,252 @@
+"""accelerate(): decide and check the whole plan, then apply it in order; on any failure, roll everything back.
+
+    run = accel.accelerate(model, optimizer, loader, plan=["threads", "channels_last", "amp"])
+
+Phases (accel/plan/contract.py has the contract): the plan is parsed and ordered; the core resolves the launch
+(rank) and the device, so each rank of a launched job starts on its own device; every accelerator decides,
+then checks; all problems raise one PlanError with nothing changed. Then the model is placed on its device and
+the accelerators apply in order, each process-wide change recorded in a journal: if one fails, the journal is
+rolled back and the user's objects and the process are exactly as they were.
+"""
+from __future__ import annotations
+
+import copy
+import warnings
+from typing import Any
+
+import torch
+
+from accel import clock
+from accel.plan.contract import Accelerator, Capability, State
+from accel.run.context import Context, Decisions, placement
+from accel.errors import AccelerateError, PlanError, Problem, Skip, StaleWarning
+from accel.hardware import Hardware, package_version, probe
+from accel.run.journal import Journal
+from accel.modules import compiled
+from accel.plan import RESOLVERS, Plan, PlanSpec
+from accel.run.report import Report, Row
+from accel.run import Run, open_run
+
+__all__ = ["AccelerateError", "accelerate", "decide"]
+
+
+def _resolve_plan(plan: Any, model, optimizer, loader, device) -> tuple[PlanSpec, Any]:
+    """A plan chosen by measuring apart (accel.Auto(...), "auto" already made one) becomes the plan it chose, with
+    its result."""
+    if hasattr(plan, "resolve") and not isinstance(plan, Plan):
+        tuning = plan.resolve(model, optimizer, loader, device)
+        return tuning.plan, tuning
+    return plan, None
+
+
+
+
+def _retract(ctx: Context, name: str) -> None:
+    """Forget the decisions of an accelerator that stands aside (skipped after deciding)."""
+    defaults = Decisions(device=ctx.decisions.device)
+    for field, by in list(ctx.decisions.by.items()):
+        if by == name:
+            if field in ctx.decisions.extra:
+                del ctx.decisions.extra[field]
+            else:
+                setattr(ctx.decisions, field, getattr(defaults, field))
+            del ctx.decisions.by[field], ctx.decisions.why[field]
+
+
+def prepare(model, optimizer, loader, plan: PlanSpec, device: Any = "auto", journal: Journal | None = None,
+            hardware: Hardware | None = None) -> tuple[Context, list[Accelerator], dict[str, str]]:
+    """Parse, decide and check the whole plan; raise one PlanError with every problem. Changes nothing.
+
+    hardware: the machine to decide for (default: this one, probed)."""
+    plan, problems = Plan.parse(plan)
+    if not isinstance(model, torch.nn.Module):
+        problems.append(Problem("model", "is not a torch.nn.Module", value=type(model).__name__))
+        raise PlanError(problems)
+    hardware = hardware or probe()
+    decisions = placement(device, hardware, problems)
+    if decisions is None:
+        raise PlanError(problems)
+    ctx = Context(model=model, optimizer=optimizer, loader=loader, hardware=hardware, plan=plan, decisions=decisions,
+                  journal=journal or Journal())
+    accelerators = [copy.copy(a) for a in plan]  # each run keeps its own state on its own objects
+    skips: dict[str, str] = {}
+    checked: dict[str, list[Problem]] = {}
+    given = {"optimizer": optimizer, "loader": loader}
+    for accelerator in accelerators:
+        checked[accelerator.name] = [
+            Problem(accelerator.name, f"needs the package {name!r}, which is not installed",
+                    allowed=f"pip install {name}", kind="missing")
+            for name in accelerator.requires if package_version(name) is None]
+        checked[accelerator.name] += [
+            Problem(accelerator.name, f"needs the {what}: pass one to accel.accelerate(model, optimizer, loader, ...)",
+                    kind="missing") for what in accelerator.needs if given[what] is None]
+    for accelerator in accelerators:
+        if checked[accelerator.name]:
+            continue
+        ctx.deciding = accelerator.name
+        try:
+            accelerator.decide(ctx)
+        except Skip as skip:
+            skips[accelerator.name] = skip.reason
+            _retract(ctx, accelerator.name)
+    ctx.deciding = ""
+    for accelerator in accelerators:
+        if accelerator.name not in skips and not checked[accelerator.name]:
+            checked[accelerator.name] += accelerator.check(ctx)
+        found = checked[accelerator.name]
+        if accelerator.config.optional and found and all(p.kind == "missing" for p in found):
+            skips[accelerator.name] = "optional, and " + "; ".join(p.message for p in found)
+            _retract(ctx, accelerator.name)
+        else:
+            problems += found
+    problems += ctx.problems
+    if problems:
+        raise PlanError(problems)
+    return ctx, accelerators, skips
+
+
+def decide(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None, loader: Any = None,
+           plan: PlanSpec = None, device: Any = "auto", hardware: Hardware | None = None) -> Decisions:
+    """What the plan decides here (device, rank, dtype, threads, workers...), with nothing applied.
+
+    hardware: decide for another machine than this one (a ``Hardware``, e.g. ``dataclasses.replace(accel.probe(),
+    isa=("avx2", "fma"))`` for a CPU without native bf16). Raises the PlanError accelerate() would raise.
+    """
+    ctx, _, _ = prepare(model, optimizer, loader, plan, device, hardware=hardware)
+    return ctx.decisions
+
+
+def _place(ctx: Context) -> None:
+    """Put the model (and any optimizer state) on the run's device, recorded so a failure can undo it."""
+    device = ctx.device
+    tensors = [*ctx.model.parameters(), *ctx.model.buffers()]
+    if all(t.device == device for t in tensors):
+        return
+    optimizer = ctx.optimizer
+    if optimizer is not None and optimizer.state:  # recorded first, so it is undone after the parameters go back
+        saved = {param: dict(state) for param, state in optimizer.state.items()}
+        ctx.journal.change(f"optimizer state to {device}", lambda: None,
+                           lambda: (optimizer.state.clear(), optimizer.state.update(saved)), kind="setup")
+    ctx.journal.move_module(ctx.model, device)
+    if optimizer is not None and optimizer.state:  # load_state_dict casts the state to each parameter's device
+        optimizer.load_state_dict(optimizer.state_dict())
+
+
+def accelerate(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None, loader: Any = None,
+               plan: PlanSpec = None, device: Any = "auto") -> Run:
+    """Apply a plan of accelerators to the user's model, optimizer and loader and return a Run.
+
+    Every problem in the plan is raised together in one PlanError before anything is touched; a failure while
+    applying rolls every change back and raises AccelerateError. plan="auto" (or accel.Auto(...)) chooses the
+    plan by measuring on these objects first.
+    """
+    if isinstance(plan, str) and plan in RESOLVERS:
+        plan = RESOLVERS[plan]()
+    if hasattr(plan, "in_loop") and plan.in_loop():  # plan="auto" measuring in your own loop: its own run
+        return plan.start(model, optimizer, loader, device)
+    started = clock.now()
+    journal = Journal()
+    yours = model if compiled(model) else None  # torch.compile(model) of your own: the plan works inside it
+    model = model._orig_mod if yours is not None else model
+    earlier = open_run(model)
+    if earlier is not None:  # one run trains a model at a time: the earlier one's changes are undone first (before
+        handed = earlier.journal.detach()  # plan="auto" measures copies of it), and put back if this plan is
+        journal.change("the earlier run on this model closed", handed.undo_all,  # refused or fails
+                       lambda: (handed.redo_all(), earlier.journal.attach(handed)), kind="setup")
+    try:
+        plan, tuning = _resolve_plan(plan, yours if yours is not None else model, optimizer, loader, device)
+        ctx, accelerators, skips = prepare(model, optimizer, loader, plan, device, journal)
+    except BaseException:
+        journal.rollback()
+        raise
+    report = Report(device=str(ctx.device), hardware=describe(ctx.hardware), tuning=tuning)
+    applied: list[Accelerator] = []
+    states: dict[str, State] = {}  # each applied accelerator's per-run state, what its hooks are handed
+    replaced: dict[str, str] = {}  # "model"/"optimizer" -> the accelerator that replaced the user's
+    current = "placement"
+    try:
+        _place(ctx)
+        for accelerator in accelerators:
+            current = accelerator.name
+            row = Row(accelerator.name, accelerator.stage.name.lower(), "skipped")
+            report.rows.append(row)
+            if accelerator.name in skips:
+                row.reason = skips[accelerator.name]
+                continue
+            model_before, optimizer_before = ctx.model, ctx.optimizer
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                ctx.deciding = accelerator.name  # a decision made while applying (fsdp's blocks) is its own
+                try:
+                    result = accelerator.apply(ctx)
+                    state = result if isinstance(result, State) else State(changes=dict(result or {}))
+                    row.changes, row.status = state.changes, "applied"
+                    applied.append(accelerator)
+                    states[accelerator.name] = state
+                except Skip as skip:
+                    row.reason = skip.reason
+                    _retract(ctx, accelerator.name)
+                finally:
+                    ctx.deciding = ""
+            for warning in caught:  # keep them in the report and still show them to the user
+                row.warnings.append(str(warning.message))
+                warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+            state = states.get(accelerator.name)
+            if state is not None and accelerator.unwrap(state, ctx.model) is not model_before:  # a wrapper keeps it live
+                replaced.setdefault("model", accelerator.name)
+            if ctx.optimizer is not optimizer_before:
+                replaced.setdefault("optimizer", accelerator.name)
+    except BaseException as error:
+        try:
+            ctx.journal.rollback()
+        except RuntimeError as undo_error:  # said, never hiding why the plan failed
+            warnings.warn(f"accel: {undo_error}", stacklevel=2)
+        if isinstance(error, Exception) and not isinstance(error, PlanError):
+            raise AccelerateError(f"{current} failed while being applied: {type(error).__name__}: {error}; every "
+                                  "change was rolled back (your objects and the process are as they were)") from error
+        raise
+    ctx.journal.commit()
+    report.decisions = ctx.decisions.summary()
+    if yours is not None:
+        ctx.model, report.decisions["your_compile"] = keep_your_compile(yours, ctx.model, applied)
+    report.stale = stale_objects(replaced)
+    for text in report.stale.values():
+        warnings.warn(f"accel: {text}", StaleWarning, stacklevel=2)
+    run = Run(ctx, report, applied, states)
+    if earlier is not None:
+        earlier.hand_over(run)
+    report.setup_s = clock.now() - started
+    return run
+
+
+def keep_your_compile(yours: torch.nn.Module, model: torch.nn.Module, applied: list[Accelerator]):
+    """The run's model for a model the user compiled: the plan's compile replaces their wrapper; else their own
+    wrapper where the plan wrapped nothing, or their compile settings around the plan's wrappers (DDP...)."""
+    if any(Capability.MODEL_COMPILE in a.provides for a in applied):
+        return model, "replaced by the plan's compile (run.model); run.unwrap() is the module inside yours"
+    if model is yours._orig_mod:
+        return yours, "kept: run.model is your compiled model; run.unwrap() is the module inside it"
+    from torch._dynamo.eval_frame import OptimizedModule
+
+    return (OptimizedModule(model, yours.dynamo_ctx),
+            "kept outermost: your torch.compile settings wrap the plan's wrappers (run.model); run.unwrap() is the "
+            "module inside yours")
+
+
+STALE = {
+    "model": ("{name} replaced it with its own copy, which is what trains: your model.train()/eval(), hooks, EMA "
+              "and state_dict() do not reach the training; use run.unwrap() (and run.model.train()/.eval()) instead"),
+    "optimizer": ("{name} replaced it with its own, which is what steps: schedulers, learning-rate writes, "
+                  "add_param_group and state_dict() on yours do not reach the training; use run.optimizer instead"),
+}
+
+
+def stale_objects(replaced: dict[str, str]) -> dict[str, str]:
+    """What the user holds that no longer drives the training, and what to use instead (never silent)."""
+    return {what: STALE[what].format(name=name) for what, name in replaced.items()}
+
+
+def describe(hardware: Hardware) -> str:
+    isa = ",".join(hardware.isa) or "no AVX2"
+    return (f"{hardware.physical_cores} physical cores ({len(hardware.cpus_allowed)} CPUs allowed), {isa}, "
+            f"OpenMP {hardware.openmp}, torch {hardware.versions['torch']}")

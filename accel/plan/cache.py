@@ -1,0 +1,230 @@
+"""Remembered plan choices: plan="auto" on the same setup returns at once, saying when it was measured.
+
+The key (``setup_key``) holds everything that decides the answer: the model's structure (module classes, parameter
+and buffer names, shapes, dtypes, which are trainable), the batch's structure (shapes and dtypes), the optimizer's
+class and flags, the device (type and model), the CPU model, ISA and the node's physical cores, the loader's
+workers and pinning, torch's and accel's versions, the registered accelerators, and the search's settings that
+change its answer (KEY_SETTINGS). Any change measures again. It is one key for the setup whichever search asks: the
+in-loop search of a single process, the offline one (accel.tune), and each rank of a launched job, which takes the
+single process's answer (the cores counted are the node's, not the rank's share; ddp or fsdp is added by memory fit,
+accel.search.distribution). Entries are JSON files in ``cache_dir()``:
+``$ACCEL_CACHE_DIR``, else ``$XDG_CACHE_HOME/accel/plans``, else ``~/.cache/accel/plans``.
+``accel cache list`` and ``accel cache clear`` show and remove them (clear: compile's artifacts in ``compile/``
+too, accel.accelerators.compile.cache).
+
+Beside the choices, in ``warmups/``: the warm-up a costly candidate (compile) took on a setup, measured when a
+search tried it, so that the next search on the same model, batch, device, CPU and versions decides by that and
+not by a guess whether the warm-up fits its budget.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from accel.plan.contract import REGISTRY
+
+
+def cache_dir(where: Any = True) -> Path:
+    if where not in (True, None) and not isinstance(where, bool):
+        return Path(where)
+    if os.environ.get("ACCEL_CACHE_DIR"):
+        return Path(os.environ["ACCEL_CACHE_DIR"])
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return base / "accel" / "plans"
+
+
+def _structure(batch: Any) -> Any:
+    from accel.batches import map_tensors
+
+    described = map_tensors(lambda t: f"{str(t.dtype).replace('torch.', '')}{list(t.shape)}", batch)
+    return repr(described) if not isinstance(described, str) else described
+
+
+def _model(model: torch.nn.Module) -> str:
+    digest = hashlib.sha256()
+    for name, module in model.named_modules():
+        digest.update(f"{name}:{type(module).__module__}.{type(module).__qualname__};".encode())
+    for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+        digest.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype}:{tensor.requires_grad};".encode())
+    return digest.hexdigest()[:16]
+
+
+def function_key(fn: Any) -> str:
+    """Where a function comes from and a digest of its code: two different lambdas are two keys."""
+    import functools
+
+    if isinstance(fn, functools.partial):
+        return f"partial({function_key(fn.func)}, {len(fn.args)} args, {sorted(fn.keywords)})"
+    code = getattr(fn, "__code__", None)
+    digest = hashlib.sha256(code.co_code + repr(code.co_consts).encode()).hexdigest()[:12] if code else ""
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__name__)} {digest}".strip()
+
+
+KEY_SETTINGS = ("tolerance", "margin", "expected_steps", "accelerators", "candidates")
+"""The search settings that change its answer. Not: which search measured (in your loop or apart), its budget,
+steps and check steps (how it measures, not what it looks for), the device index."""
+
+
+def setup_key(model, optimizer, loader, batch, device, hardware, step, settings: dict) -> dict[str, Any]:
+    """The facts that decide a search's answer on this setup, readable (``accel cache list`` shows them): the one
+    key every search stores and looks up under (in your loop, apart, and each rank of a launched job).
+
+    The device counts by type and model (rank 3's cuda:3 takes what a single process measured on cuda:0); the
+    CPU by the node's physical cores, not a rank's share (`accel launch` pins each rank to its own cores; the
+    threads accelerator decides a rank's threads from them); the loader by what its candidates read (workers,
+    pinning); the settings by KEY_SETTINGS; how a batch becomes a loss by step's functions.
+    """
+    import accel
+    from accel.hardware.launch import node_cores
+
+    flags = {k: v for k, v in sorted(optimizer.defaults.items()) if isinstance(v, (bool, str)) or v is None}
+    functions = {name: function_key(fn) for name, fn in
+                 (("step_fn", step.step_fn), ("loss_fn", step.loss_fn), ("split", step.split)) if fn is not None}
+    return {
+        "model": f"{type(model).__qualname__} {_model(model)}",
+        "batch": _structure(batch),
+        "optimizer": f"{type(optimizer).__name__} {flags} {len(optimizer.param_groups)} group(s)",
+        "device": _device(torch.device(device)),
+        "cpu": f"{hardware.cpu_model} [{','.join(hardware.isa)}] {node_cores(hardware.physical_cores)} cores",
+        "versions": f"torch {torch.__version__}, accel {accel.__version__}",
+        "accelerators": sorted(REGISTRY),
+        "loader": f"{type(loader).__name__} workers={getattr(loader, 'num_workers', 0)} "
+                  f"pin_memory={getattr(loader, 'pin_memory', False)}",
+        "settings": {k: settings.get(k) for k in KEY_SETTINGS},
+        "functions": functions,
+    }
+
+
+def key_parts(model, optimizer, loader, batch, device, hardware, settings: dict, step) -> dict[str, Any]:
+    """setup_key, in the argument order its first callers use."""
+    return setup_key(model, optimizer, loader, batch, device, hardware, step, settings)
+
+
+def _device(device: torch.device) -> str:
+    """The device's type, and its model where torch names it (an H100's answer is not an A100's)."""
+    module = getattr(torch, device.type, None)
+    if device.type == "cpu" or not hasattr(module, "get_device_name"):
+        return device.type
+    return f"{device.type} {module.get_device_name(device)}"
+
+
+def key_of(parts: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:24]
+
+
+def lookup(parts: dict[str, Any], where: Any = True) -> dict[str, Any] | None:
+    """The remembered result (TuneResult.to_dict()) for these facts, or None."""
+    path = cache_dir(where) / f"{key_of(parts)}.json"
+    try:
+        entry = json.loads(path.read_text())
+        return entry["result"] if entry["key"] == json.loads(json.dumps(parts, default=str)) else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def store(parts: dict[str, Any], result: dict[str, Any], where: Any = True, what: str = "the choice") -> str:
+    """Remember a choice (TuneResult.to_dict()); returns its key, or "" when it is not kept: a plan holding
+    tensors or functions (it would not come back as it was) or a cache that cannot be written (said)."""
+    import warnings
+
+    key = key_of(parts)
+    try:
+        json.dumps(result["plan"])
+    except (TypeError, ValueError):
+        return ""
+    folder = cache_dir(where)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        temporary = folder / f".{key}.tmp"
+        temporary.write_text(json.dumps({"key": parts, "result": {**result, "key": key}}, default=str, indent=1))
+        os.replace(temporary, folder / f"{key}.json")
+    except OSError as error:
+        warnings.warn(f"accel: the plan cache {folder} cannot be written ({error}); {what} is not remembered",
+                      stacklevel=3)
+        return ""
+    return key
+
+
+WARMUP_FACTS = ("model", "batch", "device", "cpu", "versions")  # what a warm-up (compile's) depends on
+
+
+def warmup_parts(parts: dict[str, Any], candidate: dict[str, dict]) -> dict[str, Any]:
+    """The facts of a costly candidate's warm-up, from a search's key facts."""
+    return {**{k: parts[k] for k in WARMUP_FACTS}, "candidate": candidate}
+
+
+def known_warmup(parts: dict[str, Any], where: Any = True) -> float | None:
+    """Seconds this candidate's warm-up took when last measured on these facts (warmup_parts), or None."""
+    entry = lookup(parts, cache_dir(where) / "warmups")
+    seconds = entry.get("seconds") if entry else None
+    return float(seconds) if isinstance(seconds, (int, float)) else None
+
+
+def remember_warmup(parts: dict[str, Any], seconds: float, where: Any = True) -> None:
+    """Keep a measured warm-up (the candidate's first steps beyond as many steady steps)."""
+    import datetime
+
+    store(parts, {"plan": parts["candidate"], "seconds": round(max(seconds, 0.0), 3),
+                  "measured_at": datetime.datetime.now().isoformat(timespec="seconds")}, cache_dir(where) / "warmups")
+
+
+def entries(where: Any = True) -> list[dict[str, Any]]:
+    """Every remembered choice: key, plan, when it was measured, and the facts it was measured under."""
+    found = []
+    for path in sorted(cache_dir(where).glob("*.json")):
+        try:
+            entry = json.loads(path.read_text())
+            found.append({"key": path.stem, "plan": entry["result"]["plan"],
+                          "measured_at": entry["result"].get("measured_at", ""), "facts": entry["key"],
+                          "why": entry["result"].get("why", "")})
+        except (OSError, ValueError, KeyError):
+            found.append({"key": path.stem, "plan": None, "measured_at": "", "facts": {}, "why": "unreadable entry"})
+    return found
+
+
+def clear(where: Any = True, key: str | None = None) -> int:
+    """Forget every remembered choice (or the one of this key, or key prefix); returns how many. Clearing all
+    forgets the measured warm-ups too (counted), and compile's artifacts (clear_compile counts those)."""
+    removed = 0
+    if key is None:
+        for path in (cache_dir(where) / "warmups").glob("*.json"):
+            path.unlink(missing_ok=True)
+            removed += 1
+        clear_compile(where)
+    for path in cache_dir(where).glob("*.json"):
+        if key is None or path.stem.startswith(key):
+            path.unlink(missing_ok=True)
+            removed += 1
+    return removed
+
+
+def compile_dir(where: Any = True) -> Path:
+    """Where compile's artifacts are kept (accel.accelerators.compile.cache): ``compile/`` in accel's cache folder."""
+    return cache_dir(where) / "compile"
+
+
+def compile_usage(where: Any = True) -> tuple[int, int]:
+    """(files, bytes) of compile's artifacts in the cache folder."""
+    files = [p for p in compile_dir(where).rglob("*") if p.is_file() and not p.is_symlink()]
+    return len(files), sum(_size(p) for p in files)
+
+
+def clear_compile(where: Any = True) -> tuple[int, int]:
+    """Remove compile's artifacts from the cache folder; returns the (files, bytes) removed. The next compile of
+    any setup is cold. A folder of yours (TORCHINDUCTOR_CACHE_DIR set by you) is not accel's and is not touched."""
+    found = compile_usage(where)
+    shutil.rmtree(compile_dir(where), ignore_errors=True)
+    return found
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:  # removed meanwhile
+        return 0

@@ -1,0 +1,237 @@
+"""Plans: what the user asks for, parsed from Python, a dict or a TOML/YAML file, and put in stage order."""
+from __future__ import annotations
+
+import difflib
+import heapq
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from accel.plan.contract import REGISTRY, Accelerator
+from accel.errors import PlanError, Problem
+
+PlanSpec = Any  # Plan | list[str | dict | Accelerator] | dict[str, dict] | str | Path | None
+PLAN_FILE_SUFFIXES = (".toml", ".yaml", ".yml")
+RESOLVERS: dict[str, Any] = {}  # plan names resolved by measuring, e.g. "auto" (registered by accel.search)
+
+
+def _load_file(path: Path) -> Any:
+    text = path.read_text()
+    if path.suffix == ".toml":
+        try:
+            import tomllib
+        except ModuleNotFoundError:  # Python 3.10
+            import tomli as tomllib
+        return tomllib.loads(text)
+    if path.suffix in (".yaml", ".yml"):
+        import yaml
+
+        return yaml.safe_load(text)
+    raise ValueError(f"plan file {str(path)!r}: unknown format {path.suffix!r} (allowed: .toml, .yaml, .yml)")
+
+
+def _entries(spec: PlanSpec, problems: list[Problem]) -> list[tuple[str, Any]]:
+    """Flatten any accepted plan form into (name or instance, options) pairs, noting malformed parts."""
+    if spec is None:
+        return []
+    if isinstance(spec, (str, Path)):
+        path = Path(spec)
+        if not path.is_file():
+            if isinstance(spec, Path) or path.suffix in PLAN_FILE_SUFFIXES or "/" in str(spec):
+                problems.append(Problem("plan", "plan file not found" + (" (it is a directory)" if path.is_dir() else ""),
+                                        value=str(spec), allowed="an existing .toml, .yaml or .yml file",
+                                        kind="missing"))
+                return []
+            if str(spec) in RESOLVERS:
+                problems.append(Problem("plan", "is chosen by measuring: pass plan='auto' to accel.accelerate(), or "
+                                        "call accel.tune(...) and use its .plan", value=str(spec), kind="unknown"))
+                return []
+            known = ", ".join(sorted(REGISTRY))
+            problems.append(Problem("plan", f"is neither a plan file nor a plan; a one-accelerator plan is written "
+                                    f"[{str(spec)!r}]", value=str(spec), allowed=f"a .toml/.yaml path, or a list of: {known}",
+                                    kind="unknown"))
+            return []
+        try:
+            spec = _load_file(path)
+        except Exception as error:  # a broken file is a plan problem like any other
+            problems.append(Problem("plan", f"plan file {str(path)!r} cannot be read: {error}", value=str(path)))
+            return []
+        if isinstance(spec, Mapping) and set(spec) == {"accelerators"}:
+            spec = spec["accelerators"]
+        if spec is None:
+            return []  # an empty file is the empty plan
+        if isinstance(spec, (str, bytes)) or not isinstance(spec, (Mapping, list)):
+            problems.append(Problem("plan", f"plan file {str(path)!r} holds a {type(spec).__name__}, not a mapping "
+                                    "or a list of accelerators", value=spec,
+                                    allowed="a mapping {name: options} or a list of names / {name: options}"))
+            return []
+    if isinstance(spec, Mapping):
+        return list(spec.items())
+    if isinstance(spec, Accelerator):
+        return [(spec, None)]
+    if not isinstance(spec, Iterable):
+        problems.append(Problem("plan", "is not a plan", value=spec,
+                                allowed="a list of names / {name: options} / Accelerator objects, a dict, or a file path"))
+        return []
+    pairs: list[tuple[str, Any]] = []
+    for item in spec:
+        if isinstance(item, (str, Accelerator)):
+            pairs.append((item, None))
+        elif isinstance(item, Mapping):
+            pairs.extend(item.items())
+        else:
+            problems.append(Problem("plan", "is not a plan entry", value=item,
+                                    allowed="an accelerator name, {name: options} or an Accelerator object"))
+    return pairs
+
+
+def _matches(token: str, accelerator: Accelerator) -> bool:
+    return token == accelerator.name or token in accelerator.provides
+
+
+def order(accelerators: list[Accelerator]) -> tuple[list[Accelerator], list[Problem]]:
+    """The plan order: by stage, then the declared after/before constraints inside a stage, then by name.
+
+    A constraint against the stages' order, a cycle, or a declared conflict is a problem of the plan.
+    """
+    problems: list[Problem] = []
+    edges: set[tuple[str, str]] = set()  # (earlier, later)
+    for a in accelerators:
+        for attribute, earlier_is_other in (("after", True), ("before", False)):
+            for token in getattr(a, attribute):
+                for other in accelerators:
+                    if other is a or not _matches(token, other):
+                        continue
+                    first, second = (other, a) if earlier_is_other else (a, other)
+                    if first.stage > second.stage:
+                        problems.append(Problem(a.name, f"declares {attribute}={token!r}, which {other.name} "
+                                                f"provides, but stage {first.stage.name.lower()} comes after "
+                                                f"{second.stage.name.lower()}", field=attribute, kind="conflict"))
+                    elif first.stage == second.stage:
+                        edges.add((first.name, second.name))
+    seen_pairs = set()
+    for a in accelerators:
+        for token in a.conflicts:
+            for other in accelerators:
+                pair = frozenset((a.name, other.name))
+                if other is not a and _matches(token, other) and pair not in seen_pairs:
+                    seen_pairs.add(pair)
+                    problems.append(Problem(a.name, f"conflicts with {other.name} ({token!r}): list one of them",
+                                            allowed=f"{a.name} or {other.name}", kind="conflict"))
+    by_name = {a.name: a for a in accelerators}
+    indegree = {a.name: 0 for a in accelerators}
+    for _, later in edges:
+        indegree[later] += 1
+    ready = [(int(a.stage), a.name) for a in accelerators if indegree[a.name] == 0]
+    heapq.heapify(ready)
+    ordered: list[Accelerator] = []
+    while ready:
+        _, name = heapq.heappop(ready)
+        ordered.append(by_name[name])
+        for earlier, later in edges:
+            if earlier == name:
+                indegree[later] -= 1
+                if indegree[later] == 0:
+                    heapq.heappush(ready, (int(by_name[later].stage), later))
+    if len(ordered) < len(accelerators):
+        stuck = sorted(n for n, d in indegree.items() if d > 0)
+        problems.append(Problem("plan", f"the after/before declarations of {', '.join(stuck)} form a cycle",
+                                kind="conflict"))
+        ordered += sorted((by_name[n] for n in stuck), key=lambda a: (int(a.stage), a.name))
+    return ordered, problems
+
+
+class Plan:
+    """An ordered set of configured accelerators. Construction validates names, options and the order.
+
+    The order is the library's (by stage, then declared constraints, then name), never the order the user wrote.
+    """
+
+    def __init__(self, spec: PlanSpec = None):
+        plan, problems = Plan.parse(spec)
+        if problems:
+            raise PlanError(problems)
+        self.accelerators: list[Accelerator] = plan.accelerators
+
+    @classmethod
+    def parse(cls, spec: PlanSpec) -> tuple[Plan, list[Problem]]:
+        """Parse without raising: the plan of every valid entry, and the problems of the rest."""
+        if isinstance(spec, Plan):
+            return spec, []
+        problems: list[Problem] = []
+        accelerators: dict[str, Accelerator] = {}
+        for key, options in _entries(spec, problems):
+            accelerator = cls._build(key, options, problems)
+            if accelerator is None:
+                continue
+            if accelerator.name in accelerators:
+                problems.append(Problem(accelerator.name, "is listed more than once; list it once with all its options",
+                                        kind="conflict"))
+                continue
+            accelerators[accelerator.name] = accelerator
+        plan = cls.__new__(cls)
+        plan.accelerators, order_problems = order(list(accelerators.values()))
+        return plan, problems + order_problems
+
+    @staticmethod
+    def _build(key: Any, options: Any, problems: list[Problem]) -> Accelerator | None:
+        if isinstance(key, Accelerator):
+            return key
+        if not isinstance(key, str):
+            problems.append(Problem("plan", "accelerator names are strings", value=key, kind="unknown"))
+            return None
+        if key not in REGISTRY:
+            hint = difflib.get_close_matches(key, list(REGISTRY), n=1)
+            problems.append(Problem(key, "unknown accelerator" + (f"; did you mean {hint[0]!r}?" if hint else ""),
+                                    allowed=", ".join(sorted(REGISTRY)), kind="unknown"))
+            return None
+        if options is False:
+            return None  # `amp = false` in a file switches an accelerator off
+        if options is None or options is True:
+            options = {}
+        if not isinstance(options, Mapping):
+            problems.append(Problem(key, "options must be a mapping of option name to value", value=options,
+                                    allowed="{option: value}, true, false or nothing"))
+            return None
+        cls = REGISTRY[key]
+        found = cls.option_problems(dict(options))
+        if found:
+            problems.extend(found)
+            return None
+        return cls(**options)
+
+    def names(self) -> list[str]:
+        return [a.name for a in self.accelerators]
+
+    def get(self, name: str) -> Accelerator | None:
+        return next((a for a in self.accelerators if a.name == name), None)
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        """{name: options the user set}; Plan(plan.to_dict()) is the same plan."""
+        return {a.name: a.to_dict() for a in self.accelerators}
+
+    def __iter__(self):
+        return iter(self.accelerators)
+
+    def __len__(self) -> int:
+        return len(self.accelerators)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Plan) and same_options(self.to_dict(), other.to_dict())
+
+    def __repr__(self) -> str:
+        return f"Plan({self.to_dict()!r})"
+
+
+def same_options(a: Any, b: Any) -> bool:
+    """Equality of option values that may hold tensors (a dummy input) or functions."""
+    import torch
+
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape
+                and a.dtype == b.dtype and torch.equal(a.cpu(), b.cpu()))
+    if isinstance(a, Mapping) and isinstance(b, Mapping):
+        return a.keys() == b.keys() and all(same_options(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(same_options(x, y) for x, y in zip(a, b))
+    return a == b

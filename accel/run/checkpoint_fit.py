@@ -1,0 +1,112 @@
+"""What both checkpoint formats share: each rank's part of the state, and whether a saved state fits a run.
+
+run.save gathers every rank's random state and the states of accelerators whose state differs per rank
+(``state_per_rank``: accumulated gradients); run.load hands each rank its own, or rank 0's with a warning when the
+world size changed. The fit checks (model keys and shapes, the optimizer, accelerators the run did not apply)
+answer in words, before anything is loaded, for the single file (accel/run/checkpoint.py) and the shards
+(accel/run/sharded_checkpoint.py) alike.
+"""
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import torch
+
+from accel.hardware.launch import rank, world_size
+
+
+def gather_from_ranks(obj: Any) -> list[Any]:
+    """Every rank's obj, in rank order (a collective when distributed; [obj] otherwise)."""
+    import torch.distributed as dist
+
+    if world_size() == 1:
+        return [obj]
+    gathered: list[Any] = [None] * world_size()
+    dist.all_gather_object(gathered, obj)
+    return gathered
+
+
+def gathered(run, state: dict[str, Any]) -> dict[str, Any]:
+    """The parts of a run's state that differ per rank, gathered from every rank (a collective), and the rest."""
+    ranked = {a.name for a in run.accelerators if a.state_per_rank}
+    return {"rng": gather_from_ranks(state["rng"]), "world_size": world_size(),
+            "accelerators_per_rank": gather_from_ranks({n: s for n, s in state["accelerators"].items() if n in ranked}),
+            "accelerators": {n: s for n, s in state["accelerators"].items() if n not in ranked}}
+
+
+def this_rank(saved: dict[str, Any]) -> dict[str, Any]:
+    """This rank's accelerator states and random state from a saved checkpoint (rank 0's when the world size
+    changed, with a warning)."""
+    per_rank = saved.get("accelerators_per_rank") or [{}]
+    rngs = saved["rng"] if isinstance(saved["rng"], list) else [saved["rng"]]
+    if len(rngs) != world_size():
+        warnings.warn(f"checkpoint saved by {len(rngs)} rank(s), loaded by {world_size()}: every rank takes rank 0's "
+                      "random state", stacklevel=4)
+    mine = per_rank[rank()] if len(per_rank) == world_size() else per_rank[0]
+    return {"accelerators": {**saved.get("accelerators", {}), **mine},
+            "rng": rngs[rank()] if len(rngs) == world_size() else rngs[0]}
+
+
+def rank_problems(saved: dict[str, Any]) -> list[str]:
+    """A checkpoint saved mid-accumulation holds each rank's own gradients: it resumes only at its world size."""
+    per_rank = saved.get("accelerators_per_rank") or [{}]
+    if len(per_rank) != world_size() and any(s.get("micro") for part in per_rank for s in part.values()
+                                             if isinstance(s, dict)):
+        return [f"saved by {len(per_rank)} rank(s) in the middle of accumulating gradients, which differ per rank; "
+                f"loaded by {world_size()}: resume from a checkpoint saved on an optimizer step"]
+    return []
+
+
+def model_problems(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """Keys and shapes: ``saved`` maps each key to a tensor or a shape (DCP's metadata gives shapes)."""
+    def shape(value):
+        return tuple(value.shape) if isinstance(value, torch.Tensor) else tuple(value) if value is not None else None
+
+    problems = []
+    missing, unexpected = sorted(set(current) - set(saved)), sorted(set(saved) - set(current))
+    if missing:
+        problems.append(f"the model's {missing[:5]}{' ...' if len(missing) > 5 else ''} are not in the checkpoint")
+    if unexpected:
+        problems.append(f"the checkpoint's {unexpected[:5]}{' ...' if len(unexpected) > 5 else ''} are not in the model")
+    shapes = [f"{k} {shape(saved[k])} vs {tuple(v.shape)}" for k, v in current.items()
+              if k in saved and isinstance(v, torch.Tensor) and shape(saved[k]) is not None
+              and shape(saved[k]) != tuple(v.shape)]
+    if shapes:
+        problems.append("shapes differ (checkpoint vs model): " + "; ".join(shapes[:5]))
+    return problems
+
+
+def optimizer_problems(optimizer, saved_class: str | None, present: bool, saved: dict | None = None) -> list[str]:
+    """The optimizer's class, and, where the saved state is in hand (one file), its groups and state shapes."""
+    if saved_class and optimizer is not None and saved_class != type(optimizer).__name__:
+        return [f"the checkpoint holds a {saved_class}'s state, this run's optimizer is a {type(optimizer).__name__}"]
+    if (optimizer is None) == present:
+        return [f"the checkpoint has {'an' if present else 'no'} optimizer state, this run has "
+                f"{'one' if optimizer is not None else 'none'}"]
+    if optimizer is None or saved is None:
+        return []
+    groups, current = saved.get("param_groups", []), optimizer.param_groups
+    sizes, mine = [len(g["params"]) for g in groups], [len(g["params"]) for g in current]
+    if sizes != mine:
+        return [f"the optimizer's param groups hold {mine} parameters, the checkpoint's {sizes}"]
+    params = [p for g in current for p in g["params"]]
+    index = [i for g in groups for i in g["params"]]
+    wrong = [f"param {i}" for i, p in zip(index, params)
+             for t in saved.get("state", {}).get(i, {}).values()
+             if isinstance(t, torch.Tensor) and t.dim() and tuple(t.shape) != tuple(p.shape)]
+    return [f"optimizer state of another shape for {wrong[:5]}"] if wrong else []
+
+
+def stray_problems(saved_names: set[str], run) -> list[str]:
+    stray = sorted(saved_names - {a.name for a in run.accelerators})
+    return [f"state of accelerators this run did not apply: {stray}"] if stray else []
+
+
+def unprefixed(saved: dict, current: dict) -> dict:
+    """A model state saved through the user's own torch.compile wrapper (accel 0.2 saved it so: keys starting
+    with ``_orig_mod.``), keyed as the module inside it, which is what run.unwrap() is now."""
+    prefix = "_orig_mod."
+    if saved and all(k.startswith(prefix) for k in saved) and not any(k.startswith(prefix) for k in current):
+        return {k[len(prefix):]: v for k, v in saved.items()}
+    return saved

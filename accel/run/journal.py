@@ -1,0 +1,204 @@
+"""The undo journal: every change an accelerator makes outside its own new objects, with how to undo and redo it.
+
+Three kinds of change go through a Journal:
+
+- ``process``: threads, CPU affinity, environment variables, backend flags, a process group;
+- ``setup``: what stays once the plan succeeded and is undone only if it fails: the user's tensors moved to the
+  run's device, an earlier run on the same model closed;
+- ``object``: how the user's own objects run, never what they hold: a pre-hook on a conv, a checkpointed forward,
+  ``fused=True`` in the optimizer's param groups. The run trains the user's objects themselves, so everything
+  the user does to them stays live; these changes are what makes them faster.
+
+accelerate() rolls everything back when a plan fails half-way, so the user's objects and the process are exactly
+as they were; run.close() undoes the process and object changes (the training it did stays); tune keeps one
+journal per candidate and switches candidates by undoing one and redoing the other.
+
+Process-wide values are shared by every open run, so a journal entry never remembers "the value before me":
+each is a layer of a ``Setting`` shared by the runs (accel/run/shared_settings.py says how).
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+from typing import Any, Callable, Hashable
+
+import torch
+
+from accel.run.shared_settings import Layer, set_by_runs  # noqa: F401  (accel.run.journal.set_by_runs, as before)
+
+_MISSING = object()
+
+
+def pin_process(cpus) -> int:
+    """Set the affinity of every thread of this process (the OpenMP pool included); returns threads pinned."""
+    cpus = tuple(cpus)
+    tids = [int(t) for t in os.listdir("/proc/self/task")] if os.path.isdir("/proc/self/task") else [0]
+    pinned = 0
+    for tid in tids:
+        try:
+            os.sched_setaffinity(tid, cpus)
+            pinned += 1
+        except OSError:  # a thread that ended meanwhile
+            pass
+    return pinned
+
+
+def _affinity() -> tuple[int, ...] | None:
+    return tuple(sorted(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") else None
+
+
+@dataclass
+class Entry:
+    what: str
+    redo: Callable[[], None]
+    undo: Callable[[], None]
+    kind: str  # "process", "setup" or "object" (see the module's docstring)
+
+
+KINDS = ("process", "setup", "object")
+
+
+class Journal:
+    """Changes made so far, in order; ``rollback`` undoes them newest first."""
+
+    def __init__(self):
+        self.entries: list[Entry] = []
+        self.active = True
+
+    def change(self, what: str, redo: Callable[[], None], undo: Callable[[], None], kind: str = "process") -> None:
+        """Make a change now (``redo``) and remember how to take it back (``undo``). A redo that fails half-way
+        is undone at once, so a rollback never meets a half-made change."""
+        if kind not in KINDS:
+            raise ValueError(f"journal: kind {kind!r} is not one of {KINDS}")
+        try:
+            redo()
+        except BaseException:
+            with contextlib.suppress(Exception):  # the redo's own error is the one to report
+                undo()
+            raise
+        self.entries.append(Entry(what, redo, undo, kind))
+
+    def layer(self, key: Hashable, what: str, read: Callable[[], Any], write: Callable[[Any], None],
+              value: Any) -> None:
+        """Set a process-wide value as a layer of its Setting (the module's docstring): undone, it restores what
+        the other open runs, or the process before them, had."""
+        layer = Layer(key, value, read, write)
+        self.change(what, layer.put, layer.take)
+
+    def setenv(self, key: str, value: str) -> None:
+        self.layer(("environ", key), f"environment {key}={value}", lambda: os.environ.get(key, _MISSING),
+                   lambda v: os.environ.pop(key, None) if v is _MISSING else os.environ.__setitem__(key, v), value)
+
+    def set_threads(self, threads: int) -> None:
+        self.layer("torch threads", f"torch threads {threads}", torch.get_num_threads, torch.set_num_threads, threads)
+
+    def set_affinity(self, cpus) -> bool:
+        """Pin every thread to these CPUs; False where the OS offers no affinity (then nothing changed)."""
+        cpus = tuple(sorted(cpus))
+        if _affinity() is None:
+            return False
+        self.layer("affinity", f"affinity {cpus}", _affinity, pin_process, cpus)
+        return True
+
+    def setattr(self, obj: Any, name: str, value: Any) -> None:
+        """A flag on a module-level object, e.g. torch.backends.cudnn.benchmark."""
+        self.layer(("attribute", id(obj), name), f"{getattr(obj, '__name__', type(obj).__name__)}.{name}={value}",
+                   lambda: getattr(obj, name), lambda v: setattr(obj, name, v), value)
+
+    def move_module(self, module: torch.nn.Module, device: torch.device) -> None:
+        """module.to(device) in place, remembering every tensor it replaced so undo restores them exactly.
+
+        torch moves a gradient by assigning its .data (the same object, moved) and may swap in new Parameter
+        objects; so the parameter dicts, each parameter's data and each gradient's data are all kept.
+        """
+        saved = [(m, dict(m._parameters), {k: (p, p.data, p.grad, None if p.grad is None else p.grad.data)
+                                           for k, p in m._parameters.items() if p is not None}, dict(m._buffers))
+                 for m in module.modules()]
+
+        def undo():
+            for m, parameters, params, buffers in saved:
+                m._parameters.update(parameters)
+                for p, data, grad, grad_data in params.values():
+                    if grad is not None:
+                        p.grad = None  # a moved gradient may no longer match the restored data's device/dtype
+                        grad.data = grad_data
+                    p.data = data
+                    p.grad = grad
+                m._buffers.update(buffers)
+
+        self.change(f"model to {device}", lambda: module.to(device), undo, kind="setup")
+
+    def hook(self, what: str, register: Callable[[], Any]) -> None:
+        """A hook on one of the user's objects (``register`` returns its handle), removed by undo."""
+        handles = []
+        self.change(what, lambda: handles.append(register()), lambda: handles.pop().remove(), kind="object")
+
+    def set_item(self, mapping: Any, key: str, value: Any, what: str = "") -> None:
+        """mapping[key] = value on one of the user's objects (e.g. an optimizer's param group), undone exactly
+        (a key that was missing is removed again)."""
+        old = mapping.get(key, _MISSING)
+        self.change(what or f"{key}={value}", lambda: mapping.__setitem__(key, value),
+                    lambda: mapping.pop(key, None) if old is _MISSING else mapping.__setitem__(key, old), kind="object")
+
+    def rollback(self) -> None:
+        """Undo every change, newest first (process state and tensor placement), and forget them. An undo that
+        fails does not stop the others; the failures are raised together at the end."""
+        failed = []
+        for entry in reversed(self.entries):
+            if entry.kind != "process" or self.active:
+                try:
+                    entry.undo()
+                except Exception as error:
+                    failed.append(f"{entry.what}: {type(error).__name__}: {error}")
+        self.entries.clear()
+        self.active = True
+        if failed:
+            raise RuntimeError("could not undo " + "; ".join(failed))
+
+    def suspend(self) -> None:
+        """Undo the process-wide changes only, keeping them to redo (tune switching between candidates); their
+        layers leave the registry, and ``resume`` puts them back in their place among the other runs'."""
+        if self.active:
+            for entry in reversed(self.entries):
+                if entry.kind == "process":
+                    entry.undo()
+            self.active = False
+
+    def resume(self) -> None:
+        if not self.active:
+            for entry in self.entries:
+                if entry.kind == "process":
+                    entry.redo()
+            self.active = True
+
+    def commit(self) -> None:
+        """After a plan succeeded: the setup stays (the model on its device, the earlier run closed); the process
+        and object changes stay recorded, for run.close()."""
+        self.entries = [e for e in self.entries if e.kind != "setup"]
+
+    def detach(self) -> "Journal":
+        """A journal that owns these changes (made, still recorded), leaving this one empty: a run hands its
+        changes over to the journal of the run that replaces it, which can put them back if its plan fails."""
+        moved = Journal()
+        moved.entries, moved.active = self.entries, self.active
+        self.entries, self.active = [], True
+        return moved
+
+    def attach(self, moved: "Journal") -> None:
+        """Take back the changes ``detach`` handed over (an earlier run put back when the next plan failed)."""
+        self.entries, self.active = moved.entries + self.entries, moved.active
+
+    def undo_all(self) -> None:
+        """Undo every change, newest first, keeping them to redo (``redo_all``)."""
+        for entry in reversed(self.entries):
+            if entry.kind != "process" or self.active:
+                entry.undo()
+
+    def redo_all(self) -> None:
+        for entry in self.entries:
+            if entry.kind != "process" or self.active:
+                entry.redo()
+
+    def __repr__(self) -> str:
+        return f"Journal({[e.what for e in self.entries]})"

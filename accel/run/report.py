@@ -1,0 +1,115 @@
+"""What happened to each accelerator, printable as a table and available as data; the one table renderer."""
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import asdict, dataclass, field
+from typing import Any, Sequence
+
+
+def render_table(header: Sequence[str], rows: Sequence[Sequence[Any]], right: Sequence[int] = ()) -> list[str]:
+    """Aligned text lines: columns padded to their widest cell; ``right`` columns right-aligned; the last column
+    left as it is (a free-text note)."""
+    cells = [[str(c) for c in header]] + [["" if c is None else str(c) for c in row] for row in rows]
+    fixed = len(header) - 1
+    widths = [max(len(row[i]) for row in cells) for i in range(fixed)]
+    lines = []
+    for row in cells:
+        parts = [row[i].rjust(widths[i]) if i in right else row[i].ljust(widths[i]) for i in range(fixed)]
+        lines.append("  ".join([*parts, row[-1]]).rstrip())
+    return lines
+
+
+@dataclass
+class Row:
+    name: str
+    stage: str
+    status: str  # "applied", "skipped", or "idle" (applied, then the loop went around the run: accel/run/watch.py)
+    reason: str = ""
+    changes: dict[str, Any] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Report:
+    device: str
+    hardware: str
+    rows: list[Row] = field(default_factory=list)
+    step_times: list[float] = field(default_factory=list)  # seconds between consecutive Run.step calls
+    setup_s: float = 0.0
+    tuning: Any = None  # accel.search.TuneResult when the plan was measured ("auto"): the ablation and the why
+    decisions: dict[str, str] = field(default_factory=dict)  # device, rank, dtype, threads, workers...
+    stale: dict[str, str] = field(default_factory=dict)  # "model"/"optimizer" -> what went stale and what to use
+    continued: str = ""  # what this run took over from an earlier run on the same model
+    search: Any = None  # plan="auto"'s state (accel.search.searchstate.SearchState), kept current while it measures:
+    # its lines, and who put each accelerator of the plan in place there (auto's turn or auto's choice)
+
+    def shown_rows(self) -> list[Row]:
+        """The rows as printed and exported: under plan="auto", each with who put it there (never "asked for")."""
+        return [self.search.row_view(r) for r in self.rows] if self.search is not None else self.rows
+
+    def row(self, name: str) -> Row:
+        for row in self.rows:
+            if row.name == name:
+                return row
+        raise KeyError(f"no accelerator {name!r} in this report; it has: {[r.name for r in self.rows]}")
+
+    @property
+    def applied(self) -> list[str]:
+        return [r.name for r in self.rows if r.status == "applied"]
+
+    @property
+    def skipped(self) -> list[str]:
+        return [r.name for r in self.rows if r.status == "skipped"]
+
+    def timing(self) -> dict[str, Any]:
+        """First step (compile and warm-up land there) kept apart from the steady steps after it."""
+        times = self.step_times
+        if not times:
+            return {"steps": 0}
+        steady = times[1:] or times
+        median = statistics.median(steady)
+        return {
+            "steps": len(times),
+            "first_step_s": round(times[0], 4),
+            "steady_median_ms": round(median * 1000, 3),
+            "warmup_s": round(max(0.0, times[0] - median), 4),
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"device": self.device, "hardware": self.hardware, "setup_s": round(self.setup_s, 4),
+                "decisions": self.decisions, "stale": self.stale, "continued": self.continued,
+                "accelerators": [asdict(r) for r in self.shown_rows()],
+                "timing": self.timing(), **({"search": self.search.to_dict()} if self.search is not None else {}),
+                **({"tuning": self.tuning.to_dict()} if self.tuning is not None else {})}
+
+    def to_json(self, **kwargs: Any) -> str:
+        return json.dumps(self.to_dict(), default=str, **kwargs)
+
+    def __str__(self) -> str:
+        lines = [f"accel report: device {self.device}; {self.hardware}"]
+        decided = {k: v for k, v in self.decisions.items() if k != "device"}
+        if decided:
+            lines.append("decided: " + ", ".join(f"{k}={v}" for k, v in decided.items()))
+        body = []
+        for r in self.shown_rows():
+            detail = r.reason or ", ".join(f"{k}={v}" for k, v in r.changes.items())
+            if r.status in ("applied", "idle") and r.reason:
+                detail += "; " + ", ".join(f"{k}={v}" for k, v in r.changes.items())
+            body.append((r.name, r.stage, r.status, detail))
+            body += [("", "", "warning", w) for w in r.warnings]
+        lines += render_table(("accelerator", "stage", "status", "why / what changed"), body)
+        if not self.rows:
+            lines.append("(empty plan: nothing applied)")
+        lines += [f"stale: your {what}: {why}" for what, why in self.stale.items()]
+        if self.continued:
+            lines.append(f"continued: {self.continued}")
+        if self.search is not None:
+            lines += self.search.lines()
+        if self.tuning is not None:
+            lines.append(str(self.tuning))
+        timing = self.timing()
+        if timing["steps"]:
+            lines.append(f"steps: {timing['steps']}, first step {timing['first_step_s']} s "
+                         f"(warm-up/compile {timing['warmup_s']} s), steady median {timing['steady_median_ms']} ms")
+        return "\n".join(lines)

@@ -1,0 +1,255 @@
+"""The object the training loop talks to: the run's model, optimizer and loader, and the accelerators' hooks.
+
+    for batch in run.loader:
+        with run.autocast():
+            loss = loss_fn(run.model(batch[0]), batch[1])
+        run.backward(loss)
+        run.step()
+
+The Run trains the user's own objects (an accelerator may wrap the model, and prune or IPEX replace it, which the
+report and a StaleWarning then say), so what the user does to them stays live. It chains the runtime hooks of
+the applied accelerators in plan order (the earliest outermost): ``forward_context`` (run.autocast()),
+``backward``, ``step``, ``optimizer_step`` (the update itself: amp's GradScaler steps there) and
+``unscale_gradients``. The innermost backward is ``loss.backward()``; the innermost step is the optimizer's
+update followed by ``zero_grad``. The run owns its state: ``state_dict()``/``load_state_dict()`` hold the model,
+the optimizer, the counters, each accelerator's state, the loader's generators and the random state.
+"""
+from __future__ import annotations
+
+import contextlib
+import weakref
+from typing import Any, Callable, Iterator
+
+import torch
+
+from accel import clock
+import accel.plan.compat as compat
+from accel.plan.contract import Accelerator, Capability, State
+from accel.run.checkpoint_fit import unprefixed  # noqa: F401  (accel.run.unprefixed, as in 0.2)
+from accel.run.context import Context
+from accel.run.device_loader import DeviceLoader
+from accel.run.loaders import release_workers
+from accel.modules import compiled
+from accel.run.report import Report
+from accel.run.state import RunState
+from accel.run.watch import Watch
+
+_OPEN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # the user's model -> weakref to its open Run
+
+
+def open_run(model: torch.nn.Module) -> "Run | None":
+    """The run that trains this model now (made by accelerate() and not closed), or None."""
+    ref = _OPEN.get(model)
+    run = ref() if ref is not None else None
+    return run if run is not None and not run.closed else None
+
+
+class Run(RunState):
+    """The accelerated training objects. Use run.model, run.optimizer and run.loader in your loop."""
+
+    def __init__(self, ctx: Context, report: Report, accelerators: list[Accelerator],
+                 states: dict[str, State] | None = None):
+        self.model = ctx.model
+        self.optimizer = ctx.optimizer
+        self.device = ctx.device
+        self.plan = ctx.plan
+        self.report = report
+        self.decisions = ctx.decisions
+        self.extras = ctx.extras
+        self.journal = ctx.journal
+        self.accelerators = list(accelerators)  # the applied ones, in plan order
+        self.states = {a.name: (states or {}).get(a.name) or State() for a in self.accelerators}  # what apply returned
+        self.loader = (DeviceLoader(ctx.loader, ctx.device, ctx.decisions.non_blocking, ctx.batch_transforms)
+                       if ctx.loader is not None else None)
+        self._user_loader = ctx.user_loader
+        self.steps = 0  # run.step() calls (one per batch), restored by run.load
+        self.optimizer_steps = 0  # steps the optimizer really took (not skipped, not accumulating)
+        self.closed = False
+        self._contexts = [a for a in self.accelerators if a.overrides("forward_context")]
+        self._unscalers = [a for a in self.accelerators if a.overrides("unscale_gradients")]
+        self._syncing = [a for a in self.accelerators if a.overrides("gradient_sync")]
+        self._synced: bool | None = None  # what the wrappers were last told (None: not yet)
+        self._backward = self._chain("backward", lambda loss: loss.backward())
+        self._optimizer_step = self._chain("optimizer_step", lambda optimizer: optimizer.step() or True)
+        self._step = self._chain("step", self._update)
+        self._last_step = clock.now()  # the first step's time includes compile and warm-up
+        self.watch = Watch(self, self.accelerators)  # the loop's own backward, step or accumulation, noticed
+        if self.watch.needed:
+            self.watch.watch_optimizers(ctx.journal, [self.optimizer, ctx.user_optimizer])
+            if self.loader is not None:
+                self.loader.drawn = self.watch.batch_drawn
+        self._sync()
+        _OPEN[ctx.user_model] = weakref.ref(self)
+
+    def _chain(self, hook: str, innermost: Callable) -> Callable:
+        call = innermost
+        for accelerator in reversed([a for a in self.accelerators if a.overrides(hook)]):
+            call = (lambda method, state, proceed: lambda value: method(self, state, value, proceed))(
+                getattr(accelerator, hook), self.states[accelerator.name], call)
+        return call
+
+    def _update(self, optimizer: torch.optim.Optimizer) -> bool:
+        """The innermost step: the optimizer's update (through the optimizer_step hooks), then zero_grad."""
+        stepped = self._optimizer_step(optimizer)
+        optimizer.zero_grad(set_to_none=True)
+        return bool(stepped)
+
+    @property
+    def scaler(self):
+        """The GradScaler of the plan (amp's, with fp16), or None: to read its scale; amp steps it."""
+        scalers = (a.grad_scaler(self.states[a.name]) for a in self.accelerators)
+        return next((s for s in scalers if s is not None), None)
+
+    @property
+    def autocast_dtype(self) -> torch.dtype | None:
+        autocasts = any(Capability.PRECISION_AUTOCAST in a.provides for a in self._contexts)
+        return self.decisions.compute_dtype if autocasts else None
+
+    # --- services: what one accelerator offers the others -----------------------------------------------------
+
+    @property
+    def accumulating(self) -> bool:
+        """Whether the step in progress only accumulates gradients (a step schedule holds its update)."""
+        return any(a.accumulating(self.states[a.name]) for a in self.accelerators)
+
+    def held_gradients(self) -> list[torch.Tensor]:
+        """Gradients a wrapper holds unreduced, not yet in ``.grad`` (FSDP2 while accumulating)."""
+        return [g for a in self.accelerators for g in a.held_gradients(self.states[a.name])]
+
+    def _sync(self) -> None:
+        """Tell the distribution wrappers whether the next forward and backward reduce gradients: not while a step
+        schedule accumulates (DDP's no_sync, FSDP's set_requires_gradient_sync(False)), whatever the loop enters."""
+        enabled = not self.accumulating
+        if self._syncing and enabled is not self._synced:
+            for accelerator in self._syncing:
+                accelerator.gradient_sync(self, self.states[accelerator.name], enabled)
+            self._synced = enabled
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """The contexts the plan chose for the forward pass and the loss: autocast (a no-op when none did)."""
+        return self._entered() if self._contexts else contextlib.nullcontext()
+
+    @contextlib.contextmanager
+    def _entered(self) -> Iterator[None]:
+        with contextlib.ExitStack() as stack:  # entered at `with`; one that fails exits those before it
+            for accelerator in self._contexts:
+                context = accelerator.forward_context(self, self.states[accelerator.name])
+                if context is not None:
+                    stack.enter_context(context)
+            yield
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """loss.backward(), through the plan's hooks (loss scaling, accumulation)."""
+        self.watch.before_backward()
+        self._backward(loss)
+
+    def unscale_gradients(self, optimizer: torch.optim.Optimizer | None = None) -> None:
+        """Make the gradients true gradients before reading them (clipping, logging a norm): a plan that scales
+        the loss (amp with fp16) divides them back here, once per step. A no-op otherwise."""
+        for accelerator in self._unscalers:
+            accelerator.unscale_gradients(self, self.states[accelerator.name],
+                                          optimizer if optimizer is not None else self.optimizer)
+
+    def step(self) -> bool:
+        """The optimizer step through the plan's hooks, then zero_grad; call it once per batch.
+
+        Returns True when the optimizer did not step: the GradScaler skipped it (inf/NaN gradients) or gradients
+        are still being accumulated. A learning-rate scheduler steps when it returns False.
+        """
+        if self.optimizer is None:
+            raise RuntimeError("run.step() needs an optimizer: pass one to accel.accelerate(model, optimizer, ...)")
+        self.watch.before_step(self._has_gradients)
+        self.watch.stepping = True
+        try:
+            stepped = self._step(self.optimizer)
+        finally:
+            self.watch.stepping = False
+            self._sync()
+        self.steps += 1
+        self.optimizer_steps += bool(stepped)
+        now = clock.now()
+        self.report.step_times.append(now - self._last_step)
+        self._last_step = now
+        return not stepped
+
+    def _has_gradients(self) -> bool:
+        return any(p.grad is not None for group in self.optimizer.param_groups for p in group["params"])
+
+    def accelerator(self, name: str) -> Accelerator:
+        """The applied accelerator of that name: its options are ``.config``; its run state is ``run.state(name)``
+        (read through this object, as in 0.2, it still answers, with a DeprecationWarning)."""
+        for accelerator in self.accelerators:
+            if accelerator.name == name:
+                return compat.Applied(accelerator, self.states[name]) if self.states[name].__dict__ else accelerator
+        raise KeyError(f"no applied accelerator {name!r} in this run; applied: {[a.name for a in self.accelerators]}")
+
+    def state(self, name: str) -> State:
+        """The per-run state of the applied accelerator of that name (grad_clipping's ``last_norm``...)."""
+        if name not in self.states:
+            raise KeyError(f"no applied accelerator {name!r} in this run; applied: {list(self.states)}")
+        return self.states[name]
+
+    def accelerator_state_dict(self, name: str) -> dict[str, Any]:
+        """What run.save keeps of one accelerator (its state_dict hook)."""
+        return self._by_name(name).state_dict(self.states[name])
+
+    def load_accelerator_state(self, name: str, saved: dict[str, Any]) -> None:
+        """Restore one accelerator's saved state (ValueError, nothing changed, when it does not fit)."""
+        self._by_name(name).load_state_dict(self.states[name], saved)
+        self._sync()
+
+    def _by_name(self, name: str) -> Accelerator:
+        return next(a for a in self.accelerators if a.name == name)
+
+    def wrappers(self) -> list[torch.nn.Module]:
+        """The model at each level, outermost first (compiled, DDP, ...) down to the module that trains."""
+        levels = [self.model]
+        if compiled(self.model) and not any(a.unwrap(self.states[a.name], self.model) is not self.model
+                                            for a in self.accelerators):
+            levels.append(self.model._orig_mod)  # your own torch.compile wrapper, kept outermost
+        for accelerator in reversed(self.accelerators):
+            inner = accelerator.unwrap(self.states[accelerator.name], levels[-1])
+            if inner is not levels[-1]:
+                levels.append(inner)
+        return levels
+
+    def unwrap(self) -> torch.nn.Module:
+        """The module under every wrapper (DDP, compile): your model itself, unless the report names it stale
+        (prune and IPEX train a copy of their own). What to save, evaluate and average."""
+        return self.wrappers()[-1]
+
+    # --- lifetime ------------------------------------------------------------------------------------------------
+
+    def hand_over(self, successor: "Run") -> None:
+        """This run is replaced by another on the same model (accelerate() again, once per epoch or with another
+        plan): the successor continues its counters, the loader's epoch and the state of every accelerator both
+        plans apply; this run is closed (accelerate() already undid its changes)."""
+        successor.steps, successor.optimizer_steps = self.steps, self.optimizer_steps
+        successor.watch.backwards = self.watch.backwards  # a backward of this run that the successor steps
+        kept = [f"steps={self.steps}", f"optimizer_steps={self.optimizer_steps}"]
+        if successor.loader is not None and self.loader is not None:
+            successor.loader.epoch = self.loader.epoch
+            kept.append(f"epoch={self.loader.epoch}")
+        mine = {a.name for a in self.accelerators}
+        for accelerator in successor.accelerators:
+            if accelerator.name in mine:
+                try:
+                    successor.load_accelerator_state(accelerator.name, self.accelerator_state_dict(accelerator.name))
+                    kept.append(f"{accelerator.name}'s state")
+                except ValueError as error:
+                    kept.append(f"{accelerator.name} started afresh ({error})")
+        successor.report.continued = "the earlier run on this model, now closed: " + ", ".join(kept)
+        self._release_loader()
+        self.closed = True
+
+    def _release_loader(self) -> None:
+        if self.loader is not None and self.loader.loader is not self._user_loader:
+            release_workers(self.loader.loader)
+
+    def close(self) -> None:
+        """Put your objects and the process back as they were before accelerate() (hooks, optimizer flags, threads,
+        affinity, environment, backend flags, a process group accel started), keeping what was trained, and stop
+        the workers of a loader the run rebuilt."""
+        self._release_loader()
+        self.journal.rollback()
+        self.closed = True

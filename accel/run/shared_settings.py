@@ -1,0 +1,119 @@
+"""Process-wide values shared by every open run, as layers a journal entry (accel/run/journal.py) puts on and takes off.
+
+Every open run (one run per model: a GAN's generator and discriminator) may set the same value, so a journal
+entry never remembers "the value before me": that would be another run's value, and closing the runs in the
+order they were made would put it back. Each value (an environment variable, torch's thread count, the CPU
+affinity, a module flag, the process group) is instead a ``Setting`` in one process-wide registry: the value
+before the first run (``base``), and one ``Layer`` per journal entry that set it. The live value is the newest
+layer's, or ``base`` once none is left, so runs closed in any order leave the process as it was, and each run
+undoes only what it changed. A value the user set while runs had layers on it wins: those layers give up their
+claim (undoing them changes nothing) and the user's value becomes the base. A write is seen when a run next opens
+or closes, by comparing the value with the newest layer's (no hook sees the write itself): a value set back to
+what the newest layer set is that layer's again.
+"""
+from __future__ import annotations
+
+import bisect
+import contextlib
+import itertools
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable, Hashable
+
+
+def _same(a: Any, b: Any) -> bool:
+    try:
+        return a is b or (type(a) is type(b) and bool(a == b))
+    except Exception:  # an __eq__ that gives no truth value: not the same
+        return False
+
+
+@dataclass(eq=False)
+class Setting:
+    """One process-wide value, how to read and write it, and the layers open runs put on it (the module's
+    docstring says why)."""
+
+    read: Callable[[], Any]
+    write: Callable[[Any], None]
+    base: Any  # the value under every layer: before the first run, or the user's own last write
+    layers: list["Layer"] = field(default_factory=list)  # oldest first (by Layer.order)
+
+    def live(self) -> Any:
+        """The value the layers say it has."""
+        return self.layers[-1].value if self.layers else self.base
+
+    def adopt_user_write(self) -> None:
+        """If the value is not what the layers set, the user set it: that value wins, and the layers give up
+        their claim (undoing them then changes nothing)."""
+        now = self.read()
+        if self.layers and not _same(now, self.layers[-1].value):
+            self.layers.clear()
+        if not self.layers:
+            self.base = now
+
+
+_SETTINGS: dict[Hashable, Setting] = {}  # key -> its Setting, while a layer is on it
+_ORDER = itertools.count()  # layers are ordered by when they were made, and keep that order when redone
+_LOCK = threading.RLock()
+
+
+class Layer:
+    """One journal entry's value for one Setting: ``put`` is its redo, ``take`` its undo."""
+
+    def __init__(self, key: Hashable, value: Any, read: Callable[[], Any], write: Callable[[Any], None]):
+        self.key, self.value, self.read, self.write = key, value, read, write
+        self.order = next(_ORDER)
+
+    def put(self) -> None:
+        """Lay this value on its setting, in the place it was made (a redo by tune or by a failed accelerate()
+        goes back under the runs made after it); it goes live when it is the newest layer."""
+        with _LOCK:
+            setting = _SETTINGS.get(self.key)
+            if setting is None:
+                setting = _SETTINGS[self.key] = Setting(self.read, self.write, base=None)  # read just below
+            setting.adopt_user_write()
+            if self in setting.layers:
+                return
+            index = bisect.bisect([layer.order for layer in setting.layers], self.order)
+            setting.layers.insert(index, self)
+            if setting.layers[-1] is self:
+                try:
+                    setting.write(self.value)
+                    self.value = setting.read()  # what the value reads as (e.g. the affinity, sorted)
+                except BaseException:
+                    setting.layers.remove(self)
+                    with contextlib.suppress(Exception):  # the write's own error is the one to report
+                        setting.write(setting.live())
+                    self._forget(setting)
+                    raise
+
+    def take(self) -> None:
+        """Lift this value off: the setting takes the newest value left, or its base; nothing happens when the
+        user has set it since (their value stays) or the layer is not on (undone already, or its claim given up)."""
+        with _LOCK:
+            setting = _SETTINGS.get(self.key)
+            if setting is None:
+                return
+            setting.adopt_user_write()  # every run that opens or closes sees the user's writes
+            if self not in setting.layers:
+                self._forget(setting)
+                return
+            newest = setting.layers[-1] is self
+            setting.layers.remove(self)
+            try:
+                if newest:
+                    setting.write(setting.live())
+            finally:
+                self._forget(setting)
+
+    def _forget(self, setting: Setting) -> None:
+        if not setting.layers and _SETTINGS.get(self.key) is setting:
+            del _SETTINGS[self.key]
+
+
+def set_by_runs(key: Hashable) -> bool:
+    """Whether an open run set this value (``("environ", name)``, ``"torch threads"``, ...), and the user has
+    not set it since: such a value is no user's choice to keep."""
+    with _LOCK:
+        setting = _SETTINGS.get(key)
+        return setting is not None and bool(setting.layers) and _same(setting.read(), setting.layers[-1].value)

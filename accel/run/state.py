@@ -1,0 +1,128 @@
+"""What a run saves and restores: its whole state as a dict, the checks that a saved one fits, run.save/run.load.
+
+A mixin of accel.run.Run, apart because it is one job: the model, the optimizer, the counters, each accelerator's
+state (through its state_dict hooks), the loader's sampler and generators, and the random state.
+"""
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+
+import accel.run.sharded_checkpoint as sharded_checkpoint
+from accel.run.checkpoint import load as load_checkpoint
+from accel.run.checkpoint import save as save_checkpoint
+from accel.run.checkpoint_fit import model_problems, optimizer_problems, stray_problems, unprefixed
+from accel.errors import CheckpointError
+from accel.randomness import loader_generators, rng_state, set_rng_state
+
+
+class RunState:
+    """run.state_dict(), run.load_state_dict(), run.save(), run.load(): see accel.run.Run for the rest."""
+
+
+    def state_dict(self, model: bool = True) -> dict[str, Any]:
+        """Everything this process needs to continue the run exactly: the model, the optimizer, the counters, each
+        accelerator's state, the loader's sampler and generators, and the random state. ``model=False`` leaves
+        the model's and optimizer's state out (a sharded checkpoint writes them through DCP)."""
+        sampler, generators = self._sampling()
+        return {
+            "plan": self.plan.to_dict(),
+            **({"model": self.unwrap().state_dict(),
+                "optimizer": self.optimizer.state_dict() if self.optimizer is not None else None} if model else {}),
+            "optimizer_class": type(self.optimizer).__name__ if self.optimizer is not None else None,
+            "accelerators": {a.name: self.accelerator_state_dict(a.name) for a in self.accelerators},
+            "step": self.steps,
+            "optimizer_steps": self.optimizer_steps,
+            "epoch": self.loader.epoch if self.loader is not None else 0,
+            "sampler": {k: getattr(sampler, k) for k in ("seed", "epoch", "num_replicas") if hasattr(sampler, k)},
+            "loader_generators": [g.get_state() for g in generators],
+            "rng": rng_state(),
+        }
+
+    def state_problems(self, state: dict[str, Any]) -> list[str]:
+        """Why a state does not fit this run (model keys and shapes, the optimizer, accelerators), or nothing."""
+        current = self.unwrap().state_dict()
+        problems = model_problems(unprefixed(state["model"], current), current)
+        problems += optimizer_problems(self.optimizer, state.get("optimizer_class"), state["optimizer"] is not None,
+                                       state["optimizer"])
+        return problems + stray_problems(set(state.get("accelerators", {})), self)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what state_dict() returned. Everything is checked first: a ValueError names every part that
+        does not fit, with nothing changed; a restore that fails half-way puts the run back as it was."""
+        state = {**state, "model": unprefixed(state["model"], self.unwrap().state_dict())}
+        problems = self.state_problems(state)
+        if problems:
+            raise ValueError("; ".join(problems))
+        backup = self._backup()
+        try:
+            self._restore(state)
+        except Exception:
+            self._restore(backup)
+            raise
+
+    def _backup(self) -> dict[str, Any]:
+        """The run's state, with its tensors copied to host memory (no second copy of the weights on a GPU)."""
+        state = self.state_dict()
+        state["model"] = {k: v.detach().to("cpu", copy=True) if isinstance(v, torch.Tensor) else v
+                          for k, v in state["model"].items()}
+        state["optimizer"] = copy.deepcopy(state["optimizer"])  # load_state_dict casts it back to each device
+        state["accelerators"] = copy.deepcopy(state["accelerators"])
+        return state
+
+    def _restore(self, state: dict[str, Any]) -> None:
+        self.unwrap().load_state_dict(state["model"])
+        if self.optimizer is not None:
+            self.optimizer.load_state_dict(state["optimizer"])
+        self.restore_progress(state)
+
+    def restore_progress(self, state: dict[str, Any]) -> None:
+        """Everything of state_dict() but the model and optimizer: accelerators, counters, sampling, randomness."""
+        for accelerator in self.accelerators:
+            self.load_accelerator_state(accelerator.name, state.get("accelerators", {}).get(accelerator.name, {}))
+        self.steps, self.optimizer_steps = state["step"], state.get("optimizer_steps", state["step"])
+        if self.loader is not None:
+            self.loader.epoch = state["epoch"]
+        sampler, generators = self._sampling()
+        if "seed" in state.get("sampler", {}) and hasattr(sampler, "seed"):
+            sampler.seed = state["sampler"]["seed"]
+        for generator, saved in zip(generators, state.get("loader_generators", [])):
+            generator.set_state(saved)
+        set_rng_state(state["rng"])
+
+    def _sampling(self):
+        """The loader's sampler and every generator it draws from (its own, its sampler's, its batch sampler's)."""
+        loader = getattr(self.loader, "loader", None)
+        return getattr(loader, "sampler", None), loader_generators(loader)
+
+    @property
+    def sharded(self) -> bool:
+        """Whether the run's state is sharded over the ranks (fsdp): its checkpoints are DCP folders."""
+        return any(a.shards_parameters for a in self.accelerators)
+
+    def save(self, path) -> None:
+        """Checkpoint the run's state_dict(), with the plan and a checksum: to a file, or under fsdp to a folder
+        of shards (accel.run.sharded_checkpoint).
+
+        Every rank calls it. A file: rank 0 writes it atomically, with every rank's random state. A folder: every
+        rank writes its shards, and the folder replaces the last one only once it is whole.
+        """
+        if self.sharded:
+            sharded_checkpoint.save(self, path)
+        else:
+            save_checkpoint(self, path)
+
+    def load(self, path) -> dict:
+        """Restore a checkpoint written by run.save into this run; returns {"step", "epoch", "path"}. A sharded
+        folder loads at any world size, and into a run without fsdp (the whole state in one process).
+
+        Everything is checked before anything changes: a refused load leaves the run as it was.
+        """
+        if sharded_checkpoint.is_sharded_checkpoint(path):
+            return sharded_checkpoint.load(self, path)
+        if self.sharded:
+            raise CheckpointError(f"{path}: under fsdp, run.load reads the folder of shards that run.save wrote "
+                                  "(this is a single-file checkpoint of a run without fsdp)")
+        return load_checkpoint(self, path)
