@@ -414,9 +414,11 @@ def test_tune_decides_the_launch_and_device_as_accelerate_does(monkeypatch):
         accel.tune(*objects(), device="cpu")
 
 
-def test_compile_is_not_started_on_a_budget_its_warm_up_cannot_fit_and_the_why_says_so():
+def test_compile_is_not_started_on_a_budget_its_warm_up_cannot_fit_and_the_why_says_so(tmp_path, monkeypatch):
     """Before: compile started whenever any budget was left (budget_s=30 took 70 s), and the why read "no plan was
-    faster ... (0 comparisons)" for candidates never measured."""
+    faster ... (0 comparisons)" for candidates never measured. A cache folder of its own: an earlier test that
+    compiled this model into the shared one would make it a warm start (guessed at 3 s), which fits 5 s."""
+    monkeypatch.setenv("ACCEL_CACHE_DIR", str(tmp_path))
     model, optimizer, loader = objects()
     result = accel.tune(model, optimizer, loader, device="cpu", accelerators=["compile"], budget_s=5, cache=False)
     rows = [row for row in result.rows if "compile" in row.plan]
