@@ -18,7 +18,7 @@ import torch
 
 from accel import clock
 from accel.plan.contract import Accelerator, Capability, State
-from accel.run.context import Context, Decisions, placement
+from accel.run.context import Context, Decisions, HandedOver, placement
 from accel.errors import AccelerateError, PlanError, Problem, Skip, StaleWarning
 from accel.hardware import Hardware, package_version, probe
 from accel.run.journal import Journal
@@ -66,8 +66,10 @@ def prepare(model, optimizer, loader, plan: PlanSpec, device: Any = "auto", jour
     decisions = placement(device, hardware, problems)
     if decisions is None:
         raise PlanError(problems)
+    earlier = open_run(model)
+    handed = HandedOver(dict(earlier.states), bool(earlier.held_gradients())) if earlier is not None else None
     ctx = Context(model=model, optimizer=optimizer, loader=loader, hardware=hardware, plan=plan, decisions=decisions,
-                  journal=journal or Journal())
+                  journal=journal or Journal(), handed_over=handed)
     accelerators = [copy.copy(a) for a in plan]  # each run keeps its own state on its own objects
     skips: dict[str, str] = {}
     checked: dict[str, list[Problem]] = {}

@@ -344,6 +344,19 @@ def test_a_ratio_interval_holds_its_estimate_and_narrows_with_agreeing_rounds(sa
     assert math.isclose(steady.low, steady.high) and not steady.noisy() or math.isclose(samples[0], 1.0)
 
 
+@settings(max_examples=100, deadline=None)
+@given(ties=st.integers(2, 12), spikes=st.lists(st.sampled_from([0.02, 0.05, 20.0, 50.0]), min_size=1, max_size=11))
+def test_a_verdict_needs_most_rounds_to_agree(ties, spikes):
+    """Rounds of a plan that changes nothing under spiky load: most read 1.0, a few 0.02 or 50 (a spike on one side).
+    However the few fall, no verdict is reached while the median round reads 1.0 (the t-interval alone once did)."""
+    samples = [1.0] * ties + spikes[:ties - 1]  # more ties than spikes: the median round is 1.0
+    ratio = Ratio(samples)
+    assert ratio.median == 1.0
+    assert not ratio.below(1.0) and not ratio.above(1.0) and ratio.noisy()
+    assert not ratio.below(0.98) and not ratio.above(1.02)
+    assert Ratio([0.02] * 4 + [0.021, 0.019]).below(0.5)  # rounds that agree still decide
+
+
 def test_one_round_decides_nothing():
     assert Ratio([0.5]).noisy() and math.isinf(Ratio([0.5]).high)
 
@@ -455,3 +468,28 @@ def test_a_virtual_clocks_forward_cost_is_paid_by_every_copy_of_the_model_on_the
     handle.remove()
     model(x)
     assert clock() == pytest.approx(0.02)
+
+
+@given(warm=st.booleans(), regional=st.booleans(), left_s=st.floats(-10, 100),
+       expected_steps=st.one_of(st.none(), st.integers(0, 10**6)), done=st.integers(0, 5000),
+       step_s=st.one_of(st.none(), st.floats(1e-4, 5.0)))
+@settings(max_examples=200, deadline=None)
+def test_compile_is_tried_when_its_warm_up_fits_the_budget_or_a_small_share_of_a_long_run_ahead(
+        warm, regional, left_s, expected_steps, done, step_s):
+    """Both searches start compile when its expected warm-up fits the budget left; in a run of known length also
+    when it is within 2% of the run still ahead (then past the budget, and said so); never otherwise."""
+    from accel.search.config import warmup_guess
+    from accel.search.verdicts import LONG_RUN_SHARE, run_ahead_s, warmup_fit
+
+    candidate = {"compile": {"regional": True} if regional else {}}
+    ahead = run_ahead_s(expected_steps, done, step_s)
+    assert ahead >= 0 and (ahead == 0 if not expected_steps or step_s is None or done >= expected_steps else ahead > 0)
+    fit = warmup_fit(candidate, None, False, warm, left_s, ahead)
+    guess = warmup_guess(candidate, warm)
+    assert fit.guess_s == guess
+    assert fit.fits == (guess <= left_s or guess <= LONG_RUN_SHARE * ahead)
+    assert fit.past_budget == (fit.fits and guess > left_s)
+    if fit.past_budget:
+        assert "tried past the budget" in fit.reason and fit.allowance_s >= guess
+    elif not fit.fits:
+        assert "does not fit" in fit.reason and ("run still ahead" in fit.reason) == (ahead > 0)

@@ -80,6 +80,16 @@ def module_class(module: torch.nn.Module) -> str:
     return own.__name__
 
 
+@dataclass(frozen=True)
+class HandedOver:
+    """What the earlier run on the same model left when accelerate() closed it (its changes already undone): each
+    accelerator's per-run state, and whether a wrapper held gradients unreduced. An accelerator that must refuse
+    to take over (fsdp in the middle of accumulating) reads it here, never the earlier run itself."""
+
+    states: dict[str, Any]
+    held_gradients: bool
+
+
 @dataclass
 class Context:
     """The user's objects, the run's objects (the user's own unless an accelerator wraps or replaces them), and
@@ -98,6 +108,7 @@ class Context:
     batch_transforms: list[Callable[[Any], Any]] = field(default_factory=list)
     extras: dict[str, Any] = field(default_factory=dict)
     problems: list[Problem] = field(default_factory=list, repr=False)
+    handed_over: HandedOver | None = None  # the earlier run on this model, when accelerate() closed one
 
     def __post_init__(self):
         self.user_model, self.user_optimizer, self.user_loader = self.model, self.optimizer, self.loader

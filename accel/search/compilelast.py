@@ -1,5 +1,6 @@
 """compile last, in plan="auto" in your loop: on top of the winner, when its warm-up fits what is left of the budget
-(verdicts.warmup_fit, the rule tune() follows too), then kept when it pays back (verdicts.payback). Its expected
+or, in a run of known length, a small share of the run still ahead (verdicts.warmup_fit, the rule tune() follows
+too), then kept when it pays back (verdicts.payback). Its expected
 warm-up is a warm start's when inductor's cache holds this setup's graphs (remembered.starts_warm), and the one
 measured is remembered apart for a warm and a cold start."""
 from __future__ import annotations
@@ -8,7 +9,7 @@ from accel import clock
 from accel.search.arms import Arm
 from accel.search.remembered import remember_warmup, starts_warm
 from accel.search.turns import MIN_ROUNDS
-from accel.search.verdicts import payback, settled_enough, warmup_fit
+from accel.search.verdicts import payback, run_ahead_s, settled_enough, warmup_fit
 
 
 class CompileLast:
@@ -22,13 +23,17 @@ class CompileLast:
         # rank 0's view (a rank's cache folder and clock are its own): every rank tries compile, or none does
         self.compile_warm = self.ranks.decide(starts_warm(candidate, self._objects[0], self.device,
                                                           self.hardware.cpu_model))
+        ahead = run_ahead_s(self.settings.expected_steps, self.steps, self.winner.median_s())
         fit = self.ranks.decide(warmup_fit(candidate, self.cache_key, self.settings.cache, self.compile_warm,
-                                           self.deadline - clock.now()))
+                                           self.deadline - clock.now(), ahead))
         self.compile_arm = Arm({**plan, **candidate}, tests=next(iter(candidate)))
         self.arms.append(self.compile_arm)
         if not fit.fits:
             self.compile_arm.status, self.compile_arm.reason = "not measured", fit.reason
             return False
+        if fit.past_budget:  # its warm-up and its rounds, on the run's allowance
+            self.deadline = clock.now() + 2 * fit.allowance_s
+            self.notes.append(f"compile: {fit.reason}")
         self.compile_base = self.winner  # what compile goes on top of, and is compared with
         self.winner.status = "measuring"
         self.phase, self.phase_start = "compile", self.round + 1  # its rounds start after this one

@@ -41,7 +41,7 @@ from accel.search.search import for_device, generate_candidates
 from accel.search.searchstate import SearchState
 from accel.search.settle import DATA_WAIT, Settling  # noqa: F401  (inloop.DATA_WAIT, as before)
 from accel.search.switch import States, Switching, TuningLoader
-from accel.search.turns import MAX_ROUNDS, MIN_ROUNDS, Recheck, TurnTaking  # noqa: F401  (inloop.MIN_ROUNDS, as before)
+from accel.search.turns import MAX_ROUNDS, MIN_ROUNDS, Chunk, Recheck, TurnTaking  # noqa: F401  (inloop.MIN_ROUNDS)
 from accel.run.checkpoint import saved_plan
 from accel.run.context import placement
 from accel.api import accelerate
@@ -95,9 +95,8 @@ class TuningRun(TurnTaking, FaultWatch, Switching, CompileLast, Settling, Run):
         self.phase = "measuring" if len(self.arms) > 1 or self.costly or self.epochwise else "settled"
         self.round, self.order, self.turn, self.phase_start = 0, [], 0, 0
         self.chunk_steps = 2  # timed steps per chunk, paced after the plain loop's first chunk
-        self.in_chunk = 0
-        self.untimed = 1  # steps after the switch not timed in this chunk (1, or 0 on later turns of long steps)
-        self.chunk_started = self.switched_at = clock.now()
+        self.switched_at = clock.now()
+        self.chunk = Chunk(started=self.switched_at, last_end=self.switched_at)  # the turn in progress
         self.data_wait_s = 0.0
         self.loader_read = False  # whether the loop iterated run.loader (it may read another run's: a GAN's generator)
         self.plain_wait = [0.0, 0.0]  # data wait and time of the plain loop's timed steps
@@ -121,9 +120,6 @@ class TuningRun(TurnTaking, FaultWatch, Switching, CompileLast, Settling, Run):
         self.recheck: Recheck | None = None  # an arm the stop rule caught, waiting for its reference timed again
         self.step_losses: list[torch.Tensor] = []  # this step's losses, and your model's forwards that gave them
         self.step_calls: list = []
-        self.chunk_record: list[tuple[int, list, list]] = []  # on an accelerator: (step, losses, forwards) per step
-        self.timed_s: list[float] = []  # on a CPU, this chunk's timed steps one by one (the stop rule's evidence)
-        self.last_end = self.started
         self.current: Run = accelerate(model, optimizer, loader, plan=dict(self.distributed), device=device)
         self.search = SearchState(since_step=self.current.steps)  # what the report says auto has done, kept current
         self.current.report.search = self.search

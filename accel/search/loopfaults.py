@@ -18,7 +18,7 @@ class FaultWatch:
         if self.fault is not None or not losses:
             return
         if self.device.type != "cpu":
-            self.chunk_record.append((self.steps + 1, losses, calls))
+            self.chunk.record.append((self.steps + 1, losses, calls))
             return
         if finite(losses):
             return
@@ -26,11 +26,11 @@ class FaultWatch:
         state = snapshot(self._objects[0]) if self.active is not self.plain else None
         self.fault = Fault(self.steps + 1, self.active.name, calls, state)
         spent = clock.now() - started  # not the plan's time: the chunk's marks move past it
-        self.chunk_started, self.last_end = self.chunk_started + spent, self.last_end + spent
+        self.chunk.started, self.chunk.last_end = self.chunk.started + spent, self.chunk.last_end + spent
 
     def _chunk_fault(self) -> Fault | None:
         """On an accelerator, the chunk's first step whose loss was not finite (judged in the weights as they are)."""
-        for step, losses, calls in self.chunk_record:
+        for step, losses, calls in self.chunk.record:
             if not finite(losses):
                 return Fault(step, self.active.name, calls)
         return None

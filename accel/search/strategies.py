@@ -2,12 +2,12 @@
 minus what does not pay, then the costly ones (compile) on top when they pay back."""
 from __future__ import annotations
 
-
+from accel import clock
 from accel.plan.contract import REGISTRY
 from accel.search.remembered import remember_warmup, starts_warm
 from accel.search.results import TuneRow, not_measured
 from accel.search.state import Search
-from accel.search.verdicts import payback, warmup_fit
+from accel.search.verdicts import payback, run_ahead_s, warmup_fit
 from accel.measure import Ratio, Trial, plan_label
 from accel.plan import Plan
 
@@ -172,11 +172,15 @@ def _try_costly(search: Search, incumbent: Trial | None, candidate: dict[str, di
     reference = incumbent or search.base
     plan = {**reference.plan, **candidate}
     warm = starts_warm(candidate, search.model, search.device, search.cpu_model)
-    fit = warmup_fit(candidate, search.facts, search.cache, warm, search.left())
+    fit = warmup_fit(candidate, search.facts, search.cache, warm, search.left(),
+                     run_ahead_s(search.expected_steps, 0, reference.median_s))
     if not fit.fits:
         search.cut_short = True
         search.rows.append(not_measured(plan, reference.name, fit.reason))
         return incumbent
+    if fit.past_budget:  # its warm-up and its rounds, on the run's allowance
+        search.deadline = clock.now() + 2 * fit.allowance_s
+        search.notes.append(f"{next(iter(candidate))}: {fit.reason}")
     trial = search.lab.trial(plan)
     row = search.row_of(trial, against=reference.name, tests=next(iter(candidate)))
     if row.status != "measured":

@@ -14,7 +14,7 @@ round) and ``_next_arm`` (which arm takes the next turn); a job of several ranks
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from accel import clock
 from accel.plan.contract import REGISTRY
@@ -26,6 +26,19 @@ from accel.measure import SETTLE_BELOW_S, round_order, synchronize
 
 MIN_ROUNDS = 3  # rounds before any verdict
 MAX_ROUNDS = 30
+
+
+@dataclass
+class Chunk:
+    """The turn in progress: the steps it has taken, how it is timed so far, and what a fault is judged on."""
+
+    steps: int = 0  # steps since the switch
+    untimed: int = 1  # steps after the switch not timed (1, or 0 on later turns of long steps)
+    started: float = 0.0  # when its timing began
+    last_end: float = 0.0  # when its last step ended
+    wait_at_start: float = 0.0  # the run's data wait when its timing began
+    timed_s: list[float] = field(default_factory=list)  # on a CPU, its timed steps (the stop rule's evidence)
+    record: list[tuple[int, list, list]] = field(default_factory=list)  # on an accelerator: (step, losses, forwards)
 
 
 @dataclass(frozen=True)
@@ -41,9 +54,9 @@ class TurnTaking:
     """The turns of a TuningRun (inloop.py), apart because it is one job."""
 
     def _after_step(self) -> None:
-        self.in_chunk += 1
+        self.chunk.steps += 1
         self.active.steps += 1
-        if self.in_chunk == self.untimed:  # the step after a switch, when it is not timed (self.untimed is 1)
+        if self.chunk.steps == self.chunk.untimed:  # the step after a switch, when it is not timed (untimed is 1)
             synchronize(self.device)
             now = clock.now()
             if self.active.first_s is None:
@@ -51,21 +64,21 @@ class TurnTaking:
             self._chunk_starts(now)
             return
         arm = self.active
-        timed = self.in_chunk - self.untimed
+        timed = self.chunk.steps - self.chunk.untimed
         against = self._against(arm)
         if self.device.type == "cpu":  # (on an accelerator, reading the time every step would wait for the device)
             now = clock.now()
-            self.timed_s.append(now - self.last_end)
-            self.last_end = now
+            self.chunk.timed_s.append(now - self.chunk.last_end)
+            self.chunk.last_end = now
         # mid-chunk, the stop rule reads this rank's clock: with several ranks a chunk runs to its end (its verdict
         # is then taken on the slowest rank's steps, the same on every rank)
         if timed < self.chunk_steps and (against is None or self.device.type != "cpu" or self.ranks.world_size > 1
                                          or not self._stop_reason(timed, against)):
             return
         synchronize(self.device)
-        elapsed = clock.now() - self.chunk_started
+        elapsed = clock.now() - self.chunk.started
         fault = self.fault or self._chunk_fault()
-        self.fault, self.chunk_record = None, []
+        self.fault, self.chunk.record = None, []
         self.losses.clear()
         elapsed, blamed, plan_blamed = self._agree_on_chunk(elapsed, fault)
         if self.recheck is not None:  # this chunk timed the reference again, for the arm caught before it
@@ -85,7 +98,7 @@ class TurnTaking:
         else:
             arm.rounds[self.round] = self._step_time_of_chunk(elapsed, timed)
         if arm is self.plain:
-            self.plain_wait[0] += self.data_wait_s - self.wait_at_start
+            self.plain_wait[0] += self.data_wait_s - self.chunk.wait_at_start
             self.plain_wait[1] += elapsed
             if self.round == 0 and self.chunk_steps == 2:
                 self._pace(elapsed / timed)
@@ -95,8 +108,8 @@ class TurnTaking:
         """The chunk as every rank takes it (ranks.py; in a single process, this rank's own): the slowest rank's
         seconds and steps, and whether the arm pays for a loss that was not finite on any rank (judged where it
         happened, under the plain loop every rank switches to together: ddp's wrapping is collective)."""
-        agreed = self.ranks.chunk(ChunkTimes(elapsed, tuple(self.timed_s), fault is not None))
-        self.timed_s = list(agreed.step_s)
+        agreed = self.ranks.chunk(ChunkTimes(elapsed, tuple(self.chunk.timed_s), fault is not None))
+        self.chunk.timed_s = list(agreed.step_s)
         if agreed.nonfinite and self.ranks.world_size > 1 and self.active is not self.plain:
             self._switch({})
         blamed = self._judge(fault) if fault is not None else None
@@ -107,8 +120,8 @@ class TurnTaking:
         return elapsed / timed
 
     def _chunk_starts(self, at: float) -> None:
-        self.chunk_started, self.last_end, self.wait_at_start = at, at, self.data_wait_s
-        self.timed_s = []
+        self.chunk.started, self.chunk.last_end, self.chunk.wait_at_start = at, at, self.data_wait_s
+        self.chunk.timed_s = []
 
     def _against(self, arm: Arm) -> Arm | None:
         """What an arm's turn is compared with: the plain loop, or in compile's rounds the winner under it."""
@@ -117,7 +130,7 @@ class TurnTaking:
 
     def _fastest(self, timed: int, elapsed: float | None = None) -> float:
         """The stop rule's evidence from this chunk: its fastest timed step on a CPU, its mean elsewhere."""
-        return min(self.timed_s) if len(self.timed_s) == timed else (elapsed or 0.0) / timed
+        return min(self.chunk.timed_s) if len(self.chunk.timed_s) == timed else (elapsed or 0.0) / timed
 
     def _stop_reason(self, timed: int, against: Arm, elapsed: float | None = None) -> str:
         """The stop rule (stoprule.py) on this chunk, against the step of ``against`` in the round beside it."""
@@ -170,17 +183,20 @@ class TurnTaking:
     def _go(self, arm: Arm) -> None:
         self.turn_began = clock.now()  # before the deadline, always: _next_turn checks it first
         if not self._switch(arm.plan, arm):
+            # a caught arm whose reference could not be timed again goes on unjudged: the next chunk is another
+            # arm's, and its disputed chunk stays no sample of the round
+            self.recheck = None
             self._next_turn()
             return
-        self.active, self.in_chunk = arm, 0
+        self.active, self.chunk.steps = arm, 0
         self.search.update(self)  # the report says whose turn it is, and what the rounds so far measured
         # A step of 2 s or more is timed from the switch on an arm's later turns: what a switch leaves cold (caches,
         # the allocator) is small beside it, and an untimed step would cost a third of every turn.
         # compile is left out: a switch back to it may recompile (its hooks' guards), and that is not its step.
         long_steps = all(a.rounds and min(a.rounds.values()) >= SETTLE_BELOW_S for a in (self.plain, arm))
         costly = any(REGISTRY[name].costly_setup for name in arm.plan)
-        self.untimed = 0 if arm.first_s is not None and long_steps and not costly else 1
-        if not self.untimed:
+        self.chunk.untimed = 0 if arm.first_s is not None and long_steps and not costly else 1
+        if not self.chunk.untimed:
             self._chunk_starts(self.switched_at)
 
     def _verdicts(self) -> None:

@@ -56,26 +56,50 @@ def alike(ratio: Ratio, margin: float) -> bool:
 
 # --- the compile-last rule: a costly candidate (compile) goes on top of the best plan, last --------------------
 
+LONG_RUN_SHARE = 0.02  # in a run of known length, compile's warm-up may take this share of the run still ahead
+
+
 @dataclass(frozen=True)
 class WarmupFit:
-    """Whether a costly candidate's expected warm-up fits the budget left, and why not when it does not."""
+    """Whether a costly candidate's expected warm-up fits what the search may spend on it, and why (not)."""
 
     fits: bool
     guess_s: float
     known: str  # how the guess is known: measured on this setup before (warm or cold), or assumed
-    left_s: float
+    left_s: float  # the budget left
+    ahead_s: float = 0.0  # the run still ahead at the best plan's step (expected_steps known), else 0
+
+    @property
+    def past_budget(self) -> bool:
+        """Tried although the budget is spent: the run ahead is long enough to risk its warm-up."""
+        return self.fits and self.guess_s > self.left_s
+
+    @property
+    def allowance_s(self) -> float:
+        return LONG_RUN_SHARE * self.ahead_s
 
     @property
     def reason(self) -> str:
-        return (f"its warm-up (about {self.guess_s:.0f} s, {self.known}) does not fit the {max(self.left_s, 0):.0f} s "
-                "of budget left")
+        guess = f"its warm-up (about {self.guess_s:.0f} s, {self.known})"
+        if self.past_budget:
+            return (f"tried past the budget: {guess} is within {LONG_RUN_SHARE:.0%} of the run still ahead "
+                    f"({self.ahead_s:.0f} s at the best plan's step), and a second run starts warm")
+        return (f"{guess} does not fit the {max(self.left_s, 0):.0f} s of budget left"
+                + (f", nor {LONG_RUN_SHARE:.0%} of the run still ahead ({self.ahead_s:.0f} s)" if self.ahead_s else ""))
+
+
+def run_ahead_s(expected_steps: int | None, steps_done: int, step_s: float | None) -> float:
+    """The seconds the run still has ahead at this step time, when its length is known (else 0)."""
+    return max(expected_steps - steps_done, 0) * step_s if expected_steps and step_s else 0.0
 
 
 def warmup_fit(candidate: dict[str, dict], facts: dict[str, Any] | None, cache: Any, warm: bool,
-               left_s: float) -> WarmupFit:
-    """Started on whatever budget is left, a warm-up longer than it would run the search far past it."""
+               left_s: float, ahead_s: float = 0.0) -> WarmupFit:
+    """Started on whatever budget is left, a warm-up longer than it would run the search far past it; but in a
+    run known to be long (2,000 steps of 0.5 s: 1,000 s ahead) a 20 s warm-up is worth risking once: kept only if
+    it pays back (payback), and its compiled code stays in the cache for the next run."""
     guess, known = expected_warmup(candidate, facts, cache, warm)
-    return WarmupFit(left_s >= guess, guess, known, left_s)
+    return WarmupFit(left_s >= guess or guess <= LONG_RUN_SHARE * ahead_s, guess, known, left_s, ahead_s)
 
 
 def settled_enough(ratio: Ratio, margin: float) -> bool:

@@ -83,6 +83,9 @@ class CompileState(State):
 
 @register
 class Compile(Accelerator):
+    """torch.compile on the run's model (or on each repeated block), last and outermost; its warm-up is reported
+    apart from the steady step, and its compiled code kept in accel's cache folder for the next run."""
+
     name = "compile"
     stage = Stage.COMPILATION
     provides = (Capability.MODEL_COMPILE,)

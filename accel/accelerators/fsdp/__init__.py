@@ -62,7 +62,6 @@ from accel.data_parallel import LAUNCHERS, DataParallel
 from accel.errors import Problem, StaleWarning
 from accel.hardware import is_accelerator
 from accel.modules import listed, outermost, repeated_blocks
-from accel.run import open_run
 
 
 @register
@@ -117,9 +116,9 @@ class FSDP(DataParallel):
             problems.append(Problem(self.name, f"offloading to CPU memory needs an accelerator device; the device is "
                                     f"{ctx.device}, whose memory already is CPU memory", field="cpu_offload",
                                     value=True, allowed="False on cpu", kind="conflict"))
-        earlier = open_run(ctx.user_model)  # its changes are already undone (accelerate() does that first)
+        earlier = ctx.handed_over  # the earlier run on this model, its changes already undone
         mine = earlier.states.get(self.name) if earlier is not None else None
-        if isinstance(mine, FSDPState) and (mine.unreduced_when_taken_off or earlier.held_gradients()):
+        if isinstance(mine, FSDPState) and (mine.unreduced_when_taken_off or earlier.held_gradients):
             problems.append(Problem(self.name, "accelerate() again in the middle of accumulating gradients under "
                                     "fsdp: FSDP keeps the unreduced gradients in its own buffers, which a new run "
                                     "cannot take over", field="accelerate",
