@@ -354,6 +354,10 @@ def test_a_verdict_needs_most_rounds_to_agree(ties, spikes):
     assert ratio.median == 1.0
     assert not ratio.below(1.0) and not ratio.above(1.0) and ratio.noisy()
     assert not ratio.below(0.98) and not ratio.above(1.02)
+    if ratio.high < 1.0 or ratio.low > 1.0:  # the interval alone would have decided: the table says why it did not
+        assert str(ratio).endswith("; median round 1.00)"), str(ratio)
+    else:
+        assert "median" not in str(ratio)
     assert Ratio([0.02] * 4 + [0.021, 0.019]).below(0.5)  # rounds that agree still decide
 
 
@@ -438,6 +442,19 @@ def test_compile_is_not_started_on_a_budget_its_warm_up_cannot_fit_and_the_why_s
     assert len(rows) == 1 and rows[0].status == "not measured" and "does not fit" in rows[0].reason, result.rows
     assert "budget ran out before any candidate was compared" in result.why and "compile" in result.why, result.why
     assert result.plan.names() == []
+
+
+def test_in_a_long_run_tune_tries_compile_past_its_budget_and_its_row_says_so(tmp_path, monkeypatch):
+    """The same budget of 5 s that leaves compile out above, in a run told to be 10 million steps long: its warm-up
+    (30 s assumed, cold) is within 2% of the run ahead, so it is measured, and its row says it was tried past the
+    budget, whatever its verdict."""
+    monkeypatch.setenv("ACCEL_CACHE_DIR", str(tmp_path))
+    model, optimizer, loader = objects()
+    result = accel.tune(model, optimizer, loader, device="cpu", accelerators=["compile"], budget_s=5, cache=False,
+                        expected_steps=10**7)
+    rows = [row for row in result.rows if "compile" in row.plan]
+    assert len(rows) == 1 and rows[0].status != "not measured", result.rows
+    assert rows[0].first_step_s is not None and "tried past the budget" in rows[0].decision, rows[0]
 
 
 def test_the_clock_is_swapped_for_a_block_and_restored_even_when_the_block_raises():

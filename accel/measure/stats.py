@@ -78,7 +78,7 @@ class Ratio:
         return self.low > threshold and self.median > threshold
 
     def noisy(self) -> bool:
-        """1.0 lies inside the interval: the two cannot be told apart."""
+        """1.0 lies inside the interval, or the median round says otherwise than it: the two cannot be told apart."""
         return not (self.below(1.0) or self.above(1.0))
 
     def __str__(self) -> str:
@@ -86,7 +86,10 @@ class Ratio:
             return "not measured"
         if self.rounds < 2:
             return f"{self.estimate:.2f} (1 round)"
-        return f"{self.estimate:.2f} ({self.low:.2f}-{self.high:.2f})"
+        # an interval clear of 1.0 that the median round does not follow is why no verdict was reached: say so
+        split = (self.high < 1.0 <= self.median) or (self.low > 1.0 >= self.median)
+        return f"{self.estimate:.2f} ({self.low:.2f}-{self.high:.2f}" + (
+            f"; median round {self.median:.2f})" if split else ")")
 
     def to_dict(self) -> dict[str, Any]:
         finite = self.rounds >= 2

@@ -18,6 +18,7 @@ from accel.run.journal import Journal
 
 if TYPE_CHECKING:
     from accel.plan import Plan
+    from accel.plan.contract import State
 
 
 @dataclass
@@ -86,7 +87,7 @@ class HandedOver:
     accelerator's per-run state, and whether a wrapper held gradients unreduced. An accelerator that must refuse
     to take over (fsdp in the middle of accumulating) reads it here, never the earlier run itself."""
 
-    states: dict[str, Any]
+    states: dict[str, State]
     held_gradients: bool
 
 
@@ -108,7 +109,7 @@ class Context:
     batch_transforms: list[Callable[[Any], Any]] = field(default_factory=list)
     extras: dict[str, Any] = field(default_factory=dict)
     problems: list[Problem] = field(default_factory=list, repr=False)
-    handed_over: HandedOver | None = None  # the earlier run on this model, when accelerate() closed one
+    handed_over: HandedOver | None = None  # the run open on this model, which accelerate() closes first
 
     def __post_init__(self):
         self.user_model, self.user_optimizer, self.user_loader = self.model, self.optimizer, self.loader

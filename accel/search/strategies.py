@@ -173,14 +173,13 @@ def _try_costly(search: Search, incumbent: Trial | None, candidate: dict[str, di
     plan = {**reference.plan, **candidate}
     warm = starts_warm(candidate, search.model, search.device, search.cpu_model)
     fit = warmup_fit(candidate, search.facts, search.cache, warm, search.left(),
-                     run_ahead_s(search.expected_steps, 0, reference.median_s))
+                     run_ahead_s(search.expected_steps, 0, reference.median_s or reference.settled_step_s))
     if not fit.fits:
         search.cut_short = True
         search.rows.append(not_measured(plan, reference.name, fit.reason))
         return incumbent
     if fit.past_budget:  # its warm-up and its rounds, on the run's allowance
         search.deadline = clock.now() + 2 * fit.allowance_s
-        search.notes.append(f"{next(iter(candidate))}: {fit.reason}")
     trial = search.lab.trial(plan)
     row = search.row_of(trial, against=reference.name, tests=next(iter(candidate)))
     if row.status != "measured":
@@ -205,6 +204,8 @@ def _try_costly(search: Search, incumbent: Trial | None, candidate: dict[str, di
         row.decision = (f"{name}: kept, {ratio.estimate:.2f} of the step; its {extra_warmup:.1f} s warm-up pays back "
                         f"after {break_even} steps" + (f" (run: {search.expected_steps})" if search.expected_steps
                                                         else ""))
+    if fit.past_budget:  # said in its row, whatever its verdict (a note would show only beside a chosen plan)
+        row.decision += f"; {fit.reason}"
     row.vs_baseline = round(ratio.estimate * ((reference.median_s / search.base.median_s)
                                               if reference is not search.base and search.base.median_s else 1.0), 4)
     if pays:
