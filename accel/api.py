@@ -41,6 +41,20 @@ def _resolve_plan(plan: Any, model, optimizer, loader, device) -> tuple[PlanSpec
 
 
 
+def _refuse_dropping_held_gradients(model: torch.nn.Module) -> None:
+    """accelerate() again closes the run open on this model first. Where a wrapper of that run holds gradients
+    unreduced in its own buffers (FSDP2 between an accumulation's micro-steps), closing it would drop them, and a
+    run given back after a refused plan would train on without them: refused here, before anything changes."""
+    earlier = open_run(model)
+    holders = [a.name for a in earlier.accelerators if a.held_gradients(earlier.states[a.name])] if earlier else []
+    if holders:
+        raise PlanError([Problem(holders[0], f"accelerate() again in the middle of accumulating gradients under "
+                                 f"{holders[0]}: it holds them unreduced in its own buffers, which closing the run "
+                                 f"open on this model would drop", field="accelerate",
+                                 allowed="call it after an optimizer step (run.step() returned False)",
+                                 kind="conflict")])
+
+
 def _retract(ctx: Context, name: str) -> None:
     """Forget the decisions of an accelerator that stands aside (skipped after deciding)."""
     defaults = Decisions(device=ctx.decisions.device)
@@ -142,6 +156,7 @@ def accelerate(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None =
     applying rolls every change back and raises AccelerateError. plan="auto" (or accel.Auto(...)) chooses the
     plan by measuring on these objects first.
     """
+    _refuse_dropping_held_gradients(model._orig_mod if compiled(model) else model)
     if isinstance(plan, str) and plan in RESOLVERS:
         plan = RESOLVERS[plan]()
     if hasattr(plan, "in_loop") and plan.in_loop():  # plan="auto" measuring in your own loop: its own run

@@ -27,6 +27,7 @@ fastest of its three here) from the same paired rounds.
 
     python benchmarks/bench_peers.py --models resnet18 --rounds 4 --tune-budget 240
     python benchmarks/bench_peers.py --models bert --batch 4 --rounds 3 --tune-budget 240
+    python benchmarks/bench_peers.py --models gpt2 --batch 2 --rounds 3 --tune-budget 240 --expected-steps 2000
     python benchmarks/bench_peers.py --quick               # tiny resnet18 and BERT, 2 rounds: does it run
 
 Needs `pip install accelerate` (measured with accelerate 1.15.0) and, for BERT and GPT-2, transformers.
@@ -174,8 +175,8 @@ def auto_in_loop(workload, net, opt, loader, args) -> tuple[Any, float, int, str
     model = copy.deepcopy(net)
     optimizer = rebuild_optimizer(opt, params=same_params(opt, net, model))
     started = time.perf_counter()
-    run = accel.accelerate(model, optimizer, loader, accel.Auto(cache=False, budget_s=args.tune_budget),
-                           device=args.device)
+    plan = accel.Auto(cache=False, budget_s=args.tune_budget, expected_steps=args.expected_steps)
+    run = accel.accelerate(model, optimizer, loader, plan, device=args.device)
     try:
         while run.phase != "settled":
             for batch in run.loader:
@@ -196,7 +197,8 @@ def bench_model(name: str, args) -> dict[str, Any]:
     workload = WORKLOADS[name]
     net, opt, loader = workload.build(args.size, seed=0, steps=64, batch=args.batch)
 
-    print(f"{name}: plan='auto' in its loop (budget {args.tune_budget or 'default'} s) ...", flush=True)
+    told = f", expected_steps {args.expected_steps}" if args.expected_steps else ""
+    print(f"{name}: plan='auto' in its loop (budget {args.tune_budget or 'default'} s{told}) ...", flush=True)
     chosen, tune_s, settled_at, why = auto_in_loop(workload, net, opt, loader, args)
     print(f"{name}: auto settled on {plan_label(chosen)} at step {settled_at} after {tune_s:.1f} s ({why}); "
           "building the variants ...", flush=True)
@@ -271,6 +273,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=None, help="timed steps per variant and round (default: ~0.5 s)")
     parser.add_argument("--warmup", type=int, default=3, help="first steps of every variant, timed apart")
     parser.add_argument("--tune-budget", type=float, default=None, help="auto's budget, s (default: auto's)")
+    parser.add_argument("--expected-steps", type=int, default=None,
+                        help="tell auto the run's length, as a user who knows it would (compile is then tried past "
+                             "the budget when its warm-up is a small share of the run ahead)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--quick", action="store_true", help="tiny resnet18 and BERT, 2 rounds: does it run")
     parser.add_argument("--json", metavar="PATH", help="write rows and summaries as JSON")

@@ -569,10 +569,45 @@ def test_closed_in_the_middle_of_accumulating_the_model_is_yours_again(one_rank)
     assert model.tokens.weight.grad is not None
 
 
+def weights_after_one_accumulated_step(refuse_midway: list) -> dict[str, torch.Tensor]:
+    """3 micro-batches of fsdp + grad_accumulation 3 from the same start; before the 2nd, accelerate() again with
+    each plan of refuse_midway (each must be refused). The weights once the optimizer stepped, gathered."""
+    torch.manual_seed(0)
+    plan = {"fsdp": {}, "grad_accumulation": {"steps": 3}}
+    model, optimizer, loader, run = gpt_run(plan)
+    try:
+        batches = iter(run.loader)
+        held, stepped = gpt_step(run, *next(batches))
+        assert held and not stepped
+        for other in refuse_midway:
+            with pytest.raises(accel.PlanError, match=r"accelerate\(\) again in the middle of accumulating "
+                                                      r"gradients under fsdp") as refused:
+                accel.accelerate(model, optimizer, loader, plan=other, device="cpu")
+            assert "run.step() returned False" in str(refused.value)
+            assert not run.closed and run.accumulating and set(reduce_flags(model)) == {False}  # untouched
+        held, stepped = gpt_step(run, *next(batches))
+        assert held and not stepped
+        assert gpt_step(run, *next(batches)) == (0, True)
+    finally:
+        run.close()  # gathers the trained weights back into the model
+    return {name: p.detach().clone() for name, p in model.named_parameters()}
+
+
+def test_a_refused_accelerate_mid_accumulation_keeps_the_gradients_fsdp_holds(one_rank):
+    """FSDP2 holds the first micro-batches' gradients unreduced in its own buffers; closing the run drops them. A
+    second accelerate() mid-accumulation, with fsdp again or any other plan, is refused before the earlier run is
+    closed, so its step still sums all 3 micro-batches: the weights equal those of the same training with no such
+    call, bit for bit."""
+    plain = weights_after_one_accumulated_step([])
+    refused = weights_after_one_accumulated_step([{"fsdp": {}, "grad_accumulation": {"steps": 3}}, ["amp"], None])
+    assert plain.keys() == refused.keys()
+    for name in plain:
+        assert torch.equal(plain[name], refused[name]), name
+
+
 def test_accelerate_again_mid_accumulation_is_refused_and_the_earlier_run_goes_on_unreduced(one_rank):
-    """A new run cannot take over the gradients FSDP holds unreduced (fsdp's check, from its own earlier state);
-    the earlier run, put back, keeps its reduction off as its run last said; at an optimizer step accelerate()
-    again goes through."""
+    """A new run cannot take over the gradients FSDP holds unreduced; the earlier run goes on with its reduction
+    off as its run last said; at an optimizer step accelerate() again goes through."""
     plan = {"fsdp": {}, "grad_accumulation": {"steps": 3}}
     model, optimizer, loader, run = gpt_run(plan)
     try:
@@ -580,7 +615,7 @@ def test_accelerate_again_mid_accumulation_is_refused_and_the_earlier_run_goes_o
         gpt_step(run, *next(batches))
         with pytest.raises(accel.PlanError, match=r"accelerate\(\) again in the middle of accumulating gradients"):
             accel.accelerate(model, optimizer, loader, plan=plan, device="cpu")
-        assert not run.closed and run.accumulating and set(reduce_flags(model)) == {False}  # sharded anew, still off
+        assert not run.closed and run.accumulating and set(reduce_flags(model)) == {False}
         held, stepped = gpt_step(run, *next(batches))
         assert held and not stepped
         assert gpt_step(run, *next(batches)) == (0, True)

@@ -75,6 +75,25 @@ def test_regional_compile_of_a_gpt2_with_its_kv_cache_on_says_it_recompiles_per_
     torch._dynamo.reset()
 
 
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_auto_offers_whole_model_compile_where_blocks_are_handed_a_kv_cache(use_cache):
+    """Regional compile stalls at torch's recompile_limit when every block gets the KV cache (the test above), and
+    measured no faster on GPT-2 small; the candidate plan="auto" tries is then the whole model's compile."""
+    pytest.importorskip("transformers")
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from accel.accelerators.compile import Compile
+
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=100, n_embd=32, n_layer=3, n_head=2, n_positions=32,
+                                       bos_token_id=0, eos_token_id=0, use_cache=use_cache))
+    candidates = Compile.candidates(accel.probe(), model)
+    if not candidates:  # no C++ compiler for inductor here: compile is no candidate at all
+        pytest.skip("compile offers no candidate on this machine")
+    assert candidates == ([{}] if use_cache else [{"regional": True}])
+    bert = WORKLOADS["bert"].build("tiny", seed=0, steps=2)[0]  # an encoder: no cache, whatever use_cache says
+    assert bert.config.use_cache is True and Compile.candidates(accel.probe(), bert) == [{"regional": True}]
+
+
 def warnings_as_errors():
     import contextlib
     import warnings

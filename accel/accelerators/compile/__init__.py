@@ -99,8 +99,10 @@ class Compile(Accelerator):
         if not (has_compiler() or hardware.devices.keys() - {"cpu"}) or compiled(model):
             return []
         # a model of repeated blocks compiles each block's code once: half the warm-up (a 12-layer GPT here: 13 s
-        # against 29 s), so it fits a search's budget
-        return [{"regional": True}] if repeated_blocks(model) else [{}]
+        # against 29 s), so it fits a search's budget. Not where the blocks are handed a KV cache: dynamo compiled
+        # 8 of GPT-2's 12, and in the loop its step was 1.05-1.08 of the one without compile (3 searches); the
+        # whole model's, 1.00-1.03 (docs/accelerators/compile.md)
+        return [{"regional": True}] if repeated_blocks(model) and not hands_blocks_a_cache(model) else [{}]
 
     def check(self, ctx):
         problems = []
@@ -150,7 +152,7 @@ class Compile(Accelerator):
             changes.update(compile_cache.keep_in_accel_cache(ctx, {**kwargs, "regional": regional}))
         if regional:
             changes["regions"] = self.compile_blocks(ctx, blocks, kwargs)
-            if getattr(getattr(ctx.model, "config", None), "use_cache", None) is True:
+            if hands_blocks_a_cache(ctx.model):
                 # measured: a 12-layer GPT-2, 8 graphs (torch's recompile_limit), blocks 9-12 eager; 1 without
                 changes["kv cache"] = ("the model's config.use_cache is True: Hugging Face hands every block its KV "
                                        "cache, and dynamo compiles a block again for each layer index, up to torch's "
@@ -198,6 +200,15 @@ class Compile(Accelerator):
 
     def unwrap(self, state, model):
         return model._orig_mod if state.wrapper is not None and model is state.wrapper else model
+
+
+def hands_blocks_a_cache(model: torch.nn.Module) -> bool:
+    """A Hugging Face model whose config.use_cache is on (GPT-2's default, kept in training): its forward hands every
+    block the KV cache, and a block compiled alone recompiles for each layer index (regional compile stalls). An
+    encoder (BERT: ``is_decoder=False``) keeps no cache whatever use_cache says."""
+    config = getattr(model, "config", None)
+    return getattr(config, "use_cache", None) is True and (getattr(config, "is_decoder", None) is not False
+                                                            or getattr(config, "is_encoder_decoder", None) is True)
 
 
 def recompile_on_unfreeze(state: CompileState, module, args) -> None:
