@@ -308,3 +308,25 @@ def test_an_accelerator_the_loop_goes_around_twice_is_named_once():
     assert len(said) == 1 and "accumulates gradients itself" in said[0], said
     assert same(weights(model), plain_loop(every=2, divide=2))
     run.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("wrapper", ["ddp", "fsdp"])
+def test_a_half_migrated_loop_on_two_ranks_steps_on_the_gradients_the_wrapper_held(tmp_path, wrapper):
+    """Under grad_accumulation the wrapper reduces nothing in the first micro-step (DDP's no_sync, FSDP2's unreduced
+    buffers). A loop that steps the optimizer itself there made the ranks step apart on their own gradients (ddp), or
+    step a batch late on nothing (fsdp: momentum carried the difference). The gradients held are now reduced into
+    .grad before the loop's own step: both ranks train what one process trains on the global batch."""
+    import json
+
+    from scripts.launching import output, torchrun
+
+    plan = {wrapper: {}, "grad_accumulation": {"steps": 2}}
+    result = torchrun("half_migrated_ranks.py", json.dumps(plan), tmp_path, timeout=180)
+    assert result.returncode == 0, output(result)
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    for said in ranks:
+        assert set(said["applied"]) == {wrapper} and said["grad_accumulation"] == "idle", said
+        assert said["bypass_warnings"] == 1 and said["steps_seen"] == 0, said  # the loop's own steps, named once
+        assert said["ranks_identical"], said
+        assert said["moved"] > 0.05 and said["max_difference"] < 1e-5, said

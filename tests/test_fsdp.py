@@ -624,3 +624,14 @@ def test_accelerate_again_mid_accumulation_is_refused_and_the_earlier_run_goes_o
         assert run.accumulating and set(reduce_flags(model)) == {False}
     finally:
         run.close()
+
+
+@pytest.mark.parametrize("optimizer", ["momentum", "adam"])
+def test_a_half_migrated_loop_steps_on_the_gradients_fsdp_held_while_accumulating(one_rank, optimizer):
+    """Found by the zoo (tests/test_equivalence.py): the loop's own loss.backward() and optimizer.step() under
+    fsdp + grad_accumulation. The first backward ran with reduction off, so FSDP2 kept its gradients unsharded; the
+    loop's own step then found no .grad on the shards and stepped them a batch late, which momentum and Adam carried
+    on (weights 5e-4 and 4e-2 off). They are reduced into the shards before that step now (2 ranks: test_bypass.py)."""
+    case = Case("batchnorm", "tuple", "none", "plain", optimizer, loop="half_migrated")
+    result = check_equivalence([{"fsdp": {}}, {"grad_accumulation": {"steps": 2}}], case.build, steps=3)
+    assert result.ok and result.applied == ["grad_accumulation", "fsdp"], result

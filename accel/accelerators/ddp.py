@@ -102,6 +102,16 @@ class DDP(DataParallel):
         what ``DistributedDataParallel.no_sync()`` sets, kept until the run says otherwise."""
         state.wrapper.require_backward_grad_sync = enabled
 
+    def release_held_gradients(self, run, state):
+        """The loop stepped the optimizer itself mid-accumulation: each rank's gradients, accumulated under no_sync,
+        would be averaged only in the next synced backward, and the ranks would step apart until then. Averaged
+        now, as DDP's all-reduce would (what was already reduced is the same on every rank and stays so)."""
+        if state.world_size > 1:
+            for param in state.params:
+                if param.grad is not None:
+                    torch.distributed.all_reduce(param.grad)
+                    param.grad.div_(state.world_size)
+
     def step(self, run, state, optimizer, proceed):
         if state.world_size > 1 and not state.warned and trainable(state.params) != state.registered:
             state.warned = True

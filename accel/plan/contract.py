@@ -194,6 +194,11 @@ class Accelerator:
         """Gradients this accelerator holds unreduced, not yet in ``.grad`` (FSDP2 while accumulating)."""
         return []
 
+    def release_held_gradients(self, run: Run, state: State) -> None:
+        """The loop stepped around an accumulation (its own optimizer.step() in the middle of one): reduce now what
+        this wrapper left unreduced, into the ``.grad`` the optimizer steps, as its next synced backward would have
+        (a step late otherwise, which momentum and Adam carry on). A collective: every rank's loop gets here."""
+
     def grad_scaler(self, state: State) -> torch.amp.GradScaler | None:
         """The GradScaler this accelerator owns, or None: run.scaler, to read its scale (it alone steps it)."""
         return None

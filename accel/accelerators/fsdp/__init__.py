@@ -56,6 +56,7 @@ from torch import nn
 from accel.plan.contract import SAME_MATH, Capability, Stage, dtype_name, register
 from accel.accelerators.fsdp.checks import foreign_parameter_problems, fsdp_available, is_sharded
 from accel.accelerators.fsdp.config import FSDPOptions, FSDPState
+from accel.accelerators.fsdp.held import held_by_parameter, reduce_into_shards
 from accel.accelerators.fsdp.surgery import (Originals, gather_state, shard_like, shard_model, swap_parameters,
                                              unshard_model)
 from accel.data_parallel import LAUNCHERS, DataParallel
@@ -228,16 +229,13 @@ class FSDP(DataParallel):
 
     def held_gradients(self, state):
         """The gradients FSDP2 holds unreduced while gradient sync is off (accumulation's micro-steps): what a
-        grad_accumulation that stands aside multiplies back (FSDP2's state: torch 2.15 keeps one list of param
-        groups per module, 2.8 one group)."""
-        held = []
-        for module in state.sharding.sharded if state.sharding is not None else []:
-            fsdp_state = module._get_fsdp_state()
-            groups = getattr(fsdp_state, "_fsdp_param_groups", None) or [getattr(fsdp_state, "_fsdp_param_group",
-                                                                                  None)]
-            for fsdp_param in (p for group in groups if group is not None for p in group.fsdp_params):
-                param = getattr(fsdp_param, "_unsharded_param", None)
-                grads = [getattr(param, "grad", None), getattr(fsdp_param, "_unsharded_accumulated_grad", None)]
-                held += [g for g in {id(g): g for g in grads if g is not None}.values()]
-        return held
+        grad_accumulation that stands aside multiplies back."""
+        sharded = state.sharding.sharded if state.sharding is not None else []
+        return [g for _, held in held_by_parameter(sharded) for g in held]
+
+    def release_held_gradients(self, run, state):
+        """The loop stepped the optimizer itself mid-accumulation: FSDP2 would reduce what it holds only in the next
+        synced backward, a step late. Reduced now into the shards' .grad, as its reduce-scatter would."""
+        if state.sharding is not None:
+            reduce_into_shards(state.sharding.sharded, torch.distributed.get_world_size())
 
