@@ -39,6 +39,15 @@ def test_demo_with_auto_shows_the_search_and_writes_the_chart(tmp_path, capsys, 
     assert ("so a second run measures again" in out) != bool(kept), out[-600:]
 
 
+def test_demo_with_a_plan_given_says_nothing_of_a_search(capsys):
+    """With --plan nothing searches and nothing is cached: it said "nothing was chosen, so a second run measures
+    again" after a run that chose its plan itself."""
+    assert main(["demo", "--epochs", "1", "--image-size", "16", "--plan", "channels_last", "--no-plot"]) == 0
+    out = capsys.readouterr().out
+    assert "speed-up:" in out and "choosing the plan took" in out
+    assert "second run" not in out and "nothing was chosen" not in out, out[-400:]
+
+
 def test_demo_refuses_a_bad_plan_before_training(capsys):
     assert main(["demo", "--plan", "threads,compiel"]) == 2
     err = capsys.readouterr().err

@@ -156,8 +156,9 @@ def run(args) -> int:
         epochs = f"{args.epochs} epoch{'s' if args.epochs != 1 else ''}"
         print(f"plan='auto' was told the run's length: expected_steps={told} ({epochs} x {per_epoch} batches), so "
               "a costly accelerator (compile) is kept only if its warm-up pays back within them")
-    print(f"speed-up: {speedup:.2f}x at accuracy {accelerated['accuracy']:.3f} vs {plain['accuracy']:.3f}; {how} "
-          f"({next_run(tuning)})")
+    searched = isinstance(plan, accel.Auto)  # a plan given searches nothing, so nothing is cached for a next run
+    print(f"speed-up: {speedup:.2f}x at accuracy {accelerated['accuracy']:.3f} vs {plain['accuracy']:.3f}; {how}"
+          + (f" ({next_run(tuning)})" if searched else ""))
     if not args.no_plot and importable("matplotlib"):
         plot(args.plot, plain, accelerated)
         print(f"chart: {args.plot}")

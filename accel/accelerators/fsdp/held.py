@@ -1,5 +1,4 @@
-"""The gradients FSDP2 holds unreduced while gradient sync is off (accumulation's micro-steps): finding them in its
-state, and reducing them into the shards' ``.grad`` when a loop steps the optimizer itself before FSDP would."""
+"""The gradients FSDP2 holds unreduced while accumulating: found in its state, reduced into the shards on demand."""
 from __future__ import annotations
 
 # torch.distributed's DTensor is imported where it is used: accel imports on a torch without it
