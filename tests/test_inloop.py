@@ -919,3 +919,39 @@ def test_when_the_budget_ends_an_accelerator_that_did_not_show_it_pays_is_left_o
         assert overruled, "no seed drew brisk+same ahead: the rule was not exercised"
     finally:
         unregister("same")
+
+
+class Copying(Accelerator):
+    """Trains a copy of the model (as IPEX's optimize does): a switch back to another plan would leave the user's
+    model behind, so plan="auto" in the loop must never make it an arm."""
+
+    name = "copying"
+    stage = Stage.KERNELS
+    trains_a_copy = True
+
+    @classmethod
+    def candidates(cls, hardware, model, optimizer=None, loader=None):
+        return [{}]
+
+    def apply(self, ctx):
+        raise AssertionError("a copying accelerator was switched in by the search in the user's loop")
+
+
+def test_a_candidate_that_trains_a_copy_is_named_not_switched_in_your_loop(virtual):
+    """With IPEX importable (the nox 'ipex' session), it joined the in-loop stack wherever fused_optimizer did not
+    take its place first: its turns trained a copy, and the turns after it went on from the user's older weights."""
+    register(Copying)
+    try:
+        model = costed(tiny_model())
+        optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+        run = accel.accelerate(model, optimizer, tiny_loader(),
+                               quick(accelerators=["channels_last", "copying"]), device="cpu")
+        while run.phase != "settled":
+            train(run, 4)
+            assert "copying" not in run.plan.names()
+        row = run.report.tuning.row("copying")
+        assert row.status == "not measured" and "trains a copy of your model" in row.reason, row
+        assert "copying: not measured" in str(run.report)
+        run.close()
+    finally:
+        unregister("copying")

@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader
 
 import accel
 import accel.clock
-from accel.plan.contract import REGISTRY, Accelerator, Stage, register, unregister
+from accel.plan.contract import REGISTRY, Accelerator, Capability, Stage, register, unregister
 from accel.search import TuneResult, generate_candidates
 from accel.hardware import ISA_FLAGS, probe
 from accel.measure import Lab, Ratio, Trial
@@ -510,3 +510,46 @@ def test_compile_is_tried_when_its_warm_up_fits_the_budget_or_a_small_share_of_a
         assert "tried past the budget" in fit.reason and fit.allowance_s >= guess
     elif not fit.fits:
         assert "does not fit" in fit.reason and ("run still ahead" in fit.reason) == (ahead > 0)
+
+
+class Swift(Accelerator):
+    """An optimizer update of its own (as IPEX's fused step): it conflicts with fused_optimizer, and on a Napping model
+    it removes the nap, so a plan with it steps in 10 ms where fused_optimizer's steps in 30."""
+
+    name = "swift"
+    stage = Stage.KERNELS
+    provides = (Capability.OPTIMIZER_UPDATE,)
+    conflicts = (Capability.OPTIMIZER_UPDATE,)
+
+    @classmethod
+    def candidates(cls, hardware, model, optimizer=None, loader=None):
+        return [{}] if isinstance(model, Napping) else []
+
+    def apply(self, ctx):
+        ctx.journal.set_item(ctx.model.__dict__, "nap", 0.0)
+        return {"nap": "removed"}
+
+
+def test_a_candidate_left_out_of_the_stack_for_a_conflict_is_measured_in_a_rival_stack(virtual):
+    """fused_optimizer comes first in the stack, so swift, which conflicts with it, was left out and never measured
+    (IPEX beside fused_optimizer on an AMX Xeon). The rival stack, swift in fused_optimizer's place, is measured
+    against eager and against the stack, and wins where it is established faster than both."""
+    register(Swift)
+    try:
+        result = accel.tune(*objects(Napping()), device="cpu", accelerators=["fused_optimizer", "swift"], budget_s=60)
+    finally:
+        unregister("swift")
+    assert result.plan.names() == ["swift"], result
+    row = result.row("swift")
+    assert row.status == "measured" and "a rival stack: fused_optimizer made way for swift" in row.decision, row
+    assert row.ratio["estimate"] == pytest.approx(1 / 3, abs=1e-3)  # 10 ms of 30 on the clock
+    assert "left out of the stack: swift" in result.why and "a rival stack" in result.why
+
+
+def test_rival_stacks_put_each_conflicting_candidate_first():
+    from accel.search.strategies import rival_stacks, stack_of
+
+    candidates = [{"channels_last": {}}, {"fused_optimizer": {}}, {"ipex": {}}, {"amp": {"dtype": "bfloat16"}}]
+    assert stack_of(candidates)[0] == {"channels_last": {}, "fused_optimizer": {}, "amp": {"dtype": "bfloat16"}}
+    assert rival_stacks(candidates) == [{"ipex": {}, "channels_last": {}, "amp": {"dtype": "bfloat16"}}]
+    assert rival_stacks([{"channels_last": {}}, {"amp": {}}]) == []  # nothing conflicts: no rival

@@ -42,6 +42,7 @@ class Ipex(Accelerator):
     name = "ipex"
     stage = Stage.KERNELS
     provides = (Capability.MODEL_KERNELS, Capability.OPTIMIZER_UPDATE)
+    trains_a_copy = True
     conflicts = (Capability.OPTIMIZER_UPDATE,)
     after = (Capability.MODEL_LAYOUT,)
     needs = ("optimizer",)

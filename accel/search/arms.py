@@ -46,18 +46,29 @@ class Arm:
 
 @dataclass
 class Candidates:
-    """The candidates sorted by how they join: in the rounds, at an epoch's start, or last (costly)."""
+    """The candidates sorted by how they join: in the rounds, at an epoch's start, last (costly), or not in your
+    loop at all (those that train a copy of your model: a switch back would leave your model behind)."""
 
     stepwise: list[dict[str, dict]]
     epochwise: list[dict[str, dict]]
     costly: list[dict[str, dict]]
+    apart: list[dict[str, dict]] = field(default_factory=list)
 
     @classmethod
     def of(cls, candidates: list[dict[str, dict]]) -> Candidates:
         candidates = [c for c in candidates if c]
+        apart = [c for c in candidates if any(REGISTRY[n].trains_a_copy for n in c)]
+        candidates = [c for c in candidates if c not in apart]
         costly = [c for c in candidates if any(REGISTRY[n].costly_setup for n in c)]
         epochwise = [c for c in candidates if c not in costly and any(REGISTRY[n].switch_at == "epoch" for n in c)]
-        return cls([c for c in candidates if c not in costly and c not in epochwise], epochwise, costly)
+        return cls([c for c in candidates if c not in costly and c not in epochwise], epochwise, costly, apart)
+
+
+def apart_arms(apart: list[dict[str, dict]]) -> list[Arm]:
+    """What trains a copy of your model, named as not measured in your loop, and where it can be."""
+    why = ("it trains a copy of your model, which a switch back to another plan would leave behind: measured apart "
+           "on copies by accel.tune (or plan=accel.Auto(step_fn=...)), or ask for it in a plan")
+    return [Arm(c, status="not measured", reason=why) for c in apart]
 
 
 def starting_arms(stepwise: list[dict[str, dict]], given: bool, notes: list[str]) -> list[Arm]:

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from accel import clock
-from accel.search.arms import Arm, Candidates, starting_arms
+from accel.search.arms import Arm, Candidates, apart_arms, starting_arms
 from accel.search.compilelast import CompileLast
 from accel.search.config import BUDGET_STEPS, MIN_BUDGET_S, Settings
 from accel.search.fault import Blame, Capture, Fault
@@ -93,6 +93,7 @@ class TuningRun(TurnTaking, FaultWatch, Switching, CompileLast, Settling, Run):
         self.arms = starting_arms(kinds.stepwise, self.given is not None, self.notes)
         self.plain = self.arms[0]
         self.phase = "measuring" if len(self.arms) > 1 or self.costly or self.epochwise else "settled"
+        self.arms += apart_arms(kinds.apart)
         self.round, self.order, self.turn, self.phase_start = 0, [], 0, 0
         self.chunk_steps = 2  # timed steps per chunk, paced after the plain loop's first chunk
         self.switched_at = clock.now()
