@@ -81,7 +81,7 @@ def prepare(model, optimizer, loader, plan: PlanSpec, device: Any = "auto", jour
     if decisions is None:
         raise PlanError(problems)
     earlier = open_run(model)
-    handed = HandedOver(dict(earlier.states), bool(earlier.held_gradients())) if earlier is not None else None
+    handed = HandedOver(dict(earlier.states)) if earlier is not None else None
     ctx = Context(model=model, optimizer=optimizer, loader=loader, hardware=hardware, plan=plan, decisions=decisions,
                   journal=journal or Journal(), handed_over=handed)
     accelerators = [copy.copy(a) for a in plan]  # each run keeps its own state on its own objects

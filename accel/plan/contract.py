@@ -76,9 +76,9 @@ class Accelerator:
     keeps: ClassVar[Keeps] = EXACT
     costly_setup: ClassVar[bool] = False  # its first step is long (compile): tune tries it last, on the best stack
     switch_at: ClassVar[str] = "step"  # where plan="auto" in your loop may switch it in or out: "step", or "epoch"
+    # (a rebuilt loader's workers serve a whole epoch)
     trains_a_copy: ClassVar[bool] = False  # it trains a copy of the model (IPEX's optimize): plan="auto" in your loop
     # cannot switch it out (your model would be left behind), so only accel.tune measures it, on copies
-    # (a rebuilt loader's workers serve a whole epoch)
     state_per_rank: ClassVar[bool] = False  # its state differs between ranks (accumulated gradients): saved per rank
     shards_parameters: ClassVar[bool] = False  # holds the model's parameters as shards in place (fsdp) until close()
     # gathers them back; its run saves sharded checkpoints

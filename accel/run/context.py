@@ -84,11 +84,11 @@ def module_class(module: torch.nn.Module) -> str:
 @dataclass(frozen=True)
 class HandedOver:
     """What the earlier run on the same model left when accelerate() closed it (its changes already undone): each
-    accelerator's per-run state, and whether a wrapper held gradients unreduced. An accelerator that must refuse
-    to take over (fsdp in the middle of accumulating) reads it here, never the earlier run itself."""
+    accelerator's per-run state. An accelerator that must refuse to take over (fsdp, whose sharding was taken off
+    while it held gradients) reads it here, never the earlier run itself. (A run that still holds gradients is
+    refused by accelerate() before it is closed.)"""
 
     states: dict[str, State]
-    held_gradients: bool
 
 
 @dataclass

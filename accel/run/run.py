@@ -125,11 +125,14 @@ class Run(RunState):
                 accelerator.gradient_sync(self, self.states[accelerator.name], enabled)
             self._synced = enabled
 
-    def _release_held(self) -> None:
-        """Gradient reduction was off and a loop that went around the run turns it back on before its own step: the
-        wrappers reduce what they held into .grad now (accel/run/watch.py)."""
-        for accelerator in self._syncing:
-            accelerator.release_held_gradients(self, self.states[accelerator.name])
+    def _sync_after_bypass(self) -> None:
+        """A schedule stood aside (accel/run/watch.py): the wrappers reduce again, and where reduction was off,
+        what they held since reaches the loop's own step now, not the next synced backward."""
+        was = self._synced
+        self._sync()
+        if was is False and self._synced:
+            for accelerator in self._syncing:
+                accelerator.release_held_gradients(self, self.states[accelerator.name])
 
     def autocast(self) -> contextlib.AbstractContextManager:
         """The contexts the plan chose for the forward pass and the loss: autocast (a no-op when none did)."""

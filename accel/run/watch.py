@@ -107,10 +107,7 @@ class Watch:
             fix = "; ".join(WENT_AROUND[c][1] for c in mine)
             now = accelerator.bypassed(run, state, mine[-1])
             if run is not None:
-                unreduced = run._synced is False
-                run._sync()  # a schedule that stood aside accumulates no more: the wrappers reduce again
-                if unreduced and run._synced:  # what they held since reaches the loop's own step, not the next one
-                    run._release_held()
+                run._sync_after_bypass()  # a schedule that stood aside accumulates no more
             self.say(accelerator, f"bypassed: {did}, so its {missed} did not happen; {now}; {fix}", level=level)
 
     def say(self, accelerator: Any, text: str, idle: bool = True, level: int = 4) -> None:

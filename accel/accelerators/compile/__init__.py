@@ -100,8 +100,8 @@ class Compile(Accelerator):
             return []
         # a model of repeated blocks compiles each block's code once: half the warm-up (a 12-layer GPT here: 13 s
         # against 29 s), so it fits a search's budget. Not where the blocks are handed a KV cache: dynamo compiled
-        # 8 of GPT-2's 12, and in the loop its step was 1.05-1.08 of the one without compile (3 searches); the
-        # whole model's, 1.00-1.03 (docs/accelerators/compile.md)
+        # 8 of GPT-2's 12, and in the loop its step was 1.05-1.08 of the one without compile (3 searches;
+        # docs/accelerators/compile.md)
         return [{"regional": True}] if repeated_blocks(model) and not hands_blocks_a_cache(model) else [{}]
 
     def check(self, ctx):

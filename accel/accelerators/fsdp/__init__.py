@@ -119,7 +119,7 @@ class FSDP(DataParallel):
                                     value=True, allowed="False on cpu", kind="conflict"))
         earlier = ctx.handed_over  # the earlier run on this model, its changes already undone
         mine = earlier.states.get(self.name) if earlier is not None else None
-        if isinstance(mine, FSDPState) and (mine.unreduced_when_taken_off or earlier.held_gradients):
+        if isinstance(mine, FSDPState) and mine.unreduced_when_taken_off:  # run.close() mid-accumulation
             problems.append(Problem(self.name, "accelerate() again in the middle of accumulating gradients under "
                                     "fsdp: FSDP keeps the unreduced gradients in its own buffers, which a new run "
                                     "cannot take over", field="accelerate",
@@ -237,5 +237,5 @@ class FSDP(DataParallel):
         """The loop stepped the optimizer itself mid-accumulation: FSDP2 would reduce what it holds only in the next
         synced backward, a step late. Reduced now into the shards' .grad, as its reduce-scatter would."""
         if state.sharding is not None:
-            reduce_into_shards(state.sharding.sharded, torch.distributed.get_world_size())
+            reduce_into_shards(state.sharding.sharded)
 

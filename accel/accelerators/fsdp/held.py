@@ -25,20 +25,19 @@ def held_by_parameter(sharded: list[nn.Module]) -> Iterator[tuple[Any, list[torc
                 yield fsdp_param, held
 
 
-def reduce_into_shards(sharded: list[nn.Module], world_size: int) -> int:
-    """Reduce every held gradient as FSDP's reduce-scatter would (summed over the ranks, divided by their number,
-    in the parameter's dtype), add this rank's shard to the sharded parameter's ``.grad``, and drop the unsharded
-    one. A collective: every rank calls it, and FSDP's param order is the same on all. Returns how many."""
+def reduce_into_shards(sharded: list[nn.Module]) -> None:
+    """Reduce every held gradient as FSDP's reduce-scatter would (summed over the mesh's ranks, divided by their
+    number, in the parameter's dtype), add this rank's shard to the sharded parameter's ``.grad``, and drop the
+    unsharded one. A collective: every rank calls it, and FSDP's param order is the same on all."""
     from torch.distributed.tensor import DTensor, Replicate
 
-    count = 0
     for fsdp_param, held in held_by_parameter(sharded):
         shard_param = fsdp_param.sharded_param
         full = sum(g.detach().to(shard_param.dtype) for g in held)
         mesh = shard_param.device_mesh
-        if world_size > 1:
+        if mesh.size() > 1:
             torch.distributed.all_reduce(full, group=mesh.get_group())
-            full = full / world_size
+            full = full / mesh.size()
         shard = DTensor.from_local(full, mesh, [Replicate()] * mesh.ndim, run_check=False).redistribute(
             mesh, shard_param.placements)
         if shard_param.grad is None:
@@ -48,5 +47,3 @@ def reduce_into_shards(sharded: list[nn.Module], world_size: int) -> int:
         fsdp_param._unsharded_param.grad = None
         if getattr(fsdp_param, "_unsharded_accumulated_grad", None) is not None:
             fsdp_param._unsharded_accumulated_grad = None
-        count += 1
-    return count
