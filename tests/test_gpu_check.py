@@ -112,3 +112,14 @@ def test_the_settings_docs_gpu_md_names_are_the_ones_the_check_reads():
     read = "".join(p.read_text() for p in [ROOT / "benchmarks" / "gpu" / "run.sh", *(ROOT / "tests" / "cuda").glob("*.py")])
     assert named and all(name in read for name in named), sorted(n for n in named if n not in read)
     assert all(len(line) < 2000 for line in re.findall(r"run\(command=.*\)", text))
+
+
+def test_the_harness_leaves_out_what_inductor_sets_in_the_environment_on_a_gpu(monkeypatch):
+    """On a GPU, inductor sets TRITON_CACHE_DIR when it first loads a Triton kernel (and TRITON_PTXAS_PATH where it
+    compiles one), whoever compiled: check_equivalence must not count that as a plan's change of the process."""
+    from accel.testing.harness import process_state
+
+    before = process_state()
+    monkeypatch.setenv("TRITON_CACHE_DIR", "/tmp/torchinductor_you/triton/0")
+    monkeypatch.setenv("TRITON_PTXAS_PATH", "/site-packages/torch/bin/ptxas")
+    assert process_state() == before

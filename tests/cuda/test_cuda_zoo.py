@@ -70,6 +70,7 @@ def nccl_group():
     os.environ.update(env)
     if DEVICE.type == "cuda":
         torch.distributed.init_process_group("nccl", rank=0, world_size=1, device_id=DEVICE)
+        torch.distributed.all_reduce(torch.ones(1, device=DEVICE))  # NCCL's communicator made now, not in a case
     else:  # the rehearsal on the CPU (gpu_helpers.REHEARSAL)
         torch.distributed.init_process_group("gloo", rank=0, world_size=1)
     yield
