@@ -73,19 +73,18 @@ CUDA_TESTS="tests/cuda/test_cuda_paths.py tests/cuda/test_cuda_launch.py tests/c
   tests/cuda/test_cuda_zoo.py tests/cuda/test_cuda_auto.py"
 
 tests() {
-  local limit=${ACCEL_GPU_CHECK_TESTS_S:-180}
+  local limit=${ACCEL_GPU_CHECK_TESTS_S:-180} selection
+  eval "selection=(${ACCEL_GPU_CHECK_TESTS:-$CUDA_TESTS})"  # pytest's arguments, quotes kept: -k 'fsdp and not amp'
   # SIGINT at the limit: pytest stops and still writes its results; a process stuck in CUDA or NCCL is killed later
-  # shellcheck disable=SC2086  # the test selection is split into pytest's arguments on purpose
   timeout -s INT -k 20 "$limit" "$PY" -m pytest -p no:cacheprovider -v -rA --durations=25 \
-    -o faulthandler_timeout=150 --junitxml="$OUT/2-tests.xml" ${ACCEL_GPU_CHECK_TESTS:-$CUDA_TESTS} \
-    > "$OUT/2-tests.log" 2>&1
+    -o faulthandler_timeout=150 --junitxml="$OUT/2-tests.xml" "${selection[@]}" > "$OUT/2-tests.log" 2>&1
 }
 
 bench() {
-  local budget=${ACCEL_GPU_CHECK_BENCH_S:-200}
-  # shellcheck disable=SC2086
+  local budget=${ACCEL_GPU_CHECK_BENCH_S:-200} more
+  eval "more=(${ACCEL_GPU_CHECK_BENCH_ARGS:-})"
   timeout -s INT -k 20 "$((budget + 60))" "$PY" benchmarks/gpu/bench_gpu.py --budget-s "$budget" \
-    --json "$OUT/3-bench.json" ${ACCEL_GPU_CHECK_BENCH_ARGS:-} > "$OUT/3-bench.log" 2>&1
+    --json "$OUT/3-bench.json" "${more[@]}" > "$OUT/3-bench.log" 2>&1
 }
 
 part env environment

@@ -89,13 +89,15 @@ def main(out: Path, parts: list[str]) -> str:
             failed.append(name)
         lines.append(f"  {name:6} {word:9} exit {status:>4}  {seconds:>7} s")
     xml, log = out / TESTS_XML, out / TESTS_LOG
-    collected = re.search(r"collected (\d+) items?", log.read_text(errors="replace")) if log.exists() else None
+    found = re.search(r"collected (\d+) items?(?: / (\d+) deselected)?", log.read_text(errors="replace")) \
+        if log.exists() else None
+    selected = int(found.group(1)) - int(found.group(2) or 0) if found else 0
     if xml.exists():
         counts, tests = test_outcomes(xml)
         lines.append("cuda tests: " + ", ".join(f"{n} {k}" for k, n in counts.items()))
-        if collected and int(collected.group(1)) > sum(counts.values()):
-            lines.append(f"  NOT RUN: {int(collected.group(1)) - sum(counts.values())} of the {collected.group(1)} "
-                         "collected (stopped at the time limit: 2-tests.log says where)")
+        if selected > sum(counts.values()):
+            lines.append(f"  NOT RUN: {selected - sum(counts.values())} of the {selected} selected (stopped at the "
+                         "time limit: 2-tests.log says where)")
         lines += tests
     else:
         lines.append("cuda tests: no results (see 2-tests.log)")
