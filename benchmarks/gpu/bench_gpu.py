@@ -9,8 +9,10 @@ loader hands them out (DataLoader(batch_size=None)); each variant trains its own
     Accelerate bf16+compile     Accelerator(mixed_precision="bf16", dynamo_backend="inductor"): its prepared model
                                 autocasts and is compiled; accelerator.backward (its dataloader placement is
                                 blocking, as batch.to(device))
-    accel auto                  accel.accelerate(..., plan=accel.Auto(budget_s=...)) in the same loop: the search
-                                runs in it first, then the plan it settled on keeps training
+    accel auto                  accel.accelerate(..., plan=accel.Auto(budget_s=..., expected_steps=100_000)) in the
+                                same loop: the search runs in it first, then the plan it settled on keeps training
+                                (told the run's length, a long training's, as its user would: compile's warm-up
+                                is then weighed against the run ahead, not only the search's budget)
 
 Order per model: each variant's first steps (compile lands there), eager's, Accelerate's, then auto's (it measures
 in the loop until it settles, within a share of the model's time left), then timed rounds that alternate the
@@ -216,12 +218,12 @@ def accelerate_best(build, make_optimizer, batches, loss, device, backend: str) 
     return variant
 
 
-def accel_auto(build, make_optimizer, batches, loss, device, budget_s: float) -> Variant:
+def accel_auto(build, make_optimizer, batches, loss, device, budget_s: float, expected_steps: int | None) -> Variant:
     import accel
 
     model = build()
-    run = accel.accelerate(model, make_optimizer(model), loader_of(batches),
-                           plan=accel.Auto(budget_s=budget_s, cache=False), device=device)
+    plan = accel.Auto(budget_s=budget_s, expected_steps=expected_steps, cache=False)
+    run = accel.accelerate(model, make_optimizer(model), loader_of(batches), plan=plan, device=device)
     data = cycle(run.loader)  # a new epoch of run.loader each time around: a rebuilt loader joins there
 
     def step():
@@ -305,7 +307,8 @@ def bench_model(name: str, args, device: torch.device, peak: float, until: float
             lambda v: warm(v, 3, device))
     budget = max(args.auto_min_s, args.auto_share * (until - time.perf_counter()))
     print(f"{name}: accel auto measures in its loop (budget {budget:.0f} s) ...", flush=True)
-    attempt(VARIANTS[2], lambda: accel_auto(build, make_optimizer, batches, loss, device, budget),
+    attempt(VARIANTS[2], lambda: accel_auto(build, make_optimizer, batches, loss, device, budget,
+                                            args.expected_steps or None),
             lambda v: settle_auto(v, device, until=time.perf_counter() + budget + args.grace_s))
     order = sorted(variants, key=lambda v: VARIANTS.index(v.name))
     step_s = {v.name: min(v.first_s[-1:] or [1.0]) for v in order}
@@ -384,7 +387,10 @@ def main() -> int:
     parser.add_argument("--auto-share", type=float, default=0.6, help="auto's search budget: this share of the "
                                                                       "model's time left once Accelerate compiled")
     parser.add_argument("--auto-min-s", type=float, default=10.0, help="auto's search budget at least")
-    parser.add_argument("--grace-s", type=float, default=20.0, help="past its budget, auto may finish a turn")
+    parser.add_argument("--expected-steps", type=int, default=100_000,
+                        help="the training run's length auto is told (0: not told); compile's warm-up may then run "
+                             "past the budget where the run ahead pays it back")
+    parser.add_argument("--grace-s", type=float, default=60.0, help="past its budget, auto may finish a turn")
     parser.add_argument("--backend", default=None, help="Accelerate's dynamo backend (default: inductor; "
                                                          "eager with --tiny)")
     parser.add_argument("--round-s", type=float, default=1.0, help="a variant's steps per round take about this")
@@ -399,7 +405,7 @@ def main() -> int:
         args.backend = args.backend or "eager"
         args.min_steps = args.max_steps = 2
         args.min_rounds = args.max_rounds = 2
-        args.peak_size, args.grace_s, args.auto_min_s = 256, 2.0, 1.0
+        args.peak_size, args.grace_s, args.auto_min_s, args.expected_steps = 256, 2.0, 1.0, 0
     args.backend = args.backend or "inductor"
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the GPU machine has no network: models are built from configs
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

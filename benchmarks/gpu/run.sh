@@ -10,7 +10,7 @@
 # Settings (environment variables):
 #   ACCEL_GPU_CHECK_PARTS       env,tests,bench   the parts to run
 #   ACCEL_GPU_CHECK_TESTS       tests/cuda/*.py   what pytest runs, in this order (e.g. one file, or -k ...)
-#   ACCEL_GPU_CHECK_TESTS_S     180               the cuda tests' time limit, s (then interrupted: results kept)
+#   ACCEL_GPU_CHECK_TESTS_S     210               the cuda tests' time limit, s (then interrupted: results kept)
 #   ACCEL_GPU_CHECK_BENCH_S     200               the benchmark's time budget, s (it adapts to it)
 #   ACCEL_GPU_CHECK_BENCH_ARGS                    more arguments for bench_gpu.py (e.g. --models gpt2)
 set -u
@@ -73,7 +73,7 @@ CUDA_TESTS="tests/cuda/test_cuda_paths.py tests/cuda/test_cuda_launch.py tests/c
   tests/cuda/test_cuda_zoo.py tests/cuda/test_cuda_auto.py"
 
 tests() {
-  local limit=${ACCEL_GPU_CHECK_TESTS_S:-180} selection
+  local limit=${ACCEL_GPU_CHECK_TESTS_S:-210} selection
   eval "selection=(${ACCEL_GPU_CHECK_TESTS:-$CUDA_TESTS})"  # pytest's arguments, quotes kept: -k 'fsdp and not amp'
   # SIGINT at the limit: pytest stops and still writes its results; a process stuck in CUDA or NCCL is killed later
   timeout -s INT -k 20 "$limit" "$PY" -m pytest -p no:cacheprovider -v -rA --durations=25 \
@@ -83,7 +83,7 @@ tests() {
 bench() {
   local budget=${ACCEL_GPU_CHECK_BENCH_S:-200} more
   eval "more=(${ACCEL_GPU_CHECK_BENCH_ARGS:-})"
-  timeout -s INT -k 20 "$((budget + 60))" "$PY" benchmarks/gpu/bench_gpu.py --budget-s "$budget" \
+  timeout -s INT -k 20 "$((budget + 80))" "$PY" benchmarks/gpu/bench_gpu.py --budget-s "$budget" \
     --json "$OUT/3-bench.json" "${more[@]}" > "$OUT/3-bench.log" 2>&1
 }
 

@@ -13,7 +13,7 @@ from accel.workloads import WORKLOADS
 from gpu_helpers import DEVICE, ON_GPU, REHEARSAL, limit
 
 pytestmark = ON_GPU
-BUDGET_S = float(os.environ.get("ACCEL_CUDA_AUTO_BUDGET_S", "20"))
+BUDGET_S = float(os.environ.get("ACCEL_CUDA_AUTO_BUDGET_S", "15"))
 SIZE = {"resnet18": {"batch": 32, "steps": 8}, "gpt2": {"batch": 8, "steps": 8}}  # 224x224 images; 256 tokens
 
 
