@@ -119,9 +119,13 @@ class DataParallel(Accelerator):
                                     value=launch.local_world_size, allowed=f"at most {count}", kind="conflict"))
         return problems
 
+    def group_backend(self, device: torch.device) -> str:
+        """The backend the process group is started with (fsdp adds gloo for shards kept in host memory)."""
+        return self.backend_for(device)
+
     def join(self, ctx) -> dict[str, str]:
         """Join the process group (unless the script did) and make this rank's device current; say how."""
-        backend = self.backend_for(ctx.device)
+        backend = self.group_backend(ctx.device)
         if backend == "ccl":
             import oneccl_bindings_for_pytorch  # noqa: F401  (registers the ccl backend)
         join_group(ctx.journal, ctx.decisions.launch, backend, self.config.timeout_s)

@@ -60,6 +60,23 @@ def emulated(device: torch.device, dtype: torch.dtype, hardware) -> bool:
     return device.type == "cpu" and not native.get(dtype, True)
 
 
+def set_tf32(journal, flags, precision, allow: bool) -> None:
+    """flags.allow_tf32 = allow, in the journal. Where the program chose TF32 through torch's newer setting
+    (``fp32_precision``, torch >= 2.9: transformers' ``tf32=True`` sets ``torch.backends.fp32_precision``), torch
+    refuses to read the old flag ("mix of the legacy and new APIs") or does not let it reach what the newer one set:
+    ``precision.fp32_precision`` is set instead."""
+    newer = getattr(torch.backends, "fp32_precision", "none") != "none"
+    if not newer:
+        try:
+            flags.allow_tf32
+        except RuntimeError:
+            newer = True
+    if newer:
+        journal.setattr(precision, "fp32_precision", "tf32" if allow else "ieee")
+    else:
+        journal.setattr(flags, "allow_tf32", allow)
+
+
 @dataclass(frozen=True, kw_only=True)
 class AmpOptions(Options):
     dtype: str = option("auto", choices=("auto", *DTYPES), help="auto = what the device computes natively")
@@ -130,8 +147,9 @@ class Amp(Accelerator):
                    "grad_scaler": scaler is not None}
         if device.type == "cuda":
             ctx.journal.setattr(torch.backends.cudnn, "benchmark", config.cudnn_benchmark)
-            ctx.journal.setattr(torch.backends.cuda.matmul, "allow_tf32", config.allow_tf32)
-            ctx.journal.setattr(torch.backends.cudnn, "allow_tf32", config.allow_tf32)
+            for flags, precision in ((torch.backends.cuda.matmul, torch.backends.cuda.matmul),
+                                     (torch.backends.cudnn, getattr(torch.backends.cudnn, "conv", None))):
+                set_tf32(ctx.journal, flags, precision, config.allow_tf32)
             changes.update(cudnn_benchmark=config.cudnn_benchmark, allow_tf32=config.allow_tf32)
         return AmpState(device.type, dtype, scaler, changes=changes)
 

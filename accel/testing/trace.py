@@ -39,8 +39,9 @@ def ties(model: torch.nn.Module) -> list[tuple[str, ...]]:
 
 
 TORCH_SETS_ON_IMPORT = ("KMP_INIT_AT_FORK", "KMP_DUPLICATE_LIB_OK", "TORCHINDUCTOR_", "_TORCHINDUCTOR_",
-                        "CUDA_MODULE_LOADING")  # torch's compiler sets these (names, or prefixes) the first time it
-# runs in a process, whoever uses it: not the plan's (torch 2.8's inductor sets CUDA_MODULE_LOADING=LAZY)
+                        "CUDA_MODULE_LOADING", "TRITON_")  # torch's compiler sets these (names, or prefixes) the first
+# time it runs in a process, whoever uses it: not the plan's (torch 2.8's inductor sets CUDA_MODULE_LOADING=LAZY; on a
+# GPU, inductor sets TRITON_CACHE_DIR when it first loads a Triton kernel, and TRITON_PTXAS_PATH where it compiles one)
 
 
 def process_state() -> tuple:

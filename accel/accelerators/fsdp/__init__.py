@@ -87,6 +87,14 @@ class FSDP(DataParallel):
         present = {type(m).__name__ for m in model.modules()}
         return set(blocks) & present, sorted(set(blocks) - present)
 
+    def group_backend(self, device: torch.device) -> str:
+        """With cpu_offload the shards live in host memory, and what gathers or reduces them as DTensors (run.close(),
+        clip_grad_norm_, checkpoints) runs collectives on CPU tensors, which nccl and xccl cannot carry: the group
+        gets gloo for those beside them (``cpu:gloo,cuda:nccl``)."""
+        backend = self.backend_for(device)
+        offloaded = self.config.cpu_offload and backend in ("nccl", "xccl")
+        return f"cpu:gloo,{device.type}:{backend}" if offloaded else backend
+
     def check(self, ctx):
         config = self.config
         problems = []
