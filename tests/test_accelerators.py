@@ -169,6 +169,28 @@ def test_compile_wraps_last_unwraps_to_the_user_module_and_reports_warmup_apart(
 
 # --- issue 41: the patterns of real code ---------------------------------------------------------------------------
 
+def test_amp_loss_scaling_without_an_optimizer_is_refused_up_front_and_the_rest_works_without_one():
+    """pytorch/examples' word_language_model moves its weights by hand after clip_grad_norm_: no optimizer. Before:
+    fp16's GradScaler scaled the loss by 65536, nothing unscaled it, and the weights became NaN, silently;
+    run.unscale_gradients() raised AttributeError from inside accel; run.step() a plain RuntimeError."""
+    from corpus.examples_word_language_model import RNNModel
+
+    model = RNNModel("LSTM", 50, 16, 16, 2, dropout=0.2)
+    with pytest.raises(accel.PlanError, match=r"amp.grad_scaler: 'auto': loss scaling .* needs the optimizer"):
+        accel.accelerate(model, None, None, [{"amp": {"dtype": "float16"}}], device="cpu")
+    run = accel.accelerate(model, None, None, [{"amp": {"dtype": "bfloat16"}}], device="cpu")
+    data = torch.randint(0, 50, (6, 4))
+    hidden = model.init_hidden(4)
+    with run.autocast():
+        output, hidden = run.model(data, hidden)
+    run.backward(torch.nn.functional.nll_loss(output.float(), data.view(-1)))
+    run.unscale_gradients()  # what amp's card tells readers of gradients to call: a no-op without a scaler
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 0.25)
+    with pytest.raises(accel.LoopError, match="run.step\\(\\) needs an optimizer"):
+        run.step()
+    run.close()
+
+
 def test_compile_counts_recompiles_as_compile_time_not_step_time():
     """Per-batch sequence lengths: dynamo compiles again at a new length. Before: the report counted only the first
     step as warm-up, and a recompile (45 s on GPT-2 here) hid in the step time."""

@@ -27,6 +27,7 @@ import accel.plan.compat as compat
 from accel.plan.contract import Accelerator, Capability, State
 from accel.run.checkpoint_fit import unprefixed  # noqa: F401  (accel.run.unprefixed, as in 0.2)
 from accel.run.context import Context
+from accel.errors import LoopError
 from accel.run.device_loader import DeviceLoader
 from accel.run.loaders import release_workers
 from accel.modules import compile_seconds, compiled
@@ -167,7 +168,8 @@ class Run(RunState):
         are still being accumulated. A learning-rate scheduler steps when it returns False.
         """
         if self.optimizer is None:
-            raise RuntimeError("run.step() needs an optimizer: pass one to accel.accelerate(model, optimizer, ...)")
+            raise LoopError("run.step() needs an optimizer: pass one to accel.accelerate(model, optimizer, ...), or, "
+                            "where your loop updates the weights itself, call nothing in its place")
         self.watch.before_step(self._has_gradients)
         self.watch.stepping = True
         try:
