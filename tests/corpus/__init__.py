@@ -16,6 +16,7 @@ import torch
 from torch.nn import functional as F
 
 from accel.workloads.book import digits_datasets
+from accel.workloads.loops import Loop
 
 
 @functools.lru_cache(maxsize=8)
@@ -32,3 +33,40 @@ def digits(size: int = 8, samples: int = 48, channels: int = 1) -> tuple[torch.T
 def tokens(count: int, vocab: int, seed: int = 0) -> torch.Tensor:
     """A stream of random token ids (what a tokenizer would give), the same for the same seed."""
     return torch.randint(0, vocab, (count,), generator=torch.Generator().manual_seed(seed))
+
+
+def grouped_parameters(model, no_decay: list[str], weight_decay: float) -> list[dict]:
+    """The no_trainer scripts' optimizer_grouped_parameters: weight decay off the biases and LayerNorm weights."""
+    return [{"params": [p for n, p in model.named_parameters() if not any(nd in n for nd in no_decay)],
+             "weight_decay": weight_decay},
+            {"params": [p for n, p in model.named_parameters() if any(nd in n for nd in no_decay)],
+             "weight_decay": 0.0}]
+
+
+class NoTrainer(Loop):
+    """The loop of Hugging Face's *_no_trainer examples (and peft's): outputs = model(**batch), loss = outputs.loss,
+    the loss divided by gradient_accumulation_steps when it is more than 1, backward, and at each accumulation's end
+    optimizer.step(), lr_scheduler.step() (get_scheduler's, on run.optimizer, where ``schedule`` names one)."""
+
+    schedule: str | None = None
+    warmup, accumulation = 0, 1
+
+    def start(self, held, run):
+        if self.schedule is not None:
+            from transformers import get_scheduler
+
+            self.lr_scheduler = get_scheduler(name=self.schedule, optimizer=run.optimizer,
+                                              num_warmup_steps=self.warmup, num_training_steps=8)
+
+    def step(self, index, run, held, batch, loss_of):
+        with run.autocast():
+            outputs = run.model(**batch)
+            loss = outputs.loss
+        if self.accumulation > 1:
+            loss = loss / self.accumulation
+        run.backward(loss)
+        if (index + 1) % self.accumulation == 0:
+            run.step()
+            if self.schedule is not None:
+                self.lr_scheduler.step()
+        return loss.detach()

@@ -11,9 +11,8 @@ import torch
 from torch.utils.data import DataLoader
 
 from accel.testing import Setup
-from accel.workloads.loops import Loop
 
-from . import tokens
+from . import NoTrainer, grouped_parameters, tokens
 
 REFUSES = {"activation_checkpointing": ("use_cache",)}
 
@@ -25,23 +24,8 @@ def group_texts(ids: torch.Tensor, block_size: int) -> list[dict]:
     return [{"input_ids": b, "attention_mask": torch.ones_like(b), "labels": b.clone()} for b in blocks]
 
 
-class Train(Loop):
-    name = "run_clm"
-
-    def start(self, held, run):
-        from transformers import get_scheduler
-
-        self.lr_scheduler = get_scheduler(name="linear", optimizer=run.optimizer, num_warmup_steps=0,
-                                          num_training_steps=8)
-
-    def step(self, index, run, held, batch, loss_of):
-        with run.autocast():
-            outputs = run.model(**batch)
-            loss = outputs.loss
-        run.backward(loss)
-        run.step()
-        self.lr_scheduler.step()
-        return loss.detach()
+class Train(NoTrainer):
+    name, schedule = "run_clm", "linear"
 
 
 def build() -> Setup:
@@ -53,13 +37,7 @@ def build() -> Setup:
     config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=128, n_positions=16,
                                      bos_token_id=0, eos_token_id=0)
     model = transformers.AutoModelForCausalLM.from_config(config)
-    no_decay = ["bias", "layer_norm.weight"]
-    optimizer_grouped_parameters = [
-        {"params": [p for n, p in model.named_parameters() if not any(nd in n for nd in no_decay)],
-         "weight_decay": 0.0},
-        {"params": [p for n, p in model.named_parameters() if any(nd in n for nd in no_decay)], "weight_decay": 0.0},
-    ]
-    optimizer = torch.optim.AdamW(optimizer_grouped_parameters, lr=5e-5)
+    optimizer = torch.optim.AdamW(grouped_parameters(model, ["bias", "layer_norm.weight"], 0.0), lr=5e-5)
     train_dataset = group_texts(tokens(16 * 8, config.vocab_size), 16)
     loader = DataLoader(train_dataset, shuffle=True, collate_fn=default_data_collator, batch_size=4,
                         generator=torch.Generator().manual_seed(42))

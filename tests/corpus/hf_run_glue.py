@@ -10,9 +10,8 @@ import torch
 from torch.utils.data import DataLoader
 
 from accel.testing import Setup
-from accel.workloads.loops import Loop
 
-from . import tokens
+from . import NoTrainer, grouped_parameters, tokens
 
 REFUSES = {}
 GRADIENT_ACCUMULATION_STEPS = 2
@@ -34,25 +33,8 @@ def pad_to_longest(features: list[dict]):
     return transformers.BatchEncoding({k: torch.tensor(v) for k, v in batch.items()})
 
 
-class Train(Loop):
-    name = "run_glue"
-
-    def start(self, held, run):
-        from transformers import get_scheduler
-
-        self.lr_scheduler = get_scheduler(name="linear", optimizer=run.optimizer, num_warmup_steps=1,
-                                          num_training_steps=8)
-
-    def step(self, index, run, held, batch, loss_of):
-        with run.autocast():
-            outputs = run.model(**batch)
-            loss = outputs.loss
-        loss = loss / GRADIENT_ACCUMULATION_STEPS
-        run.backward(loss)
-        if (index + 1) % GRADIENT_ACCUMULATION_STEPS == 0:
-            run.step()
-            self.lr_scheduler.step()
-        return loss.detach()
+class Train(NoTrainer):
+    name, schedule, warmup, accumulation = "run_glue", "linear", 1, GRADIENT_ACCUMULATION_STEPS
 
 
 def build() -> Setup:
@@ -63,13 +45,7 @@ def build() -> Setup:
     config = transformers.BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                                      intermediate_size=64, vocab_size=128, num_labels=2, max_position_embeddings=32)
     model = transformers.AutoModelForSequenceClassification.from_config(config)
-    no_decay = ["bias", "LayerNorm.weight"]
-    optimizer_grouped_parameters = [
-        {"params": [p for n, p in model.named_parameters() if not any(nd in n for nd in no_decay)],
-         "weight_decay": 0.01},
-        {"params": [p for n, p in model.named_parameters() if any(nd in n for nd in no_decay)], "weight_decay": 0.0},
-    ]
-    optimizer = torch.optim.AdamW(optimizer_grouped_parameters, lr=2e-5)
+    optimizer = torch.optim.AdamW(grouped_parameters(model, ["bias", "LayerNorm.weight"], 0.01), lr=2e-5)
     ids = tokens(12 * 16, config.vocab_size).view(16, 12)
     labels = tokens(16, 2, seed=1)
     lengths = [12 - (i % 4) for i in range(16)]  # pairs of several lengths, padded per batch by the collator

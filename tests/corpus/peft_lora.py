@@ -15,9 +15,8 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from accel.testing import Setup
-from accel.workloads.loops import Loop
 
-from . import tokens
+from . import NoTrainer, tokens
 
 REFUSES = {}
 
@@ -63,16 +62,8 @@ def get_peft_model(model: nn.Module, target_modules=("q_proj", "v_proj")) -> nn.
     return model
 
 
-class Train(Loop):
+class Train(NoTrainer):
     name = "peft_lora"
-
-    def step(self, index, run, held, batch, loss_of):
-        with run.autocast():
-            outputs = run.model(**batch)
-            loss = outputs.loss
-        run.backward(loss)
-        run.step()
-        return loss.detach()
 
 
 def build() -> Setup:
