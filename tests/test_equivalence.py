@@ -117,14 +117,15 @@ def test_prune_with_up_to_two_others_keeps_every_promise_but_the_structure_it_re
 NEEDS_OPTIMIZER = ("needs the optimizer",)  # fused_optimizer, grad_accumulation, grad_clipping; amp's loss scaling
 
 
-@pytest.mark.parametrize("model", ["batchnorm", "dense", "spectral"])
+@pytest.mark.parametrize("model", ["batchnorm", "spectral"])
 def test_a_loop_with_no_optimizer_trains_as_it_does_or_is_refused_up_front(model):
     """word_language_model's loop (weights moved by hand after clip_grad_norm_, no optimizer) through every built-in's
     configurations: kept to the cards, or refused before anything changed. Before: amp with fp16 scaled the loss by
     65536 and nothing unscaled it (the weights became NaN), and run.unscale_gradients() raised AttributeError."""
     case = Case(model, optimizer="none", loop="manual_update")
     for name in COMMON:
-        for options in OPTIONS[name] + ([{"dtype": "float16"}] if name == "amp" else []):
+        for options in (OPTIONS[name][:1] if name == "compile" else OPTIONS[name]) + (
+                [{"dtype": "float16"}] if name == "amp" else []):
             result = equivalence([{name: options}], case, steps=3)
             if result.refused:
                 assert any(r in result.refused for r in NEEDS_OPTIMIZER), f"{name} {options}\n{result}"
