@@ -15,8 +15,8 @@ _moved.install()
 from accel.plan.contract import Accelerator, Capability, Keeps, Stage, State, register, unregister  # noqa: E402
 from accel.search import Auto, TuneResult, tune
 from accel.api import accelerate, decide
-from accel.errors import (AccelerateError, AccelError, BypassWarning, CheckpointError, LoopError, MeasureError,
-                          PlanError, Problem, Skip, StaleWarning)
+from accel.errors import (AccelerateError, AccelError, BypassWarning, CheckpointError, LoopError, LoopWarning,
+                          MeasureError, PlanError, Problem, Skip, StaleWarning)
 from accel.hardware import probe
 from accel.plan.options import Option, Options, option
 from accel.plan import Plan
@@ -27,7 +27,7 @@ import accel.accelerators  # noqa: E402,F401  (registers the built-in accelerato
 import accel.run.checkpoint  # noqa: E402,F401
 import accel.hardware.launch  # noqa: E402,F401
 
-__all__ = ["AccelError", "AccelerateError", "Accelerator", "Auto", "Capability", "BypassWarning", "CheckpointError", "LoopError", "Keeps", "MeasureError", "Option", "Options", "Plan",
+__all__ = ["AccelError", "AccelerateError", "Accelerator", "Auto", "Capability", "BypassWarning", "CheckpointError", "LoopError", "LoopWarning", "Keeps", "MeasureError", "Option", "Options", "Plan",
            "PlanError", "Problem", "Report", "Run", "Skip", "Stage", "State", "StaleWarning", "TuneResult", "accelerate", "decide", "probe",
            "option", "register", "tune", "unregister"]
 __version__ = "0.3.0"

@@ -23,6 +23,11 @@ class BypassWarning(UserWarning):
     the accelerator whose work that made idle and what to call instead."""
 
 
+class LoopWarning(UserWarning):
+    """A mistake of the loop's own that accel can see but not undo (run.step() with no backward since the last
+    one): the message says what happened to the training and what to call instead."""
+
+
 @dataclass(frozen=True)
 class Problem:
     """One thing wrong with a plan.

@@ -1,5 +1,6 @@
-"""What accelerators need to know of a user's module tree: whether it is compiled, which parameters are tied,
-which train, and which modules are its repeated blocks (what activation_checkpointing, fsdp and compile work on)."""
+"""What accelerators need to know of a user's module tree: whether it is compiled (and how long compiling took),
+which parameters are tied, which train, which modules are its repeated blocks (what activation_checkpointing, fsdp
+and compile work on) and whether it checkpoints itself."""
 from __future__ import annotations
 
 import collections
@@ -12,6 +13,14 @@ def compiled(module: nn.Module) -> bool:
     """A torch.compile wrapper (OptimizedModule), whose module tree cannot be copied and hooked."""
     dynamo = sys.modules.get("torch._dynamo")  # never imported: nothing can be compiled (and importing costs 1 s)
     return dynamo is not None and isinstance(module, dynamo.eval_frame.OptimizedModule)
+
+
+def compile_seconds() -> float:
+    """The seconds torch.compile has spent compiling in this process so far (dynamo's tracing and the backend's
+    code generation, recompiles included; 0 before anything compiled): the difference between two steps is the
+    compile time inside the step, which must not be taken for its step time."""
+    utils = sys.modules.get("torch._dynamo.utils")
+    return sum(utils.compilation_time_metrics.get("_compile.compile_inner", ())) if utils is not None else 0.0
 
 
 def compiled_problem(module: nn.Module) -> str | None:
@@ -40,12 +49,66 @@ def trainable(params: list[nn.Parameter]) -> tuple[bool, ...]:
 CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
 
 
+def qualified(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def class_names(model: nn.Module) -> dict[type, str]:
+    """Each class of the model's modules by a name that names it alone: its own, or where two classes share it
+    (peft's lora.Linear beside torch's Linear), its qualified name ('peft.tuners.lora.layer.Linear')."""
+    kinds = {type(m) for m in model.modules()}
+    shared = collections.Counter(k.__name__ for k in kinds)
+    return {k: k.__name__ if shared[k.__name__] == 1 else qualified(k) for k in kinds}
+
+
+def is_block(module: nn.Module) -> bool:
+    """A module of layers: it has child modules and is no container. The parametrizations of a parametrized layer
+    (spectral_norm, weight_norm: ParametrizedConv2d's ``parametrizations``) are not layers: it stays one layer."""
+    layers = [name for name, _ in module.named_children() if name != "parametrizations"]
+    return bool(layers) and not isinstance(module, CONTAINERS)
+
+
 def repeated_blocks(model: nn.Module) -> set[str]:
-    """Class names of modules with children, no container, occurring at least twice: the model's blocks."""
-    counts = collections.Counter(type(m).__name__ for m in model.modules()
-                                 if m is not model and next(m.children(), None) is not None
-                                 and not isinstance(m, CONTAINERS))
-    return {name for name, count in counts.items() if count >= 2}
+    """Names of the classes of blocks (``is_block``) occurring at least twice, each class counted apart (by
+    ``class_names``: two classes of one name are two names)."""
+    counts = collections.Counter(type(m) for m in model.modules() if m is not model and is_block(m))
+    names = class_names(model)
+    return {names[kind] for kind, count in counts.items() if count >= 2}
+
+
+def of_class(module: nn.Module, classes: set[str]) -> bool:
+    """Whether the module's class is one of these names: its own name or its qualified one."""
+    kind = type(module)
+    return kind.__name__ in classes or qualified(kind) in classes
+
+
+# flags by which a model checkpoints its own activations, and who sets them
+SELF_CHECKPOINTING = {"grad_checkpointing": "timm's set_grad_checkpointing()",
+                      "gradient_checkpointing": "Hugging Face's gradient_checkpointing_enable() (diffusers' "
+                                                "enable_gradient_checkpointing())",
+                      "use_checkpoint": "use_checkpoint=True", "memory_efficient": "torchvision's memory_efficient=True"}
+
+
+def checkpoints_itself(model: nn.Module) -> list[str]:
+    """Where the model recomputes its own activations already: 'name.flag (who sets it)' for every module whose
+    flag is on (timm, Hugging Face, diffusers, torchvision's DenseNet, Swin's use_checkpoint)."""
+    return [f"{name or type(model).__name__}.{flag} ({who})" for name, module in model.named_modules()
+            for flag, who in SELF_CHECKPOINTING.items() if module.__dict__.get(flag) is True]
+
+
+def running_statistics(model: nn.Module) -> list[str]:
+    """Modules whose forward updates buffers in training: BatchNorm's (and InstanceNorm's) running statistics."""
+    return [name for name, m in model.named_modules()
+            if isinstance(m, nn.modules.batchnorm._NormBase) and m.track_running_stats]
+
+
+def hands_blocks_a_cache(model: nn.Module) -> bool:
+    """A Hugging Face model whose config.use_cache is on (GPT-2's default, kept in training): its forward hands every
+    block the KV cache, which each block appends to. An encoder (BERT: ``is_decoder=False``) keeps no cache whatever
+    use_cache says."""
+    config = getattr(model, "config", None)
+    return getattr(config, "use_cache", None) is True and (getattr(config, "is_decoder", None) is not False
+                                                            or getattr(config, "is_encoder_decoder", None) is True)
 
 
 def listed(names: list[str], most: int = 8) -> str:
@@ -55,12 +118,12 @@ def listed(names: list[str], most: int = 8) -> str:
 
 
 def outermost(model: nn.Module, classes: set[str]) -> list[nn.Module]:
-    """The modules of these classes that are not inside another one of them."""
+    """The modules of these classes (names, as ``of_class`` reads them) that are not inside another one of them."""
     found: list[nn.Module] = []
 
     def walk(module: nn.Module) -> None:
         for child in module.children():
-            if type(child).__name__ in classes:
+            if of_class(child, classes):
                 found.append(child)
             else:
                 walk(child)

@@ -165,3 +165,110 @@ def test_compile_wraps_last_unwraps_to_the_user_module_and_reports_warmup_apart(
     timing = run.report.timing()
     assert timing["steps"] == 4 and timing["warmup_s"] >= 0
     assert "first step" in str(run.report)
+
+
+# --- issue 41: the patterns of real code ---------------------------------------------------------------------------
+
+def test_amp_loss_scaling_without_an_optimizer_is_refused_up_front_and_the_rest_works_without_one():
+    """pytorch/examples' word_language_model moves its weights by hand after clip_grad_norm_: no optimizer. Before:
+    fp16's GradScaler scaled the loss by 65536, nothing unscaled it, and the weights became NaN, silently;
+    run.unscale_gradients() raised AttributeError from inside accel; run.step() a plain RuntimeError."""
+    from corpus.examples_word_language_model import RNNModel
+
+    model = RNNModel("LSTM", 50, 16, 16, 2, dropout=0.2)
+    with pytest.raises(accel.PlanError, match=r"amp.grad_scaler: 'auto': loss scaling .* needs the optimizer"):
+        accel.accelerate(model, None, None, [{"amp": {"dtype": "float16"}}], device="cpu")
+    run = accel.accelerate(model, None, None, [{"amp": {"dtype": "bfloat16"}}], device="cpu")
+    data = torch.randint(0, 50, (6, 4))
+    hidden = model.init_hidden(4)
+    with run.autocast():
+        output, hidden = run.model(data, hidden)
+    run.backward(torch.nn.functional.nll_loss(output.float(), data.view(-1)))
+    run.unscale_gradients()  # what amp's card tells readers of gradients to call: a no-op without a scaler
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 0.25)
+    with pytest.raises(accel.LoopError, match="run.step\\(\\) needs an optimizer"):
+        run.step()
+    run.close()
+
+
+def test_channels_last_keeps_the_dropout_masks_after_a_convolution():
+    """pytorch/examples' MNIST drops out the output of a convolution: in NHWC, dropout drew its mask in another
+    order, and training left the float card (3% on the mean loss of three steps)."""
+    from corpus.examples_mnist import Net
+
+    torch.manual_seed(0)
+    model = Net()
+    x = torch.rand(2, 1, 28, 28)
+    torch.manual_seed(1)
+    expected = model(x)
+    run = accel.accelerate(model, None, None, ["channels_last"], device="cpu")
+    torch.manual_seed(1)
+    assert torch.allclose(run.model(x), expected, rtol=1e-4, atol=1e-5)
+    run.close()
+
+
+def test_compile_counts_recompiles_as_compile_time_not_step_time():
+    """Per-batch sequence lengths: dynamo compiles again at a new length. Before: the report counted only the first
+    step as warm-up, and a recompile (45 s on GPT-2 here) hid in the step time."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    model = torch.nn.Sequential(torch.nn.Embedding(50, 16), torch.nn.Tanh(), torch.nn.Linear(16, 50))
+    run = accel.accelerate(model, torch.optim.SGD(model.parameters(), lr=0.1), None,
+                           [{"compile": {"backend": "aot_eager"}}], device="cpu")
+    for length in (8, 8, 12, 12, 12):
+        x = torch.randint(0, 50, (2, length))
+        run.backward(torch.nn.functional.cross_entropy(run.model(x).flatten(0, 1), x.flatten()))
+        run.step()
+    state, timing = run.state("compile"), run.report.timing()
+    assert [step for step, _ in state.compiles][:2] == [1, 3] and state.recompile_s > 0, state.compiles
+    assert list(timing["recompiles"]) == [3], timing
+    text = str(run.report)
+    assert "recompiled at step 3" in text and "dynamic=True" in run.report.row("compile").changes["compiles"], text
+    run.close()
+
+
+def test_compile_draws_the_plain_loops_random_numbers_and_refuses_a_model_recomputing_its_batchnorm():
+    """Inductor draws its own random numbers (dropout's masks: a GPT-2's first loss 2e-3 off the plain loop's):
+    compile sets inductor's fallback_random through the run's journal, and close() puts it back. A model that
+    checkpoints itself and holds BatchNorm, compiled whole, counted its batches otherwise (or failed in backward)."""
+    import torch._inductor.config as inductor
+
+    timm = pytest.importorskip("timm")
+    before = inductor.fallback_random
+    run = accel.accelerate(tiny_model(), None, None, ["compile"], device="cpu")
+    assert inductor.fallback_random is True and "fallback_random" in run.report.row("compile").changes["random"]
+    run.close()
+    assert inductor.fallback_random is before
+    model = timm.create_model("test_resnet", num_classes=10)
+    model.set_grad_checkpointing(True)  # timm's train.py --grad-checkpointing
+    with pytest.raises(accel.PlanError, match="checkpoints its own activations.*regional=True"):
+        accel.accelerate(model, None, None, [{"compile": {"backend": "eager"}}], device="cpu")
+    assert Compile.candidates(probe(), model) in ([{"regional": True}], [])  # never the whole model
+    accel.accelerate(model, None, None, [{"compile": {"backend": "eager", "regional": True}}], device="cpu").close()
+
+
+@pytest.mark.slow
+def test_dropout_under_inductor_draws_the_plain_loops_masks():
+    """nanoGPT with dropout 0.1 under inductor: the first losses as the plain loop's (before: inductor's own
+    random numbers, 2e-3 off)."""
+    import torch._dynamo
+
+    from corpus.nanogpt_train import GPT, GPTConfig
+
+    torch._dynamo.reset()
+    losses = []
+    for plan in ([], ["compile"]):
+        torch.manual_seed(0)
+        model = GPT(GPTConfig(n_layer=1, n_embd=16, dropout=0.1))
+        run = accel.accelerate(model, torch.optim.SGD(model.parameters(), lr=0.1), None, plan, device="cpu")
+        torch.manual_seed(1)
+        x = torch.randint(0, 96, (2, 16))
+        losses.append([])
+        for _ in range(2):
+            loss = run.model(x, x)[1]
+            run.backward(loss)
+            run.step()
+            losses[-1].append(loss.item())
+        run.close()
+    assert losses[0] == pytest.approx(losses[1], rel=1e-5, abs=1e-6), losses

@@ -330,3 +330,51 @@ def test_a_half_migrated_loop_on_two_ranks_steps_on_the_gradients_the_wrapper_he
         assert said["bypass_warnings"] == 1 and said["steps_seen"] == 0, said  # the loop's own steps, named once
         assert said["ranks_identical"], said
         assert said["moved"] > 0.05 and said["max_difference"] < 1e-5, said
+
+
+# --- issue 41: the loop's own mistakes, said ---------------------------------------------------------------------
+
+def test_a_step_with_no_backward_since_the_last_one_is_said_once():
+    """Before: run.step() returned False ("stepped") and the weights did not move, without a word."""
+    model, optimizer, loader = setup()
+    run = accel.accelerate(model, optimizer, loader, [], device="cpu")
+    x, y = next(iter(run.loader))
+    run.backward(nn.functional.cross_entropy(run.model(x), y))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run.step()  # the loop's step: nothing said
+        before = weights(model)
+        run.step()
+        run.step()
+    said = [str(w.message) for w in caught if issubclass(w.category, accel.LoopWarning)]
+    assert len(said) == 1 and "no run.backward() since the last run.step()" in said[0], said
+    assert caught[0].filename == __file__  # pointing at the loop's line
+    assert same(before, weights(model))
+    run.close()
+
+
+def test_a_loop_over_its_own_loader_while_the_plan_changed_run_loader_is_said_in_the_row():
+    """pytorch/examples' loops keep `for data, target in train_loader:`. Before: the report still said 'loader ...
+    applied num_workers=1', and nothing said the loop never used run.loader."""
+    model, optimizer, loader = setup()
+    run = accel.accelerate(model, optimizer, loader, [{"loader": {"num_workers": 1}}], device="cpu")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for x, y in loader:
+            run.backward(nn.functional.cross_entropy(run.model(x), y))
+            run.step()
+    said = bypass_warnings(caught)
+    row = run.report.row("loader")
+    assert len(said) == 1 and "never iterated run.loader" in said[0] and caught[0].filename == __file__, said
+    assert row.status == "applied" and any("never iterated run.loader" in w for w in row.warnings), row
+    assert "never iterated run.loader" in str(run.report)
+    run.close()
+    model, optimizer, loader = setup()  # the README loop over run.loader: nothing said
+    run = accel.accelerate(model, optimizer, loader, [{"loader": {"num_workers": 1}}], device="cpu")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for x, y in run.loader:
+            run.backward(nn.functional.cross_entropy(run.model(x), y))
+            run.step()
+    assert not bypass_warnings(caught) and not run.report.row("loader").warnings
+    run.close()

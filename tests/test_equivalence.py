@@ -24,7 +24,8 @@ OPTIONS = {  # a few configurations of each built-in, every one valid for every 
     "channels_last": [{}],
     "fused_optimizer": [{}],
     "amp": [{}, {"dtype": "bfloat16"}],
-    "activation_checkpointing": [{}, {"modules": ["Conv2d"]}],
+    "activation_checkpointing": [{}, {"modules": ["Conv2d"]}, {"modules": ["Net"]}],  # Net: the whole model, handed
+    # the loop's own tensors (which inplace_input changes after the forward)
     "compile": [{"backend": "eager"}, {"backend": "aot_eager"}, {"backend": "eager", "regional": True}],
     "grad_accumulation": [{"steps": 2}, {"steps": 3}],
     "grad_clipping": [{"max_norm": 1.0}, {"value": 0.05}, {"max_norm": 0.5, "norm_type": "inf"}],
@@ -60,8 +61,10 @@ def plans(names, required=()):
 
 
 # named refusals of the loader: another number of workers on a stream (an IterableDataset is batched inside each
-# worker); a change of persistent workers (or no workers under them) would shift the shuffle from the second epoch
-LOADER_REFUSES = ("batches depend on the number of workers", "does not shard", "shifts the shuffle")
+# worker); a change of persistent workers (or no workers under them) would shift the shuffle from the second epoch;
+# and compile's, of the whole model where it checkpoints itself and holds BatchNorm
+LOADER_REFUSES = ("batches depend on the number of workers", "does not shard", "shifts the shuffle",
+                  "checkpoints its own activations")
 
 
 def equivalence(plan, case, steps):
@@ -95,7 +98,8 @@ def test_plans_of_up_to_three_train_what_the_plain_loop_trains(case, plan):
     expect_kept(result, case, plan)
 
 
-PRUNE_REFUSES = ("dummy_input", "tied", "cannot run", "torch.fx cannot trace", "produce the model's output")
+PRUNE_REFUSES = ("dummy_input", "tied", "cannot run", "torch.fx cannot trace", "produce the model's output",
+                 "computed from other tensors")
 
 
 @pytest.mark.skipif(package_version("nni") is None, reason="needs nni (pip install 'accel[prune]')")
@@ -108,6 +112,24 @@ def test_prune_with_up_to_two_others_keeps_every_promise_but_the_structure_it_re
     else:
         assert result.keeps.weights == "changed" and not result.keeps.structure
     expect_kept(result, case, plan)
+
+
+NEEDS_OPTIMIZER = ("needs the optimizer",)  # fused_optimizer, grad_accumulation, grad_clipping; amp's loss scaling
+
+
+@pytest.mark.parametrize("model", ["batchnorm", "spectral"])
+def test_a_loop_with_no_optimizer_trains_as_it_does_or_is_refused_up_front(model):
+    """word_language_model's loop (weights moved by hand after clip_grad_norm_, no optimizer) through every built-in's
+    configurations: kept to the cards, or refused before anything changed. Before: amp with fp16 scaled the loss by
+    65536 and nothing unscaled it (the weights became NaN), and run.unscale_gradients() raised AttributeError."""
+    case = Case(model, optimizer="none", loop="manual_update")
+    for name in COMMON:
+        for options in (OPTIONS[name][:1] if name == "compile" else OPTIONS[name]) + (
+                [{"dtype": "float16"}] if name == "amp" else []):
+            result = equivalence([{name: options}], case, steps=3)
+            if result.refused:
+                assert any(r in result.refused for r in NEEDS_OPTIMIZER), f"{name} {options}\n{result}"
+            expect_kept(result, case, [name])
 
 
 @pytest.fixture(scope="module")

@@ -605,3 +605,55 @@ def test_a_depthwise_convolution_whose_groups_would_lose_their_channels_apart_is
     run = accel.accelerate(model, optimizer, images32(), {"prune": {"config_list": [
         {"op_types": ["Conv2d"], "sparse_ratio": 0.5, "exclude_op_names": depthwise}]}}, device="cpu")
     assert run.report.row("prune").status == "applied"
+
+
+# --- issue 41: reparametrized layers, in words, before anything changes -----------------------------------------
+
+class SNDiscriminator(nn.Module):
+    """A GAN discriminator whose convolutions are normalized (SNGAN's spectral_norm, or weight_norm), in torch's
+    parametrization form or the older forward pre-hook form."""
+
+    def __init__(self, norm):
+        super().__init__()
+        self.c1, self.c2 = norm(nn.Conv2d(1, 16, 3, padding=1)), norm(nn.Conv2d(16, 16, 3, padding=1))
+        self.c3, self.head = norm(nn.Conv2d(16, 16, 3, padding=1)), nn.Linear(16, 10)
+
+    def forward(self, x):
+        x = nn.functional.leaky_relu(self.c2(nn.functional.leaky_relu(self.c1(x), 0.1)), 0.1)
+        return self.head(self.c3(x).mean((2, 3)))
+
+
+@pytest.mark.parametrize("norm", ["parametrizations.spectral_norm", "parametrizations.weight_norm", "spectral_norm",
+                                  "weight_norm"])
+def test_layers_whose_weight_is_computed_are_refused_in_words_a_user_understands(norm):
+    """Before: parametrized convolutions were 'no module of type ['Conv2d']' (each is a ParametrizedConv2d); the older
+    spectral_norm failed inside NNI after the copy was pruned ("Conv2d has no attribute `weight_orig`"); the older
+    weight_norm raised a plain RuntimeError from copy.deepcopy."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # torch.nn.utils.weight_norm is deprecated
+        model = SNDiscriminator(eval(f"nn.utils.{norm}"))
+    before = copy.deepcopy(model.state_dict())
+    with pytest.raises(PlanError) as refused:
+        accel.accelerate(model, torch.optim.SGD(model.parameters(), lr=0.1), tiny_loader(), ["prune"], device="cpu")
+    text = str(refused.value)
+    if norm == "weight_norm":  # its weight is a tensor computed in forward, which copy.deepcopy refuses
+        assert "copy.deepcopy cannot copy it" in text, text
+    else:
+        assert "computed from other tensors" in text and "remove_parametrizations" in text, text
+    if norm.startswith("parametrizations"):
+        assert "are parametrized (ParametrizedConv2d" in text and "exact class name" in text, text
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
+
+
+def test_a_model_nni_cannot_carry_masks_through_fails_in_words_and_is_rolled_back():
+    """DCGAN's discriminator (LeakyReLU(inplace=True) after each convolution, the output .view(-1, 1).squeeze(1))."""
+    from corpus.examples_dcgan import Discriminator
+
+    model = Discriminator(0)
+    loader = DataLoader(TensorDataset(torch.randn(8, 1, 64, 64), torch.zeros(8)), batch_size=4)
+    before = copy.deepcopy(model.state_dict())
+    with pytest.raises(AccelerateError, match="NNI's ModelSpeedup could not carry the masks through this model"):
+        accel.accelerate(model, torch.optim.SGD(model.parameters(), lr=0.1), loader, ["prune"], device="cpu")
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())

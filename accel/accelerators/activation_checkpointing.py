@@ -5,60 +5,167 @@ What it does: the forward of each chosen module of your model runs under ``torch
 checkpointed forward is a method bound to the module (recorded in the run's journal; ``run.close()`` takes it
 away), so your ``train()``/``eval()``, hooks and a deep copy of the model (an EMA, ``AveragedModel``) keep
 working: a copy's forward is bound to the copy. ``modules="auto"`` picks the repeated blocks (a class with
-child modules that occurs at least twice and is not a container, such as resnet's BasicBlock or mobilenet's
-InvertedResidual), outermost first; or name the classes (``modules=["Bottleneck"]``). Outside training with
-gradients (eval, no_grad) the forward runs as it is.
+child layers that occurs at least twice and is not a container, such as resnet's BasicBlock or mobilenet's
+InvertedResidual; a parametrized layer is one layer), outermost first; or name the classes
+(``modules=["Bottleneck"]``). Classes are told apart by class, not by name (peft's ``lora.Linear`` is not
+torch's ``Linear``). Outside training with gradients (eval, no_grad) the forward runs as it is.
 
 When it helps: memory. Peak memory falls with the activations of the checkpointed blocks, which lets a larger
 batch or model fit (benchmarks/bench_activation_checkpointing.py measures the peak saved and the time paid).
 When it hurts: speed; every checkpointed block runs its forward twice, about a third more compute a step.
 
-What it keeps: exactly the plain loop's training: the recomputation is the same computation, dropout draws
-the same masks (the RNG state is kept), and BatchNorm statistics are updated once, as without it (the
-recomputation's updates of a block's buffers are undone).
+What it keeps: exactly the plain loop's training. The recomputation runs on what the first pass saw (the
+``FirstPass``): a copy of every tensor the block was handed (your loop may change the batch in place after
+the forward), the containers as they were (torchvision's DenseNet appends to the list it handed each layer),
+the block's buffers as they were (spectral_norm's power iteration reads what it updates; BatchNorm is counted
+once), its train/eval modes, and the random states (dropout's masks; Python's and numpy's generators). What it
+refuses, said before anything changes: a model that checkpoints itself (timm's ``set_grad_checkpointing()``,
+Hugging Face's ``gradient_checkpointing_enable()``: skipped, with where), and a Hugging Face decoder that hands
+its blocks the KV cache (``config.use_cache``; a PlanError). A block handed another object (not a tensor,
+number or container of them), which its forward might change, runs that call without checkpointing, with a
+warning.
 """
 from __future__ import annotations
 
+import contextlib
+import enum
+import random
+import sys
 import types
+import warnings
 from dataclasses import dataclass
 
 import torch
 from torch import nn
+from torch.utils._pytree import tree_flatten, tree_unflatten
+from torch.utils.weak import WeakIdKeyDictionary
 
 from accel.plan.contract import EXACT, Accelerator, Capability, Stage, register
 from accel.plan.options import Options, option
 from accel.errors import Problem, Skip
-from accel.modules import compiled_problem, listed, outermost, repeated_blocks
+from accel.modules import (checkpoints_itself, class_names, compiled_problem, hands_blocks_a_cache, listed, of_class,
+                           outermost, qualified, repeated_blocks)
+
+ATOMS = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device, torch.Size, torch.layout,
+         torch.memory_format, enum.Enum, slice, type(Ellipsis), types.FunctionType, types.BuiltinFunctionType)
+COPIES: WeakIdKeyDictionary = WeakIdKeyDictionary()  # a tensor handed to blocks -> (its version, the copy)
+WARNED: set[str] = set()
+
 
 def names_problem(value) -> str | None:
     ok = isinstance(value, list) and value and all(isinstance(v, str) for v in value)
     return None if ok else "must be a non-empty list of module class names"
 
 
+def copy_of(tensor: torch.Tensor) -> torch.Tensor:
+    """The tensor as it is now, in a storage of its own with its strides (a reduction over another layout could
+    round differently), shared by the blocks it is handed to while it does not change (one copy of a mask for
+    twelve transformer blocks)."""
+    kept = COPIES.get(tensor)
+    if kept is not None and kept[0] == tensor._version:
+        return kept[1]
+    with torch.no_grad():
+        if torch._debug_has_internal_overlap(tensor) == 1:  # an expanded tensor: its values, densely
+            copy = tensor.detach().clone()
+        else:
+            copy = torch.empty_strided(tensor.size(), tensor.stride(), dtype=tensor.dtype,
+                                       device=tensor.device).copy_(tensor)
+    copy.requires_grad_(tensor.requires_grad)  # the recomputation saves what the first pass saved
+    COPIES[tensor] = (tensor._version, copy)
+    return copy
+
+
+def opaque(values) -> list[str]:
+    """Type names of what a block was handed that cannot be copied as it was (not a tensor, a plain value or a
+    list, tuple or dict of them): a KV cache object, say, which the block's forward may change."""
+    leaves, _ = tree_flatten(values)
+    return sorted({type(v).__name__ for v in leaves if not isinstance(v, (torch.Tensor, *ATOMS))})
+
+
+class FirstPass:
+    """What a block's first pass saw besides its inputs, for the recomputation to see it again: its buffers (only
+    those the pass changed are kept), its modules' train/eval modes, Python's and numpy's random states."""
+
+    def __init__(self, module: nn.Module):
+        with torch.no_grad():
+            self.buffers = [(b, b._version, b.detach().clone()) for b in module.buffers()]
+        self.modes = [m.training for m in module.modules()]
+        numpy = sys.modules.get("numpy")
+        self.random = random.getstate(), numpy.random.get_state() if numpy is not None else None
+
+    def done(self) -> None:
+        """Keep what the pass changed (BatchNorm's statistics change without a new version: compared)."""
+        self.buffers = [(b, before) for b, version, before in self.buffers
+                        if b._version != version or not torch.equal(b, before)]
+
+    @contextlib.contextmanager
+    def again(self, module: nn.Module):
+        """The block as the first pass found it; afterwards, as it is now (BatchNorm counts a batch once)."""
+        modules = list(module.modules())
+        modes = [m.training for m in modules]
+        numpy = sys.modules.get("numpy")
+        now = random.getstate(), numpy.random.get_state() if self.random[1] is not None else None
+        with torch.no_grad():
+            after = [b.detach().clone() for b, _ in self.buffers]
+            for buffer, before in self.buffers:
+                buffer.copy_(before)
+        for m, mode in zip(modules, self.modes):
+            m.training = mode
+        random.setstate(self.random[0])
+        if self.random[1] is not None:
+            numpy.random.set_state(self.random[1])
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for (buffer, _), value in zip(self.buffers, after):
+                    buffer.copy_(value)
+            for m, mode in zip(modules, modes):
+                m.training = mode
+            random.setstate(now[0])
+            if now[1] is not None:
+                numpy.random.set_state(now[1])
+
+
 def checkpointed_forward(self: nn.Module, *args, **kwargs):
-    """The class's forward, recomputed in backward: it leaves the buffers as one forward leaves them and draws the
-    same random numbers (dropout masks) as the first pass: the same training, less memory. Bound to the module
-    (``types.MethodType``), so a deep copy of the model binds it to the copy."""
+    """The class's forward, recomputed in backward from what the first pass saw (``FirstPass``, copies of the
+    inputs): the same training, less memory. Bound to the module (``types.MethodType``), so a deep copy of the
+    model binds it to the copy."""
     forward = type(self).forward.__get__(self)
     if not (torch.is_grad_enabled() and self.training):  # eval or no_grad: nothing to keep for backward
         return forward(*args, **kwargs)
-    buffers = list(self.buffers())
-    calls = [0]
+    others = opaque((args, kwargs))
+    if others:
+        said = f"{qualified(type(self))}: {others}"
+        if said not in WARNED:
+            WARNED.add(said)
+            warnings.warn(f"accel activation_checkpointing: a {type(self).__name__} is handed {', '.join(others)}, "
+                          "which its forward may change and a recomputation could not see as it was: those calls "
+                          "run without checkpointing", stacklevel=2)
+        return forward(*args, **kwargs)
+    leaves, spec = tree_flatten((args, kwargs))
+    tensors = [i for i, v in enumerate(leaves) if isinstance(v, torch.Tensor)]
+    versions = [leaves[i]._version for i in tensors]
+    copies = {i: copy_of(leaves[i]) for i in tensors}
+    first = FirstPass(self)
+    call = [(args, kwargs)]  # the first pass's own arguments, let go once it ran: the copies stand in for them
 
-    def once_then_recompute(*a, **k):
-        calls[0] += 1
-        if calls[0] == 1:
-            return forward(*a, **k)
-        saved = [b.detach().clone() for b in buffers]  # the recomputation must not count a batch twice
-        try:
-            return forward(*a, **k)
-        finally:
-            with torch.no_grad():
-                for buffer, value in zip(buffers, saved):
-                    buffer.copy_(value)
+    def once_then_recompute(*_):
+        if call:  # the first pass, on your tensors themselves: gradients reach them, in-place ops too
+            given, named = call.pop()
+            output = forward(*given, **named)
+            first.done()
+            changed = {i for i, version in zip(tensors, versions) if leaves[i]._version != version}
+            copies.update({i: copies[i].clone() for i in changed})  # its own in-place ops: a copy to change
+            for i in tensors:
+                leaves[i] = None
+            return output
+        again, named = tree_unflatten([copies.get(i, v) for i, v in enumerate(leaves)], spec)  # new containers
+        with first.again(self):
+            return forward(*again, **named)
 
-    return torch.utils.checkpoint.checkpoint(once_then_recompute, *args, use_reentrant=False,
-                                             preserve_rng_state=True, **kwargs)
+    return torch.utils.checkpoint.checkpoint(once_then_recompute, *copies.values(), use_reentrant=False,
+                                             preserve_rng_state=True)  # (the copies kept, and their devices' RNG)
 
 
 def is_checkpointed(module: nn.Module) -> bool:
@@ -87,10 +194,15 @@ class ActivationCheckpointing(Accelerator):
         plan's model may be another by apply, e.g. IPEX's), and the named classes it does not have."""
         if self.config.modules == "auto":
             return repeated_blocks(model), []
-        present = {type(m).__name__ for m in model.modules()}
+        present = {n for m in model.modules() for n in (type(m).__name__, qualified(type(m)))}
         return set(self.config.modules) & present, sorted(set(self.config.modules) - present)
 
     def decide(self, ctx):
+        own = checkpoints_itself(ctx.model)
+        if own:
+            raise Skip(f"the model checkpoints its own activations already ({listed(own, 3)}): checkpointing them "
+                       "again would recompute them twice (and, under timm's, count BatchNorm's batches otherwise); "
+                       "nothing to add")
         classes, _ = self.chosen_classes(ctx.model)
         if self.config.modules == "auto" and not classes:
             raise Skip("the model has no repeated block (a class with children occurring twice): name the "
@@ -100,6 +212,12 @@ class ActivationCheckpointing(Accelerator):
         why = compiled_problem(ctx.model)
         if why:
             return [Problem(self.name, why, field="model", kind="conflict")]
+        if hands_blocks_a_cache(ctx.model):
+            return [Problem(self.name, "the model's config.use_cache is True: Hugging Face hands every block its KV "
+                            "cache, which each block's forward appends to, and a recomputation would append again",
+                            field="model", value=type(ctx.model).__name__,
+                            allowed="model.config.use_cache = False for training (as Hugging Face's own "
+                            "gradient_checkpointing_enable() does)", kind="conflict")]
         _, missing = self.chosen_classes(ctx.model)
         if missing:
             return [Problem(self.name, f"no module of class {missing} in the model", field="modules",
@@ -109,11 +227,11 @@ class ActivationCheckpointing(Accelerator):
 
     def apply(self, ctx):
         classes, _ = self.chosen_classes(ctx.user_model)  # what decide() chose, on the model it saw
-        chosen = outermost(ctx.model, classes)
-        if not chosen:  # e.g. IPEX replaced the named classes with its own
+        chosen = [ctx.model] if of_class(ctx.model, classes) else outermost(ctx.model, classes)  # (the whole model,
+        if not chosen:  # when its class is named: it recomputes everything from your batch)  # e.g. IPEX replaced the named classes with its own
             raise Skip(f"no module of class {sorted(classes)} left in the model to checkpoint "
                        f"(found: {sorted({type(m).__name__ for m in ctx.model.modules()})[:6]})")
-        names = {id(m): name for name, m in ctx.model.named_modules()}
+        names = {id(m): name or "(the whole model)" for name, m in ctx.model.named_modules()}
         replaced = [names[id(m)] for m in chosen if "forward" in m.__dict__ and not is_checkpointed(m)]
         if replaced:
             raise Skip(f"the forward of {replaced[:4]} is already replaced on the instance (by your code or another "
@@ -123,5 +241,8 @@ class ActivationCheckpointing(Accelerator):
                 ctx.journal.change(f"checkpointed forward on {names[id(module)]}",
                                    lambda m=module: setattr(m, "forward", types.MethodType(checkpointed_forward, m)),
                                    lambda m=module: m.__dict__.pop("forward", None), kind="object")
-        return {"modules": f"{len(chosen)} x {', '.join(sorted(classes))}: " + listed([names[id(m)] for m in chosen]),
-                "recompute": "their activations in backward (non-reentrant torch.utils.checkpoint)"}
+        kinds = class_names(ctx.model)
+        return {"modules": f"{len(chosen)} x {', '.join(sorted({kinds[type(m)] for m in chosen}))}: "
+                           + listed([names[id(m)] for m in chosen]),
+                "recompute": "their activations in backward (non-reentrant torch.utils.checkpoint), from copies "
+                             "of what each block was handed"}

@@ -134,6 +134,13 @@ class Amp(Accelerator):
             return [Problem(self.name, f"a grad scaler is only for fp16, and the dtype is bfloat16 ({source}); bf16 "
                             "has fp32's range", field="grad_scaler", value=True,
                             allowed="'auto' or False with bfloat16, or dtype='float16'", kind="conflict")]
+        if ctx.decisions.loss_scaling and ctx.optimizer is None:  # what loss scaling needs: the optimizer's step
+            return [Problem(self.name, "loss scaling (fp16's GradScaler) needs the optimizer: the scaler unscales the "
+                            "gradients and skips the steps that overflowed in the optimizer's step; a loop that "
+                            "updates the weights itself (p.data.add_(p.grad, ...)) would apply gradients 65536x too "
+                            "large", field="grad_scaler", value=self.config.grad_scaler,
+                            allowed="pass your optimizer to accelerate(), dtype='bfloat16' (no scaling), or "
+                            "grad_scaler=False (fp16 gradients may then underflow)", kind="missing")]
         return []
 
     def apply(self, ctx):
@@ -193,8 +200,10 @@ class Amp(Accelerator):
     def unscale_gradients(self, run, state, optimizer):
         # once per step, however many readers ask (your code, grad_clipping): the GradScaler refuses a second
         # unscale_ before its update, and its step then uses these gradients
+        if state.scaler is None or state.idle or optimizer is None:  # (check() refuses scaling without one)
+            return
         has_gradients = any(p.grad is not None for group in optimizer.param_groups for p in group["params"])
-        if state.scaler is not None and not state.idle and id(optimizer) not in state.unscaled and has_gradients:
+        if id(optimizer) not in state.unscaled and has_gradients:
             # (with no gradients yet the scaler would record no inf check, and its step would then refuse)
             state.scaler.unscale_(optimizer)
             state.unscaled.add(id(optimizer))

@@ -14,7 +14,9 @@ batch 16, 224x224) it took 0.77 (mobilenet_v2), 0.80 (resnet50), 0.89 (resnet18)
 1.06x slower; a model without Conv2d is skipped with that reason.
 
 What it keeps: the same math in another memory order (``SAME_MATH``): parameters, gradients and outputs
-equal to float precision; the user's modules, tensors and batches unchanged.
+equal to float precision; the user's modules, tensors and batches unchanged. Dropout draws its mask in memory
+order, so each dropout layer gets its input back in the plain loop's order (the same masks: pytorch/examples' MNIST
+drops after a convolution); a functional ``F.dropout`` on an NHWC activation would draw others.
 """
 from __future__ import annotations
 
@@ -29,6 +31,14 @@ def to_channels_last(module: torch.nn.Module, args: tuple) -> tuple | None:
     """Forward pre-hook: the conv's 4-D floating input in NHWC (a no-op when it already is)."""
     if args and isinstance(args[0], torch.Tensor) and args[0].dim() == 4 and args[0].is_floating_point():
         return (args[0].contiguous(memory_format=torch.channels_last), *args[1:])
+    return None
+
+
+def to_contiguous(module: torch.nn.Module, args: tuple) -> tuple | None:
+    """Forward pre-hook on a dropout layer: its input in the plain loop's memory order, since dropout draws its mask
+    in memory order (an NHWC input would get another mask than the plain loop's)."""
+    if args and isinstance(args[0], torch.Tensor) and not args[0].is_contiguous():
+        return (args[0].contiguous(), *args[1:])
     return None
 
 
@@ -61,5 +71,10 @@ class ChannelsLast(Accelerator):
             if to_channels_last not in conv._forward_pre_hooks.values():  # once, whatever runs came before
                 ctx.journal.hook(f"channels_last pre-hook on {name}",
                                  lambda conv=conv: conv.register_forward_pre_hook(to_channels_last))
+        drops = [(name, m) for name, m in ctx.model.named_modules() if isinstance(m, torch.nn.modules.dropout._DropoutNd)]
+        for name, drop in drops:
+            if to_contiguous not in drop._forward_pre_hooks.values():
+                ctx.journal.hook(f"channels_last: {name} draws its mask in your memory order",
+                                 lambda drop=drop: drop.register_forward_pre_hook(to_contiguous))
         return {"memory_format": "channels_last", "conv2d_layers": len(convs),
                 "inputs": "each Conv2d's input converted (the batch itself and your parameters unchanged)"}

@@ -36,6 +36,7 @@ class Report:
     hardware: str
     rows: list[Row] = field(default_factory=list)
     step_times: list[float] = field(default_factory=list)  # seconds between consecutive Run.step calls
+    compile_s: dict[int, float] = field(default_factory=dict)  # step index -> seconds torch.compile compiled in it
     setup_s: float = 0.0
     tuning: Any = None  # accel.search.TuneResult when the plan was measured ("auto"): the ablation and the why
     decisions: dict[str, str] = field(default_factory=dict)  # device, rank, dtype, threads, workers...
@@ -63,17 +64,19 @@ class Report:
         return [r.name for r in self.rows if r.status == "skipped"]
 
     def timing(self) -> dict[str, Any]:
-        """First step (compile and warm-up land there) kept apart from the steady steps after it."""
+        """The first step and the steps that compiled (warm-up, recompiles) kept apart from the steady steps."""
         times = self.step_times
         if not times:
             return {"steps": 0}
-        steady = times[1:] or times
-        median = statistics.median(steady)
+        warm = {0, *self.compile_s}
+        median = statistics.median([t for i, t in enumerate(times) if i not in warm] or times)
+        recompiles = {i + 1: round(s, 3) for i, s in sorted(self.compile_s.items()) if i}  # by step number
         return {
             "steps": len(times),
             "first_step_s": round(times[0], 4),
             "steady_median_ms": round(median * 1000, 3),
-            "warmup_s": round(max(0.0, times[0] - median), 4),
+            "warmup_s": round(sum(max(0.0, times[i] - median) for i in warm if i < len(times)), 4),
+            **({"recompiles": recompiles} if recompiles else {}),
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -110,6 +113,8 @@ class Report:
             lines.append(str(self.tuning))
         timing = self.timing()
         if timing["steps"]:
+            again = ", ".join(f"step {i} ({s} s)" for i, s in timing.get("recompiles", {}).items())
             lines.append(f"steps: {timing['steps']}, first step {timing['first_step_s']} s "
-                         f"(warm-up/compile {timing['warmup_s']} s), steady median {timing['steady_median_ms']} ms")
+                         f"(warm-up/compile {timing['warmup_s']} s" + (f", recompiled at {again}" if again else "")
+                         + f"), steady median {timing['steady_median_ms']} ms")
         return "\n".join(lines)

@@ -27,9 +27,10 @@ import accel.plan.compat as compat
 from accel.plan.contract import Accelerator, Capability, State
 from accel.run.checkpoint_fit import unprefixed  # noqa: F401  (accel.run.unprefixed, as in 0.2)
 from accel.run.context import Context
+from accel.errors import LoopError
 from accel.run.device_loader import DeviceLoader
 from accel.run.loaders import release_workers
-from accel.modules import compiled
+from accel.modules import compile_seconds, compiled
 from accel.run.report import Report
 from accel.run.state import RunState
 from accel.run.watch import Watch
@@ -73,6 +74,7 @@ class Run(RunState):
         self._optimizer_step = self._chain("optimizer_step", lambda optimizer: optimizer.step() or True)
         self._step = self._chain("step", self._update)
         self._last_step = clock.now()  # the first step's time includes compile and warm-up
+        self._compiled_s = compile_seconds()  # and recompiles (a new sequence length) land in later steps
         self.watch = Watch(self, self.accelerators)  # the loop's own backward, step or accumulation, noticed
         if self.watch.needed:
             self.watch.watch_optimizers(ctx.journal, [self.optimizer, ctx.user_optimizer])
@@ -166,7 +168,8 @@ class Run(RunState):
         are still being accumulated. A learning-rate scheduler steps when it returns False.
         """
         if self.optimizer is None:
-            raise RuntimeError("run.step() needs an optimizer: pass one to accel.accelerate(model, optimizer, ...)")
+            raise LoopError("run.step() needs an optimizer: pass one to accel.accelerate(model, optimizer, ...), or, "
+                            "where your loop updates the weights itself, call nothing in its place")
         self.watch.before_step(self._has_gradients)
         self.watch.stepping = True
         try:
@@ -176,7 +179,10 @@ class Run(RunState):
             self._sync()
         self.steps += 1
         self.optimizer_steps += bool(stepped)
-        now = clock.now()
+        now, compiled = clock.now(), compile_seconds()
+        if compiled > self._compiled_s:  # torch.compile compiled in this step: warm-up, not the step's time
+            self.report.compile_s[len(self.report.step_times)] = compiled - self._compiled_s
+            self._compiled_s = compiled
         self.report.step_times.append(now - self._last_step)
         self._last_step = now
         return not stepped

@@ -1,5 +1,6 @@
 """Noticing the calls that go around the run: the loop's own ``optimizer.step()``, its own ``loss.backward()``, its
-own accumulation (several batches of ``run.loader`` per ``run.step()``).
+own accumulation (several batches of ``run.loader`` per ``run.step()``), its own loader instead of ``run.loader``;
+and the loop's own mistake of a ``run.step()`` with no backward since the last one.
 
 accel cannot stop a loop from stepping the optimizer itself (the first thing a half-migrated loop keeps), but it
 sees every call that reaches the run, and an optimizer step hook sees the steps that do not. Each accelerator
@@ -16,7 +17,8 @@ import warnings
 import weakref
 from typing import Any
 
-from accel.errors import BypassWarning
+from accel.errors import BypassWarning, LoopWarning
+from accel.plan.declarations import Capability
 
 # what the loop did, and what to call instead
 WENT_AROUND = {
@@ -45,6 +47,7 @@ class Watch:
         self.noticed: set[str] = set()
         self.idle: set[str] = set()  # accelerators already named: each says it once, whatever the loop goes around next
         self.suspected = False
+        self.loader_checked = False
 
     @property
     def needed(self) -> bool:
@@ -68,6 +71,7 @@ class Watch:
     def before_backward(self) -> None:
         """A second backward before run.step(), on a batch drawn since the first: the loop accumulates itself
         (a loop that draws its next batch before run.step() draws it after its backward, and is not taken for it)."""
+        self.check_loader()
         if self.backwards and self.fresh:
             self.notice(["batch"], level=5)
         self.fresh = False
@@ -82,10 +86,36 @@ class Watch:
 
     def before_step(self, gradients: Any) -> None:
         """At run.step(): an update with no run.backward() since the last one, where gradients exist, came from
-        the loop's own backward."""
+        the loop's own backward; where none exist, the optimizer has nothing to step on (said once)."""
+        self.check_loader()
         if not self.backwards and self.relying["backward"] and "backward" not in self.noticed and gradients():
             self.notice(["backward"], level=5)
+        elif not self.backwards and "nothing" not in self.noticed and not gradients():
+            self.noticed.add("nothing")
+            warnings.warn("accel: run.step() was called with no run.backward() since the last run.step() and no "
+                          "gradients: the optimizer had nothing to step on, so the weights did not change; call "
+                          "run.backward(loss) before run.step()", LoopWarning, stacklevel=3)
         self.backwards = 0
+
+    def check_loader(self) -> None:
+        """At the first backward or step: where the plan changed the batches (a rebuilt loader, each rank's shard,
+        the move to the device), a loop that has not iterated run.loader took its batch elsewhere (the loader it
+        gave accelerate()): said in the rows of those accelerators (said once)."""
+        if self.loader_checked:
+            return
+        self.loader_checked = True
+        run = self._run()
+        loader = run.loader if run is not None else None
+        if loader is None or loader.epoch or not (loader.loader is not run._user_loader or loader.transforms
+                                                  or loader.device.type != "cpu"):
+            return
+        text = ("the loop never iterated run.loader (its batches came from elsewhere: the loader you gave "
+                "accelerate()?), so they did not go through {}; iterate run.loader")
+        changing = [a for a in run.accelerators if {Capability.DATA_LOADER, Capability.DATA_SHARD} & set(a.provides)]
+        for accelerator in changing:
+            self.say(accelerator, text.format(f"what {accelerator.name} changed in run.loader"), idle=False, level=5)
+        if not changing:
+            warnings.warn("accel: " + text.format(f"the move to {loader.device}"), BypassWarning, stacklevel=4)
 
     def batch_drawn(self) -> None:
         """A batch of run.loader (see before_backward)."""

@@ -85,7 +85,8 @@ def train(run: Run, setup: Setup, steps: int, seed: int) -> Trace:
     model = run.unwrap()
     frozen = {n: p.detach().clone() for n, p in model.named_parameters() if not p.requires_grad}
     user_names = {id(p): n for n, p in setup.model.named_parameters()}  # the optimizer's places, by the user's names
-    start = [user_names.get(id(p)) for group in setup.optimizer.param_groups for p in group["params"]]
+    groups = setup.optimizer.param_groups if setup.optimizer is not None else []  # (a loop may update by hand)
+    start = [user_names.get(id(p)) for group in groups for p in group["params"]]
     hook = model.register_forward_hook(lambda module, args, output: trace.outputs.append(structure(output)))
     step = TrainStep(step_fn=setup.step_fn)
     torch.manual_seed(seed)
@@ -99,7 +100,7 @@ def train(run: Run, setup: Setup, steps: int, seed: int) -> Trace:
                 run, batches = again, endless(again.loader)
             batch = next(batches)
             trace.batches.append(fingerprint(batch))
-            trace.rates.append([group["lr"] for group in run.optimizer.param_groups])
+            trace.rates.append([group["lr"] for group in run.optimizer.param_groups] if run.optimizer else [])
             loss = float(loop.step(i, run, held, batch, step.loss))
             trace.losses.append(loss)
             loop.after(i, held, run, loss)
@@ -111,7 +112,7 @@ def train(run: Run, setup: Setup, steps: int, seed: int) -> Trace:
     names = {id(p): n for n, p in model.named_parameters()}
     trace.state = {k: whole(v).detach().cpu().clone() for k, v in model.state_dict().items()}
     trace.user = {f"your model's {k}": whole(v).detach().cpu().clone() for k, v in setup.model.state_dict().items()}
-    for index, state in setup.optimizer.state_dict()["state"].items():
+    for index, state in (setup.optimizer.state_dict()["state"] if setup.optimizer is not None else {}).items():
         trace.user.update({f"your optimizer's {index}.{k}": whole(v).detach().cpu().float().clone() for k, v in state.items()
                            if isinstance(v, torch.Tensor)})
     trace.trainable = {n: p.requires_grad for n, p in model.named_parameters()}
@@ -123,6 +124,8 @@ def train(run: Run, setup: Setup, steps: int, seed: int) -> Trace:
     # the model's parameters (IPEX's fp32 weights beside a bf16 model), in the same order.
     # A parameter of the model is named by the model; one that is not (a master copy) by the name its place held
     # when training began (a group the loop added later holds the model's own parameters).
+    if run.optimizer is None:
+        return trace
     params = [param for group in run.optimizer.param_groups for param in group["params"]]
     positions = [names.get(id(p)) or (start[i] if i < len(start) else None) or f"(not in the model) {tuple(p.shape)}"
                  for i, p in enumerate(params)]

@@ -17,7 +17,7 @@ class Setup:
     behaviour around the steps; evaluate(model) -> the model's output on held-out data (for validation, EMA)."""
 
     model: torch.nn.Module
-    optimizer: torch.optim.Optimizer
+    optimizer: torch.optim.Optimizer | None  # None: the loop updates the weights itself
     loader: Any
     step_fn: Callable[[Run, Any], torch.Tensor] | None = None
     loop: Loop = field(default_factory=Loop)

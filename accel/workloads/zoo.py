@@ -18,8 +18,9 @@ from torch.utils.data import (BatchSampler, DataLoader, Dataset, IterableDataset
                               SubsetRandomSampler, default_collate)
 
 from accel.workloads.book import digits_datasets
-from accel.workloads.loops import LOOPS, SelfSharding
+from accel.workloads.loops import BY_HAND, LOOPS, SelfSharding
 from accel.workloads.setup import Setup
+from accel.workloads.zoo_models import MODELS, DenseLayer, Net, Residual  # noqa: F401  (the zoo's names)
 
 Pair = collections.namedtuple("Pair", "image label")
 
@@ -32,61 +33,12 @@ class Encoding(collections.UserDict):
         self.source = source
 
 
-# --- models ------------------------------------------------------------------------------------------------------
-
-class Residual(nn.Module):
-    """A conv and a BatchNorm with a skip connection: the repeated block of a ResNet stage or a transformer."""
-
-    def __init__(self, width: int):
-        super().__init__()
-        self.conv = nn.Conv2d(width, width, 3, padding=1, bias=False)
-        self.norm = nn.BatchNorm2d(width)
-
-    def forward(self, x):
-        return torch.relu(x + self.norm(self.conv(x)))
-
-
-class Net(nn.Module):
-    """2 convs and a linear head on 1x8x8 digits; variants add what ordinary models have."""
-
-    def __init__(self, batchnorm=False, heads=1, masked=False, tied=False, width=8, blocks=0):
-        super().__init__()
-        self.masked = masked
-        self.conv1 = nn.Conv2d(2 if masked else 1, width, 3, padding=1, bias=not batchnorm)  # as torchvision
-        self.norm = nn.BatchNorm2d(width) if batchnorm else nn.Identity()
-        self.conv2 = nn.Conv2d(width, width, 3, padding=1)
-        self.blocks = nn.Sequential(*[Residual(width) for _ in range(blocks)])  # what fsdp, activation
-        # checkpointing and regional compile find by themselves
-        self.pool = nn.AdaptiveAvgPool2d(2)
-        self.fc = nn.Linear(width * 4, 10)
-        self.heads = nn.ModuleList([nn.Linear(width * 4, 10) for _ in range(heads - 1)])
-        if tied:  # one tensor under two names, as tied embeddings are
-            self.heads[0].weight = self.fc.weight
-
-    def forward(self, image, mask=None):
-        x = torch.cat([image, mask], 1) if self.masked else image
-        x = self.blocks(torch.relu(self.conv2(torch.relu(self.norm(self.conv1(x))))))
-        x = torch.flatten(self.pool(x), 1)
-        out = self.fc(x)
-        if not self.heads:
-            return out
-        return {"main": out, **{f"aux{i}": head(x) for i, head in enumerate(self.heads)}}
-
-
-MODELS = {
-    "cnn": dict(),
-    "batchnorm": dict(batchnorm=True),
-    "two_heads": dict(heads=2),
-    "tied": dict(heads=2, tied=True),
-    "frozen": dict(batchnorm=True),  # conv1 and the norm frozen
-    "masked": dict(masked=True),  # takes the mask beside the image
-    "blocks": dict(blocks=2),  # two repeated residual blocks with BatchNorm
-}
 BATCHES = ("tuple", "namedtuple", "list", "dict", "ordered_dict", "user_dict")
 EXTRAS = ("none", "mask", "soft_targets")
 LOADERS = ("plain", "shuffled", "no_batching", "subclass", "stream", "sharded_stream", "sampler", "batch_sampler",
            "collate", "workers")
-OPTIMIZERS = ("sgd", "momentum", "adam", "adamw", "adagrad", "rmsprop", "groups", "extra_tensor")
+OPTIMIZERS = ("sgd", "momentum", "adam", "adamw", "adagrad", "rmsprop", "groups", "extra_tensor")  # and "none",
+# for a loop that updates the weights by hand (accel.workloads.loops.BY_HAND)
 
 
 # --- data --------------------------------------------------------------------------------------------------------
@@ -214,6 +166,8 @@ def loader_for(kind: str, container: str, extra: str, seed: int) -> DataLoader:
 
 def optimizer_for(kind: str, model: nn.Module, temperature: torch.Tensor):
     params = list(model.parameters())
+    if kind == "none":
+        return None
     if kind == "sgd":
         return torch.optim.SGD(params, lr=0.05)
     if kind == "momentum":
@@ -233,8 +187,9 @@ def optimizer_for(kind: str, model: nn.Module, temperature: torch.Tensor):
     return torch.optim.Adam([{"params": params}, {"params": [temperature], "lr": 0.05}], lr=0.01)
 
 
-def step_fn(run, batch: Any, extra: str, masked: bool, temperature: torch.Tensor) -> torch.Tensor:
-    """The user's loss: the mask beside the image weighs it (viewed flat), soft targets replace labels."""
+def step_fn(run, batch: Any, extra: str, masked: bool, temperature: torch.Tensor, inplace: bool = False) -> torch.Tensor:
+    """The user's loss: the mask beside the image weighs it (viewed flat), soft targets replace labels. ``inplace``:
+    then the mask is normalised in place (accel.workloads.loops.InplaceInput), unless it is a view of the data."""
     fields = unpack(batch, extra)
     image, label, mask, soft = fields["image"], fields["label"], fields.get("mask"), fields.get("soft")
     output = run.model(image, mask) if masked else run.model(image)
@@ -245,6 +200,8 @@ def step_fn(run, batch: Any, extra: str, masked: bool, temperature: torch.Tensor
     if mask is not None:
         flat = mask.view(mask.shape[0], -1)  # a view: a mask converted to channels_last would fail here
         loss = loss * (1 + 0.1 * flat.mean())
+        if inplace and mask._base is None:  # (the no_batching loader's masks are views of the dataset's)
+            mask.sub_(0.5)
     return loss
 
 
@@ -279,8 +236,10 @@ class Case:
         optimizer = optimizer_for(self.optimizer, model, temperature)
         loader = loader_for(self.loader, self.batch, extra, self.seed)
         masked = self.model == "masked"
-        step = functools.partial(step_fn, extra=extra, masked=masked, temperature=temperature)
-        return Setup(model, optimizer, loader, step_fn=step, loop=LOOPS[self.loop](),
+        loop = {**LOOPS, **BY_HAND}[self.loop]()
+        step = functools.partial(step_fn, extra=extra, masked=masked, temperature=temperature,
+                                 inplace=loop.changes_inputs)
+        return Setup(model, optimizer, loader, step_fn=step, loop=loop,
                      evaluate=functools.partial(evaluate, masked=masked))
 
     def __str__(self) -> str:

@@ -45,7 +45,8 @@ from accel.plan.contract import SAME_MATH, Accelerator, Capability, Stage, State
 from accel.plan.options import Options, option
 from accel.errors import LoopError, Problem, Skip
 from accel.hardware import PACKAGE_BACKENDS, compile_backend_problem, import_compile_backend, torch_version
-from accel.modules import compiled, listed, outermost, repeated_blocks, trainable
+from accel.modules import (checkpoints_itself, compile_seconds, compiled, hands_blocks_a_cache, listed, outermost,
+                           repeated_blocks, running_statistics, trainable)
 
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
@@ -79,6 +80,18 @@ class CompileState(State):
     wrapper: torch.nn.Module | None = None  # the OptimizedModule around the model (None: compiled in regions)
     params: list = field(default_factory=list)  # torch < 2.15: the parameters watched for unfreezing
     trainable: list = field(default_factory=list)  # their requires_grad when last compiled
+    compiles: list = field(default_factory=list)  # (step, seconds compiled in it): the warm-up, then each recompile
+    compiled_s: float = 0.0  # torch's compile time in this process when last read (accel.modules.compile_seconds)
+
+    @property
+    def warmup_s(self) -> float:
+        """Seconds compiled in the step that first compiled (0 until a step did)."""
+        return self.compiles[0][1] if self.compiles else 0.0
+
+    @property
+    def recompile_s(self) -> float:
+        """Seconds compiled in later steps: recompiles (a new sequence length, train/eval, a hook...)."""
+        return sum(seconds for _, seconds in self.compiles[1:])
 
 
 @register
@@ -102,7 +115,9 @@ class Compile(Accelerator):
         # against 29 s), so it fits a search's budget. Not where the blocks are handed a KV cache: dynamo compiled
         # 8 of GPT-2's 12, and in the loop its step was 1.05-1.08 of the one without compile (3 searches;
         # docs/accelerators/compile.md)
-        return [{"regional": True}] if repeated_blocks(model) and not hands_blocks_a_cache(model) else [{}]
+        if repeated_blocks(model) and not hands_blocks_a_cache(model):
+            return [{"regional": True}]
+        return [] if checkpoints_itself(model) and running_statistics(model) else [{}]  # (check() says why)
 
     def check(self, ctx):
         problems = []
@@ -116,6 +131,17 @@ class Compile(Accelerator):
         if config.mode is not None and config.options is not None:
             problems.append(Problem(self.name, "torch.compile takes either mode or options, not both", field="options",
                                     value=config.options, allowed="drop mode, or drop options", kind="conflict"))
+        own, norms = checkpoints_itself(ctx.model), running_statistics(ctx.model)
+        sharded = any(Capability.MODEL_SHARDED in a.provides for a in ctx.plan)  # (then fsdp's blocks, one by one)
+        if own and norms and not (config.regional or config.regional is None and sharded):
+            problems.append(Problem(self.name, f"the model checkpoints its own activations ({listed(own, 2)}) and "
+                                    f"holds BatchNorm ({listed(norms, 3)}): compiled whole, its recomputation does not "
+                                    "update the running statistics a second time as the plain loop's does (aot_eager: "
+                                    "half the batches counted), or fails in backward (the eager backend: 'modified by "
+                                    "an inplace operation')", field="regional", value=config.regional,
+                                    allowed="regional=True (each block compiled, the checkpointing outside them), the "
+                                    "model's own checkpointing turned off (timm: set_grad_checkpointing(False)), or no "
+                                    "compile", kind="conflict"))
         why = compile_backend_problem(config.backend)
         if why:
             problems.append(Problem(self.name, why, field="backend", value=config.backend, kind="missing"))
@@ -149,6 +175,12 @@ class Compile(Accelerator):
         changes = {**{k: v for k, v in kwargs.items() if v is not None}, "compiles": "on the first step (see timing)",
                    "hooks": "guarded: hooks you add or remove later recompile"}
         if config.backend == "inductor":  # the backend whose compiled graphs torch keeps on disk, in accel's folder
+            import torch._inductor.config
+
+            # inductor draws its own random numbers (dropout's masks differ from the plain loop's: a GPT-2's first
+            # loss 2e-3 off); with fallback_random it calls torch's, the same numbers (docs/accelerators/compile.md)
+            ctx.journal.setattr(torch._inductor.config, "fallback_random", True)
+            changes["random"] = "the plain loop's random numbers (inductor's fallback_random: dropout's masks kept)"
             changes.update(compile_cache.keep_in_accel_cache(ctx, {**kwargs, "regional": regional}))
         if regional:
             changes["regions"] = self.compile_blocks(ctx, blocks, kwargs)
@@ -159,8 +191,8 @@ class Compile(Accelerator):
                                        "recompile_limit (8), then runs the rest eagerly; set "
                                        "model.config.use_cache = False for training")
                 warnings.warn(f"accel compile: {changes['kv cache']}", stacklevel=2)
-            return CompileState(changes=changes)
-        state = CompileState(torch.compile(ctx.model, **kwargs), changes=changes)
+            return CompileState(changes=changes, compiled_s=compile_seconds())
+        state = CompileState(torch.compile(ctx.model, **kwargs), changes=changes, compiled_s=compile_seconds())
         ctx.model = state.wrapper
         if torch_version() < (2, 15):  # measured: torch 2.8's AOTAutograd kept training a layer unfrozen after compiling
             state.params = list(state.wrapper.parameters())  # with the graph of the frozen one (2.15 recompiles)
@@ -182,6 +214,20 @@ class Compile(Accelerator):
                 + (" (the blocks fsdp sharded)" if ctx.decisions.sharded_blocks else "") + ": "
                 + listed([names.get(id(b), "?") for b in blocks]) + "; the rest runs eagerly")
 
+    def step(self, run, state, optimizer, proceed):
+        """Count what compiled since the last step (its warm-up, a recompile), in its state and its report row."""
+        stepped = proceed(optimizer)
+        now = compile_seconds()
+        if now > state.compiled_s:
+            state.compiles.append((run.steps + 1, round(now - state.compiled_s, 3)))
+            state.compiled_s = now
+            again = [f"step {step} ({seconds} s)" for step, seconds in state.compiles[1:]]
+            state.changes["compiles"] = (f"step {state.compiles[0][0]} ({state.warmup_s} s)" + (
+                f"; recompiled at {', '.join(again)}: a change dynamo guards on (a new input shape, such as a "
+                "sequence length per batch: pad to a few lengths or dynamic=True; train/eval; a hook)" if again
+                else ""))
+        return stepped
+
     def backward(self, run, state, loss, proceed):
         try:
             proceed(loss)
@@ -200,15 +246,6 @@ class Compile(Accelerator):
 
     def unwrap(self, state, model):
         return model._orig_mod if state.wrapper is not None and model is state.wrapper else model
-
-
-def hands_blocks_a_cache(model: torch.nn.Module) -> bool:
-    """A Hugging Face model whose config.use_cache is on (GPT-2's default, kept in training): its forward hands every
-    block the KV cache, and a block compiled alone recompiles for each layer index (regional compile stalls). An
-    encoder (BERT: ``is_decoder=False``) keeps no cache whatever use_cache says."""
-    config = getattr(model, "config", None)
-    return getattr(config, "use_cache", None) is True and (getattr(config, "is_decoder", None) is not False
-                                                            or getattr(config, "is_encoder_decoder", None) is True)
 
 
 def recompile_on_unfreeze(state: CompileState, module, args) -> None:

@@ -197,7 +197,12 @@ class Prune(Accelerator):
     def _run_problems(self, ctx, dummy):
         """NNI runs the model on the dummy input: a model that needs more than the batch's first item (a mask
         beside the image) fails there with an error about NNI's internals; here it names the input."""
-        model = copy.deepcopy(ctx.model).eval()
+        try:
+            model = copy.deepcopy(ctx.model).eval()
+        except Exception as error:  # torch.nn.utils.weight_norm's weight, say: a tensor computed in forward
+            return [Problem(self.name, f"prune rebuilds a copy of the model, and copy.deepcopy cannot copy it "
+                            f"({type(error).__name__}: {str(error).splitlines()[0]})", field="model",
+                            value=type(ctx.model).__name__)]
         device = next(model.parameters(), torch.empty(0)).device
         try:
             with randomness.kept(None):

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from torch import nn
+from torch.nn.utils import parametrize
 
 PRUNERS = {"l1": "L1NormPruner", "l2": "L2NormPruner", "fpgm": "FPGMPruner", "taylor": "TaylorPruner"}
 DEFAULT_CONFIG = [{"op_types": ["Conv2d"], "sparse_ratio": 0.5}]
@@ -51,7 +52,7 @@ def config_problems(config_list: Any, model: nn.Module) -> list[str]:
                 missing = [v for v in value if v not in types]
                 if missing:
                     found.append(f"{where}.{key}: no module of type {missing} in the model "
-                                 f"(types are class names, e.g. 'Conv2d')")
+                                 + (reparametrized_types(model, missing) or "(types are class names, e.g. 'Conv2d')"))
         if "sparse_ratio" in config and "sparse_threshold" in config:
             found.append(f"{where}: give sparse_ratio or sparse_threshold, not both")
         if not any(k in config for k in ("sparse_ratio", "sparse_threshold", "target_settings")):
@@ -91,3 +92,37 @@ def selected(config: Mapping, model: nn.Module) -> set[str]:
         names = names & by_type(config["op_types"]) if named else by_type(config["op_types"])
     return (names - set(config.get("exclude_op_names") or ()) - by_regex(config.get("exclude_op_names_re") or ())
             - by_type(config.get("exclude_op_types") or ()))
+
+
+def reparametrized(model: nn.Module) -> dict[str, str]:
+    """{layer: how} for the layers whose weight is computed from other tensors: parametrized ones
+    (torch.nn.utils.parametrizations.weight_norm/spectral_norm: a ParametrizedConv2d) and those of the older forward
+    pre-hooks (torch.nn.utils.weight_norm/spectral_norm: weight_g and weight_v, or weight_orig)."""
+    found = {}
+    for name, module in model.named_modules():
+        hooks = [type(h).__name__ for h in module._forward_pre_hooks.values()
+                 if type(h).__module__ in ("torch.nn.utils.weight_norm", "torch.nn.utils.spectral_norm")]
+        if parametrize.is_parametrized(module):
+            kinds = sorted({type(p).__name__.strip("_") for ps in module.parametrizations.values() for p in ps})
+            found[name] = f"{type(module).__name__} ({', '.join(kinds)})"
+        elif hooks:
+            found[name] = f"{type(module).__name__} with {', '.join(hooks)}"
+    return found
+
+
+REPARAMETRIZED = ("their weight is computed from other tensors ({}), while NNI prunes a layer's own weight and "
+                  "ModelSpeedup rebuilds a plain layer, without that computation")
+UNDO = ("torch.nn.utils.parametrize.remove_parametrizations(layer, 'weight') (or remove_weight_norm / "
+        "remove_spectral_norm) before pruning, or those layers and the ones they feed left out of config_list")
+
+
+def reparametrized_types(model: nn.Module, missing: list[str]) -> str:
+    """Why a class name asked for is not in a model of parametrized layers: ParametrizedConv2d is a Conv2d, but NNI
+    selects by the exact class name."""
+    names = {name: how for name, how in reparametrized(model).items()
+             if any(b.__name__ in missing for b in type(model.get_submodule(name)).__mro__[1:])}
+    if not names:
+        return ""
+    return (f"as such: its layers {sorted(names)[:4]} are parametrized ({next(iter(names.values()))}), and NNI "
+            f"selects layers by their exact class name; pruning them is refused anyway: "
+            + REPARAMETRIZED.format("torch.nn.utils.parametrize") + f" (allowed: {UNDO})")

@@ -117,6 +117,22 @@ def speedup_class() -> type:
 
             self.replacers = [DefaultReplacer({kind: named(fn) for kind, fn in replace_module.items()})]
 
+        def speedup_model(self):
+            """NNI's mask propagation loses the gradient of an in-place activation (a LeakyReLU(inplace=True) right
+            after a convolution, DCGAN's discriminator: rand_like of None); they run out of place meanwhile."""
+            inplace = [m for m in self.graph_module.modules() if getattr(m, "inplace", None) is True]
+            for module in inplace:
+                module.inplace = False
+            try:
+                return super().speedup_model()
+            except (TypeError, AttributeError, IndexError, KeyError, RuntimeError) as error:  # inside NNI's passes
+                raise ValueError(f"NNI's ModelSpeedup could not carry the masks through this model "
+                                 f"({type(error).__name__}: {error}); leave the layers around it out of config_list "
+                                 "(exclude_op_names), or prune a plain copy of the model by hand") from error
+            finally:
+                for module in inplace:
+                    module.inplace = True
+
         def replace_compressed_modules(self):
             self.empty = empty_layers(self.graph_module, self.node_infos)
             if self.dry_run:

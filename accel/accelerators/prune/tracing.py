@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from accel.accelerators.prune.config import selected
+from accel.accelerators.prune.config import REPARAMETRIZED, UNDO, reparametrized, selected
 from accel.modules import tied_groups
 
 
@@ -110,6 +110,11 @@ def structure_problems(config_list: list[dict], model: nn.Module, graph: torch.f
         found.append(f"selects only {kept}, which produce the model's output and are kept so that its shape does "
                      "not change: select other layers (or name these in op_names, if pruning keeps their outputs)")
     at_risk = reshaped(graph, pruned)
+    weighted = reparametrized(model)
+    hit = sorted(name for name in weighted if name in at_risk)
+    if hit:
+        found.append(f"pruning would rebuild {hit[:4]}" + (f" and {len(hit) - 4} more" if len(hit) > 4 else "") + ": "
+                     + REPARAMETRIZED.format(weighted[hit[0]]) + f"; use {UNDO}")
     for group in tied_groups(model):
         for name in group:
             owner = name.rpartition(".")[0]

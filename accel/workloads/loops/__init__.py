@@ -7,14 +7,16 @@ from __future__ import annotations
 from accel.workloads.loops.base import Held, Loop
 from accel.workloads.loops.between_steps import Ema, FrozenNorm, Hooks, OwnCheckpoint, Swa, Validation
 from accel.workloads.loops.driving import Again, HalfMigrated, OwnAccumulation, TwoModels
+from accel.workloads.loops.habits import InplaceInput, ManualUpdate
 from accel.workloads.loops.schedules import LambdaDecay, LrWrites, OneCycle, Plateau, Scheduler, Warmup
 from accel.workloads.loops.unfreezing import AddGroup, LateGroup, Unfreeze, layer
 from accel.workloads.loops.wrapping import Precompiled, SelfSharding, Stream
 
-__all__ = ["LOOPS", "AddGroup", "Again", "Ema", "FrozenNorm", "HalfMigrated", "Held", "Hooks", "LambdaDecay",
-           "LateGroup", "Loop", "LrWrites", "OneCycle", "OwnAccumulation", "OwnCheckpoint", "Plateau", "Precompiled",
+__all__ = ["BY_HAND", "LOOPS", "AddGroup", "Again", "Ema", "FrozenNorm", "HalfMigrated", "Held", "Hooks", "InplaceInput", "LambdaDecay",
+           "LateGroup", "Loop", "LrWrites", "ManualUpdate", "OneCycle", "OwnAccumulation", "OwnCheckpoint", "Plateau", "Precompiled",
            "Scheduler", "SelfSharding", "Stream", "Swa", "TwoModels", "Unfreeze", "Validation", "Warmup", "layer"]
 
 LOOPS: dict[str, type[Loop]] = {loop.name: loop for loop in (
     Loop, OneCycle, LambdaDecay, Plateau, Warmup, LrWrites, Unfreeze, AddGroup, LateGroup, OwnCheckpoint, Validation,
-    FrozenNorm, Hooks, Ema, Swa, Again, HalfMigrated, OwnAccumulation, TwoModels, Stream, Precompiled)}
+    FrozenNorm, Hooks, Ema, Swa, Again, HalfMigrated, OwnAccumulation, TwoModels, Stream, Precompiled, InplaceInput)}
+BY_HAND: dict[str, type[Loop]] = {ManualUpdate.name: ManualUpdate}  # loops with no optimizer (Case(optimizer="none"))

@@ -40,6 +40,8 @@ class Loop:
 
     name: ClassVar[str] = "plain"
     holds_from_before: ClassVar[bool] = False  # it keeps an object built before accelerate() (a scheduler)
+    needs_optimizer: ClassVar[bool] = True  # False: it updates the weights by hand and is given no optimizer
+    changes_inputs: ClassVar[bool] = False  # it changes a batch tensor in place between forward and backward
 
     def wrap(self, model: nn.Module, loader: Any) -> tuple[nn.Module, Any]:
         return model, loader
