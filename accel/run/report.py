@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import statistics
+from collections import deque
 from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
@@ -30,12 +31,41 @@ class Row:
     warnings: list[str] = field(default_factory=list)
 
 
+class StepTimes:
+    """Seconds between consecutive Run.step calls, in memory that does not grow with the run: how many, the first
+    (compile and warm-up land there), and the latest ``KEPT`` for the steady median (a list of every step grew
+    for as long as the run trained)."""
+
+    KEPT = 1024
+
+    def __init__(self):
+        self.count, self.first = 0, 0.0
+        self.latest: deque[float] = deque(maxlen=self.KEPT)
+
+    def append(self, seconds: float) -> None:
+        if not self.count:
+            self.first = seconds
+        self.count += 1
+        self.latest.append(seconds)
+
+    def __len__(self) -> int:
+        return self.count
+
+    def steady(self) -> list[float]:
+        """The latest steps after the first (the first alone while it is the only one)."""
+        kept = list(self.latest)
+        return kept[1:] if self.count <= self.KEPT and self.count > 1 else kept
+
+    def __repr__(self) -> str:
+        return f"StepTimes(count={self.count}, first={self.first:.4g}, latest={len(self.latest)} kept)"
+
+
 @dataclass
 class Report:
     device: str
     hardware: str
     rows: list[Row] = field(default_factory=list)
-    step_times: list[float] = field(default_factory=list)  # seconds between consecutive Run.step calls
+    step_times: StepTimes = field(default_factory=StepTimes)  # seconds between consecutive Run.step calls, bounded
     setup_s: float = 0.0
     tuning: Any = None  # accel.search.TuneResult when the plan was measured ("auto"): the ablation and the why
     decisions: dict[str, str] = field(default_factory=dict)  # device, rank, dtype, threads, workers...
@@ -65,15 +95,14 @@ class Report:
     def timing(self) -> dict[str, Any]:
         """First step (compile and warm-up land there) kept apart from the steady steps after it."""
         times = self.step_times
-        if not times:
+        if not times.count:
             return {"steps": 0}
-        steady = times[1:] or times
-        median = statistics.median(steady)
+        median = statistics.median(times.steady())
         return {
-            "steps": len(times),
-            "first_step_s": round(times[0], 4),
+            "steps": times.count,
+            "first_step_s": round(times.first, 4),
             "steady_median_ms": round(median * 1000, 3),
-            "warmup_s": round(max(0.0, times[0] - median), 4),
+            "warmup_s": round(max(0.0, times.first - median), 4),
         }
 
     def to_dict(self) -> dict[str, Any]:
