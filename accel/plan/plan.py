@@ -58,8 +58,8 @@ def _yaml_loader():
                 except TypeError:  # an unhashable key: SafeLoader refuses it below
                     continue
                 if duplicate:
-                    raise ValueError(f"{str(key)[:60]!r} is given twice (line {key_node.start_mark.line + 1}); give it once, "
-                                     "with all its options")
+                    raise ValueError(f"{str(key)[:60]!r} is given twice (line {key_node.start_mark.line + 1}); "
+                                     "give it once, with all its options")
             return super().construct_mapping(node, deep=deep)
 
     return Loader

@@ -78,7 +78,8 @@ def layout_problems(saved: dict[str, Any]) -> list[str]:
     kinds = {"plan": lambda v: mapping(v, lambda o: isinstance(o, dict)), "model": tensors, "optimizer": optimizer,
              "optimizer_class": lambda v: v is None or isinstance(v, str), "step": integer, "epoch": integer,
              "optimizer_steps": integer, "world_size": integer, "sampler": mapping,
-             "rng": lambda v: isinstance(v, dict) or (isinstance(v, list) and v and all(isinstance(r, dict) for r in v)),
+             "rng": lambda v: isinstance(v, dict) or (isinstance(v, list) and v and all(isinstance(r, dict)
+                                                                                         for r in v)),
              "accelerators": lambda v: mapping(v, lambda a: isinstance(a, dict)),
              "accelerators_per_rank": lambda v: isinstance(v, list) and all(mapping(p, lambda a: isinstance(a, dict))
                                                                             for p in v),

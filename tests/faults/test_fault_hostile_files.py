@@ -22,12 +22,12 @@ from injectors import objects, train
 
 KEYS = ("plan", "model", "optimizer", "optimizer_class", "accelerators", "step", "optimizer_steps", "epoch", "sampler",
         "loader_generators", "rng", "world_size", "accelerators_per_rank", "format")
+TENSORS = [torch.zeros(0), torch.ones(3, dtype=torch.uint8), torch.arange(5)]
 SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-2, 2**40), st.floats(allow_nan=True),
-                    st.text(string.printable, max_size=12), st.sampled_from([torch.zeros(0), torch.ones(3, dtype=torch.uint8),
-                                                                            torch.arange(5)]))
+                    st.text(string.printable, max_size=12), st.sampled_from(TENSORS))
+NAMES = st.text(string.ascii_lowercase, max_size=6)
 PLAIN = st.recursive(SCALARS, lambda inner: st.one_of(st.lists(inner, max_size=4), st.tuples(inner, inner),
-                                                      st.dictionaries(st.text(string.ascii_lowercase, max_size=6), inner,
-                                                                      max_size=4)), max_leaves=12)
+                                                      st.dictionaries(NAMES, inner, max_size=4)), max_leaves=12)
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
@@ -154,10 +154,9 @@ def test_a_yaml_plan_naming_an_accelerator_twice_is_refused_as_the_list_and_toml
         accel.Plan(tmp_path / "twice.toml")
 
 
+JSON_KEYS = st.sampled_from(["key", "result", "plan", "seconds", "why", "amp", "compile", "x"])
 JSON = st.recursive(st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False), st.text(max_size=8)),
-                    lambda inner: st.one_of(st.lists(inner, max_size=4),
-                                            st.dictionaries(st.sampled_from(["key", "result", "plan", "seconds", "why",
-                                                                             "amp", "compile", "x"]), inner, max_size=4)),
+                    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(JSON_KEYS, inner, max_size=4)),
                     max_leaves=12)
 
 

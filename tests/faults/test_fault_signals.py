@@ -15,7 +15,9 @@ from hypothesis import strategies as st
 
 import accel
 from accel.files import PREFIX
+from accel.randomness import first_batch, kept
 from accel.run import open_run
+from accel.testing import tiny_loader
 from injectors import count_calls, objects, process_state, signal_at, train, warm_up
 
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -146,11 +148,14 @@ def test_accelerate_interrupted_anywhere_is_all_or_nothing(at):
     before = process_state()
     model, optimizer, loader = objects()
     earlier = accel.accelerate(model, optimizer, loader, plan={"grad_clipping": {"max_norm": 1.0}}, device="cpu")
-    points = count_calls(lambda: accel.accelerate(model, optimizer, loader, plan=PLAN, device="cpu").close())
+    runs = []
+    points = count_calls(lambda: runs.append(accel.accelerate(model, optimizer, loader, plan=PLAN, device="cpu")),
+                         within=accel.accelerate)
+    runs[0].close()
     earlier = accel.accelerate(model, optimizer, loader, plan={"grad_clipping": {"max_norm": 1.0}}, device="cpu")
     point = 1 + int(at * (points - 1))
     try:
-        with signal_at(point):
+        with signal_at(point, within=accel.accelerate):
             run = accel.accelerate(model, optimizer, loader, plan=PLAN, device="cpu")
     except KeyboardInterrupt:
         assert open_run(model) is earlier and not earlier.closed
@@ -174,3 +179,20 @@ def test_a_close_interrupted_anywhere_finishes_with_the_next_close(at):
     except KeyboardInterrupt:
         run.close()
     assert process_state() == before
+
+
+def test_a_first_batch_taken_for_you_leaves_every_random_state_wherever_a_ctrl_c_lands():
+    """accel.randomness.kept puts the random states back (prune's dummy batch, the search's first batch): a Ctrl-C
+    on the call of its restore skipped it, one inside it left the states half put back. Every 4th point of kept's
+    own code (taking the states, putting them back), in turn: one inside the batch is caught by its finally."""
+    loader = tiny_loader(samples=32, batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(1))
+    before = (torch.get_rng_state(), loader.generator.get_state())
+    points = count_calls(lambda: first_batch(loader), within=kept.__wrapped__)
+    for point in range(1, points + 1, 4):
+        try:
+            with signal_at(point, within=kept.__wrapped__):
+                first_batch(loader)
+        except KeyboardInterrupt:
+            pass
+        assert torch.equal(torch.get_rng_state(), before[0]), f"torch's random state, at call {point} of {points}"
+        assert torch.equal(loader.generator.get_state(), before[1]), f"the loader's, at call {point} of {points}"
