@@ -52,8 +52,8 @@ def encode_plan(plan_dict: dict[str, dict]) -> dict[str, dict]:
 def decode_plan(encoded: dict[str, dict], path: Any = "") -> dict[str, dict]:
     """Back to options, each function found where it was saved from. A checkpoint is data anyone may have
     written, so nothing it names is imported (importing runs a module's code): a function is found only in a
-    module this process has already imported, outside the standard library, as the plain function defined there
-    under that name (``resolve``). One that cannot be found is an error naming it: only you can pass it again."""
+    module this process has already imported, outside the standard library and accel, as the plain function
+    defined there under that name (``resolve``). One that cannot be found is an error naming it: only you can pass it again."""
     def decode(value: Any, where: str) -> Any:
         if isinstance(value, dict) and set(value) == {CALLABLE}:
             reference = value[CALLABLE]
@@ -79,12 +79,12 @@ def decode_plan(encoded: dict[str, dict], path: Any = "") -> dict[str, dict]:
 def resolve(reference: str) -> Callable | None:
     """The function ``module:qualname`` names, or None: looked up without importing anything and without running
     any code (a module's own ``__getattr__`` may import: only its ``__dict__`` is read), in a module already
-    imported and not of the standard library; it must be a plain Python function whose own module and qualified
-    name are these (not another object reached through them)."""
+    imported, neither the standard library's nor accel's; it must be a plain Python function whose own module and
+    qualified name are these (not another object reached through them)."""
     module_name, _, qualname = reference.partition(":")
-    module = sys.modules.get(module_name)
-    if module is None or module_name.partition(".")[0] in sys.stdlib_module_names or not qualname:
-        return None
+    module, top = sys.modules.get(module_name), module_name.partition(".")[0]
+    if module is None or top in sys.stdlib_module_names or top == "accel" or not qualname:  # never a plan's option:
+        return None  # the standard library's and accel's own functions (launchers, files, processes) stay out of reach
     found: Any = module
     for part in qualname.split("."):
         found = vars(found).get(part) if isinstance(found, (types.ModuleType, type)) else None

@@ -106,6 +106,7 @@ def test_your_own_functions_are_found_without_importing_or_running_anything(monk
     assert resolve("lazy_module_of_yours:anything") is None and not proof.exists()
     assert resolve("lazy_module_of_yours:alias") is None
     assert resolve("os:system") is None and resolve("subprocess:run") is None  # the standard library: never
+    assert resolve("accel.cli.launch:supervise") is None  # nor accel's own (found by the test above, once imported)
 
 
 def test_a_checkpoint_plan_that_would_run_a_program_is_refused(tmp_path):
