@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import warnings
+import weakref
 from typing import Any
 
 import torch
@@ -26,6 +27,7 @@ from accel.modules import compiled
 from accel.plan import RESOLVERS, Plan, PlanSpec
 from accel.run.report import Report, Row
 from accel.run import Run, open_run
+from accel.run.thread_warnings import captured
 
 __all__ = ["AccelerateError", "accelerate", "decide"]
 
@@ -174,7 +176,11 @@ def accelerate(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None =
         plan, tuning = _resolve_plan(plan, yours if yours is not None else model, optimizer, loader, device)
         ctx, accelerators, skips = prepare(model, optimizer, loader, plan, device, journal)
     except BaseException:
-        journal.rollback()
+        try:  # twice if a Ctrl-C lands on the call (accel.run.interrupts)
+            _roll_back(journal, earlier, model)
+        except BaseException:
+            _roll_back(journal, earlier, model)
+            raise
         raise
     report = Report(device=str(ctx.device), hardware=describe(ctx.hardware), tuning=tuning)
     applied: list[Accelerator] = []
@@ -191,8 +197,7 @@ def accelerate(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None =
                 row.reason = skips[accelerator.name]
                 continue
             model_before, optimizer_before = ctx.model, ctx.optimizer
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
+            with captured() as caught:  # this thread's warnings only, no filter left behind (thread_warnings)
                 ctx.deciding = accelerator.name  # a decision made while applying (fsdp's blocks) is its own
                 try:
                     result = accelerator.apply(ctx)
@@ -213,27 +218,45 @@ def accelerate(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None =
                 replaced.setdefault("model", accelerator.name)
             if ctx.optimizer is not optimizer_before:
                 replaced.setdefault("optimizer", accelerator.name)
+        current = "the run"  # until it is returned, a Ctrl-C (or a StaleWarning made an error) rolls back too
+        report.decisions = ctx.decisions.summary()
+        if yours is not None:
+            ctx.model, report.decisions["your_compile"] = keep_your_compile(yours, ctx.model, applied)
+        report.stale = stale_objects(replaced)
+        for text in report.stale.values():
+            warnings.warn(f"accel: {text}", StaleWarning, stacklevel=2)
+        run = Run(ctx, report, applied, states)
+        if earlier is not None:
+            earlier.hand_over(run)
+        report.setup_s = clock.now() - started
+        ctx.journal.commit()  # last: no check for signals lies between it and the return
     except BaseException as error:
-        try:
-            ctx.journal.rollback()
-        except RuntimeError as undo_error:  # said, never hiding why the plan failed
-            warnings.warn(f"accel: {undo_error}", stacklevel=2)
+        try:  # twice if a Ctrl-C lands on the call (accel.run.interrupts): rolling back again changes nothing
+            _roll_back(ctx.journal, earlier, model)
+        except BaseException:
+            _roll_back(ctx.journal, earlier, model)
+            raise
         if isinstance(error, Exception) and not isinstance(error, PlanError):
             raise AccelerateError(f"{current} failed while being applied: {type(error).__name__}: {error}; every "
                                   "change was rolled back (your objects and the process are as they were)") from error
         raise
-    ctx.journal.commit()
-    report.decisions = ctx.decisions.summary()
-    if yours is not None:
-        ctx.model, report.decisions["your_compile"] = keep_your_compile(yours, ctx.model, applied)
-    report.stale = stale_objects(replaced)
-    for text in report.stale.values():
-        warnings.warn(f"accel: {text}", StaleWarning, stacklevel=2)
-    run = Run(ctx, report, applied, states)
-    if earlier is not None:
-        earlier.hand_over(run)
-    report.setup_s = clock.now() - started
     return run
+
+
+def _roll_back(journal: Journal, earlier: Run | None, model: torch.nn.Module) -> None:
+    """Undo a plan that failed or was interrupted before its run was returned; the run open on the model before is
+    open again."""
+    from accel.run.run import _OPEN
+
+    try:
+        journal.rollback()
+    except RuntimeError as undo_error:  # said, never hiding why the plan failed
+        warnings.warn(f"accel: {undo_error}", stacklevel=3)
+    if earlier is not None:
+        earlier.closed = False
+        _OPEN[model] = weakref.ref(earlier)
+    else:
+        _OPEN.pop(model, None)
 
 
 def keep_your_compile(yours: torch.nn.Module, model: torch.nn.Module, applied: list[Accelerator]):

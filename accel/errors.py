@@ -4,6 +4,7 @@ PlanError carries every problem found in a plan; nothing has been changed when i
 """
 from __future__ import annotations
 
+import reprlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,8 +56,13 @@ class Problem:
 
 
 def _short(value: Any) -> str:
-    text = repr(value)
+    text = _BOUNDED.repr(value)  # never the whole of a huge value: a YAML alias bomb unfolds to billions of items
     return text if len(text) <= 80 else text[:77] + "..."
+
+
+_BOUNDED = reprlib.Repr()
+_BOUNDED.maxlevel, _BOUNDED.maxstring, _BOUNDED.maxother = 4, 200, 200
+_BOUNDED.maxlist = _BOUNDED.maxtuple = _BOUNDED.maxdict = _BOUNDED.maxset = 20
 
 
 class PlanError(AccelError, ValueError):

@@ -80,12 +80,17 @@ def save(loader: Any = None) -> Saved:
 
 @contextlib.contextmanager
 def kept(loader: Any = None) -> Iterator[None]:
-    """Everything random (and the loader's iterator) as it was on entry, whatever happens inside."""
+    """Everything random (and the loader's iterator) as it was on entry, whatever happens inside (a Ctrl-C landing
+    on the restore's call too: it runs again, accel.run.interrupts)."""
     saved = save(loader)
     try:
         yield
     finally:
-        saved.restore()
+        try:
+            saved.restore()
+        except BaseException:
+            saved.restore()
+            raise
 
 
 def first_batch(loader: Any) -> Any:

@@ -60,3 +60,23 @@ def test_threads_accelerator_pins_this_local_rank_and_reports_it():
         assert os.sched_getaffinity(0) == {physical[-1]}
     assert row.changes["threads"] == 1
     assert row.changes["rank_cores"].startswith(f"local rank {local_rank}/{len(physical)} -> cpus {physical[-1]}")
+
+
+def test_a_spawned_child_keeps_all_of_the_runs_cpus():
+    """threads exported OMP_PROC_BIND and GOMP_CPU_AFFINITY (KMP_AFFINITY=compact for Intel OpenMP): the main thread
+    of every child that loads OpenMP (a spawn DataLoader worker) was bound to the first CPU, all of them to one."""
+    import subprocess
+    import sys
+
+    import accel
+    from accel.testing import tiny_model
+
+    with process_state_restored():
+        for key in ("OMP_PROC_BIND", "GOMP_CPU_AFFINITY", "KMP_AFFINITY"):  # yours, if set, would bind it
+            os.environ.pop(key, None)
+        run = accel.accelerate(tiny_model(), None, None, plan=["threads"], device="cpu")
+        child = subprocess.run([sys.executable, "-c", "import os, torch; torch.ones(64, 64) @ torch.ones(64, 64); "
+                                "print(sorted(os.sched_getaffinity(0)))"], capture_output=True, text=True, timeout=120)
+        assert child.stdout.strip() == str(sorted(run.decisions.cpus)), child.stderr
+        assert not {"OMP_PROC_BIND", "GOMP_CPU_AFFINITY", "KMP_AFFINITY"} & set(os.environ)
+        run.close()

@@ -8,7 +8,7 @@ exports the OpenMP variables (chapter 4) for child processes. OpenMP reads its v
 When it helps: several ranks on one machine (each keeps to its own cores instead of fighting over all of them),
 and machines whose default thread count counts hyper-threads. When it hurts or does nothing: alone on 2
 cores, torch already runs 2 threads; here the book CNN's steps moved by less than the noise (about 5%).
-Exporting ``GOMP_CPU_AFFINITY`` binds a *spawned* child's main thread to one CPU (``export_env=False`` stops it).
+It exports no binding variable (``openmp_variables`` says why): children inherit the process's CPUs instead.
 
 What it keeps: the same math; the thread count changes only the order of float sums (``SAME_MATH``).
 Every change goes through the journal: a failed plan, or ``run.close()``, puts threads, affinity and
@@ -31,12 +31,15 @@ from accel.run.journal import set_by_runs
 
 
 def openmp_variables(runtime: str, cpus: tuple[int, ...], threads: int) -> dict[str, str]:
-    """The book's settings (chapter 4) for the loaded runtime."""
+    """The book's settings (chapter 4) for the loaded runtime, without its binding ones: ``OMP_PROC_BIND``,
+    ``GOMP_CPU_AFFINITY`` and ``KMP_AFFINITY=...compact`` bind the main thread of every child that loads OpenMP
+    (a ``spawn`` DataLoader worker, a subprocess running torch) to the first CPU, so all of them shared one. A
+    child inherits the affinity this accelerator gives the process, which confines its threads to these CPUs."""
     env = {"OMP_NUM_THREADS": str(threads)}
     if runtime == "intel":
-        env.update(KMP_AFFINITY="granularity=fine,compact,1,0", KMP_BLOCKTIME="1")
+        env.update(KMP_BLOCKTIME="1")
     else:
-        env.update(OMP_PROC_BIND="close", OMP_SCHEDULE="STATIC", GOMP_CPU_AFFINITY=format_cpu_list(cpus))
+        env.update(OMP_SCHEDULE="STATIC")
     return env
 
 

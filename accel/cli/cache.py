@@ -19,11 +19,15 @@ def run(args) -> int:
 
     folder = plancache.cache_dir()
     if args.action == "clear":
+        ours = plancache.owns_compile_folder()
         compiled = plancache.clear_compile() if args.key is None else (0, 0)
         removed = plancache.clear(key=args.key)
-        print(f"accel cache: removed {removed} entr{'y' if removed == 1 else 'ies'} from {folder}")
-        if args.key is None:
+        print(f"accel cache: removed {removed} entr{'y' if removed == 1 else 'ies'} from {folder} (only accel's "
+              "own files there)")
+        if args.key is None and ours:
             print(f"accel cache: removed compile's artifacts: {_files(*compiled)} from {folder / 'compile'}")
+        elif args.key is None and (folder / "compile").exists():
+            print(f"accel cache: left {folder / 'compile'} as it is: accel did not make it (no {plancache.TAG})")
         return 0
     entries = plancache.entries()
     if args.json:

@@ -10,10 +10,12 @@ Variables the user already set are kept; everything set is printed.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import glob
 import os
 import runpy
 import shlex
+import signal
 import subprocess
 import sys
 
@@ -165,10 +167,48 @@ def run(args) -> int:
     print("command: " + shlex.join(command), flush=True)
     if args.dry_run:
         return 0
+    return supervise(command, {**os.environ, **set_})
+
+
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+
+
+def supervise(command: list[str], env: dict[str, str]) -> int:
+    """Run torchrun and pass it every signal that asks the job to stop (Ctrl-C, SIGTERM from scancel, Kubernetes
+    or kill, SIGHUP, SLURM's USR1/USR2 warnings): torchrun stops its ranks. A second Ctrl-C or SIGTERM kills the
+    whole job. torchrun is in a process group of its own, so a signal reaches it once (from here), never twice
+    from the terminal; and it gets SIGTERM should this process die without passing one on (SIGKILL).
+    Returns torchrun's exit status (128 + the signal when a signal ended it)."""
+    process = subprocess.Popen(command, env=env, preexec_fn=_own_group_ended_with_parent)
+    received: list[int] = []
+
+    def forward(signum, frame):
+        received.append(signum)
+        again = signum in (signal.SIGINT, signal.SIGTERM) and received.count(signum) > 1
+        with contextlib.suppress(ProcessLookupError):
+            if again:
+                os.killpg(process.pid, signal.SIGKILL)
+            else:
+                process.send_signal(signum)
+
+    previous = {signum: signal.signal(signum, forward) for signum in FORWARDED}
     try:
-        return subprocess.call(command, env={**os.environ, **set_})
-    except KeyboardInterrupt:
-        return 130
+        status = process.wait()
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    if status < 0:
+        return 128 - status
+    return 128 + received[0] if received and status else status  # stopped by the signal it was passed
+
+
+def _own_group_ended_with_parent() -> None:
+    """In torchrun, before it starts: its own process group, and SIGTERM when the launcher dies (Linux)."""
+    os.setpgid(0, 0)
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def rank_main(argv: list[str]) -> None:

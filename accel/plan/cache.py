@@ -21,12 +21,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from accel.files import PREFIX, is_temporary, write_text
 from accel.plan.contract import REGISTRY
 
 
@@ -118,19 +120,39 @@ def key_of(parts: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:24]
 
 
-def lookup(parts: dict[str, Any], where: Any = True) -> dict[str, Any] | None:
-    """The remembered result (TuneResult.to_dict()) for these facts, or None."""
-    path = cache_dir(where) / f"{key_of(parts)}.json"
+ENTRY = re.compile(r"[0-9a-f]{24}\.json")  # the names store() gives entries: nothing else in the folder is accel's
+
+
+def _entry(path: Path) -> dict[str, Any] | None:
+    """An entry as store() writes it ({"key": facts, "result": {"plan": {name: options}, ...}}), or None: a file
+    damaged, or of another shape, or crafted (a plan that would run code: accel.plan.untrusted), is not one."""
+    from accel.plan.plan import Plan
+    from accel.plan.untrusted import code_problems
+
     try:
         entry = json.loads(path.read_text())
-        return entry["result"] if entry["key"] == json.loads(json.dumps(parts, default=str)) else None
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, UnicodeError, RecursionError):
         return None
+    result = entry.get("result") if isinstance(entry, dict) else None
+    plan = result.get("plan") if isinstance(result, dict) else None
+    if not isinstance(plan, dict) or not isinstance(entry.get("key"), dict) or code_problems(plan) or \
+            Plan.parse(plan)[1]:
+        return None
+    return entry
+
+
+def lookup(parts: dict[str, Any], where: Any = True) -> dict[str, Any] | None:
+    """The remembered result (TuneResult.to_dict()) for these facts, or None (then the search measures again)."""
+    entry = _entry(cache_dir(where) / f"{key_of(parts)}.json")
+    if entry is None or entry["key"] != json.loads(json.dumps(parts, default=str)):
+        return None
+    return entry["result"]
 
 
 def store(parts: dict[str, Any], result: dict[str, Any], where: Any = True, what: str = "the choice") -> str:
     """Remember a choice (TuneResult.to_dict()); returns its key, or "" when it is not kept: a plan holding
-    tensors or functions (it would not come back as it was) or a cache that cannot be written (said)."""
+    tensors or functions (it would not come back as it was) or a cache that cannot be written (said). Written
+    whole or not at all, by any number of processes at once (accel.files)."""
     import warnings
 
     key = key_of(parts)
@@ -141,9 +163,8 @@ def store(parts: dict[str, Any], result: dict[str, Any], where: Any = True, what
     folder = cache_dir(where)
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        temporary = folder / f".{key}.tmp"
-        temporary.write_text(json.dumps({"key": parts, "result": {**result, "key": key}}, default=str, indent=1))
-        os.replace(temporary, folder / f"{key}.json")
+        write_text(folder / f"{key}.json",
+                   json.dumps({"key": parts, "result": {**result, "key": key}}, default=str, indent=1))
     except OSError as error:
         warnings.warn(f"accel: the plan cache {folder} cannot be written ({error}); {what} is not remembered",
                       stacklevel=3)
@@ -163,7 +184,8 @@ def known_warmup(parts: dict[str, Any], where: Any = True) -> float | None:
     """Seconds this candidate's warm-up took when last measured on these facts (warmup_parts), or None."""
     entry = lookup(parts, cache_dir(where) / "warmups")
     seconds = entry.get("seconds") if entry else None
-    return float(seconds) if isinstance(seconds, (int, float)) else None
+    ok = isinstance(seconds, (int, float)) and not isinstance(seconds, bool) and 0 <= seconds < float("inf")
+    return float(seconds) if ok else None
 
 
 def remember_warmup(parts: dict[str, Any], seconds: float, where: Any = True) -> None:
@@ -175,32 +197,43 @@ def remember_warmup(parts: dict[str, Any], seconds: float, where: Any = True) ->
 
 
 def entries(where: Any = True) -> list[dict[str, Any]]:
-    """Every remembered choice: key, plan, when it was measured, and the facts it was measured under."""
+    """Every remembered choice: key, plan, when it was measured, and the facts it was measured under; a file of
+    accel's name that is not an entry (damaged, another shape) is listed as unreadable."""
     found = []
-    for path in sorted(cache_dir(where).glob("*.json")):
-        try:
-            entry = json.loads(path.read_text())
-            found.append({"key": path.stem, "plan": entry["result"]["plan"],
-                          "measured_at": entry["result"].get("measured_at", ""), "facts": entry["key"],
-                          "why": entry["result"].get("why", "")})
-        except (OSError, ValueError, KeyError):
+    for path in sorted(p for p in cache_dir(where).glob("*.json") if ENTRY.fullmatch(p.name)):
+        entry = _entry(path)
+        if entry is None:
             found.append({"key": path.stem, "plan": None, "measured_at": "", "facts": {}, "why": "unreadable entry"})
+            continue
+        result = entry["result"]
+        found.append({"key": path.stem, "plan": result["plan"], "measured_at": str(result.get("measured_at", "")),
+                      "facts": entry["key"], "why": str(result.get("why", ""))})
     return found
 
 
 def clear(where: Any = True, key: str | None = None) -> int:
-    """Forget every remembered choice (or the one of this key, or key prefix); returns how many. Clearing all
-    forgets the measured warm-ups too (counted), and compile's artifacts (clear_compile counts those)."""
+    """Forget every remembered choice (or the one of this key, or key prefix); returns how many. Only what accel
+    wrote goes (entries by their names, what its killed writers left), so a folder shared with your own files
+    keeps them. Clearing all forgets the measured warm-ups too (counted), and compile's artifacts (clear_compile
+    counts those)."""
     removed = 0
+    folder = cache_dir(where)
     if key is None:
-        for path in (cache_dir(where) / "warmups").glob("*.json"):
-            path.unlink(missing_ok=True)
-            removed += 1
+        removed += _remove(folder / "warmups", None)
         clear_compile(where)
-    for path in cache_dir(where).glob("*.json"):
-        if key is None or path.stem.startswith(key):
+    return removed + _remove(folder, key)
+
+
+def _remove(folder: Path, key: str | None) -> int:
+    removed = 0
+    for path in folder.glob("*.json"):
+        if ENTRY.fullmatch(path.name) and (key is None or path.stem.startswith(key)):
             path.unlink(missing_ok=True)
             removed += 1
+    if key is None:
+        for path in folder.glob(f"{PREFIX}*"):
+            if is_temporary(path):
+                path.unlink(missing_ok=True)
     return removed
 
 
@@ -215,9 +248,26 @@ def compile_usage(where: Any = True) -> tuple[int, int]:
     return len(files), sum(_size(p) for p in files)
 
 
+TAG = "CACHEDIR.TAG"  # marks compile/ as accel's (and as a cache: backup tools skip it), https://bford.info/cachedir/
+TAG_TEXT = ("Signature: 8a477f597d28d172789f06886806bc55\n"
+            "# accel's folder of torch's compiled graphs: `accel cache clear` removes it\n")
+
+
+def owns_compile_folder(where: Any = True) -> bool:
+    """Whether compile/ is accel's: it holds accel's tag, or the markers of the setups accel compiled there."""
+    folder = compile_dir(where)
+    try:
+        return (folder / TAG).read_text() == TAG_TEXT or (folder / "accel-setups").is_dir()
+    except OSError:
+        return (folder / "accel-setups").is_dir()
+
+
 def clear_compile(where: Any = True) -> tuple[int, int]:
     """Remove compile's artifacts from the cache folder; returns the (files, bytes) removed. The next compile of
-    any setup is cold. A folder of yours (TORCHINDUCTOR_CACHE_DIR set by you) is not accel's and is not touched."""
+    any setup is cold. A folder accel did not make (no tag: accel.accelerators.compile.cache writes one) is left
+    as it is, and so is a folder of yours that TORCHINDUCTOR_CACHE_DIR names."""
+    if not owns_compile_folder(where):
+        return 0, 0
     found = compile_usage(where)
     shutil.rmtree(compile_dir(where), ignore_errors=True)
     return found

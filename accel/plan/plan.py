@@ -16,18 +16,53 @@ RESOLVERS: dict[str, Any] = {}  # plan names resolved by measuring, e.g. "auto" 
 
 
 def _load_file(path: Path) -> Any:
+    """The file's plan data. TOML refuses a key given twice; YAML is read so that it refuses one too (PyYAML keeps
+    the last, so a plan naming an accelerator twice lost the first silently); either must unfold to a plan's size
+    (accel.plan.untrusted: YAML aliases can make a few hundred bytes unfold to billions of values)."""
+    from accel.plan.untrusted import unfolding
+
     text = path.read_text()
     if path.suffix == ".toml":
         try:
             import tomllib
         except ModuleNotFoundError:  # Python 3.10
             import tomli as tomllib
-        return tomllib.loads(text)
-    if path.suffix in (".yaml", ".yml"):
+        spec = tomllib.loads(text)
+    elif path.suffix in (".yaml", ".yml"):
         import yaml
 
-        return yaml.safe_load(text)
-    raise ValueError(f"plan file {str(path)!r}: unknown format {path.suffix!r} (allowed: .toml, .yaml, .yml)")
+        spec = yaml.load(text, Loader=_yaml_loader())
+    else:
+        raise ValueError(f"unknown format {path.suffix!r} (allowed: .toml, .yaml, .yml)")
+    huge = unfolding(spec, visits=10_000, depth=20)
+    if huge:
+        raise ValueError(f"it {huge}, far more than a plan holds")
+    return spec
+
+
+def _yaml_loader():
+    """yaml.SafeLoader refusing a mapping that gives one key twice (a YAML merge, ``<<: *defaults``, may still be
+    overridden, as YAML says)."""
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        def construct_mapping(self, node, deep=False):
+            seen = set()
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    duplicate = key in seen
+                    seen.add(key)
+                except TypeError:  # an unhashable key: SafeLoader refuses it below
+                    continue
+                if duplicate:
+                    raise ValueError(f"{str(key)[:60]!r} is given twice (line {key_node.start_mark.line + 1}); "
+                                     "give it once, with all its options")
+            return super().construct_mapping(node, deep=deep)
+
+    return Loader
 
 
 def _entries(spec: PlanSpec, problems: list[Problem]) -> list[tuple[str, Any]]:

@@ -15,18 +15,19 @@ error is a CheckpointError.
 from __future__ import annotations
 
 import hashlib
-import importlib
-import os
-import tempfile
+import reprlib
+import sys
+import types
 import zipfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
-from accel.run.checkpoint_fit import gathered, rank_problems, this_rank
-from accel.hardware.launch import barrier, rank
 from accel.errors import CheckpointError
+from accel.files import disk_full, space, write_atomically
+from accel.hardware.launch import barrier, rank
+from accel.run.checkpoint_fit import gathered, layout_problems, rank_problems, this_rank
 
 FORMAT = 2
 CALLABLE = "__callable__"
@@ -49,27 +50,59 @@ def encode_plan(plan_dict: dict[str, dict]) -> dict[str, dict]:
 
 
 def decode_plan(encoded: dict[str, dict], path: Any = "") -> dict[str, dict]:
-    """Back to options, importing each function; one that cannot be imported (a lambda, a local function) is an
-    error naming it, since only you can pass it again."""
+    """Back to options, each function found where it was saved from. A checkpoint is data anyone may have
+    written, so nothing it names is imported (importing runs a module's code): a function is found only in a
+    module this process has already imported, outside the standard library and accel, as the plain function
+    defined there under that name (``resolve``). One that cannot be found is an error naming it: only you can pass it again."""
     def decode(value: Any, where: str) -> Any:
         if isinstance(value, dict) and set(value) == {CALLABLE}:
-            module, _, qualname = value[CALLABLE].partition(":")
-            try:
-                found: Any = importlib.import_module(module)
-                for part in qualname.split("."):
-                    found = getattr(found, part)
-                return found
-            except (ImportError, AttributeError, ValueError):
-                raise CheckpointError(f"{path}: the plan's {where} was {value[CALLABLE]}, which cannot be imported "
-                                      "(a lambda or a local function); build the plan yourself with the same "
-                                      "function and pass it to accelerate()") from None
+            reference = value[CALLABLE]
+            found = resolve(reference) if isinstance(reference, str) else None
+            if found is None:
+                module = reference.partition(":")[0] if isinstance(reference, str) else ""
+                why = (f"its module {module!r} is not imported, and accel imports nothing a checkpoint names: import "
+                       "it yourself first, or" if module and module not in sys.modules and "<" not in reference
+                       else "which cannot be imported (a lambda or a local function, or not a function of yours):")
+                named = reference if isinstance(reference, str) and len(reference) < 300 else brief(reference)
+                raise CheckpointError(f"{path}: the plan's {where} was {named}, {why} build the plan "
+                                      "yourself with the same function and pass it to accelerate()")
+            return found
         if isinstance(value, dict):
-            return {k: decode(v, f"{where}.{k}" if where else k) for k, v in value.items()}
+            return {k: decode(v, f"{where}.{k}" if where else str(k)) for k, v in value.items()}
         if isinstance(value, (list, tuple)):
             return type(value)(decode(v, where) for v in value)
         return value
 
     return decode(encoded, "")
+
+
+def resolve(reference: str) -> Callable | None:
+    """The function ``module:qualname`` names, or None: looked up without importing anything and without running
+    any code (a module's own ``__getattr__`` may import: only its ``__dict__`` is read), in a module already
+    imported, neither the standard library's nor accel's; it must be a plain Python function whose own module and
+    qualified name are these (not another object reached through them)."""
+    module_name, _, qualname = reference.partition(":")
+    module, top = sys.modules.get(module_name), module_name.partition(".")[0]
+    if module is None or top in sys.stdlib_module_names or top == "accel" or not qualname:  # never a plan's option:
+        return None  # the standard library's and accel's own functions (launchers, files, processes) stay out of reach
+    found: Any = module
+    for part in qualname.split("."):
+        found = vars(found).get(part) if isinstance(found, (types.ModuleType, type)) else None
+        if isinstance(found, staticmethod):
+            found = found.__func__
+    if (isinstance(found, types.FunctionType) and found.__module__ == module_name
+            and found.__qualname__ == qualname):
+        return found
+    return None
+
+
+def brief(value: Any) -> str:
+    """A short repr of a value read from a file, however large or deep (a hostile file may hold anything)."""
+    return _BRIEF.repr(value)
+
+
+_BRIEF = reprlib.Repr()
+_BRIEF.maxlevel, _BRIEF.maxstring, _BRIEF.maxother, _BRIEF.maxdict, _BRIEF.maxlist = 3, 60, 60, 8, 8
 
 
 # --- integrity -----------------------------------------------------------------------------------------------
@@ -107,21 +140,23 @@ def save(run, path) -> None:
     if rank() == 0:
         state.update(format=FORMAT, plan=encode_plan(state["plan"]), **parts)
         state["checksum"] = checksum(state)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         try:
-            with os.fdopen(handle, "wb") as file:
-                torch.save(state, file)
-                file.flush()
-                os.fsync(file.fileno())
-            umask = os.umask(0)
-            os.umask(umask)
-            os.chmod(temporary, 0o666 & ~umask)  # mkstemp makes it private; a checkpoint is an ordinary file
-            os.replace(temporary, path)
-        except BaseException:
-            Path(temporary).unlink(missing_ok=True)
-            raise
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_atomically(path, lambda file: torch.save(state, file))
+        except (OSError, RuntimeError) as error:  # torch's writer reports a full disk as a RuntimeError
+            raise write_error(path, error) from error
     barrier()
+
+
+def write_error(path: Path, error: BaseException) -> CheckpointError:
+    """A save that could not write: the file, why (a full disk named as one), the room on its disk."""
+    why = "the disk is full" if disk_full(error) else f"{type(error).__name__}: {first_line(error)}"
+    return CheckpointError(f"{path}: could not be written ({why}; {space(path.parent)} on the disk holding "
+                           f"{path.parent}); the previous checkpoint there, if any, is kept as it was")
+
+
+def first_line(error: BaseException) -> str:
+    return str(error).strip().splitlines()[0] if str(error).strip() else ""
 
 
 # --- read and check ------------------------------------------------------------------------------------------
@@ -154,6 +189,9 @@ def read(path) -> dict[str, Any]:
     if missing:
         raise CheckpointError(f"{path}: incomplete accel checkpoint (format {state['format']}), missing {missing}; "
                               "nothing was loaded")
+    wrong = layout_problems(state)
+    if wrong:
+        raise CheckpointError(f"{path}: not a checkpoint run.save wrote ({wrong[0]}); nothing was loaded")
     if state["format"] == 1:  # accel 0.1: the GradScaler was saved at the top level
         scaler = state.pop("scaler", None)
         state["accelerators"] = {"amp": {"scaler": scaler}} if scaler is not None else {}
@@ -165,10 +203,24 @@ def read(path) -> dict[str, Any]:
 
 
 def saved_plan(path):
-    """The plan a checkpoint was saved with: accelerate(model, optimizer, loader, plan=saved_plan(path))."""
-    from accel.plan import Plan
+    """The plan a checkpoint was saved with: accelerate(model, optimizer, loader, plan=saved_plan(path)).
 
-    return Plan(decode_plan(read(path)["plan"], path))
+    The file is data: the plan it holds is built only from what a plan file could say, with functions found as
+    ``decode_plan`` finds them, and refused (a CheckpointError) where an option would run a program or import
+    (accel.plan.untrusted)."""
+    from accel.errors import PlanError
+    from accel.plan import Plan
+    from accel.plan.untrusted import code_problems
+
+    options = decode_plan(read(path)["plan"], path)
+    refused = code_problems(options)
+    if refused:
+        raise CheckpointError(f"{path}: the plan saved there sets {refused[0]}; accel takes that only from your own "
+                              "code: build the plan yourself and pass it to accelerate()")
+    try:
+        return Plan(options)
+    except PlanError as error:
+        raise CheckpointError(f"{path}: the plan saved there is not one accel can build: {error}") from None
 
 
 def load(run, path) -> dict[str, Any]:
@@ -181,8 +233,8 @@ def load(run, path) -> dict[str, Any]:
     state = read(path)
     mine = encode_plan(run.plan.to_dict())
     if not same_options(state["plan"], mine):
-        raise CheckpointError(f"{path} was saved with the plan {state['plan']}, but this run has {mine}; create the "
-                              f"run with plan=accel.run.checkpoint.saved_plan({str(path)!r})")
+        raise CheckpointError(f"{path} was saved with the plan {brief(state['plan'])}, but this run has {brief(mine)}; "
+                              f"create the run with plan=accel.run.checkpoint.saved_plan({str(path)!r})")
     problems = rank_problems(state)
     legacy = [state["loader_generator"]] if state.get("loader_generator") is not None else []  # format 1
     mine = this_rank(state)  # before the fit checks: it warns when the world size changed

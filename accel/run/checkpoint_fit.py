@@ -48,6 +48,48 @@ def this_rank(saved: dict[str, Any]) -> dict[str, Any]:
             "rng": rngs[rank()] if len(rngs) == world_size() else rngs[0]}
 
 
+def layout_problems(saved: dict[str, Any]) -> list[str]:
+    """What in a checkpoint's state is not of the kind run.save writes (a damaged or crafted file whose checksum
+    matches): each part is checked here, before any other check reads it, so that no file can make those raise
+    anything but a CheckpointError."""
+    from accel.plan.untrusted import unfolding
+
+    huge = unfolding(saved)
+    if huge:
+        return [f"it {huge}"]
+
+    def integer(value):
+        return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+    def mapping(value, of=lambda v: True):
+        return isinstance(value, dict) and all(isinstance(k, str) and of(v) for k, v in value.items())
+
+    def tensors(value):
+        return mapping(value, lambda v: isinstance(v, torch.Tensor))
+
+    def optimizer(value):
+        if value is None:
+            return True
+        state, groups = (value.get("state"), value.get("param_groups")) if isinstance(value, dict) else (None, None)
+        return (isinstance(state, dict) and all(integer(i) and isinstance(s, dict) for i, s in state.items())
+                and isinstance(groups, list) and all(isinstance(g, dict) and isinstance(g.get("params"), list)
+                                                     and all(integer(i) for i in g["params"]) for g in groups))
+
+    kinds = {"plan": lambda v: mapping(v, lambda o: isinstance(o, dict)), "model": tensors, "optimizer": optimizer,
+             "optimizer_class": lambda v: v is None or isinstance(v, str), "step": integer, "epoch": integer,
+             "optimizer_steps": integer, "world_size": integer, "sampler": mapping,
+             "rng": lambda v: isinstance(v, dict) or (isinstance(v, list) and v and all(isinstance(r, dict)
+                                                                                         for r in v)),
+             "accelerators": lambda v: mapping(v, lambda a: isinstance(a, dict)),
+             "accelerators_per_rank": lambda v: isinstance(v, list) and all(mapping(p, lambda a: isinstance(a, dict))
+                                                                            for p in v),
+             "loader_generators": lambda v: isinstance(v, list) and all(isinstance(g, torch.Tensor) for g in v),
+             "files": lambda v: mapping(v, lambda f: isinstance(f, (list, tuple)) and len(f) == 2 and integer(f[0])
+                                        and isinstance(f[1], str))}
+    wrong = sorted(name for name, ok in kinds.items() if name in saved and not ok(saved[name]))
+    return [f"its {', '.join(wrong)} {'is' if len(wrong) == 1 else 'are'} not what run.save writes"] if wrong else []
+
+
 def rank_problems(saved: dict[str, Any]) -> list[str]:
     """A checkpoint saved mid-accumulation holds each rank's own gradients: it resumes only at its world size."""
     per_rank = saved.get("accelerators_per_rank") or [{}]

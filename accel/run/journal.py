@@ -25,17 +25,21 @@ from typing import Any, Callable, Hashable
 
 import torch
 
+from accel.run.interrupts import deferred
 from accel.run.shared_settings import Layer, set_by_runs  # noqa: F401  (accel.run.journal.set_by_runs, as before)
 
 _MISSING = object()
 
 
+def _threads() -> list[int]:
+    return [int(t) for t in os.listdir("/proc/self/task")] if os.path.isdir("/proc/self/task") else [0]
+
+
 def pin_process(cpus) -> int:
     """Set the affinity of every thread of this process (the OpenMP pool included); returns threads pinned."""
     cpus = tuple(cpus)
-    tids = [int(t) for t in os.listdir("/proc/self/task")] if os.path.isdir("/proc/self/task") else [0]
     pinned = 0
-    for tid in tids:
+    for tid in _threads():
         try:
             os.sched_setaffinity(tid, cpus)
             pinned += 1
@@ -44,8 +48,43 @@ def pin_process(cpus) -> int:
     return pinned
 
 
-def _affinity() -> tuple[int, ...] | None:
-    return tuple(sorted(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") else None
+@dataclass(frozen=True, eq=False)
+class Affinity:
+    """The CPU affinity of the process: the calling thread's (``cpus``: what a run sets, and what tells a user's
+    own write) and every thread's own (``threads``: what is put back, so that a thread you pinned elsewhere
+    returns there; one started meanwhile takes ``cpus``)."""
+
+    cpus: tuple[int, ...]
+    threads: dict[int, tuple[int, ...]]
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Affinity) and self.cpus == other.cpus
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def _affinity() -> Affinity | None:
+    if not hasattr(os, "sched_getaffinity"):
+        return None
+    threads = {}
+    for tid in _threads():
+        try:
+            threads[tid] = tuple(sorted(os.sched_getaffinity(tid)))
+        except OSError:  # a thread that ended meanwhile
+            pass
+    return Affinity(tuple(sorted(os.sched_getaffinity(0))), threads)
+
+
+def _pin(value: "Affinity | tuple[int, ...]") -> None:
+    """Pin every thread to these CPUs, or put back each thread's own affinity."""
+    if not isinstance(value, Affinity):
+        pin_process(value)
+        return
+    for tid in _threads():
+        try:
+            os.sched_setaffinity(tid, value.threads.get(tid, value.cpus))
+        except OSError:  # a thread that ended meanwhile
+            pass
 
 
 @dataclass
@@ -68,16 +107,32 @@ class Journal:
 
     def change(self, what: str, redo: Callable[[], None], undo: Callable[[], None], kind: str = "process") -> None:
         """Make a change now (``redo``) and remember how to take it back (``undo``). A redo that fails half-way
-        is undone at once, so a rollback never meets a half-made change."""
+        is undone at once, so a rollback never meets a half-made change.
+
+        The entry is listed before the change is made: a Ctrl-C arriving just after the change can then never
+        leave a change that no undo knows of. So an undo must be harmless on a change not made (one interrupted
+        before it began), and a redo harmless on a change already made (``redo_all`` after a torn ``undo_all``)."""
         if kind not in KINDS:
             raise ValueError(f"journal: kind {kind!r} is not one of {KINDS}")
+        entry = Entry(what, redo, undo, kind)
+        self.entries.append(entry)
         try:
             redo()
         except BaseException:
-            with contextlib.suppress(Exception):  # the redo's own error is the one to report
-                undo()
+            try:  # twice if a Ctrl-C lands on the call (accel.run.interrupts)
+                self._forget(entry)
+            except BaseException:
+                self._forget(entry)
+                raise
             raise
-        self.entries.append(Entry(what, redo, undo, kind))
+
+    def _forget(self, entry: Entry) -> None:
+        """Undo a change whose redo failed or was interrupted, and drop its entry (once, however often called)."""
+        with deferred():
+            if any(e is entry for e in self.entries):
+                with contextlib.suppress(Exception):  # the redo's own error is the one to report
+                    entry.undo()
+                self.entries = [e for e in self.entries if e is not entry]
 
     def layer(self, key: Hashable, what: str, read: Callable[[], Any], write: Callable[[Any], None],
               value: Any) -> None:
@@ -98,7 +153,7 @@ class Journal:
         cpus = tuple(sorted(cpus))
         if _affinity() is None:
             return False
-        self.layer("affinity", f"affinity {cpus}", _affinity, pin_process, cpus)
+        self.layer("affinity", f"affinity {cpus}", _affinity, _pin, cpus)
         return True
 
     def setattr(self, obj: Any, name: str, value: Any) -> None:
@@ -131,8 +186,9 @@ class Journal:
 
     def hook(self, what: str, register: Callable[[], Any]) -> None:
         """A hook on one of the user's objects (``register`` returns its handle), removed by undo."""
-        handles = []
-        self.change(what, lambda: handles.append(register()), lambda: handles.pop().remove(), kind="object")
+        handles = []  # at most one: registered once however often redone, removed once however often undone
+        self.change(what, lambda: handles or handles.append(register()), lambda: handles and handles.pop().remove(),
+                    kind="object")
 
     def set_item(self, mapping: Any, key: str, value: Any, what: str = "") -> None:
         """mapping[key] = value on one of the user's objects (e.g. an optimizer's param group), undone exactly
@@ -143,34 +199,38 @@ class Journal:
 
     def rollback(self) -> None:
         """Undo every change, newest first (process state and tensor placement), and forget them. An undo that
-        fails does not stop the others; the failures are raised together at the end."""
+        fails does not stop the others; the failures are raised together at the end. A Ctrl-C waits until every
+        change is undone (accel.run.interrupts)."""
         failed = []
-        for entry in reversed(self.entries):
-            if entry.kind != "process" or self.active:
-                try:
-                    entry.undo()
-                except Exception as error:
-                    failed.append(f"{entry.what}: {type(error).__name__}: {error}")
-        self.entries.clear()
-        self.active = True
+        with deferred():
+            for entry in reversed(self.entries):
+                if entry.kind != "process" or self.active:
+                    try:
+                        entry.undo()
+                    except Exception as error:
+                        failed.append(f"{entry.what}: {type(error).__name__}: {error}")
+            self.entries.clear()
+            self.active = True
         if failed:
             raise RuntimeError("could not undo " + "; ".join(failed))
 
     def suspend(self) -> None:
         """Undo the process-wide changes only, keeping them to redo (tune switching between candidates); their
         layers leave the registry, and ``resume`` puts them back in their place among the other runs'."""
-        if self.active:
-            for entry in reversed(self.entries):
-                if entry.kind == "process":
-                    entry.undo()
-            self.active = False
+        with deferred():
+            if self.active:
+                for entry in reversed(self.entries):
+                    if entry.kind == "process":
+                        entry.undo()
+                self.active = False
 
     def resume(self) -> None:
-        if not self.active:
-            for entry in self.entries:
-                if entry.kind == "process":
-                    entry.redo()
-            self.active = True
+        with deferred():
+            if not self.active:
+                for entry in self.entries:
+                    if entry.kind == "process":
+                        entry.redo()
+                self.active = True
 
     def commit(self) -> None:
         """After a plan succeeded: the setup stays (the model on its device, the earlier run closed); the process
@@ -191,14 +251,16 @@ class Journal:
 
     def undo_all(self) -> None:
         """Undo every change, newest first, keeping them to redo (``redo_all``)."""
-        for entry in reversed(self.entries):
-            if entry.kind != "process" or self.active:
-                entry.undo()
+        with deferred():
+            for entry in reversed(self.entries):
+                if entry.kind != "process" or self.active:
+                    entry.undo()
 
     def redo_all(self) -> None:
-        for entry in self.entries:
-            if entry.kind != "process" or self.active:
-                entry.redo()
+        with deferred():
+            for entry in self.entries:
+                if entry.kind != "process" or self.active:
+                    entry.redo()
 
     def __repr__(self) -> str:
         return f"Journal({[e.what for e in self.entries]})"

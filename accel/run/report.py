@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import statistics
+from collections import deque
 from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
@@ -30,13 +31,48 @@ class Row:
     warnings: list[str] = field(default_factory=list)
 
 
+class StepTimes:
+    """Seconds between consecutive Run.step calls, in memory that does not grow with the run: how many, the first
+    (compile and warm-up land there), the steps in which torch.compile compiled again (each with its compile
+    seconds; torch's recompile limit bounds them, and so does ``WARM``), and the latest ``KEPT`` other steps for
+    the steady median (a list of every step grew for as long as the run trained)."""
+
+    KEPT = 1024
+    WARM = 64
+
+    def __init__(self):
+        self.count, self.first = 0, 0.0
+        self.latest: deque[float] = deque(maxlen=self.KEPT)
+        self.recompiled: dict[int, tuple[float, float]] = {}  # step number -> (its seconds, compile seconds in it)
+
+    def append(self, seconds: float, compiled_s: float = 0.0) -> None:
+        """One step's seconds; ``compiled_s``: what torch.compile spent compiling in it (warm-up, not a step)."""
+        if not self.count:
+            self.first = seconds
+        elif compiled_s > 0 and len(self.recompiled) < self.WARM:
+            self.recompiled[self.count + 1] = (seconds, compiled_s)
+        else:
+            self.latest.append(seconds)
+        self.count += 1
+
+    def __len__(self) -> int:
+        return self.count
+
+    def steady(self) -> list[float]:
+        """The latest steps that compiled nothing, after the first (the first alone while it is the only one)."""
+        return list(self.latest) or [self.first]
+
+    def __repr__(self) -> str:
+        return (f"StepTimes(count={self.count}, first={self.first:.4g}, latest={len(self.latest)} kept, "
+                f"recompiled={len(self.recompiled)})")
+
+
 @dataclass
 class Report:
     device: str
     hardware: str
     rows: list[Row] = field(default_factory=list)
-    step_times: list[float] = field(default_factory=list)  # seconds between consecutive Run.step calls
-    compile_s: dict[int, float] = field(default_factory=dict)  # step index -> seconds torch.compile compiled in it
+    step_times: StepTimes = field(default_factory=StepTimes)  # seconds between consecutive Run.step calls, bounded
     setup_s: float = 0.0
     tuning: Any = None  # accel.search.TuneResult when the plan was measured ("auto"): the ablation and the why
     decisions: dict[str, str] = field(default_factory=dict)  # device, rank, dtype, threads, workers...
@@ -66,16 +102,16 @@ class Report:
     def timing(self) -> dict[str, Any]:
         """The first step and the steps that compiled (warm-up, recompiles) kept apart from the steady steps."""
         times = self.step_times
-        if not times:
+        if not times.count:
             return {"steps": 0}
-        warm = {0, *self.compile_s}
-        median = statistics.median([t for i, t in enumerate(times) if i not in warm] or times)
-        recompiles = {i + 1: round(s, 3) for i, s in sorted(self.compile_s.items()) if i}  # by step number
+        median = statistics.median(times.steady())
+        recompiles = {step: round(compile_s, 3) for step, (_, compile_s) in times.recompiled.items()}
+        warm = [seconds for seconds, _ in times.recompiled.values()]
         return {
-            "steps": len(times),
-            "first_step_s": round(times[0], 4),
+            "steps": times.count,
+            "first_step_s": round(times.first, 4),
             "steady_median_ms": round(median * 1000, 3),
-            "warmup_s": round(sum(max(0.0, times[i] - median) for i in warm if i < len(times)), 4),
+            "warmup_s": round(sum(max(0.0, t - median) for t in (times.first, *warm)), 4),
             **({"recompiles": recompiles} if recompiles else {}),
         }
 

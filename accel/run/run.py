@@ -179,11 +179,9 @@ class Run(RunState):
             self._sync()
         self.steps += 1
         self.optimizer_steps += bool(stepped)
-        now, compiled = clock.now(), compile_seconds()
-        if compiled > self._compiled_s:  # torch.compile compiled in this step: warm-up, not the step's time
-            self.report.compile_s[len(self.report.step_times)] = compiled - self._compiled_s
-            self._compiled_s = compiled
-        self.report.step_times.append(now - self._last_step)
+        now, compiled = clock.now(), compile_seconds()  # torch.compile compiled in this step: warm-up, not its time
+        self.report.step_times.append(now - self._last_step, compiled_s=compiled - self._compiled_s)
+        self._compiled_s = compiled
         self._last_step = now
         return not stepped
 

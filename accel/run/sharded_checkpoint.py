@@ -25,17 +25,19 @@ import contextlib
 import hashlib
 import os
 import shutil
-import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from accel.batches import map_tensors
-from accel.run.checkpoint import checksum, encode_plan
-from accel.run.checkpoint_fit import (gather_from_ranks, gathered, model_problems, optimizer_problems, rank_problems,
-                                  stray_problems, this_rank)
-from accel.hardware.launch import barrier, rank, world_size
+from accel.files import write_atomically, write_text
+from accel.run.checkpoint import brief, checksum, encode_plan, write_error
+from accel.run.checkpoint_fit import (gather_from_ranks, gathered, layout_problems, model_problems,
+                                      optimizer_problems, rank_problems, stray_problems, this_rank)
+from accel.run.interrupts import held
+from accel.hardware.launch import rank, world_size
+from accel.run.thread_warnings import thread_filter
 from accel.errors import CheckpointError
 
 FORMAT = 1
@@ -53,9 +55,9 @@ def _digest(file: Path) -> str:
 
 @contextlib.contextmanager
 def _quiet():
-    """DCP warns that it assumes a single process when there is no group: that is the intent here."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*assuming the intent is to (load|save) in a single process")
+    """DCP warns that it assumes a single process when there is no group: that is the intent here (silenced in
+    this thread only: accel.run.thread_warnings)."""
+    with thread_filter("ignore", ".*assuming the intent is to (load|save) in a single process"):
         yield
 
 
@@ -76,7 +78,10 @@ def _states(run) -> tuple[dict, dict]:
 
 
 def save(run, path) -> Path:
-    """Write the run's sharded checkpoint under path; a collective (every rank calls it). Returns its folder."""
+    """Write the run's sharded checkpoint under path; a collective (every rank calls it). Returns its folder.
+
+    A save that fails (a full disk, a rank's write) raises a CheckpointError on every rank, removes its
+    ``.partial`` folder, and leaves ``latest`` naming the last whole checkpoint."""
     import torch.distributed.checkpoint as dcp
 
     root = Path(path)
@@ -88,38 +93,82 @@ def save(run, path) -> Path:
         raise CheckpointError(f"{root}: cannot save a sharded checkpoint in the middle of accumulating gradients: "
                               "FSDP keeps the unreduced gradients inside its own buffers; save when run.step() "
                               "returned False (an optimizer step)")
-    if rank() == 0:
-        root.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(partial, ignore_errors=True)  # what a save that died here left
-    barrier()
+    _agree(_on_rank_zero(lambda: _prepare(root), root))
     model_state, optimizer_state = _states(run)
-    with _quiet():
-        dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=str(partial))
+    try:
+        with _quiet():
+            dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=str(partial))
+    except BaseException as error:  # DCP's CheckpointException is a BaseException: every rank gets it
+        if rank() == 0:
+            shutil.rmtree(partial, ignore_errors=True)
+        cause = error if isinstance(error, Exception) else _dcp_cause(error)
+        if cause is None:  # a Ctrl-C
+            raise
+        raise write_error(root, cause) from error
     state = run.state_dict(model=False)
     parts = gathered(run, state)
     mine = {f.name: (f.stat().st_size, _digest(f)) for f in partial.glob(f"__{rank()}_*")}
     files = {k: v for part in gather_from_ranks(mine) for k, v in part.items()}
-    if rank() == 0:
-        files[".metadata"] = ((partial / ".metadata").stat().st_size, _digest(partial / ".metadata"))
-        meta = {**state, "format": FORMAT, "plan": encode_plan(state["plan"]), **parts, "files": files}
-        meta["checksum"] = checksum(meta)
-        with open(partial / META, "wb") as handle:
-            torch.save(meta, handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        final, again = root / name, 1
-        while final.exists():  # the same step saved again (after a restart): a new folder, so that latest always
-            again += 1  # names a whole one, switched in one step
-            final = root / f"{name}-{again}"
-        os.replace(partial, final)
-        pointer = root / f".{LATEST}.tmp"
-        pointer.write_text(final.name + "\n")
-        os.replace(pointer, root / LATEST)
-        for old in root.glob("step-*"):
-            if old.name != final.name and old.is_dir():
-                shutil.rmtree(old, ignore_errors=True)
-    barrier()
+    meta = {**state, "format": FORMAT, "plan": encode_plan(state["plan"]), **parts, "files": files}
+    _agree(_on_rank_zero(lambda: _finish(root, partial, name, meta), root, partial))
     return root / (root / LATEST).read_text().strip()  # every rank, after rank 0 switched it
+
+
+def _prepare(root: Path) -> None:
+    root.mkdir(parents=True, exist_ok=True)
+    for leftover in root.glob(".step-*.partial"):  # what saves that died left (a rank killed mid-save)
+        shutil.rmtree(leftover, ignore_errors=True)
+
+
+def _finish(root: Path, partial: Path, name: str, meta: dict) -> None:
+    """Rank 0: accel.pt, the folder renamed whole, ``latest`` switched to it, the older ones removed."""
+    meta["files"][".metadata"] = ((partial / ".metadata").stat().st_size, _digest(partial / ".metadata"))
+    meta["checksum"] = checksum(meta)
+    write_atomically(partial / META, lambda handle: torch.save(meta, handle))
+    final, again = root / name, 1
+    while final.exists():  # the same step saved again (after a restart): a new folder, so that latest always
+        again += 1  # names a whole one, switched in one step
+        final = root / f"{name}-{again}"
+    os.replace(partial, final)
+    try:
+        write_text(root / LATEST, final.name + "\n")
+    except BaseException:
+        shutil.rmtree(final, ignore_errors=True)  # whole, but named by nothing
+        raise
+    for old in root.glob("step-*"):
+        if old.name != final.name and old.is_dir():
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def _on_rank_zero(work, root: Path, partial: Path | None = None) -> str:
+    """Rank 0's part of a save; what went wrong, in words ("" when nothing did), for every rank to raise."""
+    if rank() != 0:
+        return ""
+    try:
+        work()
+    except (OSError, RuntimeError) as error:  # torch's writer reports a full disk as a RuntimeError
+        if partial is not None:
+            shutil.rmtree(partial, ignore_errors=True)
+        return str(write_error(root, error))
+    return ""
+
+
+def _agree(failure: str) -> None:
+    """Every rank learns whether rank 0's part failed, and raises it (a collective: none is left waiting)."""
+    said = gather_from_ranks(failure)[0]
+    if said:
+        raise CheckpointError(said)
+
+
+def _dcp_cause(error: BaseException) -> BaseException | None:
+    """The first rank's own exception inside DCP's CheckpointException (the exception itself when it holds none);
+    None for any other BaseException (a Ctrl-C)."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    if not isinstance(error, CheckpointException):
+        return None
+    first = next(iter(error.failures.values()), None)
+    return first[0] if isinstance(first, tuple) and isinstance(first[0], BaseException) else error
 
 
 def is_sharded_checkpoint(path) -> bool:
@@ -133,9 +182,9 @@ def folder(path) -> Path:
     if not path.exists():
         raise CheckpointError(f"{path}: no such checkpoint")
     if (path / LATEST).exists():
-        name = (path / LATEST).read_text().strip()
-        if not name or "/" in name:
-            raise CheckpointError(f"{path / LATEST}: does not name a checkpoint folder ({name!r})")
+        name = (path / LATEST).read_text(errors="replace")[:300].strip()
+        if not name.startswith("step-") or Path(name).name != name:
+            raise CheckpointError(f"{path / LATEST}: does not name a checkpoint folder ({name[:60]!r})")
         return path / name
     if (path / META).exists() or path.name.endswith(".partial") or (path / ".metadata").exists():
         return path
@@ -162,12 +211,18 @@ def read(path) -> tuple[Path, dict[str, Any]]:
                               f"{str(error).splitlines()[0] if str(error) else ''})") from error
     if not isinstance(meta, dict) or meta.get("format") != FORMAT or "files" not in meta:
         raise CheckpointError(f"{meta_file}: not a sharded accel checkpoint")
+    missing = [k for k in ("plan", "step", "epoch", "rng", "world_size") if k not in meta]
+    wrong = layout_problems(meta) + [f"it names {name!r}, not a file of its folder" for name in meta["files"]
+                                     if isinstance(name, str) and (Path(name).name != name or name in ("", ".", ".."))]
+    if missing or wrong:
+        raise CheckpointError(f"{meta_file}: not a checkpoint run.save wrote ({wrong[0] if wrong else f'no {missing}'}"
+                              "); nothing was loaded")
     if meta.get("checksum") != checksum(meta):
         raise CheckpointError(f"{meta_file}: its tensors do not match the checksum saved with them; nothing was loaded")
     files = sorted(meta["files"].items())
     for name, (size, _) in files:
         file = where / name
-        if not file.exists():
+        if not file.is_file():
             raise CheckpointError(f"{where}: torn checkpoint: {name} is missing (written by "
                                   f"{meta['world_size']} rank(s)); nothing was loaded")
     # each rank hashes its share of the files (every file is read once for the hash, not once per rank)
@@ -203,17 +258,27 @@ def _copy(state: Any) -> Any:
     return map_tensors(lambda tensor: tensor.detach().clone(), state)
 
 
+def _set(run, model_state: dict, optimizer_state: dict, progress: dict) -> None:
+    """The run's model, optimizer and progress set from these: the checkpoint's, or the run's own put back."""
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
+
+    if run.optimizer is not None:
+        set_state_dict(run.unwrap(), run.optimizer, model_state_dict=model_state, optim_state_dict=optimizer_state)
+    else:
+        set_model_state_dict(run.unwrap(), model_state)
+    run.restore_progress(progress)
+
+
 def load(run, path) -> dict[str, Any]:
     """Restore a sharded checkpoint into a run with the same plan, at any world size; {"step", "epoch", "path"}."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import set_state_dict
 
     from accel.plan import same_options
 
     where, meta = read(path)
     saved, mine = training_plan(meta["plan"]), training_plan(encode_plan(run.plan.to_dict()))
     if not same_options(saved, mine):
-        raise CheckpointError(f"{where} was saved with the plan {meta['plan']}, but this run has "
+        raise CheckpointError(f"{where} was saved with the plan {brief(meta['plan'])}, but this run has "
                               f"{encode_plan(run.plan.to_dict())}; create the run with the same plan (ddp and fsdp "
                               "may differ: the shards load at any world size, or in one process)")
     current_model, current_optimizer = _states(run)
@@ -226,23 +291,23 @@ def load(run, path) -> dict[str, Any]:
     try:
         with _quiet():
             dcp.load(wanted, checkpoint_id=str(where))  # own tensors stay as they are until everything was read
-    except Exception as error:
+    except BaseException as error:  # DCP's CheckpointException is a BaseException
+        if not isinstance(error, Exception) and _dcp_cause(error) is None:
+            raise
         raise CheckpointError(f"{where}: the shards could not be read ({type(error).__name__}: {error}); nothing "
                               "was loaded") from error
     progress = {**meta, **this_rank(meta)}
     backup = (_copy(current_model), _copy(current_optimizer), run.state_dict(model=False))
     try:
-        if run.optimizer is not None:
-            set_state_dict(run.unwrap(), run.optimizer, model_state_dict=model_state, optim_state_dict=optimizer_state)
-        else:
-            from torch.distributed.checkpoint.state_dict import set_model_state_dict
-
-            set_model_state_dict(run.unwrap(), model_state)
-        run.restore_progress(progress)
-    except Exception as error:
-        if run.optimizer is not None:
-            set_state_dict(run.unwrap(), run.optimizer, model_state_dict=backup[0], optim_state_dict=backup[1])
-        run.restore_progress(backup[2])
+        _set(run, model_state, optimizer_state, progress)
+    except BaseException as error:  # a Ctrl-C too: the run as it was, never half from the checkpoint
+        try:  # twice if a Ctrl-C lands on the call (accel.run.interrupts)
+            held(_set, run, *backup)
+        except BaseException:
+            held(_set, run, *backup)
+            raise
+        if not isinstance(error, Exception):
+            raise
         raise CheckpointError(f"{where} could not be restored ({type(error).__name__}: {error}); the run was put "
                               "back as it was") from error
     return {"step": meta["step"], "epoch": meta["epoch"], "path": str(where)}

@@ -15,6 +15,7 @@ from accel.run.checkpoint import load as load_checkpoint
 from accel.run.checkpoint import save as save_checkpoint
 from accel.run.checkpoint_fit import model_problems, optimizer_problems, stray_problems, unprefixed
 from accel.errors import CheckpointError
+from accel.run.interrupts import autograd_kept, held
 from accel.randomness import loader_generators, rng_state, set_rng_state
 
 
@@ -51,16 +52,22 @@ class RunState:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what state_dict() returned. Everything is checked first: a ValueError names every part that
-        does not fit, with nothing changed; a restore that fails half-way puts the run back as it was."""
+        does not fit, with nothing changed; a restore that fails half-way, or is interrupted (Ctrl-C), puts the run
+        back as it was."""
         state = {**state, "model": unprefixed(state["model"], self.unwrap().state_dict())}
         problems = self.state_problems(state)
         if problems:
             raise ValueError("; ".join(problems))
         backup = self._backup()
         try:
-            self._restore(state)
-        except Exception:
-            self._restore(backup)
+            with autograd_kept():
+                self._restore(state)
+        except BaseException:  # a Ctrl-C too: never a model half from the checkpoint, counters from before
+            try:  # twice if a Ctrl-C lands on the call (accel.run.interrupts)
+                held(self._restore, backup)
+            except BaseException:
+                held(self._restore, backup)
+                raise
             raise
 
     def _backup(self) -> dict[str, Any]:
@@ -109,10 +116,11 @@ class RunState:
         Every rank calls it. A file: rank 0 writes it atomically, with every rank's random state. A folder: every
         rank writes its shards, and the folder replaces the last one only once it is whole.
         """
-        if self.sharded:
-            sharded_checkpoint.save(self, path)
-        else:
-            save_checkpoint(self, path)
+        with autograd_kept():
+            if self.sharded:
+                sharded_checkpoint.save(self, path)
+            else:
+                save_checkpoint(self, path)
 
     def load(self, path) -> dict:
         """Restore a checkpoint written by run.save into this run; returns {"step", "epoch", "path"}. A sharded
@@ -120,9 +128,10 @@ class RunState:
 
         Everything is checked before anything changes: a refused load leaves the run as it was.
         """
-        if sharded_checkpoint.is_sharded_checkpoint(path):
-            return sharded_checkpoint.load(self, path)
-        if self.sharded:
-            raise CheckpointError(f"{path}: under fsdp, run.load reads the folder of shards that run.save wrote "
-                                  "(this is a single-file checkpoint of a run without fsdp)")
-        return load_checkpoint(self, path)
+        with autograd_kept():
+            if sharded_checkpoint.is_sharded_checkpoint(path):
+                return sharded_checkpoint.load(self, path)
+            if self.sharded:
+                raise CheckpointError(f"{path}: under fsdp, run.load reads the folder of shards that run.save wrote "
+                                      "(this is a single-file checkpoint of a run without fsdp)")
+            return load_checkpoint(self, path)

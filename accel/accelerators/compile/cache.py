@@ -31,11 +31,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import accel.plan.cache as plancache
+from accel.files import write_text
 
 ENV = "TORCHINDUCTOR_CACHE_DIR"
 GRAPHS = ("aotautograd", "fxgraph")  # torch's entries: one folder each, fxgraph/ by two-letter prefix
@@ -106,8 +108,8 @@ def warm_before(where: Path, facts: dict[str, Any]) -> tuple[bool, int]:
     warm, count = _judged(where, first)
     try:
         marker.parent.mkdir(parents=True, exist_ok=True)
-        marker.write_text(json.dumps({"setup": facts, "first_run": time.time() if first is None else first,
-                                      "last_run": time.time()}, default=str, indent=1))
+        write_text(marker, json.dumps({"setup": facts, "first_run": time.time() if first is None else first,
+                                       "last_run": time.time()}, default=str, indent=1))
     except OSError:
         pass  # torch says for itself when it cannot write the folder; the marker is only the report's
     return warm, count
@@ -131,7 +133,7 @@ def _marker(where: Path, facts: dict[str, Any]) -> Path:
 def _first_run(marker: Path) -> float | None:
     try:
         return float(json.loads(marker.read_text())["first_run"])
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):  # no marker, or a damaged one: cold
         return None
 
 
@@ -164,11 +166,16 @@ def model_facts(model, device, cpu_model: str, settings: dict[str, Any]) -> dict
 
 def keep_in_accel_cache(ctx, settings: dict[str, Any], where: Any = True) -> dict[str, str]:
     """Point torch's compile caches at accel's folder for the run (``ctx.journal``: undone when the run closes or
-    its plan fails); returns the report's lines: where the cache is, and whether this setup starts warm."""
+    its plan fails); returns the report's lines: where the cache is, and whether this setup starts warm. Where
+    that folder cannot be written (a read-only cache), or holds files accel did not put there, torch's own folder
+    is left in place: compile works as it does without accel."""
     theirs = users_folder()
     if theirs:
         return {"compile cache": f"{theirs} (your {ENV}; accel leaves it as it is)"}
     place = os.path.abspath(folder(where))  # torch writes back the absolute path: the same value stays the run's
+    unusable = _unusable(Path(place), where)
+    if unusable:
+        return {"compile cache": f"torch's own ({place} {unusable})"}
     ctx.journal.setenv(ENV, place)
     off = caches_off()
     if off:
@@ -178,3 +185,19 @@ def keep_in_accel_cache(ctx, settings: dict[str, Any], where: Any = True) -> dic
             "warm start": (f"yes: this setup compiled here before ({count} graph entries kept); graphs of the same "
                            "shapes load instead of compiling" if warm else
                            "no: first compile of this setup here; the next run of it loads its graphs")}
+
+
+def _unusable(place: Path, where: Any) -> str:
+    """Why torch cannot keep its graphs in accel's folder, or "": it is made (with accel's tag, so that `accel cache
+    clear` knows it for accel's) and written to here, where torch would otherwise fail in the middle of a step."""
+    try:
+        place.mkdir(parents=True, exist_ok=True)
+        if not plancache.owns_compile_folder(where):
+            if any(place.iterdir()):
+                return "holds files accel did not write: it is not accel's to fill"
+            write_text(place / plancache.TAG, plancache.TAG_TEXT)
+        with tempfile.TemporaryFile(dir=place):
+            pass
+    except OSError as error:
+        return f"cannot be written: {error.strerror or error}"
+    return ""

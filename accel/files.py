@@ -1,0 +1,132 @@
+"""Files accel writes whole or not at all: checkpoints, the plan cache's entries, compile's markers.
+
+Each is written to a temporary file in the same folder, flushed to the disk, and renamed over its name, so a
+reader sees the old file or the new one, never a part (a crash, a full disk, SIGKILL). The temporary name is
+short whatever the file's name (a name the OS accepts is never refused because ``.name.tmp`` would be too long)
+and unique to its writer: two processes, or two threads, writing the same file never write into one temporary
+(they did: the cache's readers got broken JSON). It names the writer's host and process id, so a later write of
+the same file removes what a killed writer left (up to a whole checkpoint), and never a live writer's.
+"""
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import secrets
+import shutil
+import socket
+from pathlib import Path
+from typing import BinaryIO, Callable
+
+PREFIX = ".accel-"
+SUFFIX = ".tmp"
+
+
+def _tag(text: str) -> str:
+    return hashlib.blake2b(text.encode(errors="surrogateescape"), digest_size=4).hexdigest()
+
+
+HOST = _tag(socket.gethostname())
+
+
+def temporary_name(path: Path) -> Path:
+    """A fresh temporary name for writing path: its folder, a digest of its name, this host and process."""
+    return path.parent / f"{PREFIX}{_tag(path.name)}-{HOST}-{os.getpid()}-{secrets.token_hex(4)}{SUFFIX}"
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # another user's process: alive
+        return False
+    return False
+
+
+_WRITING: set[Path] = set()  # this process's temporary files being written now (by any thread)
+
+
+def remove_leftovers(path: Path) -> int:
+    """Remove the temporary files that writers of path on this host left: those of processes that died, and this
+    process's own that no write holds any more (a Ctrl-C at the worst moment); returns how many."""
+    removed = 0
+    for leftover in path.parent.glob(f"{PREFIX}{_tag(path.name)}-{HOST}-*{SUFFIX}"):
+        pid = leftover.name[len(PREFIX):].split("-")[2]
+        mine = pid == str(os.getpid())
+        if (mine and leftover not in _WRITING) or (not mine and pid.isdigit() and _gone(int(pid))):
+            leftover.unlink(missing_ok=True)
+            removed += 1
+    return removed
+
+
+def is_temporary(path: Path) -> bool:
+    """Whether this is one of accel's temporary files (whatever it was writing)."""
+    return path.name.startswith(PREFIX) and path.name.endswith(SUFFIX)
+
+
+def write_atomically(path, write: Callable[[BinaryIO], None]) -> None:
+    """Write path whole through ``write(file)``, or leave it as it was (raising why)."""
+    path = Path(path)
+    try:
+        remove_leftovers(path)
+    except OSError:  # an unreadable folder: the write says why
+        pass
+    temporary = temporary_name(path)
+    _WRITING.add(temporary)
+    try:
+        handle = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask decides, as for open()
+        with os.fdopen(handle, "wb") as file:
+            write(file)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)  # or, if a Ctrl-C skips this, the next write of path
+        raise
+    finally:
+        _WRITING.discard(temporary)
+    _sync_folder(path.parent)
+
+
+def write_text(path, text: str) -> None:
+    write_atomically(path, lambda file: file.write(text.encode()))
+
+
+def _sync_folder(folder: Path) -> None:
+    """The rename itself on the disk (a power cut could otherwise lose it)."""
+    try:
+        handle = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(handle)
+    except OSError:  # some file systems cannot sync a folder
+        pass
+    finally:
+        os.close(handle)
+
+
+def disk_full(error: BaseException) -> bool:
+    """Whether an error writing a file came from a full disk or quota (torch's writer hides the errno)."""
+    if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    text = str(error)
+    return "No space left" in text or "unexpected pos" in text or "file write failed" in text
+
+
+def space(folder: Path) -> str:
+    """How much room the disk holding folder has: '12.0 MiB free of 1.0 GiB'."""
+    try:
+        usage = shutil.disk_usage(folder)
+    except OSError:
+        return "its free space unknown"
+    return f"{_size(usage.free)} free of {_size(usage.total)}"
+
+
+def _size(count: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if count < 1024 or unit == "TiB":
+            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
+        count /= 1024
+    return ""
