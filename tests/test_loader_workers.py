@@ -5,6 +5,7 @@ from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
+import torch
 from torch.utils.data import DataLoader, Dataset
 
 import accel
@@ -162,3 +163,38 @@ def test_spare_cpus_include_hyperthreads_and_leave_other_ranks_cores_alone(monke
     assert worker_cpus(fake_context((0, 1), (0, 1), None))[0] is None  # no threads in the plan: not pinned
     spare, why = worker_cpus(fake_context((0, 1), (0, 1), (0, 1)))
     assert spare is None and why.startswith("workers share the compute CPUs 0-1: no spare CPU")
+
+
+class Augmented(Dataset):
+    """Digits-sized images flipped at random, as torchvision's RandomHorizontalFlip does (torch's RNG)."""
+
+    def __init__(self, random: bool):
+        self.random = random
+        self.images = torch.arange(8 * 3 * 4 * 4, dtype=torch.float32).reshape(8, 3, 4, 4)
+
+    def __len__(self):
+        return len(self.images)
+
+    def __getitem__(self, i):
+        image = self.images[i]
+        if self.random and torch.rand(()) < 0.5:
+            image = image.flip(-1)
+        return image, i % 2
+
+
+@pytest.mark.parametrize("random", [True, False])
+def test_random_augmentation_drawn_in_workers_is_said_and_the_probe_draws_nothing(random):
+    """A worker draws augmentation from a seed of its own: with workers where the loop had none, the same samples
+    are augmented with other draws. The row says so (and only then); finding out leaves every random state as it
+    was."""
+    loader = DataLoader(Augmented(random), batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(0))
+    model = tiny_model()
+    state, generator = torch.get_rng_state(), loader.generator.get_state()
+    run = accel.accelerate(model, None, loader, [{"loader": {"num_workers": 1}}], device="cpu")
+    assert torch.equal(torch.get_rng_state(), state) and torch.equal(loader.generator.get_state(), generator)
+    changes = run.report.row("loader").changes
+    assert ("random_draws" in changes) is random, changes
+    if random:
+        assert "seed of its own" in changes["random_draws"], changes
+        assert "same samples in the same order" in changes["random_draws"], changes
+    run.close()

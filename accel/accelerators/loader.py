@@ -14,8 +14,11 @@ chapter 5 pipeline 1.13x faster here), and on GPUs, where pinned memory and non-
 transfer with compute. When it does nothing: tensors already in memory; 2 cores that both compute.
 
 What it keeps: exactly the batches the plain loop sees, in the same order (workers preserve the sampler's
-order), epoch after epoch: it keeps the loader's persistent_workers, since a DataLoader draws one number from
-its generator per iterator and persistent workers make one iterator for the whole run. It leaves the loader
+order), epoch after epoch, except the draws of random augmentation: a worker draws from a seed of its own, so
+where the dataset or collate_fn draws random numbers and the number of workers changes, the same samples are
+augmented with other draws, and the row says so (``random_draws``). It keeps the loader's persistent_workers,
+since a DataLoader draws one number from its generator per iterator and persistent workers make one iterator
+for the whole run. It leaves the loader
 alone, and says why, when it cannot rebuild it faithfully (a DataLoader subclass, another iterable) or when
 nothing would change. It never changes the number of workers of an IterableDataset
 (``accel.run.loaders.workers_change_batches``): a stream is batched inside each worker, so another number of
@@ -38,8 +41,8 @@ from accel.plan.options import Options, at_least, option
 from accel.hardware.launch import cores_for_rank, rank_cores
 from accel.errors import Problem, Skip
 from accel.hardware import format_cpu_list, hyperthread_siblings, is_accelerator
-from accel.run.loaders import (STREAM_BATCHES, PinWorkers, rebuild_loader, rebuild_problem, settings,
-                           workers_change_batches)
+from accel.run.loaders import (STREAM_BATCHES, PinWorkers, draws_random_numbers, rebuild_loader, rebuild_problem,
+                               settings, workers_change_batches)
 
 
 def worker_cpus(ctx) -> tuple[tuple[int, ...] | None, str]:
@@ -195,6 +198,12 @@ class Loader(Accelerator):
             where = f"; {changes['worker_cpus']}" if "worker_cpus" in changes else ""
             raise Skip(f"the loader already has these settings (num_workers={workers}: {decisions.why['workers']}; "
                        f"pin_memory={pin}{where}); nothing to change")
+        if workers != loader.num_workers and draws_random_numbers(loader):
+            changes["random_draws"] = (
+                f"your dataset or collate_fn draws random numbers (augmentation): "
+                + (f"every worker ({workers}) draws them from a seed of its own, as in any DataLoader with workers"
+                   if workers else f"drawn here in this process, not in your {loader.num_workers} workers")
+                + ", so the same samples in the same order are augmented with other draws (the same distribution)")
         ctx.loader = rebuild_loader(loader, num_workers=workers, pin_memory=pin, persistent_workers=persistent,
                                     prefetch_factor=prefetch, worker_init_fn=init)
         return changes

@@ -10,8 +10,10 @@ from __future__ import annotations
 import os
 from typing import Any, Callable
 
+import torch
 from torch.utils.data import DataLoader, IterableDataset
 
+from accel import randomness
 from accel.hardware import format_cpu_list
 from accel.run.journal import pin_process
 
@@ -24,6 +26,34 @@ def rebuild_problem(loader: Any) -> str | None:
         return (f"it is a DataLoader subclass ({type(loader).__name__}): a rebuild would lose what the subclass "
                 "adds")
     return None
+
+
+def draws_random_numbers(loader: DataLoader) -> bool:
+    """Whether the loader's dataset or collate_fn draws random numbers for a batch (augmentation, MixUp): one
+    sample fetched and collated, every random state put back after. Worker processes draw such numbers from
+    seeds of their own (torch seeds each worker), so another number of workers augments the same samples with
+    other draws. False where no sample can be fetched this way (a stream, an empty or key-indexed dataset)."""
+    dataset = loader.dataset
+    if isinstance(dataset, IterableDataset):
+        return False
+    with randomness.kept():
+        before = randomness.rng_state()
+        try:
+            item = dataset[0]
+            loader.collate_fn([item] if loader.batch_sampler is not None else item)
+        except Exception:  # noqa: BLE001 (a dataset indexed otherwise: nothing known, nothing claimed)
+            return False
+        return not _same(before, randomness.rng_state())
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and torch.equal(a, b)
+    if isinstance(a, (tuple, list)):
+        return isinstance(b, (tuple, list)) and len(a) == len(b) and all(map(_same, a, b))
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    return a == b
 
 
 def shards_by_worker(dataset: Any) -> bool:

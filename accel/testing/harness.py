@@ -30,10 +30,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from torch.utils.data import DataLoader
+
 from accel.plan.contract import EXACT, REGISTRY, Keeps
-from accel.api import accelerate
+from accel.api import accelerate, decide
 from accel.errors import AccelerateError, PlanError
-from accel.run.loaders import release_workers
+from accel.run.loaders import draws_random_numbers, release_workers
 from accel.plan import Plan
 from accel.testing.comparison import LEVELS, combined, compare, compare_tensors  # noqa: F401  (tests import them here)
 from accel.testing.snapshots import snapshot
@@ -81,14 +83,23 @@ def declares_training(keeps: Keeps) -> bool:
     return keeps.weights == "changed" and keeps.structure
 
 
-def in_reference(plan: Any) -> list[dict[str, Any]]:
-    """The plan's accelerators that the plain reference runs too (see check_equivalence)."""
+def in_reference(plan: Any, setup: Setup | None = None, device: Any = "cpu") -> list[dict[str, Any]]:
+    """The plan's accelerators that the plain reference runs too (see check_equivalence); and the loader, with
+    the workers the plan decides, where the setup's dataset draws random numbers (its row declares the draws)."""
     try:
         entries = Plan(plan).to_dict()
     except PlanError:
         return []  # the accelerated run reports it
-    return [{name: options} for name, options in entries.items()
+    kept = [{name: options} for name, options in entries.items()
             if name in REGISTRY and declares_training(REGISTRY[name].keeps)]
+    if "loader" in entries and setup is not None and isinstance(setup.loader, DataLoader) \
+            and draws_random_numbers(setup.loader):
+        try:
+            workers = decide(setup.model, setup.optimizer, setup.loader, plan, device=device).workers
+        except PlanError:
+            return kept
+        kept.append({"loader": {**entries["loader"], "num_workers": workers}})
+    return kept
 
 
 def built(build: Callable[[], Setup]) -> Setup:
@@ -109,8 +120,8 @@ def check_equivalence(plan: Any, build: Callable[[], Setup], steps: int = 3, see
     """
     reference = built(build)
     try:
-        plain = accelerate(reference.model, reference.optimizer, reference.loader, plan=in_reference(plan),
-                           device=device)
+        plain = accelerate(reference.model, reference.optimizer, reference.loader,
+                           plan=in_reference(plan, reference, device), device=device)
     except PlanError:  # (no optimizer for grad_accumulation, say): the plan below is refused for it, as it should
         plain = accelerate(reference.model, reference.optimizer, reference.loader, plan=[], device=device)
     expected = trained(plain, reference, steps, seed)

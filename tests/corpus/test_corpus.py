@@ -22,10 +22,7 @@ STACK = [{"threads": {"threads": 1}}, "channels_last", "fused_optimizer", {"amp"
          "activation_checkpointing", {"grad_clipping": {"max_norm": 1.0}}]
 PRUNE_REFUSES = ("no module of type", "dummy_input", "torch.fx cannot trace", "cannot run")  # prune's default selects
 # Conv2d layers, from an (inputs, ...) batch, through torch.fx: transformers and LSTMs have none of the three
-KNOWN = {  # what the corpus found that is not fixed yet, each strict: it fails the day it is fixed
-    ("vision_classification", "loader"): "loader: workers draw MixUp/CutMix's random numbers in the collate function "
-                                         "from their own seeds, so the batches differ from the plain loop's",
-}
+KNOWN: dict[tuple[str, str], str] = {}  # what the corpus found that is not fixed yet, each a strict xfail
 
 
 def plan_of(name: str) -> list:
