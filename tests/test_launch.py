@@ -45,6 +45,7 @@ def test_intel_openmp_preload_is_appended_or_refused_clearly(tmp_path):
     set_, _ = environment(layout, True, "none", {"LD_PRELOAD": "/opt/mine.so"}, prefix=str(tmp_path))
     assert set_["LD_PRELOAD"] == f"/opt/mine.so:{tmp_path}/lib/libiomp5.so"
     assert set_["KMP_BLOCKTIME"] == "1" and set_["OMP_NUM_THREADS"] == "1"
+    assert "KMP_AFFINITY" not in set_  # its compact binding would pin the rank's spawned children to one CPU
 
 
 def test_dry_run_prints_the_layout_and_the_command(capsys, monkeypatch):

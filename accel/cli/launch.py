@@ -88,7 +88,8 @@ def environment(layout, iomp: bool, allocator: str, environ, prefix: str = sys.p
         if not library.exists():
             raise LaunchError(f"--iomp: {library} not found; install Intel OpenMP with: pip install intel-openmp")
         preload.append(str(library))
-        wanted.update(KMP_AFFINITY="granularity=fine,compact,1,0", KMP_BLOCKTIME="1")
+        wanted.update(KMP_BLOCKTIME="1")  # no KMP_AFFINITY: its compact binding pins every rank's children (a spawned
+        # DataLoader worker) to the rank's first CPU; the rank is already pinned to its cores
     if allocator != "none":
         library = find_library(ALLOCATORS[allocator], prefix)
         if library is None:
