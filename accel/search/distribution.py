@@ -19,6 +19,8 @@ from pathlib import Path
 
 import torch
 
+from accel.plan.contract import REGISTRY, Capability
+
 FIT = 0.5  # the training state may take this fraction of a rank's memory
 # tensors of optimizer state per trainable parameter element, for optimizers whose state is not there yet
 STATE_PER_PARAMETER = {"Adam": 2, "AdamW": 2, "Adamax": 2, "NAdam": 2, "RAdam": 2, "Adadelta": 2, "Rprop": 2,
@@ -87,9 +89,18 @@ def _host_memory() -> int:
     return total
 
 
+def distributors() -> tuple[str, str]:
+    """The registered accelerators that distribute (``model.distributed``): the one that keeps each rank's model
+    whole (ddp) and the one that shards it (``model.sharded``: fsdp)."""
+    found = sorted(c.name for c in REGISTRY.values() if Capability.MODEL_DISTRIBUTED in c.provides)
+    sharded = [n for n in found if Capability.MODEL_SHARDED in REGISTRY[n].provides]
+    return next(n for n in found if n not in sharded), sharded[0]
+
+
 def choose(model, optimizer, device: torch.device, world_size: int, local_world_size: int,
            memory: int | None = None) -> tuple[dict[str, dict], str]:
-    """({"ddp": {}} or {"fsdp": {...}}, why): ddp when the whole state fits FIT of a rank's memory."""
+    """({ddp: {}} or {fsdp: {...}}, why): the whole model's wrapper when the state fits FIT of a rank's memory."""
+    whole_name, sharded_name = distributors()
     need = footprint(model, optimizer)
     if memory is None:
         memory, where = rank_memory(device, local_world_size)
@@ -99,16 +110,17 @@ def choose(model, optimizer, device: torch.device, world_size: int, local_world_
     whole = (f"parameters + gradients + optimizer state {_gib(need.total)} per rank "
              f"({need.how}) against {FIT:.0%} of {where}")
     if need.total <= budget:
-        return {"ddp": {}}, f"ddp: {whole}: it fits, and ddp's step is the faster"
+        return {whole_name: {}}, f"{whole_name}: {whole}: it fits, and {whole_name}'s step is the faster"
     sharded = math.ceil(need.total / world_size)
+    over = f"sharded over {world_size} ranks"
     if sharded <= budget:
-        return {"fsdp": {}}, f"fsdp: {whole}: it does not fit whole; sharded over {world_size} ranks {_gib(sharded)}"
+        return {sharded_name: {}}, f"{sharded_name}: {whole}: it does not fit whole; {over} {_gib(sharded)}"
     if device.type != "cpu":
-        return ({"fsdp": {"cpu_offload": True}},
-                f"fsdp with cpu_offload: {whole}: even sharded over {world_size} ranks ({_gib(sharded)}) it does "
-                "not fit, so parameters and optimizer state live in host memory")
-    return ({"fsdp": {}}, f"fsdp: {whole}: even sharded over {world_size} ranks ({_gib(sharded)}) it may not fit: "
-            "more ranks or activation_checkpointing would help")
+        return ({sharded_name: {"cpu_offload": True}},
+                f"{sharded_name} with cpu_offload: {whole}: even {over} ({_gib(sharded)}) it does not fit, so "
+                "parameters and optimizer state live in host memory")
+    return ({sharded_name: {}}, f"{sharded_name}: {whole}: even {over} ({_gib(sharded)}) it may not fit: more ranks "
+            "or activation_checkpointing would help")
 
 
 SOURCE_WORDS = "the rest of the plan is the answer a single process measured on this setup"
@@ -135,7 +147,8 @@ def distribute(result, model, optimizer, device: torch.device, launch, memory: i
         return result
     if not any(r.status == "memory fit" for r in result.rows):
         chosen, why = choose(model, optimizer, device, launch.world_size, launch.local_world_size, memory)
-        plan = {k: v for k, v in result.plan.to_dict().items() if k not in ("ddp", "fsdp")}
+        plan = {k: v for k, v in result.plan.to_dict().items()
+                if Capability.MODEL_DISTRIBUTED not in REGISTRY[k].provides}
         result.plan = Plan({**plan, **chosen})
         result.rows.append(TuneRow(next(iter(chosen)), chosen, "memory fit", decision=why,
                                    reason="chosen by memory fit, not timed"))

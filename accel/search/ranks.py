@@ -1,4 +1,4 @@
-"""What plan="auto" in your loop needs under a launcher: every rank runs the same arm at every step.
+"""What plan="auto" in your loop needs under a launcher: every rank runs the same plan at every step.
 
 DDP and FSDP need every rank in the same collectives, so the ranks cannot each follow their own search: a rank
 whose clock said "faster" would switch while another did not, and both would hang in different collectives (or
@@ -7,7 +7,7 @@ train different things). So at a chunk's end:
 - ``RankAgreement.chunk`` reduces what each rank measured: the chunk's timed seconds and the per-step times the
   stop rule reads, the max over ranks (a data-parallel step is as slow as its slowest rank), and whether any rank
   saw a non-finite loss;
-- ``RankAgreement.decide`` hands rank 0's decision (the next arm, a verdict, settle) to every rank. Rank 0 decides
+- ``RankAgreement.decide`` hands rank 0's decision (the next plan, a verdict, settle) to every rank. Rank 0 decides
   from the agreed times; anything read from a rank's own clock (the budget's wall-clock deadline) is rank 0's.
 
 ``GroupHold`` keeps the process group across the search's plan switches: the search switches plan by accelerate()
@@ -39,7 +39,7 @@ class RanksDiverged(RuntimeError):
 
 @dataclass(frozen=True)
 class ChunkTimes:
-    """What one rank measured over a chunk of steps of the current arm."""
+    """What one rank measured over a chunk of steps of the plan in place."""
 
     seconds: float  # the chunk's timed seconds
     step_s: tuple[float, ...] = ()  # each timed step's seconds (the stop rule's samples)
@@ -105,7 +105,7 @@ class RankAgreement:
         counts = {int(n) for n in rows[:, 2].tolist()}
         if len(counts) > 1:
             raise RanksDiverged(f"the ranks timed different numbers of steps in one chunk ({sorted(counts)}): "
-                                "every rank must run the same arm for the same steps")
+                                "every rank must run the same plan for the same steps")
         step_s = torch.tensor(list(times.step_s), dtype=torch.float64, device=device)
         if len(times.step_s):
             distributed.all_reduce(step_s, op=distributed.ReduceOp.MAX, group=self.group)
@@ -129,7 +129,7 @@ class RankAgreement:
         return float(tensor.item())
 
     def decide(self, decision: Decision) -> Decision:
-        """Rank 0's decision on every rank (any picklable value: the next arm's plan, a verdict, "settle"). The
+        """Rank 0's decision on every rank (any picklable value: the next plan, a verdict, "settle"). The
         other ranks' arguments are ignored: they may pass what they would have decided, or None."""
         if self.group is None:
             return decision
@@ -187,19 +187,17 @@ class GroupHold:
         self.release()
 
 
-DISTRIBUTING = frozenset({"ddp", "fsdp"})  # what every arm carries under a launcher, never a candidate of its own
-
-
 def in_step(launch, model, optimizer, device: torch.device, settings, notes: list[str]
             ) -> tuple[dict[str, dict], GroupHold, RankAgreement]:
-    """What a search in your loop needs to keep its ranks in step: the plan part every arm carries (ddp, or fsdp
-    when the training state does not fit a rank: distribution.choose), the group held across its switches, and
+    """What a search in your loop needs to keep its ranks in step: the plan part every candidate carries (ddp, or
+    fsdp when the training state does not fit a rank: distribution.choose), the group held across its switches, and
     the agreement. A single process (or one rank): nothing carried, nothing held, no collective."""
     if launch is None or launch.world_size <= 1:
         return {}, GroupHold(), RankAgreement(None)
     carried, _ = distribution.choose(model, optimizer, device, launch.world_size, launch.local_world_size,
                                        settings.memory_per_rank)
     hold = GroupHold(DEVICE_BACKEND.get(device.type, "gloo")).acquire()
-    notes.append(f"a launched job of {launch.world_size} ranks: every arm ran with {plan_label(carried)} (by memory "
-                 "fit), the same arm on every rank at every step, timed by the slowest rank and decided by rank 0")
+    notes.append(f"a launched job of {launch.world_size} ranks: every plan measured ran with {plan_label(carried)} (by "
+                 "memory fit), the same plan on every rank at every step, timed by the slowest rank and decided by "
+                 "rank 0")
     return carried, hold, RankAgreement.current()

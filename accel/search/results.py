@@ -1,13 +1,14 @@
-"""What a search found: a row per candidate measured (or not, and why), and the result with its plan. Both searches
-(tune() on copies, plan="auto" in your loop) write this one table, with the same rounding (timing_fields)."""
+"""What a search found: a row per candidate measured (or not, and why), and the result with its plan: the one table
+of the search in your loop and apart, with the same rounding (timing_fields)."""
 from __future__ import annotations
 
 import datetime as _dt
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from accel.measure.labels import plan_label
+from accel.measure import Ratio, plan_label
 from accel.plan import Plan
+from accel.run.report import render_table
 
 
 @dataclass
@@ -96,6 +97,16 @@ class TuneResult:
                    data.get("established", True))
 
     def __str__(self) -> str:
-        from accel.search.wording import render
-
-        return render(self)
+        source = (f"from the cache (measured {self.measured_at}, key {self.key[:12]})" if self.from_cache
+                  else f"in {self.elapsed_s:.1f} s")
+        body = []
+        for r in self.rows:
+            ratio = Ratio(r.ratio["samples"]) if r.ratio and r.ratio.get("samples") else None
+            body.append((r.name, r.status, r.against, str(ratio) if ratio else "",
+                         f"{r.median_ms:.1f}" if r.median_ms is not None else "",
+                         f"{r.first_step_s:.2f}" if r.first_step_s is not None else "",
+                         f"{r.loss:.4f}" if r.loss is not None else "", r.decision or r.reason))
+        table = render_table(("candidate", "status", "vs", "time ratio (90%)", "ms/step", "first s", "loss", "note"),
+                             body, right=(4, 5, 6))
+        return "\n".join([f"accel tune: chose {self.plan.names() or 'the empty plan'} {source}", *table,
+                          "why: " + self.why])

@@ -1,4 +1,4 @@
-"""The stop rule of plan="auto" in your loop: an arm hopelessly slower than the plain loop beside it stops mid-chunk.
+"""The stop rule of plan="auto" in your loop: a candidate hopelessly slower than its reference beside it stops mid-chunk.
 
 Why it exists: bf16 emulated on a CPU without it was 14x slower; a short run cannot afford the turns a verdict needs.
 Why it is paired: it once compared an arm's chunk with the plain loop's fastest round ever, so a step time that grows
@@ -9,7 +9,7 @@ in a chunk cannot stop an arm either: it takes every timed step of the chunk ove
 """
 from __future__ import annotations
 
-from accel.search.config import SLOW_STOP
+from accel.search.settings import SLOW_STOP
 
 STOP_COST_S = 0.5  # an arm is stopped early only once its slowness cost this much in one chunk
 LEAST_STEPS = 2  # timed steps of the chunk before it can be stopped (one is a spike as much as a verdict)

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from accel.plan.contract import EXACT, REGISTRY, Keeps
-from accel.api import accelerate
+from accel.search import accelerate
 from accel.errors import AccelerateError, PlanError
 from accel.run.loaders import release_workers
 from accel.plan import Plan

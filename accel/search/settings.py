@@ -1,0 +1,97 @@
+"""The one settings type of a search (``accel.Auto``: plan="auto" in your loop, apart, and ``accel.tune``), and the
+candidates it measures, sorted by what their accelerators provide (never by their names)."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from accel.plan.contract import REGISTRY, Capability
+
+MARGIN = 0.02  # a plan must be faster than the one it replaces by more than this fraction
+MIN_BUDGET_S = 90.0  # default budget: at least this, or BUDGET_STEPS plain steps for slow models
+BUDGET_STEPS = 100
+SLOW_STOP = 3.0  # a candidate whose steps take this many plain steps (and over 0.5 s) is not timed further
+COSTLY_GUESS_S = 30.0  # a costly first step before one is measured on the setup (compile, cold: resnet18 24-41 s, a
+# 12-layer GPT 29 s; benchmarks/bench_compile_warmup.py)
+
+
+@dataclass
+class Auto:
+    """plan=accel.Auto(...) chooses the plan by measuring; "auto" is Auto(). accel.tune(**fields) takes the same.
+
+    budget_s: what the search may spend (None: the larger of 90 s and 100 plain steps; with expected_steps at most
+    30% of the plain run). expected_steps: the run's length: a costly accelerator (compile) is then kept only if its
+    warm-up pays back within it. step_fn(run, batch) -> loss, or loss_fn(output, targets) with split(batch) ->
+    (inputs, targets): given, the search runs apart on copies (accel.tune); without, in your own loop. candidates:
+    plans to compare with the plain loop instead of the stack the hardware predicts; accelerators: which registered
+    ones may propose candidates. cache: remember the choice (True: accel's cache folder; a path; False).
+    tolerance: how far a candidate's first losses may stray (apart). check_steps, chunk_steps: first steps compared
+    for the loss, timed steps per turn (apart; None: about 0.5 s). memory_per_rank: bytes a rank may hold under a
+    launcher (None: its device's).
+    """
+
+    budget_s: float | None = None
+    expected_steps: int | None = None
+    step_fn: Callable | None = None
+    loss_fn: Callable | None = None
+    split: Callable | None = None
+    tolerance: float = 0.05
+    margin: float = MARGIN
+    candidates: list | None = None
+    accelerators: list[str] | None = None
+    cache: Any = True
+    check_steps: int = 2
+    chunk_steps: int | None = None
+    memory_per_rank: int | None = None
+
+    def apart(self) -> bool:
+        """Whether the search measures copies apart: a step function given (your loop's loss is unknown to it)."""
+        return not (self.step_fn is None and self.loss_fn is None and self.split is None)
+
+    def key(self) -> dict[str, Any]:
+        """What changes the answer (accel.plan.cache.KEY_SETTINGS reads these)."""
+        from accel.plan import Plan
+
+        given = [Plan(c).to_dict() for c in self.candidates] if self.candidates is not None else "generated"
+        return {"tolerance": self.tolerance, "margin": self.margin, "expected_steps": self.expected_steps,
+                "accelerators": self.accelerators, "candidates": given}
+
+    def replace(self, **changes: Any) -> Auto:
+        return dataclasses.replace(self, **changes)
+
+
+def provides(plan: dict[str, dict], capability: Capability) -> bool:
+    """Whether any accelerator of the plan declares this capability."""
+    return any(capability in REGISTRY[name].provides for name in plan)
+
+
+def for_device(hardware: Any, device: torch.device) -> Any:
+    """The hardware as a run on this device sees it: a CPU run is offered no GPU's candidates."""
+    devices = {"cpu": 1, **({device.type: hardware.devices.get(device.type, 1)} if device.type != "cpu" else {})}
+    return dataclasses.replace(hardware, devices=devices)
+
+
+def generate_candidates(hardware, model, optimizer=None, loader=None,
+                        accelerators: list[str] | None = None) -> list[dict[str, dict]]:
+    """Every registered accelerator's configurations worth measuring here (only those named in ``accelerators``
+    when given), in plan (stage) order: what the hardware predicts (bf16 where native, channels_last for
+    convolutions, fused optimizers, workers where CPUs are spare)."""
+    found = []
+    for cls in sorted(REGISTRY.values(), key=lambda c: (int(c.stage), c.name)):
+        if accelerators is None or cls.name in accelerators:
+            found += [{cls.name: dict(options)} for options in cls.candidates(hardware, model, optimizer, loader)]
+    return found
+
+
+def candidates_of(settings: Auto, hardware, model, optimizer, loader) -> tuple[list[dict[str, dict]], bool]:
+    """The candidates to measure (never one that distributes: a launcher decides that) and whether they were
+    given."""
+    from accel.plan import Plan
+
+    given = settings.candidates is not None
+    plans = ([Plan(c).to_dict() for c in settings.candidates] if given else
+             generate_candidates(hardware, model, optimizer, loader, settings.accelerators))
+    return [p for p in plans if p and not provides(p, Capability.MODEL_DISTRIBUTED)], given
