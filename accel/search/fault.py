@@ -20,6 +20,8 @@ inputs and outputs (references, no copies) while the search measures, removed wh
 from __future__ import annotations
 
 import contextlib
+import signal
+import threading
 import weakref
 from dataclasses import dataclass, field
 from typing import Any
@@ -226,3 +228,23 @@ def record(blames: list[Blame], new: Blame) -> None:
             b.also.append(new.step)
             return
     blames.append(new)
+
+
+@contextlib.contextmanager
+def interrupts_held():
+    """Ctrl-C (SIGINT) held while the search changes what training and the process hold (a plan switch, a replay,
+    closing), and delivered once it is whole: cut half-way, neither plan's journal would be whole for close() to put
+    back (a Ctrl-C while compile's candidate switched in left its environment variables set). Only the main thread
+    receives signals; elsewhere nothing is held."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list = []
+    previous = signal.signal(signal.SIGINT, lambda *args: caught.append(args))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if caught and callable(previous):
+            previous(*caught[0])  # Python's own handler raises KeyboardInterrupt here
+

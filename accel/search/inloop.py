@@ -36,7 +36,7 @@ from accel.run.checkpoint import decode_plan, read
 from accel.run.context import placement
 from accel.run.sharded_checkpoint import is_sharded_checkpoint
 from accel.search import distribution
-from accel.search.fault import Capture, summary
+from accel.search.fault import Capture, interrupts_held, summary
 from accel.search.ranks import in_step
 from accel.search.remembered import cached_answer, keep_answer
 from accel.search.results import TuneResult, TuneRow
@@ -156,14 +156,15 @@ class InLoopSearch:
             self.update_words()
         elif self.phase == "chosen":
             self._settle("the run ended while it measured what budget was left")
-        self.capture.remove()
-        self.watching.remove()
-        model = self.objects[0]
-        interrupted = open_run(model._orig_mod if compiled(model) else model) if self.switching else None
-        for run in dict.fromkeys(r for r in (interrupted, self.current) if r is not None):  # the newest first
-            if not run.closed:
-                run.close()
-        self.hold.release()  # the group leaves with the last run that held it (when accel joined it)
+        with interrupts_held():
+            self.capture.remove()
+            self.watching.remove()
+            model = self.objects[0]
+            interrupted = open_run(model._orig_mod if compiled(model) else model) if self.switching else None
+            for run in dict.fromkeys(r for r in (interrupted, self.current) if r is not None):  # the newest first
+                if not run.closed:
+                    run.close()
+            self.hold.release()  # the group leaves with the last run that held it (when accel joined it)
 
     def load(self, path) -> dict:
         """Resume: the checkpoint's plan is the answer (nothing is measured), once its state fits this run; a
@@ -193,12 +194,16 @@ class InLoopSearch:
 
     def switch(self, plan: dict[str, dict], arm: Any = None) -> bool | None:
         """accelerate() on your objects with this plan (the earlier run handed over): True when switched, False
-        when it was in place, None when refused or failed (the arm's status says why). A Ctrl-C inside leaves the
-        run open on your model for close() to put back (``switching`` stays set)."""
+        when it was in place, None when refused or failed (the arm's status says why). A Ctrl-C waits until the
+        switch is whole; any other exception out of it leaves the run open on your model for close() to put back."""
         plan = {**plan, **self.distributed}
         if self.current.plan.to_dict() == plan and not self.current.closed:
             self.switched_at = clock.now()
             return False
+        with interrupts_held():
+            return self._switch(plan, arm)
+
+    def _switch(self, plan: dict[str, dict], arm: Any) -> bool | None:
         model, optimizer, loader = self.objects
         began, leaving = clock.now(), [a.name for a in self.current.accelerators]
         for name in leaving:  # each plan's state (amp's GradScaler) waits for its next turn

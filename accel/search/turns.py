@@ -24,7 +24,7 @@ import torch
 from accel import clock
 from accel.measure import SETTLE_BELOW_S, Ratio, chunk_steps, paired, plan_label, round_order, synchronize
 from accel.plan.contract import Capability
-from accel.search.fault import Blame, Fault, blame, record, snapshot
+from accel.search.fault import Blame, Fault, blame, interrupts_held, record, snapshot
 from accel.search.ranks import ChunkTimes
 from accel.search.remembered import expected_warmup, remember_warmup
 from accel.search.settings import BUDGET_STEPS, MIN_BUDGET_S, provides
@@ -343,7 +343,8 @@ class Turns:
                                                           "plain loop itself", fault.step, fault.arm)
         else:
             self.run.switch({})  # the plain loop, to replay the step's forward under
-            blamed = blame(self.run.objects[0], fault, self.run.settings.tolerance, self.run.capture)
+            with interrupts_held():  # the replay puts your model's weights back: never half-way
+                blamed = blame(self.run.objects[0], fault, self.run.settings.tolerance, self.run.capture)
         if not blamed.plan:
             record(self.run.blames, blamed)
         return blamed
