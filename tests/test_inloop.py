@@ -974,3 +974,67 @@ def test_a_candidate_that_trains_a_copy_is_named_not_switched_in_your_loop(virtu
         run.close()
     finally:
         unregister("copying")
+
+
+# --- the Quickstart's loop (issue 36): the stack the hardware predicts, measured first -------------------------
+
+class TwoConvs(nn.Module):
+    """The Quickstart's small CNN: two conv layers on sklearn's 8x8 digits."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1, self.conv2 = nn.Conv2d(1, 16, 3, padding=1), nn.Conv2d(16, 32, 3, padding=1)
+        self.head = nn.Linear(32 * 2 * 2, 10)
+
+    def forward(self, x):
+        x = nn.functional.max_pool2d(torch.relu(self.conv1(x)), 2)
+        x = nn.functional.max_pool2d(torch.relu(self.conv2(x)), 2)
+        return self.head(x.flatten(1))
+
+
+def quickstart(cache, monkeypatch):
+    """The README's Quickstart on digits (Adam, batch 64, 3 epochs: 69 steps) with plan="auto" and no settings, on
+    the test's clock: a forward costs 3 ms, an update 2 ms, or 0.5 ms fused (the fused_optimizer the hardware
+    predicts for Adam). The run, and the step its first verdict came at."""
+    from accel.workloads.book import digits_datasets
+
+    monkeypatch.setattr(inloop, "CHUNK_S", 0.5)  # as shipped: about 0.5 s of steps a chunk, at most 4 timed
+    monkeypatch.setenv("ACCEL_CACHE_DIR", str(cache))
+    torch.manual_seed(0)
+    model = TwoConvs()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    model.register_forward_pre_hook(lambda module, args: CLOCK.advance(0.003))
+    optimizer.register_step_pre_hook(
+        lambda opt, args, kwargs: CLOCK.advance(0.0005 if opt.param_groups[0].get("fused") else 0.002))
+    train_set = digits_datasets(0, test_fraction=0.2)[0]
+    loader = DataLoader(train_set, batch_size=64, shuffle=True, generator=torch.Generator().manual_seed(0))
+    assert len(loader) == 23  # 1,437 digits: 3 epochs are 69 steps
+    run = accel.accelerate(model, optimizer, loader, plan="auto")  # compile is left to the test below: no compiler
+    for _ in range(3):                                              # here is fast enough for a test
+        for x, y in run.loader:
+            with run.autocast():
+                loss = nn.functional.cross_entropy(run.model(x), y)
+            run.backward(loss)
+            run.step()
+    run.close()
+    return run
+
+
+def test_the_quickstart_reaches_its_verdict_before_step_40_and_a_second_run_takes_it_at_step_0(
+        virtual, tmp_path, monkeypatch):
+    """Before, its 69 steps ended with auto still measuring five stacks of two rounds each: the user got the plain
+    loop. Now the stack the hardware predicts is measured against the plain loop first, and chosen as soon as its
+    interval says it pays; what is left of the run measures its ablations."""
+    monkeypatch.setattr(accel.accelerators.compile.Compile, "candidates", classmethod(lambda *a, **k: []))
+    first = quickstart(tmp_path, monkeypatch)
+    result = first.report.tuning
+    predicted = result.rows[1]
+    assert predicted.decision == "the stack the hardware predicts" and predicted.against == "eager", result
+    assert "fused_optimizer" in predicted.plan and predicted.ratio["estimate"] == pytest.approx(3.5 / 5), predicted
+    assert first.chosen_at < 40 and first.steps == 69, (first.chosen_at, str(first.report))
+    assert "fused_optimizer" in result.plan.names() and result.key, result  # chosen, kept for the next run
+    text = str(first.report)
+    assert f"first verdict at step {first.chosen_at}" in text and said_plainly(text), text
+    second = quickstart(tmp_path, monkeypatch)
+    assert second.chosen_at == 0 and second.report.tuning.from_cache, second.report
+    assert second.plan.to_dict() == result.plan.to_dict() and "from the cache" in str(second.report)

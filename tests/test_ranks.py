@@ -60,7 +60,7 @@ def test_two_ranks_search_in_their_own_loop_in_step(tmp_path):
     assert first["settled_at"] is not None and first["settled_at"] == second["settled_at"]  # one decision
     assert first["chosen"] == second["chosen"] and "ddp" in first["chosen"]
     assert first["rows"] == second["rows"] and ["ddp", "memory fit"] in first["rows"]
-    assert "the same arm on every rank at every step" in first["why"]
+    assert "the same plan on every rank at every step" in first["why"]
     for rank in (first, second):
         assert rank["weights_identical"] and rank["group_inits"] == 1 and rank["same_world"]
         assert rank["initialized_after_close"] is False  # accel made the group; closing the run let it go

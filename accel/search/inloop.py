@@ -396,8 +396,8 @@ class InLoopSearch:
         result, strategy = self.result, self.strategy
         plan = {k: v for k, v in result.plan.to_dict().items() if k not in self.distributed}
         if result.from_cache:
-            why = f"from the cache (measured {result.measured_at})"
-            by = {name: f"chosen by plan='auto' {why}" for name in plan}
+            why = f"from the cache (measured on this setup {result.measured_at}, key {result.key[:12]}): nothing measured"
+            by = {name: f"chosen by plan='auto' from the cache (measured {result.measured_at})" for name in plan}
         elif self.how.startswith("resumed"):
             why = self.how
             by = {name: f"taken by plan='auto' from the checkpoint ({self.how}): nothing measured" for name in plan}

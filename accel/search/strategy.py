@@ -115,14 +115,17 @@ class Search:
         """The best plan so far; its step over the plain loop's through the reference it was compared with."""
         self.vs_plain = ratio.estimate * (self.vs_plain if reference else 1.0)
         dropped, added = sorted(reference.keys() - plan.keys()), sorted(plan.keys() - reference.keys())
-        how = (f"{plan_label(plan)} {ratio} of the plain loop's step" if not reference else
-               f"without {'+'.join(dropped)}: {ratio}" if not added else f"{'+'.join(added)} on top: {ratio}" if not
-               dropped else f"{plan_label(plan)} {ratio} of {plan_label(reference)}'s step")
-        self.best, self.path = dict(plan), ([how] if not reference else [*self.path, how])
+        how = (f"{plan_label(plan)} {ratio}" if not reference else f"without {'+'.join(dropped)}: {ratio}" if not
+               added else f"{'+'.join(added)} on top: {ratio}" if not dropped else f"{plan_label(plan)}: {ratio}")
+        self.best, self.path = dict(plan), ([(how, ratio)] if not reference else [*self.path, (how, ratio)])
 
     @property
     def best_why(self) -> str:
-        return "; ".join(self.path)
+        """How the best plan was measured: its interval against the plain loop, or each ratio that led to it."""
+        if len(self.path) == 1:
+            ratio = self.path[0][1]
+            return f"{ratio.low:.2f}-{ratio.high:.2f}, 90% interval" if ratio.rounds > 1 else "1 round"
+        return "; ".join(how for how, _ in self.path)
 
     def comparisons(self) -> Generator[Comparison, list[Outcome], None]:
         margin = self.margin

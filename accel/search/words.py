@@ -87,8 +87,10 @@ class SearchState:
                     f"{self.chosen_at}; with the budget left, now measuring {self.measuring} (in place now: {place})")
         when = (f"settled at step {self.settled_at}" if self.chosen_at == self.settled_at else
                 f"first verdict at step {self.chosen_at}, settled at step {self.settled_at}")
+        if self.how == "from the cache":
+            return f"chose {label(self.chosen)} at step {self.settled_at} {self.chosen_why}"
         return f"chose {label(self.chosen)}: {self.chosen_why}; {self.cached}; {when}" + (
-            f" ({self.how})" if self.how not in ("", "settled") else "")
+            f" ({self.how})" if self.how != "settled" else "")
 
     def _so_far(self) -> str:
         return "; ".join(f"{c.name} {c.ratio} of {c.against}'s step" for c in self.candidates if c.ratio)
