@@ -840,12 +840,12 @@ def test_a_loss_the_plain_loop_gives_too_is_the_datas_fault_and_no_arm_pays(virt
         while run.phase != "settled":
             train(run, 40, weighted)  # an epoch: the faulty batch comes once in each
         first = run.blames[0]
-        assert first.step == 5 and first.arm == "channels_last" and not first.plan, first  # batch 4: its 2nd step
+        assert first.step == 5 and "(channels_last in place)" in first.words and not first.plan, first  # batch 4
         assert first.who == ("the data" if kind == "nan inputs" else "the data or the loop"), first
         assert not [a.name for a in run.arms if a.status == "loss off"], [(a.name, a.reason) for a in run.arms]
         assert all(a.rounds for a in run.arms), [(a.name, a.rounds) for a in run.arms]
         text = str(run.report)
-        assert "the data" in text and "no arm dropped" in text and "at step 5" in text, text
+        assert "the data" in text and "nothing dropped" in text and "at step 5" in text, text
         assert "the data" in run.report.tuning.why
     finally:
         run.close()
@@ -900,7 +900,7 @@ def test_a_plan_that_truly_gives_a_nan_loss_is_still_dropped(virtual):
         run = settled_against_channels_last("poison")
         poison = next(a for a in run.arms if a.plan == {"poison": {}})
         assert poison.status == "loss off" and "not finite under it" in poison.reason, poison
-        assert "and is under the plain loop" in poison.reason, poison.reason
+        assert "and is finite under the plain loop" in poison.reason, poison.reason
         assert "poison" not in run.plan.names()
         rows = {row.name: row for row in run.report.tuning.rows}
         assert rows["poison"].status == "loss off"
@@ -1029,7 +1029,7 @@ def test_the_quickstart_reaches_its_verdict_before_step_40_and_a_second_run_take
     first = quickstart(tmp_path, monkeypatch)
     result = first.report.tuning
     predicted = result.rows[1]
-    assert predicted.decision == "the stack the hardware predicts" and predicted.against == "eager", result
+    assert predicted.decision.startswith("the stack the hardware predicts") and predicted.against == "eager", result
     assert "fused_optimizer" in predicted.plan and predicted.ratio["estimate"] == pytest.approx(3.5 / 5), predicted
     assert first.chosen_at < 40 and first.steps == 69, (first.chosen_at, str(first.report))
     assert "fused_optimizer" in result.plan.names() and result.key, result  # chosen, kept for the next run

@@ -519,7 +519,7 @@ def test_compile_is_tried_when_its_warm_up_fits_the_budget_or_a_small_share_of_a
         regional, left_s, expected_steps, done, step_s):
     """Both searches start compile when its expected warm-up fits the budget left; in a run of known length also
     when it is within 2% of the run still ahead (then past the budget, and said so); never otherwise."""
-    from accel.search.remembered import expected_warmup
+    from accel.search.results import expected_warmup
     from accel.search.settings import COSTLY_GUESS_S
     from accel.search.verdicts import LONG_RUN_SHARE, run_ahead_s, warmup_fit
 

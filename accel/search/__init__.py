@@ -3,11 +3,9 @@
     run = accel.accelerate(model, optimizer, loader, plan="auto")     # in your loop, or accel.Auto(...)
     result = accel.tune(model, optimizer, loader)                     # apart, on copies: every comparison, and why
 
-One search (strategy.py): the stack the hardware predicts against the plain loop first, then what budget is left on
-its ablations, rival stacks and costly candidates (compile), with one settings type (settings.Auto), one set of
-verdicts (verdicts.py), one cache (remembered.py) and one table (results.py). It runs on your own steps
-(inloop.py: a controller that owns the run of the plan in place and switches its plan; turns.py: the rounds) or
-apart on copies (offline.py), and under a launcher on every rank in step (ranks.py, distribution.py).
+One search (strategy.py), one settings type (settings.Auto), one set of verdicts (verdicts.py), one table and cache
+(results.py); run on your own steps (inloop.py, turns.py) or apart on copies (offline.py), and under a launcher on
+every rank in step (ranks.py, distribution.py).
 """
 from __future__ import annotations
 

@@ -1,8 +1,9 @@
-"""accel.tune: the search apart, on copies of your objects side by side (accel.measure.Lab). The comparisons are the
-one search's (strategy.py); here each plan trains its own copy from the same start on the same batches, so its
-first losses are checked against the plain loop's too ("loss off" beyond the tolerance)."""
+"""accel.tune: the one search apart (strategy.py), each plan on its own copies of your objects side by side
+(accel.measure.Lab), from the same start on the same batches: a plan's first losses are checked against the plain
+loop's too ("loss off" beyond the tolerance). Your objects, loader and RNG end as they started."""
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from accel import clock
@@ -12,29 +13,26 @@ from accel.hardware import probe
 from accel.measure import Lab, TrainStep, Trial
 from accel.plan.contract import Capability
 from accel.run.context import placement
-from accel.search import distribution
-from accel.search.remembered import cached_answer, expected_warmup, keep_answer, remember_warmup
-from accel.search.results import TuneResult, timing_fields
-from accel.search.settings import (BUDGET_STEPS, MIN_BUDGET_S, SLOW_STOP, Auto, candidates_of, for_device,
-                                   provides)
+from accel.search.distribution import distribute
+from accel.search.results import (TuneResult, cached_answer, expected_warmup, keep_answer, remember_warmup,
+                                  timing_fields)
+from accel.search.settings import BUDGET_STEPS, MIN_BUDGET_S, SLOW_STOP, Auto, candidates_of, for_device, provides
 from accel.search.strategy import Comparison, Outcome, Search
 from accel.search.verdicts import run_ahead_s, warmup_fit
 
 
 def tune(model, optimizer, loader, device: Any = "auto", settings: Auto | None = None, **options: Any) -> TuneResult:
     """Measure plans on copies of your model, optimizer and loader; return the fastest established plan that keeps
-    the loss. ``options`` are accel.Auto's fields (budget_s, expected_steps, candidates, accelerators, step_fn,
-    loss_fn, split, tolerance, margin, cache, check_steps, chunk_steps, memory_per_rank), over ``settings`` (default:
-    no cache). Under a launcher of several ranks the answer comes from the cache, with ddp or fsdp by memory fit."""
-    settings = (settings or Auto(cache=False)).replace(**options)
+    the loss. ``options`` are accel.Auto's fields, over ``settings`` (default: no cache). Under a launcher of several
+    ranks the answer comes from the cache, with ddp or fsdp by memory fit (distribution.py)."""
+    settings = dataclasses.replace(settings or Auto(cache=False), **options)
     if optimizer is None or loader is None:
         raise MeasureError("tune measures training steps: it needs an optimizer and a loader")
     started, hardware, problems = clock.now(), probe(), []
     decided = placement(device, hardware, problems)  # the same launch and device accelerate() decides
     if decided is None:
         raise PlanError(problems)
-    launch, device = decided.launch, decided.device
-    hardware = for_device(hardware, device)
+    launch, device, hardware = decided.launch, decided.device, for_device(hardware, decided.device)
     step = TrainStep(loss_fn=settings.loss_fn, split=settings.split, step_fn=settings.step_fn)
     lab = Lab(model, optimizer, loader, device, step, check_steps=max(1, settings.check_steps))
     batch = lab.first_batch()
@@ -52,7 +50,7 @@ def tune(model, optimizer, loader, device: Any = "auto", settings: Auto | None =
                                      "and the cache is off"), None, clock.now() - started, record)
     if result is not None:
         lab.close()
-        return distribution.distribute(result, model, optimizer, device, launch, settings.memory_per_rank)
+        return distribute(result, model, optimizer, device, launch, settings.memory_per_rank)
     candidates, given = candidates_of(settings, hardware, model, optimizer, loader)
     costly = [c for c in candidates if provides(c, Capability.SETUP_COSTLY) and not given]
     search = Search([c for c in candidates if c not in costly], costly, given, settings.margin,
@@ -70,52 +68,44 @@ def tune(model, optimizer, loader, device: Any = "auto", settings: Auto | None =
 
 
 class Apart:
-    """The Lab's rounds for the one search's comparisons: each plan on its own copies, kept while it may still be
-    compared (the plain loop's and the best plan's), retired otherwise."""
+    """The Lab's rounds for the search's comparisons: a plan's copies kept while it may be compared again (the plain
+    loop's and the reference's), retired otherwise."""
 
     def __init__(self, lab: Lab, search: Search, settings: Auto, facts: dict | None, started: float):
-        self.lab, self.search, self.settings, self.facts, self.started = lab, search, settings, facts, started
+        self.lab, self.search, self.settings, self.facts = lab, search, settings, facts
         self.trials: list[Trial] = []
-        self.base: Trial | None = None
-        self.deadline = started
+        self.base, self.deadline = None, started
 
     def run(self) -> None:
         base = self.base = self.trial({})
-        if base.status == "refused":
-            raise PlanError([Problem("tune", f"the baseline (empty plan) is refused: {base.error}")])
         if base.status != "ready":
-            raise MeasureError(f"the baseline (empty plan) cannot train: {base.error}")
+            raise (PlanError([Problem("tune", f"the baseline (empty plan) is refused: {base.error}")])
+                   if base.status == "refused" else MeasureError(f"the baseline (empty plan) cannot train: {base.error}"))
         self.lab.pace(base.settled_step_s, self.settings.chunk_steps)
         budget = self.settings.budget_s
-        self.deadline = self.started + (budget if budget is not None else max(MIN_BUDGET_S,
-                                                                             BUDGET_STEPS * base.settled_step_s))
+        self.deadline += budget if budget is not None else max(MIN_BUDGET_S, BUDGET_STEPS * base.settled_step_s)
         comparisons = self.search.comparisons()
         try:
             request = next(comparisons)
             while True:
-                outcomes = self.measure(request)
-                request = comparisons.send(outcomes)
-                self._retire(keep=[{}, request.reference])
+                request = comparisons.send(self.measure(request))
+                for trial in self.trials:  # the plain loop's and the next reference's copies stay
+                    if trial.plan not in ({}, request.reference):
+                        self.lab.retire(trial)
         except StopIteration:
             pass
         row = self.search.rows[0]
         row.vs_baseline, row.loss_ok, row.losses = 1.0, True, list(base.check_losses)
         row.loss = sum(base.check_losses) / len(base.check_losses)
-        for name, value in timing_fields(median_s=base.median_s, first_s=base.first_s[0]).items():
+        for name, value in timing_fields(base.median_s, base.first_s[0]).items():
             setattr(row, name, value)
 
     def trial(self, plan: dict[str, dict]) -> Trial:
         found = next((t for t in self.trials if t.plan == plan and t.run is not None), None)
         if found is None:
             found = self.lab.trial(plan)
-            self.trials.append(found)
+            self.trials = [t for t in self.trials if t.run is not None] + [found]
         return found
-
-    def _retire(self, keep: list[dict]) -> None:
-        for trial in self.trials:
-            if trial.plan not in keep:
-                self.lab.retire(trial)
-        self.trials = [t for t in self.trials if t.run is not None]
 
     def measure(self, request: Comparison) -> list[Outcome]:
         note = ""
@@ -139,10 +129,8 @@ class Apart:
         for trial, out in zip(trials, outcomes):
             if trial.status == "failed" and out.status == "measured":  # broke in a later round
                 out.status, out.reason = "failed", trial.error
-            out.ratio = ratios.get(id(trial), out.ratio)
-            out.rounds, out.note = dict(trial.rounds), note
-            out.fields.update(timing_fields(median_s=trial.median_s))
-            out.fields["warmup_s"] = round(trial.warmup_s, 4) if trial.first_s else None
+            out.ratio, out.rounds, out.note = ratios.get(id(trial), out.ratio), dict(trial.rounds), note
+            out.fields.update(timing_fields(trial.median_s), warmup_s=round(trial.warmup_s, 4) if trial.first_s else None)
             out.warmup_s, out.reference_s = trial.warmup_s - reference.warmup_s, reference.median_s
         if request.costly and outcomes[0].status == "measured":
             remember_warmup(candidate, self.facts, self.settings.cache, outcomes[0].warmup_s)
@@ -155,8 +143,7 @@ class Apart:
         if trial.status in ("refused", "failed"):
             return Outcome(trial.status, trial.error)
         base = self.base
-        loss, reference = (sum(trial.check_losses) / len(trial.check_losses),
-                           sum(base.check_losses) / len(base.check_losses))
+        loss, reference = (sum(t.check_losses) / len(t.check_losses) for t in (trial, base))
         loss_ok = abs(loss - reference) <= self.settings.tolerance * max(abs(reference), 1e-8)
         out = Outcome(fields={"loss": loss, "loss_ok": loss_ok, "losses": list(trial.check_losses),
                               **timing_fields(first_s=trial.first_s[0])})

@@ -1,18 +1,15 @@
-"""The one settings type of a search (``accel.Auto``: plan="auto" in your loop, apart, and ``accel.tune``), and the
-candidates it measures, sorted by what their accelerators provide (never by their names)."""
+"""The one settings type of a search (``accel.Auto``: plan="auto" in your loop or apart, and accel.tune), and its
+candidates, sorted by what their accelerators provide (never by their names)."""
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable
 
-import torch
-
 from accel.plan.contract import REGISTRY, Capability
 
 MARGIN = 0.02  # a plan must be faster than the one it replaces by more than this fraction
-MIN_BUDGET_S = 90.0  # default budget: at least this, or BUDGET_STEPS plain steps for slow models
-BUDGET_STEPS = 100
+MIN_BUDGET_S, BUDGET_STEPS = 90.0, 100  # the default budget: the larger of 90 s and 100 plain steps
 SLOW_STOP = 3.0  # a candidate whose steps take this many plain steps (and over 0.5 s) is not timed further
 COSTLY_GUESS_S = 30.0  # a costly first step before one is measured on the setup (compile, cold: resnet18 24-41 s, a
 # 12-layer GPT 29 s; benchmarks/bench_compile_warmup.py)
@@ -20,17 +17,16 @@ COSTLY_GUESS_S = 30.0  # a costly first step before one is measured on the setup
 
 @dataclass
 class Auto:
-    """plan=accel.Auto(...) chooses the plan by measuring; "auto" is Auto(). accel.tune(**fields) takes the same.
+    """plan=accel.Auto(...) chooses the plan by measuring ("auto" is Auto()); accel.tune(**fields) takes the same.
 
     budget_s: what the search may spend (None: the larger of 90 s and 100 plain steps; with expected_steps at most
-    30% of the plain run). expected_steps: the run's length: a costly accelerator (compile) is then kept only if its
+    30% of the plain run). expected_steps: the run's length: a costly accelerator (compile) is kept only if its
     warm-up pays back within it. step_fn(run, batch) -> loss, or loss_fn(output, targets) with split(batch) ->
-    (inputs, targets): given, the search runs apart on copies (accel.tune); without, in your own loop. candidates:
-    plans to compare with the plain loop instead of the stack the hardware predicts; accelerators: which registered
-    ones may propose candidates. cache: remember the choice (True: accel's cache folder; a path; False).
-    tolerance: how far a candidate's first losses may stray (apart). check_steps, chunk_steps: first steps compared
-    for the loss, timed steps per turn (apart; None: about 0.5 s). memory_per_rank: bytes a rank may hold under a
-    launcher (None: its device's).
+    (inputs, targets): given, the search measures copies apart (accel.tune); else your own loop. candidates: plans to
+    compare with the plain loop instead of the stack the hardware predicts; accelerators: the registered ones that
+    may propose candidates. cache: remember the choice (True: accel's folder; a path; False). Apart only: tolerance
+    (how far a candidate's first losses may stray), check_steps (how many), chunk_steps (timed steps a turn).
+    memory_per_rank: bytes a rank may hold under a launcher (None: its device's).
     """
 
     budget_s: float | None = None
@@ -52,43 +48,35 @@ class Auto:
         return not (self.step_fn is None and self.loss_fn is None and self.split is None)
 
     def key(self) -> dict[str, Any]:
-        """What changes the answer (accel.plan.cache.KEY_SETTINGS reads these)."""
+        """What changes the answer (accel.plan.cache.KEY_SETTINGS)."""
         from accel.plan import Plan
 
         given = [Plan(c).to_dict() for c in self.candidates] if self.candidates is not None else "generated"
         return {"tolerance": self.tolerance, "margin": self.margin, "expected_steps": self.expected_steps,
                 "accelerators": self.accelerators, "candidates": given}
 
-    def replace(self, **changes: Any) -> Auto:
-        return dataclasses.replace(self, **changes)
-
 
 def provides(plan: dict[str, dict], capability: Capability) -> bool:
-    """Whether any accelerator of the plan declares this capability."""
     return any(capability in REGISTRY[name].provides for name in plan)
 
 
-def for_device(hardware: Any, device: torch.device) -> Any:
+def for_device(hardware: Any, device: Any) -> Any:
     """The hardware as a run on this device sees it: a CPU run is offered no GPU's candidates."""
     devices = {"cpu": 1, **({device.type: hardware.devices.get(device.type, 1)} if device.type != "cpu" else {})}
     return dataclasses.replace(hardware, devices=devices)
 
 
-def generate_candidates(hardware, model, optimizer=None, loader=None,
-                        accelerators: list[str] | None = None) -> list[dict[str, dict]]:
-    """Every registered accelerator's configurations worth measuring here (only those named in ``accelerators``
-    when given), in plan (stage) order: what the hardware predicts (bf16 where native, channels_last for
-    convolutions, fused optimizers, workers where CPUs are spare)."""
-    found = []
-    for cls in sorted(REGISTRY.values(), key=lambda c: (int(c.stage), c.name)):
-        if accelerators is None or cls.name in accelerators:
-            found += [{cls.name: dict(options)} for options in cls.candidates(hardware, model, optimizer, loader)]
-    return found
+def generate_candidates(hardware, model, optimizer=None, loader=None, accelerators: list[str] | None = None) -> list:
+    """Every registered accelerator's configurations worth measuring here (of those in ``accelerators``, when
+    given), in plan order: what the hardware predicts (bf16 where native, channels_last for convolutions, fused
+    optimizers, workers where CPUs are spare)."""
+    return [{cls.name: dict(options)} for cls in sorted(REGISTRY.values(), key=lambda c: (int(c.stage), c.name))
+            if accelerators is None or cls.name in accelerators
+            for options in cls.candidates(hardware, model, optimizer, loader)]
 
 
 def candidates_of(settings: Auto, hardware, model, optimizer, loader) -> tuple[list[dict[str, dict]], bool]:
-    """The candidates to measure (never one that distributes: a launcher decides that) and whether they were
-    given."""
+    """The candidates to measure (none that distributes: a launcher decides that) and whether they were given."""
     from accel.plan import Plan
 
     given = settings.candidates is not None

@@ -1,18 +1,13 @@
-"""The rounds of plan="auto" in your loop: the one search's comparisons (strategy.py) measured on your own steps.
+"""The rounds of plan="auto" in your loop: the search's comparisons (strategy.py) measured on your own steps.
 
-Each comparison's plans take turns in chunks of your steps, a round at a time, the reference first in one round
-and last in the next (P C | C P | P C: no switch at a round's edge). A chunk is timed from the end of its first step
-after a switch (for steps of 2 s or more, from the switch on a plan's later turns) to the end of its last: whole
-steps, with your data loading, your code, forward, backward and update. After each round from the third, a
-challenger whose ratio to the reference clears the comparison's thresholds stops taking turns; the comparison ends
-when none is left, after MAX_ROUNDS, or when the budget is spent (checked after every chunk), and its outcomes go
-back to the search for the next one.
-
-The stop rule (stoprule.py): a challenger hopelessly slower than the reference's round beside it stops mid-chunk,
-and the reference is timed again at once: it is dropped only when still hopelessly slower than that fresh chunk, so
-a machine that got busy between the two drops nothing. A loss that is not finite is judged under the plain loop
-(fault.py): a plan pays only for its own. Under a launcher every rank takes the slowest rank's times and rank 0's
-clock (ranks.py), so every rank runs the same plan at every step and reaches the same verdicts.
+A comparison's plans take turns in chunks of your steps, the reference first in one round and last in the next (P C
+| C P: no switch at a round's edge). A chunk is timed from the end of its first step after a switch (steps of 2 s or
+more: from the switch, on a plan's later turns) to the end of its last: whole steps, data loading included. From
+the third round a challenger whose ratio is decided stops taking turns; the comparison ends when none is left, after
+MAX_ROUNDS, or when the budget is spent (checked after every chunk). A challenger hopelessly slower than the
+reference's round beside it stops mid-chunk (stoprule.py), once the reference timed again at once agrees; a loss
+that is not finite is judged under the plain loop (fault.py). Under a launcher every rank takes the slowest rank's
+times and rank 0's clock (ranks.py): the same plan on every rank at every step, the same verdicts.
 """
 from __future__ import annotations
 
@@ -26,11 +21,12 @@ from accel.measure import SETTLE_BELOW_S, Ratio, chunk_steps, paired, plan_label
 from accel.plan.contract import Capability
 from accel.search.fault import Blame, Fault, blame, interrupts_held, record, snapshot
 from accel.search.ranks import ChunkTimes
-from accel.search.remembered import expected_warmup, remember_warmup
+from accel.search.results import expected_warmup, remember_warmup
 from accel.search.settings import BUDGET_STEPS, MIN_BUDGET_S, provides
 from accel.search.stoprule import beside, stop_reason
 from accel.search.strategy import Comparison, Outcome
 from accel.search.verdicts import decided, run_ahead_s, warmup_fit
+from accel.search.words import say
 
 MIN_ROUNDS = 3  # rounds of a comparison before any verdict
 MAX_ROUNDS = 30
@@ -40,10 +36,10 @@ EXPECTED_SHARE = 0.3  # with expected_steps, the measurement spends at most this
 
 @dataclass
 class Arm:
-    """One plan taking turns: its step time per round, and how its last comparison ended for it."""
+    """One plan taking turns: its step per round, and how its last comparison ended for it."""
 
     plan: dict[str, dict]
-    rounds: dict[int, float] = field(default_factory=dict)  # round -> seconds per step in its chunk of that round
+    rounds: dict[int, float] = field(default_factory=dict)  # round -> its seconds per step in that round
     status: str = "waiting"  # waiting, measuring, measured, refused, failed, loss off, stopped early, not measured
     reason: str = ""
     first_s: float | None = None  # its first step after the first switch to it (compile lands there)
@@ -64,65 +60,62 @@ class Arm:
 
 @dataclass
 class Chunk:
-    """The turn in progress: the steps it has taken, how it is timed so far, and what a fault is judged on."""
+    """The turn in progress: its steps, how it is timed so far, and what a fault is judged on."""
 
     steps: int = 0
     untimed: int = 1  # steps after the switch not timed (1, or 0 without a switch or on later turns of long steps)
     started: float = 0.0
     last_end: float = 0.0
     wait_at_start: float = 0.0  # the loop's data wait when its timing began
-    timed_s: list[float] = field(default_factory=list)  # on a CPU, its timed steps (the stop rule's evidence)
-    record: list[tuple[int, list, list]] = field(default_factory=list)  # on an accelerator: (step, losses, forwards)
+    timed_s: list[float] = field(default_factory=list)  # on a CPU, its timed steps
+    record: list = field(default_factory=list)  # on an accelerator: (step, losses, forwards), judged at its end
     recheck: tuple | None = None  # a challenger the stop rule caught: (arm, its fastest step, timed steps)
+
+    def starts(self, at: float, wait_s: float) -> None:
+        self.started, self.last_end, self.wait_at_start, self.timed_s = at, at, wait_s, []
 
 
 class Turns:
-    """Runs the search's comparisons on the loop's steps of a plan="auto" run (inloop.InLoopSearch, ``run``)."""
+    """Runs the search's comparisons on the steps of a plan="auto" run (inloop.InLoopSearch: ``run``)."""
 
     def __init__(self, run: Any):
-        self.run = run
-        self.arms: list[Arm] = [Arm({}, status="measuring")]
-        self.plain = self.arms[0]
-        self.comparisons = run.strategy.comparisons()
-        self.request: Comparison | None = None
-        self.note = ""  # the comparison's word on its rows (a warm-up tried past the budget)
-        self.cut = False  # a comparison the budget ended before its verdicts were clear
-        self.reference, self.challengers = self.plain, []
+        self.run, self.arms = run, [Arm({}, status="measuring")]
+        self.plain = self.reference = self.active = self.arms[0]
+        self.comparisons, self.request = run.strategy.comparisons(), None
+        self.challengers: list[Arm] = []
         self.round = self.first_round = self.turn = 0
         self.order: list[Arm] = []
-        self.active = self.plain
-        self.chunk = Chunk()
-        self.chunk_steps = 2  # timed steps per chunk, paced after the plain loop's first chunk
-        settings = run.settings
-        self.deadline = run.started + (settings.budget_s if settings.budget_s is not None else MIN_BUDGET_S)
-        self.turn_began = run.started
+        self.chunk, self.chunk_steps = Chunk(), 2  # timed steps per chunk, paced after the plain loop's first
+        self.deadline = run.started + (run.settings.budget_s if run.settings.budget_s is not None else MIN_BUDGET_S)
+        self.turn_began, self.note, self.cut = run.started, "", False  # cut: a verdict the budget left unclear
         self.plain_wait = [0.0, 0.0]  # data wait and time of the plain loop's timed steps
         self.fault: Fault | None = None  # this chunk's first loss that was not finite, judged at its end
         self.losses: list[torch.Tensor] = []  # this step's losses, and your model's forwards that gave them
         self.calls: list = []
 
-    # --- the comparisons -----------------------------------------------------------------------------------------
-
     def start(self) -> None:
         self._next(lambda: next(self.comparisons))
 
+    # --- the comparisons -----------------------------------------------------------------------------------------
+
     def _next(self, ask) -> None:
-        """The search's next comparison (``ask``), begun; the run finishes when there is none."""
-        decided_before = self.run.strategy.decided
+        """The search's next comparison, begun; the run chooses at the first verdict and finishes after the last."""
+        was = self.run.strategy.decided
         try:
             request = ask()
         except StopIteration:
-            self.run.finish()
-            return
-        if self.run.strategy.decided and not decided_before:
+            return self.run.finish()
+        if self.run.strategy.decided and not was:
             self.run.choose()
         self._begin(request)
 
     def _begin(self, request: Comparison) -> None:
-        self.request, self.note = request, ""
-        self.reference = self.arm(request.reference)
+        self.request, self.note, self.reference = request, "", self.arm(request.reference)
         if request.costly:
-            fit = self._warmup_fit(request)
+            candidate = {k: v for k, v in request.challengers[0].items() if k not in request.reference}
+            guess = expected_warmup(candidate, self.run.cache_key, self.run.settings.cache)
+            ahead = run_ahead_s(self.run.settings.expected_steps, self.run.steps, self.reference.median_s())
+            fit = self.run.ranks.decide(warmup_fit(*guess, self.deadline - clock.now(), ahead))  # rank 0's clock
             if not fit.fits:
                 return self._answer([Outcome("not measured", fit.reason)])
             if fit.past_budget:  # its warm-up and its rounds, on the run's allowance
@@ -133,18 +126,10 @@ class Turns:
             return self._answer([Outcome("not measured", "the budget ran out") for _ in request.challengers])
         self.challengers = [self.arm(plan) for plan in request.challengers]
         for arm in self.challengers:
-            if arm.status in ("waiting", "measuring", "measured"):
+            if arm.status in ("waiting", "measuring", "measured"):  # one that could not run before is not tried again
                 arm.against, arm.status, arm.reason = self.reference, "measuring", ""
         self.reference.status, self.first_round = "measuring", self.round
-        if not self._live():  # each could not run before: it is not tried again
-            return self._end_comparison()
-        self._next_round()
-
-    def _warmup_fit(self, request: Comparison):
-        candidate = {k: v for k, v in request.challengers[0].items() if k not in request.reference}
-        guess = expected_warmup(candidate, self.run.cache_key, self.run.settings.cache)
-        ahead = run_ahead_s(self.run.settings.expected_steps, self.run.steps, self.reference.median_s())
-        return self.run.ranks.decide(warmup_fit(*guess, self.deadline - clock.now(), ahead))  # rank 0's clock
+        self._next_round() if self._live() else self._end_comparison()
 
     def _answer(self, outcomes: list[Outcome]) -> None:
         self._next(lambda: self.comparisons.send(outcomes))
@@ -154,15 +139,14 @@ class Turns:
         for arm in self.challengers:
             ratio = arm.ratio_to(reference)
             if arm.status in ("measuring", "measured"):
-                arm.status = "measured" if ratio.samples else "not measured"
-                arm.reason = arm.reason or ("" if ratio.samples else "the budget ran out")
+                arm.status, arm.reason = ("measured", arm.reason) if ratio.samples else ("not measured",
+                                                                                          "the budget ran out")
             if self.request.costly and arm.first_s is not None:
                 arm.first_s = self.run.ranks.slowest(arm.first_s)  # the warm-up every rank waited for
                 remember_warmup({k: v for k, v in arm.plan.items() if k not in reference.plan}, self.run.cache_key,
                                 self.run.settings.cache, arm.first_s - (reference.median_s() or 0.0))
             fields = {"median_ms": round(arm.median_s() * 1000, 3)} if arm.rounds else {}
-            if arm.first_s is not None:
-                fields["first_step_s"] = round(arm.first_s, 4)
+            fields.update({"first_step_s": round(arm.first_s, 4)} if arm.first_s is not None else {})
             outcomes.append(Outcome(arm.status, arm.reason, ratio, dict(arm.rounds), fields,
                                     (arm.first_s or 0.0) - (reference.median_s() or 0.0), reference.median_s(),
                                     self.note))
@@ -197,12 +181,10 @@ class Turns:
         if self.turn < len(self.order):
             return self._go(self.order[self.turn])
         self.round += 1
-        done = self.round - self.first_round
-        if done >= MIN_ROUNDS:
+        if self.round - self.first_round >= MIN_ROUNDS:
             for arm in self._live():
-                if decided(arm.ratio_to(self.reference), self.request.thresholds):
-                    arm.status = "measured"
-        if not self._live() or done >= MAX_ROUNDS:
+                arm.status = "measured" if decided(arm.ratio_to(self.reference), self.request.thresholds) else arm.status
+        if not self._live() or self.round - self.first_round >= MAX_ROUNDS:
             return self._end_comparison()
         self._next_round()
 
@@ -214,19 +196,15 @@ class Turns:
             return self._next_turn()
         self.active, self.chunk.steps, self.chunk.record = arm, 0, []
         # A step of 2 s or more is timed from the switch on a plan's later turns: what a switch leaves cold is small
-        # beside it, and an untimed step would cost a third of every turn. Not a costly plan: a switch back to it may
+        # beside it, and an untimed step costs a third of every turn. Not a costly plan's: a switch back to it may
         # build again (compile's guards), and that is not its step.
         long_steps = all(a.rounds and min(a.rounds.values()) >= SETTLE_BELOW_S for a in (self.reference, arm))
-        costly = provides(arm.plan, Capability.SETUP_COSTLY)
-        later = arm.first_s is not None and ((long_steps and not costly) or not switched)
+        later = arm.first_s is not None and (not switched or long_steps and not provides(
+            arm.plan, Capability.SETUP_COSTLY))
         self.chunk.untimed = 0 if later else 1
-        if not self.chunk.untimed:
-            self._chunk_starts(self.run.switched_at)
-        self.run.update_words()
-
-    def _chunk_starts(self, at: float) -> None:
-        chunk = self.chunk
-        chunk.started, chunk.last_end, chunk.wait_at_start, chunk.timed_s = at, at, self.run.data_wait_s, []
+        if later:
+            self.chunk.starts(self.run.switched_at, self.run.data_wait_s)
+        say(self.run)
 
     def restart_chunk(self) -> None:
         """The plan was switched away and back under this chunk (a refused run.load): it starts again."""
@@ -235,9 +213,8 @@ class Turns:
     # --- a step --------------------------------------------------------------------------------------------------
 
     def before_update(self) -> None:
-        """Before a step's update: on a CPU (where reading a loss costs nothing) its loss is checked now, so a fault
-        is judged in the weights it happened in (a copy is kept, its time left out of the chunk's); on an accelerator
-        the step is kept for the chunk's end."""
+        """Before a step's update: on a CPU its loss is checked now (reading it costs nothing), so a fault is judged
+        in the weights it happened in (copied, the copy's time left out); on an accelerator, at the chunk's end."""
         losses, calls, self.losses, self.calls = self.losses, self.calls, [], []
         if self.fault is not None or not losses:
             return
@@ -257,11 +234,9 @@ class Turns:
         if chunk.steps == chunk.untimed:  # the step after a switch
             synchronize(run.device)
             now = clock.now()
-            if arm.first_s is None:
-                arm.first_s = now - run.switched_at
-            return self._chunk_starts(now)
-        timed = chunk.steps - chunk.untimed
-        against = None if arm is self.reference else self.reference
+            arm.first_s = now - run.switched_at if arm.first_s is None else arm.first_s
+            return chunk.starts(now, run.data_wait_s)
+        timed, against = chunk.steps - chunk.untimed, None if arm is self.reference else self.reference
         if run.device.type == "cpu":  # (on an accelerator, reading the time every step would wait for the device)
             now = clock.now()
             chunk.timed_s.append(now - chunk.last_end)
@@ -271,30 +246,32 @@ class Turns:
                                          or not self._stop_reason(timed, against)):
             return
         synchronize(run.device)
-        elapsed = clock.now() - chunk.started
-        fault = self.fault or self._chunk_fault()
-        self.fault, chunk.record = None, []
-        agreed = run.ranks.chunk(ChunkTimes(elapsed, tuple(chunk.timed_s), fault is not None))
-        chunk.timed_s, elapsed = list(agreed.step_s), agreed.seconds
+        fault, self.fault = self.fault or self._chunk_fault(), None
+        agreed = run.ranks.chunk(ChunkTimes(clock.now() - chunk.started, tuple(chunk.timed_s), fault is not None))
+        chunk.timed_s, chunk.record, elapsed = list(agreed.step_s), [], agreed.seconds
         if agreed.nonfinite and run.ranks.world_size > 1 and arm is not self.plain:
-            run.switch({})  # every rank switches to the plain loop together (ddp's wrapping is collective)
+            run.switch({})  # every rank to the plain loop together (ddp's wrapping is collective)
         blamed = self._judge(fault) if fault is not None else None
+        step_s = self._step_s(timed, elapsed)
         if chunk.recheck is not None:  # this chunk timed the reference again, for the arm caught before it
-            self._end_recheck(self._step_s(timed, elapsed))
+            caught, fastest, count = chunk.recheck
+            chunk.recheck, why = None, stop_reason(fastest, count, step_s, self._name(self.reference))
+            if why:
+                caught.status, caught.reason = "stopped early", why.replace("in the round beside it",
+                                                                            "timed again right after it")
         elif run.ranks.any_true(blamed is not None and blamed.plan):
-            arm.status = "loss off"
-            arm.reason = blamed.words if blamed is not None else ("a loss was not finite on another rank under this "
-                                                                  "plan, and was finite there under the plain loop")
+            arm.status, arm.reason = "loss off", (blamed.words if blamed is not None else "a loss was not finite on "
+                                                  "another rank under it, and was finite there under the plain loop")
         elif against is not None and self._stop_reason(timed, against, elapsed):
             chunk.recheck = (arm, self._fastest(timed, elapsed), timed)  # bf16 emulated on a Zen 3 was 14x slower
             return self._go(against)
         else:
-            arm.rounds[self.round] = self._step_s(timed, elapsed)
+            arm.rounds[self.round] = step_s
             if arm is self.plain:
                 self.plain_wait[0] += run.data_wait_s - chunk.wait_at_start
                 self.plain_wait[1] += elapsed
-                if self.chunk_steps == 2 and len(arm.rounds) == 1:
-                    self._pace(arm.rounds[self.round])
+                if len(arm.rounds) == 1:
+                    self._pace(step_s)
         self._next_turn()
 
     def _pace(self, step_s: float) -> None:
@@ -306,9 +283,9 @@ class Turns:
             self.deadline = min(self.deadline, self.run.started + EXPECTED_SHARE * settings.expected_steps * step_s)
 
     def _step_s(self, timed: int, elapsed: float) -> float:
-        """The chunk's step: on a CPU the lower median of its timed steps (a spike of load lands on single steps, and
-        most steps of a chunk are spared: an A/A test under seeded spikes of 30-150 steps chose the plain loop's twin
-        by the chunks' means), elsewhere their mean (reading each step's time would wait for the device)."""
+        """The chunk's step: on a CPU the lower median of its timed steps (load spikes land on single steps: an A/A
+        test under seeded spikes of 30-150 plain steps chose the plain loop's twin by the chunks' means), elsewhere
+        their mean (reading each step's time would wait for the device)."""
         steps = sorted(self.chunk.timed_s)
         return steps[(len(steps) - 1) // 2] if len(steps) == timed else elapsed / timed
 
@@ -316,18 +293,12 @@ class Turns:
         """The stop rule's evidence from this chunk: its fastest timed step on a CPU, its mean elsewhere."""
         return min(self.chunk.timed_s) if len(self.chunk.timed_s) == timed else (elapsed or 0.0) / timed
 
-    def _stop_reason(self, timed: int, against: Arm, elapsed: float | None = None) -> str:
-        name = "the plain loop" if against is self.plain else against.name
-        return stop_reason(self._fastest(timed, elapsed), timed, beside(against.rounds, self.round), name)
+    def _name(self, arm: Arm) -> str:
+        return "the plain loop" if arm is self.plain else arm.name
 
-    def _end_recheck(self, reference_s: float) -> None:
-        """The reference was timed again right after the caught arm's chunk: the arm stops when it is still
-        hopelessly slower than that; else it goes on, its disputed chunk no sample of the round."""
-        (arm, fastest_s, timed), self.chunk.recheck = self.chunk.recheck, None
-        name = "the plain loop" if self.reference is self.plain else self.reference.name
-        why = stop_reason(fastest_s, timed, reference_s, name)
-        if why:
-            arm.status, arm.reason = "stopped early", why.replace("in the round beside it", "timed again right after it")
+    def _stop_reason(self, timed: int, against: Arm, elapsed: float | None = None) -> str:
+        return stop_reason(self._fastest(timed, elapsed), timed, beside(against.rounds, self.round), self._name(against))
+
 
     # --- faults --------------------------------------------------------------------------------------------------
 
@@ -336,11 +307,11 @@ class Turns:
         return next((Fault(step, self.active.name, calls) for step, losses, calls in self.chunk.record
                      if not finite(losses)), None)
 
-    def _judge(self, fault: Fault):
+    def _judge(self, fault: Fault) -> Blame:
         """Whose fault: the plan's, or the plain loop's too (replayed under it, nothing changed: fault.py)."""
         if self.active is self.plain:
             blamed = Blame(False, "the data or the loop", f"a loss was not finite at step {fault.step} under the "
-                                                          "plain loop itself", fault.step, fault.arm)
+                                                          "plain loop itself", fault.step)
         else:
             self.run.switch({})  # the plain loop, to replay the step's forward under
             with interrupts_held():  # the replay puts your model's weights back: never half-way
