@@ -67,8 +67,8 @@ class SearchState:
             short = "plan='auto' (ended before a verdict)"
         else:
             who, short = "plan='auto' is measuring this candidate" + (
-                f" against the chosen {label(self.chosen)}" if self.chosen is not None else ", not chosen yet"), \
-                "plan='auto' (measuring)"
+                ", not chosen yet" if self.chosen is None else f" against the chosen {plan_label(self.chosen)}"
+                if self.chosen else " against the plain loop, chosen so far"), "plan='auto' (measuring)"
         changes = {k: (short if v == ASKED else v) for k, v in row.changes.items()}
         return dataclasses.replace(row, reason=who + (f"; {row.reason}" if row.reason else ""), changes=changes)
 
