@@ -18,40 +18,23 @@ import tempfile
 import time
 
 import torch
-from torch import nn
 from torch.utils.data import DataLoader
 
 import accel
+from accel.testing import TinyCNN, train_steps
 from accel.workloads import digits_datasets
-
-
-class TwoConvs(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.conv1, self.conv2 = nn.Conv2d(1, 16, 3, padding=1), nn.Conv2d(16, 32, 3, padding=1)
-        self.head = nn.Linear(32 * 2 * 2, 10)
-
-    def forward(self, x):
-        x = nn.functional.max_pool2d(torch.relu(self.conv1(x)), 2)
-        x = nn.functional.max_pool2d(torch.relu(self.conv2(x)), 2)
-        return self.head(x.flatten(1))
 
 
 def quickstart(epochs: int = 3) -> dict:
     """The Quickstart's loop, as written there, with plan="auto"."""
     train_set, test_set = digits_datasets(0, test_fraction=0.2)
     torch.manual_seed(0)
-    model = TwoConvs()
+    model = TinyCNN()  # two conv layers, pooling, two linear ones
     optimizer = torch.optim.Adam(model.parameters())
     loader = DataLoader(train_set, batch_size=64, shuffle=True)
     started = time.perf_counter()
     run = accel.accelerate(model, optimizer, loader, plan="auto")
-    for _ in range(epochs):
-        for x, y in run.loader:
-            with run.autocast():
-                loss = nn.functional.cross_entropy(run.model(x), y)
-            run.backward(loss)
-            run.step()
+    train_steps(run, epochs)  # the README's loop: run.loader, run.autocast(), run.backward(loss), run.step()
     wall_s = time.perf_counter() - started
     search, tuning = run.search, run.report.tuning
     run.close()

@@ -20,7 +20,7 @@ from accel.search import inloop
 from accel.search import turns as turn_taking
 from accel.search.inloop import InLoopSearch
 from accel.errors import Problem
-from accel.testing import VirtualClock, check_equivalence, tiny_loader, tiny_model
+from accel.testing import TinyCNN, VirtualClock, check_equivalence, tiny_loader, tiny_model, train_steps
 from accel.testing.harness import process_state
 from accel.testing.loops import LOOPS
 from accel.testing.zoo import BATCHES, EXTRAS, LOADERS, MODELS, OPTIMIZERS, Case
@@ -839,7 +839,7 @@ def test_a_loss_the_plain_loop_gives_too_is_the_datas_fault_and_no_arm_pays(virt
     try:
         while run.phase != "settled":
             train(run, 40, weighted)  # an epoch: the faulty batch comes once in each
-        first = run.blames[0]
+        first = run.faults.blames[0]
         assert first.step == 5 and "(channels_last in place)" in first.words and not first.plan, first  # batch 4
         assert first.who == ("the data" if kind == "nan inputs" else "the data or the loop"), first
         assert not [a.name for a in run.arms if a.status == "loss off"], [(a.name, a.reason) for a in run.arms]
@@ -978,20 +978,6 @@ def test_a_candidate_that_trains_a_copy_is_named_not_switched_in_your_loop(virtu
 
 # --- the Quickstart's loop (issue 36): the stack the hardware predicts, measured first -------------------------
 
-class TwoConvs(nn.Module):
-    """The Quickstart's small CNN: two conv layers on sklearn's 8x8 digits."""
-
-    def __init__(self):
-        super().__init__()
-        self.conv1, self.conv2 = nn.Conv2d(1, 16, 3, padding=1), nn.Conv2d(16, 32, 3, padding=1)
-        self.head = nn.Linear(32 * 2 * 2, 10)
-
-    def forward(self, x):
-        x = nn.functional.max_pool2d(torch.relu(self.conv1(x)), 2)
-        x = nn.functional.max_pool2d(torch.relu(self.conv2(x)), 2)
-        return self.head(x.flatten(1))
-
-
 def quickstart(cache, monkeypatch):
     """The README's Quickstart on digits (Adam, batch 64, 3 epochs: 69 steps) with plan="auto" and no settings, on
     the test's clock: a forward costs 3 ms, an update 2 ms, or 0.5 ms fused (the fused_optimizer the hardware
@@ -1001,7 +987,7 @@ def quickstart(cache, monkeypatch):
     monkeypatch.setattr(inloop, "CHUNK_S", 0.5)  # as shipped: about 0.5 s of steps a chunk, at most 4 timed
     monkeypatch.setenv("ACCEL_CACHE_DIR", str(cache))
     torch.manual_seed(0)
-    model = TwoConvs()
+    model = TinyCNN()  # two conv layers, pooling, two linear ones
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     model.register_forward_pre_hook(lambda module, args: CLOCK.advance(0.003))
     optimizer.register_step_pre_hook(
@@ -1009,13 +995,8 @@ def quickstart(cache, monkeypatch):
     train_set = digits_datasets(0, test_fraction=0.2)[0]
     loader = DataLoader(train_set, batch_size=64, shuffle=True, generator=torch.Generator().manual_seed(0))
     assert len(loader) == 23  # 1,437 digits: 3 epochs are 69 steps
-    run = accel.accelerate(model, optimizer, loader, plan="auto")  # compile is left to the test below: no compiler
-    for _ in range(3):                                              # here is fast enough for a test
-        for x, y in run.loader:
-            with run.autocast():
-                loss = nn.functional.cross_entropy(run.model(x), y)
-            run.backward(loss)
-            run.step()
+    run = accel.accelerate(model, optimizer, loader, plan="auto")
+    train_steps(run, 3)  # the README's loop
     run.close()
     return run
 
@@ -1025,7 +1006,8 @@ def test_the_quickstart_reaches_its_verdict_before_step_40_and_a_second_run_take
     """Before, its 69 steps ended with auto still measuring five stacks of two rounds each: the user got the plain
     loop. Now the stack the hardware predicts is measured against the plain loop first, and chosen as soon as its
     interval says it pays; what is left of the run measures its ablations."""
-    monkeypatch.setattr(accel.accelerators.compile.Compile, "candidates", classmethod(lambda *a, **k: []))
+    monkeypatch.setattr(accel.accelerators.compile.Compile, "candidates",  # no compiler here is fast enough for a
+                        classmethod(lambda *a, **k: []))                   # test: compile is tested on its own
     first = quickstart(tmp_path, monkeypatch)
     result = first.report.tuning
     predicted = result.rows[1]

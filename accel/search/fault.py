@@ -21,6 +21,8 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_leaves, tree_map
 
+from accel import clock
+
 MAX_CALLS = 4  # training forwards kept per step (the last ones: a loop's extra forwards before them are dropped)
 
 
@@ -171,10 +173,57 @@ def blame(model: torch.nn.Module, fault: Fault, tolerance: float, capture: Captu
                                   "plain loop, but not the same, so it could not be cleared")
 
 
-def record(blames: list[Blame], new: Blame) -> None:
-    """Keep the first fault of each kind with its words; a later one of the same kind is counted, not repeated."""
-    same = next((b for b in blames if b.who == new.who), None)
-    same.also.append(new.step) if same is not None else blames.append(new)
+class Faults:
+    """The losses of the steps the search measures, checked: on a CPU at each step, before its update (reading a loss
+    costs nothing there, and the fault is judged in the weights it happened in: copied, the copy's time left out of the
+    chunk's); on an accelerator at the chunk's end (reading one every step would wait for the device). ``blames``:
+    the faults no plan paid for, the first of each kind with its words, later ones counted."""
+
+    def __init__(self, model: torch.nn.Module, tolerance: float):
+        self.model, self.tolerance, self.capture = model, tolerance, Capture(model)
+        self.losses, self.calls, self.record, self.blames = [], [], [], []
+        self.fault: Fault | None = None  # this chunk's first loss that was not finite, judged at its end
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self.losses.append(loss.detach())
+        self.calls += self.capture.take()
+
+    def before_update(self, step: int, plan: str, on_cpu: bool, copy: bool) -> float:
+        """Check this step's losses; the seconds a copy of the weights took (not the plan's: the chunk skips them)."""
+        losses, calls, self.losses, self.calls = self.losses, self.calls, [], []
+        if self.fault is not None or not losses:
+            return 0.0
+        if not on_cpu:
+            self.record.append((step, losses, calls))
+        elif not finite(losses):
+            began = clock.now()
+            self.fault = Fault(step, plan, calls, snapshot(self.model) if copy else None)
+            return clock.now() - began
+        return 0.0
+
+    def chunk_fault(self, plan: str) -> Fault | None:
+        """The chunk's fault: its CPU step's, or its first step whose loss was not finite (on an accelerator, judged in
+        the weights as they are); the chunk's record is cleared."""
+        fault, record, self.fault, self.record = self.fault, self.record, None, []
+        return fault or next((Fault(step, plan, calls) for step, losses, calls in record if not finite(losses)), None)
+
+    def judge(self, fault: Fault, plain: bool, to_plain) -> Blame:
+        """Whose fault: the plan's, or the plain loop's too (replayed under it, after ``to_plain()``)."""
+        if plain:
+            blamed = Blame(False, "the data or the loop", f"a loss was not finite at step {fault.step} under the "
+                                                          "plain loop itself", fault.step)
+        else:
+            to_plain()
+            with interrupts_held():  # the replay puts your model's weights back: never half-way
+                blamed = blame(self.model, fault, self.tolerance, self.capture)
+        same = next((b for b in self.blames if b.who == blamed.who), None) if not blamed.plan else None
+        if not blamed.plan:
+            same.also.append(blamed.step) if same is not None else self.blames.append(blamed)
+        return blamed
+
+
+def finite(losses: list[torch.Tensor]) -> bool:
+    return bool(torch.isfinite(torch.cat([loss.detach().float().reshape(-1) for loss in losses])).all())
 
 
 def summary(blames: list[Blame]) -> list[str]:

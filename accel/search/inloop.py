@@ -2,11 +2,10 @@
 
 ``InLoopSearch`` is a controller that owns the run of the plan in place (``run.current``: an accel.Run made by
 accelerate() on your own objects) and switches its plan between chunks of your steps as the one search decides
-(strategy.py; turns.py measures it on your steps). Nothing is copied: a switch is accelerate() again, the earlier run
-undone and its counters and accelerators' state handed over, so each plan keeps its card. It answers what the loop
-calls (run.loader, run.backward, run.step, run.load, run.close); every other name is the run's of the plan in place:
-read run.model inside the loop (compile, when chosen, wraps it). ``run.search`` (words.py, also run.report.search)
-says at every moment what auto measures, what it chose and why, and what measuring cost.
+(strategy.py; turns.py times your steps). Nothing is copied: a switch is accelerate() again, the earlier run undone and
+its counters and accelerators' state handed over, so each plan keeps its card. It answers what the loop calls (run.loader:
+loader.py, run.backward, run.step, run.load, run.close); every other name is the run's of the plan in place (read
+run.model inside the loop: compile, when chosen, wraps it). ``run.search`` (words.py) says what auto does, at every moment.
 """
 from __future__ import annotations
 
@@ -29,7 +28,8 @@ from accel.run.checkpoint import decode_plan, read
 from accel.run.context import placement
 from accel.run.sharded_checkpoint import is_sharded_checkpoint
 from accel.search.distribution import distribute
-from accel.search.fault import Capture, interrupts_held, summary
+from accel.search.fault import Faults, interrupts_held, summary
+from accel.search.loader import SearchLoader
 from accel.search.ranks import in_step
 from accel.search.results import TuneResult, TuneRow, cached_answer, keep_answer
 from accel.search.settings import Auto, candidates_of, for_device, provides
@@ -59,15 +59,10 @@ class InLoopSearch:
             raise PlanError(problems)
         self.device, self.launch, self.hardware = decided.device, decided.launch, for_device(hardware, decided.device)
         self.notes: list[str] = []
-        self.distributed, self.hold, self.ranks = in_step(decided.launch, model, optimizer, self.device, settings,
-                                                          self.notes)
-        candidates, given = candidates_of(settings, self.hardware, model, optimizer, loader)
-        self.copies = [c for c in candidates if provides(c, Capability.MODEL_COPY)]  # a switch back would lose them
-        self.epochwise = [c for c in candidates if c not in self.copies and provides(c, Capability.DATA_LOADER)]
-        rest = [c for c in candidates if c not in self.copies and c not in self.epochwise]
-        costly = [c for c in rest if provides(c, Capability.SETUP_COSTLY)]
-        self.strategy = Search([c for c in rest if c not in costly], costly, given, settings.margin,
-                               settings.expected_steps)
+        self.distributed, self.hold, self.ranks = in_step(self.launch, model, optimizer, self.device, settings, self.notes)
+        kinds = candidates_of(settings, self.hardware, model, optimizer, loader, in_loop=True)
+        self.copies, self.epochwise = kinds["copies"], kinds["epochwise"]
+        self.strategy = Search(kinds["stepwise"], kinds["costly"], kinds["given"], settings.margin, settings.expected_steps)
         try:
             self.current = accelerate(model, optimizer, loader, plan=dict(self.distributed), device=device)
         except BaseException:
@@ -75,15 +70,13 @@ class InLoopSearch:
             raise
         self.search = SearchState(since_step=self.current.steps)  # what the report says auto has done so far
         self.current.report.search = self.search
-        self.capture = Capture(model)  # your model's training forwards: what a fault is replayed on
+        self.faults = Faults(model, settings.tolerance)  # losses that are not finite, judged under the plain loop
         self.loader = SearchLoader(self)
         self.phase, self.how = "measuring", ""  # measuring, chosen (measuring what budget is left), settled
-        self.blames: list = []  # faults no plan paid for (the data's, the loop's)
         self.saved: dict[str, dict] = {}  # accelerator name -> its state when its plan last stepped aside
         self.result: TuneResult | None = None
         self.cache_key = self.pending = self.chosen_at = self.settled_at = self.ended_at = None
-        self.data_wait_s = self.switch_s = 0.0
-        self.switched_at = clock.now()
+        self.data_wait_s, self.switch_s, self.switched_at = 0.0, 0.0, clock.now()
         self.loader_read = self.stepping = self.bypassed = self.switching = False
         mine = weakref.WeakMethod(self._optimizer_steps)  # your optimizer must not keep a dropped search alive
         self.watching = optimizer.register_step_pre_hook(lambda *args: mine() and mine()(*args))
@@ -92,31 +85,25 @@ class InLoopSearch:
 
     def __getattr__(self, name: str) -> Any:
         """Every other name is the run's of the plan in place (an accel.Run)."""
-        current = self.__dict__.get("current")
-        if current is None:
+        if "current" not in self.__dict__:
             raise AttributeError(name)
-        return getattr(current, name)
+        return getattr(self.current, name)
 
     @property
     def measuring(self) -> bool:
         return self.phase in ("measuring", "chosen")
 
     @property
-    def arms(self) -> list:
-        """Every plan that took (or waits for) turns, the plain loop first (turns.Arm)."""
+    def arms(self) -> list:  # every plan that took (or waits for) turns, the plain loop first (turns.Arm)
         return self.turns.arms
 
     # --- what the loop calls ---------------------------------------------------------------------------------------
-
-    def autocast(self):
-        return self.current.autocast()
 
     def backward(self, loss: torch.Tensor) -> None:
         if self.bypassed and self.measuring:
             self._end_bypassed()
         if self.measuring:
-            self.turns.losses.append(loss.detach())
-            self.turns.calls += self.capture.take()
+            self.faults.backward(loss)
         self.current.backward(loss)
 
     def step(self) -> bool:
@@ -140,7 +127,7 @@ class InLoopSearch:
         elif self.phase == "chosen":
             self._settle(ENDED, switch=False)
         with interrupts_held():
-            self.capture.remove()
+            self.faults.capture.remove()
             self.watching.remove()
             model = self.objects[0]
             interrupted = open_run(getattr(model, "_orig_mod", model)) if self.switching else None
@@ -200,7 +187,7 @@ class InLoopSearch:
                 self.switched_at = clock.now()
                 self.switch_s += self.switched_at - began
             self.current, self.switching, run.report.search = run, False, self.search
-            self.capture.attach()  # after the plan's own hooks on your model
+            self.faults.capture.attach()  # after the plan's own hooks on your model
             for accelerator in run.accelerators:  # those handed over by the run before already have theirs
                 if accelerator.name not in leaving and accelerator.name in self.saved:
                     try:
@@ -254,9 +241,8 @@ class InLoopSearch:
             self._end_bypassed()
 
     def _end_bypassed(self) -> None:
-        for arm in self.arms[1:]:
-            arm.status, arm.reason = ("not measured", "your loop steps the optimizer itself") if arm.status in (
-                "waiting", "measuring") else (arm.status, arm.reason)
+        for arm in (a for a in self.arms[1:] if a.status in ("waiting", "measuring")):
+            arm.status, arm.reason = "not measured", "your loop steps the optimizer itself"
         self._settle("your loop bypasses run.step()", plan={}, why=(
             "your loop calls optimizer.step() itself, not run.step(): plan='auto' times the steps between run.step() "
             "calls, so nothing was measured: the plain loop is kept"))
@@ -267,7 +253,7 @@ class InLoopSearch:
         """The first verdict is in: the choice is said and remembered at once; what budget is left measures on."""
         self.phase, self.chosen_at = "chosen", self.current.steps
         self.result = self.current.report.tuning = self._result()
-        keep_answer(self.result, self.cache_key, self.settings.cache, self._keepable())
+        keep_answer(self.result, self.cache_key, self.settings.cache, self.strategy.established and not self.distributed)
         say(self)
 
     def finish(self) -> None:
@@ -282,14 +268,11 @@ class InLoopSearch:
         if switch:
             self._take(self.result.plan.to_dict())
         self.current.report.tuning = self.result
-        if result is None:
-            keep_answer(self.result, self.cache_key, self.settings.cache, self._keepable() and not why)
-        self.capture.remove()
+        if result is None:  # an established answer of a single process (launched jobs take those)
+            keep_answer(self.result, self.cache_key, self.settings.cache,
+                        self.strategy.established and not self.distributed and not why)
+        self.faults.capture.remove()
         say(self)
-
-    def _keepable(self) -> bool:
-        """An answer the cache keeps: established, and a single process's (launched jobs take those)."""
-        return self.strategy.established and not self.distributed
 
     def _result(self, why: str = "", plan: dict | None = None) -> TuneResult:
         """The table and the answer so far: the search's rows, a rebuilt loader decided by the loop's wait for data,
@@ -302,15 +285,15 @@ class InLoopSearch:
         for candidate in self.epochwise if plan is None else []:
             rows.append(TuneRow(plan_label(candidate), candidate, "by data wait", "eager", tests=next(iter(candidate))))
             if not self.loader_read:
-                rows[-1].status, rows[-1].reason = "not measured", "your loop never iterated run.loader: its data " \
-                                                                   "wait is unknown"
+                rows[-1].status = "not measured"
+                rows[-1].reason = "your loop never iterated run.loader: its data wait is unknown"
             else:
                 chosen.update(candidate if share >= DATA_WAIT else {})
                 rows[-1].decision = "chosen" if share >= DATA_WAIT else "not needed"
                 rows[-1].reason = f"your loop waited {share:.0%} of its step for data" + (
                     ": it joins at the next epoch" if share >= DATA_WAIT else "")
         rows += [TuneRow(plan_label(c), c, "not measured", reason=COPY) for c in self.copies]
-        notes = self.notes + summary(self.blames) + (
+        notes = self.notes + summary(self.faults.blames) + (
             ["your loop never iterated run.loader, so the cache was neither read nor written (its key needs a batch)"]
             if not self.loader_read and self.settings.cache and len(self.arms) > 1 else [])
         nothing = not strategy.candidates and not strategy.costly and not self.epochwise
@@ -328,35 +311,3 @@ class InLoopSearch:
         model, optimizer, _ = self.objects
         return distribute(result, model, optimizer, self.device, self.launch, self.settings.memory_per_rank) \
             if self.distributed else result
-
-
-class SearchLoader:
-    """run.loader of plan="auto": your batches, prepared by the plan in place, the loop's wait for each counted.
-    Every other name is the run.loader's of the plan in place (accel.run.device_loader.DeviceLoader)."""
-
-    def __init__(self, run: InLoopSearch):
-        self.run = run
-
-    def __iter__(self):
-        run = self.run
-        run.epoch_boundary()
-        batches = iter(run.current.loader.start_epoch())
-        while True:
-            began = clock.now()
-            batch = next(batches, StopIteration)
-            if batch is StopIteration:
-                return
-            run.data_wait_s += clock.now() - began
-            run.on_batch(batch)
-            loader = run.current.loader
-            if loader.drawn is not None:
-                loader.drawn()
-            yield loader.prepare(batch)
-
-    def __len__(self) -> int:
-        return len(self.run.current.loader)
-
-    def __getattr__(self, name: str) -> Any:
-        if name == "run":
-            raise AttributeError(name)
-        return getattr(self.run.current.loader, name)

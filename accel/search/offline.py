@@ -11,12 +11,11 @@ import accel.plan.cache as plancache
 from accel.errors import MeasureError, PlanError, Problem
 from accel.hardware import probe
 from accel.measure import Lab, TrainStep, Trial
-from accel.plan.contract import Capability
 from accel.run.context import placement
 from accel.search.distribution import distribute
 from accel.search.results import (TuneResult, cached_answer, expected_warmup, keep_answer, remember_warmup,
                                   timing_fields)
-from accel.search.settings import BUDGET_STEPS, MIN_BUDGET_S, SLOW_STOP, Auto, candidates_of, for_device, provides
+from accel.search.settings import BUDGET_STEPS, MIN_BUDGET_S, SLOW_STOP, Auto, candidates_of, for_device
 from accel.search.strategy import Comparison, Outcome, Search
 from accel.search.verdicts import run_ahead_s, warmup_fit
 
@@ -51,10 +50,8 @@ def tune(model, optimizer, loader, device: Any = "auto", settings: Auto | None =
     if result is not None:
         lab.close()
         return distribute(result, model, optimizer, device, launch, settings.memory_per_rank)
-    candidates, given = candidates_of(settings, hardware, model, optimizer, loader)
-    costly = [c for c in candidates if provides(c, Capability.SETUP_COSTLY) and not given]
-    search = Search([c for c in candidates if c not in costly], costly, given, settings.margin,
-                    settings.expected_steps)
+    kinds = candidates_of(settings, hardware, model, optimizer, loader, in_loop=False)
+    search = Search(kinds["stepwise"], kinds["costly"], kinds["given"], settings.margin, settings.expected_steps)
     apart = Apart(lab, search, settings, facts, started)
     try:
         apart.run()

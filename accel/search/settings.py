@@ -75,11 +75,18 @@ def generate_candidates(hardware, model, optimizer=None, loader=None, accelerato
             for options in cls.candidates(hardware, model, optimizer, loader)]
 
 
-def candidates_of(settings: Auto, hardware, model, optimizer, loader) -> tuple[list[dict[str, dict]], bool]:
-    """The candidates to measure (none that distributes: a launcher decides that) and whether they were given."""
+def candidates_of(settings: Auto, hardware, model, optimizer, loader, in_loop: bool) -> dict[str, Any]:
+    """The candidates to measure (none that distributes: a launcher decides that), by what they provide: "costly" (a
+    long first step: last, on top), and in your loop "copies" (never switched in) and "epochwise" (a rebuilt loader:
+    by the loop's wait for data); the rest "stepwise"; and whether they were "given"."""
     from accel.plan import Plan
 
     given = settings.candidates is not None
     plans = ([Plan(c).to_dict() for c in settings.candidates] if given else
              generate_candidates(hardware, model, optimizer, loader, settings.accelerators))
-    return [p for p in plans if p and not provides(p, Capability.MODEL_DISTRIBUTED)], given
+    plans = [p for p in plans if p and not provides(p, Capability.MODEL_DISTRIBUTED)]
+    kinds = {"copies": [p for p in plans if in_loop and provides(p, Capability.MODEL_COPY)]}
+    kinds["epochwise"] = [p for p in plans if in_loop and p not in kinds["copies"] and provides(p, Capability.DATA_LOADER)]
+    rest = [p for p in plans if p not in kinds["copies"] and p not in kinds["epochwise"]]
+    kinds["costly"] = [p for p in rest if provides(p, Capability.SETUP_COSTLY) and not (given and not in_loop)]
+    return {**kinds, "stepwise": [p for p in rest if p not in kinds["costly"]], "given": given}

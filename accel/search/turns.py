@@ -14,12 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
 from accel import clock
 from accel.measure import SETTLE_BELOW_S, Ratio, chunk_steps, paired, plan_label, round_order, synchronize
 from accel.plan.contract import Capability
-from accel.search.fault import Blame, Fault, blame, interrupts_held, record, snapshot
 from accel.search.ranks import ChunkTimes
 from accel.search.results import expected_warmup, remember_warmup
 from accel.search.settings import BUDGET_STEPS, MIN_BUDGET_S, provides
@@ -68,7 +65,6 @@ class Chunk:
     last_end: float = 0.0
     wait_at_start: float = 0.0  # the loop's data wait when its timing began
     timed_s: list[float] = field(default_factory=list)  # on a CPU, its timed steps
-    record: list = field(default_factory=list)  # on an accelerator: (step, losses, forwards), judged at its end
     recheck: tuple | None = None  # a challenger the stop rule caught: (arm, its fastest step, timed steps)
 
     def starts(self, at: float, wait_s: float) -> None:
@@ -89,9 +85,6 @@ class Turns:
         self.deadline = run.started + (run.settings.budget_s if run.settings.budget_s is not None else MIN_BUDGET_S)
         self.turn_began, self.note, self.cut = run.started, "", False  # cut: a verdict the budget left unclear
         self.plain_wait = [0.0, 0.0]  # data wait and time of the plain loop's timed steps
-        self.fault: Fault | None = None  # this chunk's first loss that was not finite, judged at its end
-        self.losses: list[torch.Tensor] = []  # this step's losses, and your model's forwards that gave them
-        self.calls: list = []
 
     def start(self) -> None:
         self._next(lambda: next(self.comparisons))
@@ -120,7 +113,7 @@ class Turns:
                 return self._answer([Outcome("not measured", fit.reason)])
             if fit.past_budget:  # its warm-up and its rounds, on the run's allowance
                 self.deadline, self.note = clock.now() + 2 * fit.allowance_s, fit.reason
-            self.run.capture.remove()  # compile would trace hooks on the model: no replay from here
+            self.run.faults.capture.remove()  # compile would trace hooks on the model: no replay from here
         if self.run.ranks.past(self.deadline, clock.now()):
             self.cut = True
             return self._answer([Outcome("not measured", "the budget ran out") for _ in request.challengers])
@@ -194,7 +187,7 @@ class Turns:
         if switched is None:  # refused or failed: its status says why; a recheck waiting for it goes unjudged
             self.chunk.recheck = None
             return self._next_turn()
-        self.active, self.chunk.steps, self.chunk.record = arm, 0, []
+        self.active, self.chunk.steps, self.run.faults.record = arm, 0, []
         # A step of 2 s or more is timed from the switch on a plan's later turns: what a switch leaves cold is small
         # beside it, and an untimed step costs a third of every turn. Not a costly plan's: a switch back to it may
         # build again (compile's guards), and that is not its step.
@@ -208,24 +201,14 @@ class Turns:
 
     def restart_chunk(self) -> None:
         """The plan was switched away and back under this chunk (a refused run.load): it starts again."""
-        self.chunk.steps, self.chunk.untimed, self.chunk.record = 0, 1, []
+        self.chunk.steps, self.chunk.untimed, self.run.faults.record = 0, 1, []
 
     # --- a step --------------------------------------------------------------------------------------------------
 
     def before_update(self) -> None:
-        """Before a step's update: on a CPU its loss is checked now (reading it costs nothing), so a fault is judged
-        in the weights it happened in (copied, the copy's time left out); on an accelerator, at the chunk's end."""
-        losses, calls, self.losses, self.calls = self.losses, self.calls, [], []
-        if self.fault is not None or not losses:
-            return
-        if self.run.device.type != "cpu":
-            self.chunk.record.append((self.run.steps + 1, losses, calls))
-        elif not finite(losses):
-            began = clock.now()
-            state = snapshot(self.run.objects[0]) if self.active is not self.plain else None
-            self.fault = Fault(self.run.steps + 1, self.active.name, calls, state)
-            spent = clock.now() - began  # not the plan's time: the chunk's marks move past it
-            self.chunk.started, self.chunk.last_end = self.chunk.started + spent, self.chunk.last_end + spent
+        spent = self.run.faults.before_update(self.run.steps + 1, self.active.name, self.run.device.type == "cpu",
+                                              self.active is not self.plain)
+        self.chunk.started, self.chunk.last_end = self.chunk.started + spent, self.chunk.last_end + spent
 
     def after_step(self) -> None:
         chunk, arm, run = self.chunk, self.active, self.run
@@ -246,12 +229,12 @@ class Turns:
                                          or not self._stop_reason(timed, against)):
             return
         synchronize(run.device)
-        fault, self.fault = self.fault or self._chunk_fault(), None
+        fault = run.faults.chunk_fault(arm.name)
         agreed = run.ranks.chunk(ChunkTimes(clock.now() - chunk.started, tuple(chunk.timed_s), fault is not None))
-        chunk.timed_s, chunk.record, elapsed = list(agreed.step_s), [], agreed.seconds
+        chunk.timed_s, elapsed = list(agreed.step_s), agreed.seconds
         if agreed.nonfinite and run.ranks.world_size > 1 and arm is not self.plain:
             run.switch({})  # every rank to the plain loop together (ddp's wrapping is collective)
-        blamed = self._judge(fault) if fault is not None else None
+        blamed = run.faults.judge(fault, arm is self.plain, lambda: run.switch({})) if fault is not None else None
         step_s = self._step_s(timed, elapsed)
         if chunk.recheck is not None:  # this chunk timed the reference again, for the arm caught before it
             caught, fastest, count = chunk.recheck
@@ -298,28 +281,3 @@ class Turns:
 
     def _stop_reason(self, timed: int, against: Arm, elapsed: float | None = None) -> str:
         return stop_reason(self._fastest(timed, elapsed), timed, beside(against.rounds, self.round), self._name(against))
-
-
-    # --- faults --------------------------------------------------------------------------------------------------
-
-    def _chunk_fault(self) -> Fault | None:
-        """On an accelerator, the chunk's first step whose loss was not finite (judged in the weights as they are)."""
-        return next((Fault(step, self.active.name, calls) for step, losses, calls in self.chunk.record
-                     if not finite(losses)), None)
-
-    def _judge(self, fault: Fault) -> Blame:
-        """Whose fault: the plan's, or the plain loop's too (replayed under it, nothing changed: fault.py)."""
-        if self.active is self.plain:
-            blamed = Blame(False, "the data or the loop", f"a loss was not finite at step {fault.step} under the "
-                                                          "plain loop itself", fault.step)
-        else:
-            self.run.switch({})  # the plain loop, to replay the step's forward under
-            with interrupts_held():  # the replay puts your model's weights back: never half-way
-                blamed = blame(self.run.objects[0], fault, self.run.settings.tolerance, self.run.capture)
-        if not blamed.plan:
-            record(self.run.blames, blamed)
-        return blamed
-
-
-def finite(losses: list[torch.Tensor]) -> bool:
-    return bool(torch.isfinite(torch.cat([loss.detach().float().reshape(-1) for loss in losses])).all())

@@ -75,8 +75,8 @@ class SearchState:
     def headline(self) -> str:
         so_far = "; ".join(f"{c.name} {c.ratio} of {c.against}'s step" for c in self.candidates if c.ratio)
         if self.phase == "ended early":
-            return ("ended at step {} while measuring, before any verdict: nothing chosen, nothing cached".format(
-                self.step) + (f"; measured so far: {so_far}" if so_far else ""))
+            return (f"ended at step {self.step} while measuring, before any verdict: nothing chosen, nothing cached"
+                    + (f"; measured so far: {so_far}" if so_far else ""))
         if self.chosen is None:
             return f"measuring since step {self.since_step} (now step {self.step}): {self.measuring}; nothing chosen yet"
         if self.how == "from the cache":
@@ -140,7 +140,7 @@ def say(run: Any) -> None:
     chosen = words.chosen if run.phase in ("chosen", "settled") else None
     words.candidates = [_seen(a, chosen) for a in run.arms[1:] if a.status != "waiting" or a.rounds]
     words.candidates += [Seen(plan_label(c), "not measured", reason=COPY) for c in run.copies]
-    words.faults = summary(run.blames)
+    words.faults = summary(run.faults.blames)
     elapsed, steps = (run.ended_at or clock.now()) - run.started, run.current.steps - words.since_step
     step_s = next((a.median_s() for a in run.arms if a.plan == chosen and a.rounds), None) or turns.plain.median_s()
     words.cost = {"measured_s": round(elapsed, 3), "steps": steps, "switch_s": round(run.switch_s, 3),
