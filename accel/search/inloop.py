@@ -51,7 +51,8 @@ class InLoopSearch:
             missing = " and ".join(w for w, given in (("an optimizer", optimizer), ("a loader", loader)) if given is None)
             raise MeasureError(f"plan='auto' measures your training steps: it needs {missing}. A model with no loader "
                                "of its own (a GAN's generator) can be given the loader that paces its steps (the "
-                               "discriminator's); or give it a plan (docs/two_models.md)")
+                               "discriminator's): its turns are timed between your run.step() calls; or give it a "
+                               "plan (docs/two_models.md)")
         self.settings, self.started, self.chunk_s, self.objects = settings, clock.now(), CHUNK_S, (model, optimizer, loader)
         hardware, problems = probe(), []
         decided = placement(device, hardware, problems)
