@@ -262,6 +262,7 @@ def plot(path: str, plain: dict, accelerated: dict, ratio: Ratio, counts: list[i
             colors.append("tab:orange" if mark else "tab:blue")
         right.barh(range(len(rows)), values, height=0.6, xerr=errors, color=colors, capsize=3)
         right.set_yticks(range(len(rows)), names, fontsize=8)
+        right.set_ylim(-0.8, len(rows) - 0.2)  # one candidate is one bar, not a wall
         right.axvline(1.0, color="grey", linestyle="--")
         right.set_xlabel("step time over the plain loop's (90% interval; below 1 is faster)")
         right.set_title("what plan='auto' measured in the loop", fontsize=10)
