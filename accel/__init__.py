@@ -13,8 +13,8 @@ from accel import _moved
 _moved.install()
 
 from accel.plan.contract import Accelerator, Capability, Keeps, Stage, State, register, unregister  # noqa: E402
-from accel.search import Auto, TuneResult, tune
-from accel.api import accelerate, decide
+from accel.search import Auto, TuneResult, accelerate, tune
+from accel.api import decide
 from accel.errors import (AccelerateError, AccelError, BypassWarning, CheckpointError, LoopError, LoopWarning,
                           MeasureError, PlanError, Problem, Skip, StaleWarning)
 from accel.hardware import probe

@@ -13,7 +13,7 @@ from __future__ import annotations
 import copy
 import warnings
 import weakref
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -24,23 +24,12 @@ from accel.errors import AccelerateError, PlanError, Problem, Skip, StaleWarning
 from accel.hardware import Hardware, package_version, probe
 from accel.run.journal import Journal
 from accel.modules import compiled
-from accel.plan import RESOLVERS, Plan, PlanSpec
+from accel.plan import Plan, PlanSpec
 from accel.run.report import Report, Row
 from accel.run import Run, open_run
 from accel.run.thread_warnings import captured
 
 __all__ = ["AccelerateError", "accelerate", "decide"]
-
-
-def _resolve_plan(plan: Any, model, optimizer, loader, device) -> tuple[PlanSpec, Any]:
-    """A plan chosen by measuring apart (accel.Auto(...), "auto" already made one) becomes the plan it chose, with
-    its result."""
-    if hasattr(plan, "resolve") and not isinstance(plan, Plan):
-        tuning = plan.resolve(model, optimizer, loader, device)
-        return tuning.plan, tuning
-    return plan, None
-
-
 
 
 def _refuse_dropping_held_gradients(model: torch.nn.Module) -> None:
@@ -151,18 +140,16 @@ def _place(ctx: Context) -> None:
 
 
 def accelerate(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None, loader: Any = None,
-               plan: PlanSpec = None, device: Any = "auto") -> Run:
+               plan: PlanSpec = None, device: Any = "auto",
+               resolve: Callable[..., tuple[PlanSpec, Any]] | None = None) -> Run:
     """Apply a plan of accelerators to the user's model, optimizer and loader and return a Run.
 
     Every problem in the plan is raised together in one PlanError before anything is touched; a failure while
-    applying rolls every change back and raises AccelerateError. plan="auto" (or accel.Auto(...)) chooses the
-    plan by measuring on these objects first.
+    applying rolls every change back and raises AccelerateError. ``resolve(model, optimizer, loader, device) ->
+    (plan, result)`` chooses the plan once an earlier run on the model is undone (accel.accelerate passes
+    accel.tune's for plan="auto" apart); its result is the report's ``tuning``.
     """
     _refuse_dropping_held_gradients(model._orig_mod if compiled(model) else model)
-    if isinstance(plan, str) and plan in RESOLVERS:
-        plan = RESOLVERS[plan]()
-    if hasattr(plan, "in_loop") and plan.in_loop():  # plan="auto" measuring in your own loop: its own run
-        return plan.start(model, optimizer, loader, device)
     started = clock.now()
     journal = Journal()
     yours = model if compiled(model) else None  # torch.compile(model) of your own: the plan works inside it
@@ -173,7 +160,8 @@ def accelerate(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None =
         journal.change("the earlier run on this model closed", handed.undo_all,  # refused or fails
                        lambda: (handed.redo_all(), earlier.journal.attach(handed)), kind="setup")
     try:
-        plan, tuning = _resolve_plan(plan, yours if yours is not None else model, optimizer, loader, device)
+        plan, tuning = resolve(yours if yours is not None else model, optimizer, loader, device) if resolve \
+            else (plan, None)
         ctx, accelerators, skips = prepare(model, optimizer, loader, plan, device, journal)
     except BaseException:
         try:  # twice if a Ctrl-C lands on the call (accel.run.interrupts)

@@ -30,6 +30,8 @@ import torch
 
 import accel
 from accel.measure import synchronize
+from accel.plan.contract import Capability
+from accel.search.settings import provides
 from accel.workloads import WORKLOADS
 
 
@@ -63,10 +65,11 @@ def measure(name: str, size: str, budget: float, rounds: int, chunk: int, total:
     measured_s = time.perf_counter() - started
     settled_step = run.steps
     chosen = run.plan.to_dict()
-    arms = [a.plan for a in run.arms if not any(n in a.plan for n in ("loader", "compile"))]
+    arms = [a.plan for a in run.arms if not provides(a.plan, Capability.DATA_LOADER)
+            and not provides(a.plan, Capability.SETUP_COSTLY)]  # those join at an epoch, or only on top
     plans = {accel.measure.plan_label(p): p for p in [{}, *arms]}
-    print(f"{name}: auto settled at step {settled_step} after {measured_s:.1f} s on "
-          f"{accel.measure.plan_label(chosen)}", flush=True)
+    print(f"{name}: auto's first verdict at step {run.chosen_at}, settled at step {settled_step} after "
+          f"{measured_s:.1f} s on {accel.measure.plan_label(chosen)}", flush=True)
     print(run.report.tuning, flush=True)
     run.close()
     times: dict[str, list[float]] = {label: [] for label in plans}
@@ -95,7 +98,7 @@ def measure(name: str, size: str, budget: float, rounds: int, chunk: int, total:
         per_round["auto/plain"].append(auto_total / (total * times["eager"][r]))
     result = {"workload": name, "size": size, "batch": loader.batch_size, "steps": total, "budget_s": budget,
               "measurement_s": round(measured_s, 1),
-              "settled_step": settled_step, "auto_plan": auto_label, "best_fixed": best,
+              "chosen_step": run.chosen_at, "settled_step": settled_step, "auto_plan": auto_label, "best_fixed": best,
               "step_ms": {k: round(v * 1000, 1) for k, v in step.items()},
               "total_s": {k: round(v, 1) for k, v in totals.items()},
               "auto/best": round(totals["auto"] / totals["best fixed"], 3),

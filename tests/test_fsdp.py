@@ -503,7 +503,7 @@ def test_auto_under_torchrun_picks_by_memory_and_both_ranks_agree(room, expected
     for rank in ranks:
         assert rank["plan"] == expected and rank["same"] and rank["steps"] > 0, rank
         assert rank["why"].startswith(expected[0]), rank["why"]
-        assert f"every arm ran with {expected[0]} (by memory fit)" in rank["why"], rank["why"]
+        assert f"every plan measured ran with {expected[0]} (by memory fit)" in rank["why"], rank["why"]
         assert "memory fit" in rank["report"] and ("it fits" in rank["report"]) == (room == "fits"), rank["report"]
 
 

@@ -98,7 +98,7 @@ class Awake(Accelerator):
 
     name = "awake"
     stage = Stage.COMPILATION
-    costly_setup = True
+    provides = (Capability.SETUP_COSTLY,)
 
     @classmethod
     def candidates(cls, hardware, model, optimizer=None, loader=None):
@@ -413,15 +413,39 @@ def test_the_cache_key_holds_the_loaders_workers_but_not_the_device_index():
     assert key("cpu:0") == key("cpu")  # the index is not in the key: rank 3 takes what rank 0 measured
 
 
-def test_a_drop_phase_cut_by_the_budget_marks_the_search_cut_short():
-    """Nothing measured for lack of time is still a gap: such an answer is never remembered."""
-    from accel.search.state import Search as _Search
-    from accel.search.strategies import _drop_what_does_not_pay
+@settings(max_examples=60, deadline=None)
+@given(first=st.sampled_from(["not measured", "noisy", "faster", "slower", "failed"]),
+       later=st.sampled_from(["not measured", "one round", "alike", "slower"]))
+def test_the_one_search_remembers_only_an_answer_it_established_and_drops_nothing_on_thin_evidence(first, later):
+    """The strategy alone, fed outcomes as an executor would: the stack the hardware predicts first; nothing measured
+    for lack of time, or rounds that reached no verdict, is a gap (never remembered); an ablation cut to one round,
+    or one that says the accelerator pays, keeps it; one alike drops it (what does not pay goes)."""
+    from accel.search.strategy import Outcome, Search
 
-    search = _Search(lab=None, tolerance=0.05, margin=0.02, deadline=accel.clock.now() - 1,
-                     expected_steps=None)
-    full = Trial({"threads": {}, "channels_last": {}})
-    assert _drop_what_does_not_pay(search, full) is full and search.cut_short
+    samples = {"faster": [0.5, 0.52, 0.49], "slower": [1.5, 1.6, 1.4], "noisy": [0.3, 2.0, 0.9, 1.4],
+               "alike": [1.0, 0.99, 1.01], "one round": [0.99]}
+    outcome = lambda kind: (Outcome("not measured", "the budget ran out") if kind == "not measured" else
+                            Outcome("failed", "broke") if kind == "failed" else Outcome(ratio=Ratio(samples[kind])))
+    search = Search([{"threads": {}}, {"channels_last": {}}], [], False, 0.02, None)
+    steps = search.comparisons()
+    request = next(steps)
+    assert request.reference == {} and request.challengers == [{"threads": {}, "channels_last": {}}]
+    try:
+        request = steps.send([outcome(first)])
+        if first == "faster":
+            assert request.reference == {"threads": {}, "channels_last": {}} and len(request.challengers) == 2
+            steps.send([outcome(later), outcome("slower")])
+        else:
+            steps.send([outcome(later) for _ in request.challengers])
+    except StopIteration:
+        pass
+    assert search.decided
+    if first == "faster":
+        kept = {"threads", "channels_last"} if later in ("not measured", "one round", "slower") else {"channels_last"}
+        assert set(search.best) == kept and search.established, (later, search.best)
+    else:
+        assert search.established == (first != "not measured" and first != "noisy"), (first, later)
+        assert not search.best or first == "failed" and later == "alike"
 
 
 def test_tune_decides_the_launch_and_device_as_accelerate_does(monkeypatch):
@@ -487,22 +511,24 @@ def test_a_virtual_clocks_forward_cost_is_paid_by_every_copy_of_the_model_on_the
     assert clock() == pytest.approx(0.02)
 
 
-@given(warm=st.booleans(), regional=st.booleans(), left_s=st.floats(-10, 100),
+@given(regional=st.booleans(), left_s=st.floats(-10, 100),
        expected_steps=st.one_of(st.none(), st.integers(0, 10**6)), done=st.integers(0, 5000),
        step_s=st.one_of(st.none(), st.floats(1e-4, 5.0)))
 @settings(max_examples=200, deadline=None)
 def test_compile_is_tried_when_its_warm_up_fits_the_budget_or_a_small_share_of_a_long_run_ahead(
-        warm, regional, left_s, expected_steps, done, step_s):
+        regional, left_s, expected_steps, done, step_s):
     """Both searches start compile when its expected warm-up fits the budget left; in a run of known length also
     when it is within 2% of the run still ahead (then past the budget, and said so); never otherwise."""
-    from accel.search.config import warmup_guess
+    from accel.search.results import expected_warmup
+    from accel.search.settings import COSTLY_GUESS_S
     from accel.search.verdicts import LONG_RUN_SHARE, run_ahead_s, warmup_fit
 
     candidate = {"compile": {"regional": True} if regional else {}}
     ahead = run_ahead_s(expected_steps, done, step_s)
     assert ahead >= 0 and (ahead == 0 if not expected_steps or step_s is None or done >= expected_steps else ahead > 0)
-    fit = warmup_fit(candidate, None, False, warm, left_s, ahead)
-    guess = warmup_guess(candidate, warm)
+    guess, known = expected_warmup(candidate, None, False)  # nothing remembered: the assumed warm-up
+    assert guess == COSTLY_GUESS_S and "assumed" in known
+    fit = warmup_fit(guess, known, left_s, ahead)
     assert fit.guess_s == guess
     assert fit.fits == (guess <= left_s or guess <= LONG_RUN_SHARE * ahead)
     assert fit.past_budget == (fit.fits and guess > left_s)
@@ -547,7 +573,7 @@ def test_a_candidate_left_out_of_the_stack_for_a_conflict_is_measured_in_a_rival
 
 
 def test_rival_stacks_put_each_conflicting_candidate_first():
-    from accel.search.strategies import rival_stacks, stack_of
+    from accel.search.strategy import rival_stacks, stack_of
 
     candidates = [{"channels_last": {}}, {"fused_optimizer": {}}, {"ipex": {}}, {"amp": {"dtype": "bfloat16"}}]
     assert stack_of(candidates)[0] == {"channels_last": {}, "fused_optimizer": {}, "amp": {"dtype": "bfloat16"}}

@@ -41,8 +41,7 @@ class IpexOptions(Options):
 class Ipex(Accelerator):
     name = "ipex"
     stage = Stage.KERNELS
-    provides = (Capability.MODEL_KERNELS, Capability.OPTIMIZER_UPDATE)
-    trains_a_copy = True
+    provides = (Capability.MODEL_KERNELS, Capability.OPTIMIZER_UPDATE, Capability.MODEL_COPY)
     conflicts = (Capability.OPTIMIZER_UPDATE,)
     after = (Capability.MODEL_LAYOUT,)
     needs = ("optimizer",)

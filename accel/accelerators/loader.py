@@ -106,7 +106,6 @@ class Loader(Accelerator):
     stage = Stage.DATA
     needs = ("loader",)
     provides = (Capability.DATA_LOADER,)
-    switch_at = "epoch"
     Options = LoaderOptions
     config: LoaderOptions
 

@@ -1,8 +1,11 @@
-"""accel demo: torchvision's resnet18 on sklearn's real digits, a plain loop against plan="auto", side by side.
+"""accel demo: torchvision's resnet18 on sklearn's real digits, the plain loop against plan="auto", side by side.
 
-The same model, data, seed and epochs both ways: the plain loop (the empty plan), then accel choosing its plan by
-measuring on this model (or the plan given with --plan) and training with it. It prints the report with the
-search's comparisons, the time and test accuracy of both, and writes a chart when matplotlib is installed.
+Measured the way auto measures: both trainings live in one process and take turns (a few steps each, the order
+reversed every round), so a change in the machine's load hits both alike; the speed-up is the ratio of their paired
+turns with its 90% interval, auto's measuring included (those were training steps). Beside it: each training's total
+time and test accuracy, the report with the search's table, and a chart when matplotlib is installed. The same
+model, data, seed and epochs both ways; the accelerated run's process settings (threads, affinity) are put aside
+while the plain one takes its turn.
 """
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ from torch.utils.data import DataLoader
 import accel
 from accel.cli import parse_plan_argument, positive
 from accel.hardware import importable
+from accel.measure import Ratio, round_order
 from accel.workloads import accuracy, cifar_shaped, digits_datasets
 
 
@@ -28,6 +32,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--epochs", type=positive, default=5)
     parser.add_argument("--batch-size", type=positive, default=64)
     parser.add_argument("--image-size", type=positive, default=64, help="digits upsampled to this size (default 64)")
+    parser.add_argument("--turn", type=positive, default=7, help="steps each training takes in a turn (default 7)")
     parser.add_argument("--budget", type=float, default=None,
                         help="seconds plan='auto' may measure in the loop (default: at most 30%% of the plain run's time)")
     parser.add_argument("--plot", default="accel-demo.png",
@@ -43,7 +48,7 @@ def batches_per_epoch(batch_size: int, seed: int = 0) -> int:
 
 
 def next_run(tuning) -> str:
-    """What a second run of the demo will do, as the cache says: only an established, complete answer is kept."""
+    """What a second run of the demo will do, as the cache says: only an established answer is kept."""
     if tuning is None:
         return "nothing was chosen, so a second run measures again"
     if tuning.from_cache:
@@ -53,113 +58,217 @@ def next_run(tuning) -> str:
     return "not cached (the search was cut short or too noisy to be sure), so a second run measures again"
 
 
-def train(model_name: str, plan, epochs: int, batch_size: int, image_size: int, seed: int = 0) -> dict:
-    """Train with the plan and return seconds (training only), ms per step, test accuracy and the report."""
-    import torchvision  # 1.3 s to import: paid by `accel demo`, not by every `accel` command
+class TurnClock:
+    """The clock auto reads here (accel.clock): it runs only while the accelerated training takes its turn, so its
+    chunks, rounds and budget are its own steps, never the plain loop's turns between them."""
 
-    train_set, test_set = (cifar_shaped(d, image_size) for d in digits_datasets(seed))
-    torch.manual_seed(seed)
-    model = torchvision.models.get_model(model_name, weights=None, num_classes=10)
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
-    loader = DataLoader(train_set, batch_size=batch_size, shuffle=True, drop_last=True,
-                        generator=torch.Generator().manual_seed(seed))
-    started = time.perf_counter()
-    run = accel.accelerate(model, optimizer, loader, plan=plan, device="cpu")
-    setup_s = time.perf_counter() - started
-    started = time.perf_counter()
-    run.model.train()
-    for _ in range(epochs):
-        for x, y in run.loader:
+    def __init__(self):
+        self.paused_s, self.since = 0.0, None
+
+    def __call__(self) -> float:
+        now = time.perf_counter()
+        return now - self.paused_s - (now - self.since if self.since is not None else 0.0)
+
+    def pause(self) -> None:
+        self.since = time.perf_counter()
+
+    def resume(self) -> None:
+        if self.since is not None:
+            self.paused_s, self.since = self.paused_s + time.perf_counter() - self.since, None
+
+
+class Training:
+    """One of the two trainings: its run, where it is in its epochs, its turns' seconds and steps."""
+
+    def __init__(self, name: str, model_name: str, plan, image_size: int, batch_size: int, seed: int = 0):
+        import torchvision  # 1.3 s to import: paid by `accel demo`, not by every `accel` command
+
+        self.name, self.turns, self.batches = name, [], iter(())
+        train_set, self.test_set = (cifar_shaped(d, image_size) for d in digits_datasets(seed))
+        torch.manual_seed(seed)
+        model = torchvision.models.get_model(model_name, weights=None, num_classes=10)
+        loader = DataLoader(train_set, batch_size=batch_size, shuffle=True, drop_last=True,
+                            generator=torch.Generator().manual_seed(seed))
+        started = time.perf_counter()
+        self.run = accel.accelerate(model, torch.optim.Adam(model.parameters(), lr=1e-3), loader, plan=plan,
+                                    device="cpu")
+        self.setup_s = time.perf_counter() - started
+        self.run.model.train()
+        self.run.journal.suspend()  # its process settings apply only while it takes its turn
+
+    def turn(self, steps: int, bar) -> None:
+        """Train ``steps`` steps of your loop (epoch after epoch), timed whole."""
+        run = self.run
+        run.journal.resume()
+        started = time.perf_counter()
+        for _ in range(steps):
+            batch = next(self.batches, None)
+            if batch is None:
+                self.batches = iter(run.loader)
+                batch = next(self.batches)
             with run.autocast():
-                loss = torch.nn.functional.cross_entropy(run.model(x), y)
+                loss = torch.nn.functional.cross_entropy(run.model(batch[0]), batch[1])
             run.backward(loss)
             run.step()
-    seconds = time.perf_counter() - started
-    result = {"seconds": seconds, "setup_s": setup_s, "steps": run.steps,
-              "accuracy": accuracy(run.model, test_set, run.autocast), "report": run.report,
-              "measured_s": getattr(run, "measured_s", None), "settled_at": getattr(run, "settled_at", None)}
-    run.close()
-    return result
+            bar.update()
+        self.turns.append((time.perf_counter() - started, steps))
+        run.journal.suspend()
+
+    def finish(self) -> dict:
+        run = self.run
+        run.journal.resume()
+        seconds = sum(s for s, _ in self.turns)
+        result = {"seconds": seconds, "setup_s": self.setup_s, "steps": run.steps, "turn_s": [s for s, _ in self.turns],
+                  "accuracy": accuracy(run.model, self.test_set, run.autocast), "report": run.report,
+                  "chosen_at": getattr(run, "chosen_at", None), "settled_at": getattr(run, "settled_at", None)}
+        run.close()
+        return result
 
 
-def plot(path: str, plain: dict, accelerated: dict) -> None:
+def paired(plain: dict, accelerated: dict, counts: list[int]) -> Ratio:
+    """The speed-up of each round: the plain loop's step over the accelerated one's, in the turns they took side by
+    side (a change in load between rounds hits both)."""
+    return Ratio([(p / n) / (a / n) for p, a, n in zip(plain["turn_s"], accelerated["turn_s"], counts) if a > 0])
+
+
+def run(args) -> int:
+    from tqdm import tqdm
+
+    if not importable("sklearn"):
+        print("accel demo trains on scikit-learn's bundled digits: pip install 'accel[demo]'", file=sys.stderr)
+        return 2
+    plan = parse_plan_argument(args.plan)
+    per_epoch = batches_per_epoch(args.batch_size)
+    total = args.epochs * per_epoch
+    if plan == "auto":  # the run's length: compile (or another costly accelerator) must pay back within it
+        plan = accel.Auto(budget_s=args.budget, expected_steps=total or None)
+    else:
+        accel.Plan(plan)  # a bad plan is refused before any training (main() prints the PlanError)
+    began = time.perf_counter()
+    bar = tqdm(total=2 * total, unit="step", file=sys.stderr, desc="loading torchvision and the digits", leave=False)
+    import torchvision
+
+    if args.model not in torchvision.models.list_models(module=torchvision.models):
+        bar.close()
+        print(f"accel demo: {args.model!r} is not a torchvision model", file=sys.stderr)
+        return 2
+    clock = TurnClock()
+    with accel.clock.use(clock):
+        sides = [Training("plain", args.model, [], args.image_size, args.batch_size),
+                 Training("accelerated", args.model, plan, args.image_size, args.batch_size)]
+        counts = [min(args.turn, total - done) for done in range(0, total, args.turn)]
+        for index, steps in enumerate(counts):
+            for side in round_order(sides, index, rotate=False):
+                bar.set_description(f"{side.name}: turn {index + 1} of {len(counts)}" + (
+                    f" (auto: {side.run.search.phase})" if hasattr(side.run, "search") else ""))
+                clock.pause() if side is sides[0] else clock.resume()
+                side.turn(steps, bar)
+        bar.close()
+        plain, accelerated = (side.finish() for side in sides)
+    ratio, wall_s = paired(plain, accelerated, counts), time.perf_counter() - began
+    tuning = accelerated["report"].tuning
+    told = tuning.settings.get("expected_steps") if tuning is not None else getattr(plan, "expected_steps", None)
+    speedup = {"estimate": ratio.estimate, "low": ratio.low, "high": ratio.high, "turns": ratio.rounds,
+               "noisy": ratio.noisy(), "totals": plain["seconds"] / accelerated["seconds"]}
+    if args.json:
+        print(json.dumps({"plain": {**plain, "report": plain["report"].to_dict()},
+                          "accelerated": {**accelerated, "report": accelerated["report"].to_dict()},
+                          "speedup": speedup, "expected_steps": told, "wall_s": wall_s}, default=str))
+        return 0
+    print(accelerated["report"])
+    print()
+    print(f"{args.model} on sklearn digits at {args.image_size}x{args.image_size}, batch {args.batch_size}, "
+          f"{args.epochs} epochs ({total} steps each), trained in one process in {len(counts)} paired turns of up to "
+          f"{args.turn} steps")
+    print(f"{'':12} {'train s':>8} {'ms/step':>8} {'test acc':>9}")
+    for name, result in (("plain", plain), ("accelerated", accelerated)):
+        print(f"{name:12} {result['seconds']:8.2f} {1000 * result['seconds'] / result['steps']:8.1f} "
+              f"{result['accuracy']:9.3f}")
+    print(headline(ratio, accelerated, args.model))
+    if told is not None:
+        print(f"plan='auto' was told the run's length: expected_steps={told} ({args.epochs} epoch"
+              f"{'s' if args.epochs != 1 else ''} x {per_epoch} batches), so a costly accelerator (compile) is kept "
+              "only if its warm-up pays back within them")
+    if isinstance(plan, accel.Auto):  # a plan given searches nothing, so nothing is cached for a next run
+        print(f"auto: {how_auto(accelerated)}; {next_run(tuning)}")
+    else:
+        print(f"choosing the plan took {accelerated['setup_s']:.1f} s before training")
+    if not args.no_plot and importable("matplotlib"):
+        plot(args.plot, plain, accelerated, ratio, counts, args.model)
+        print(f"chart: {args.plot}")
+    print(f"total wall time {wall_s:.0f} s")
+    return 0
+
+
+def headline(ratio: Ratio, accelerated: dict, model: str) -> str:
+    """The speed-up with its interval, or plainly that the machine was too noisy to tell."""
+    words = (f"{ratio.estimate:.2f}x ({ratio.low:.2f}-{ratio.high:.2f}, 90% interval over {ratio.rounds} paired "
+             "turns)")
+    if ratio.rounds < 2 or ratio.noisy():
+        return (f"the machine was too noisy for a verdict: the speed-up read {words}, and that could be none at all "
+                "(run it again when the machine is quieter)")
+    return f"speed-up: {words}: the plain loop's step over the accelerated one's in the same turns, auto's " \
+           "measuring included"
+
+
+def how_auto(accelerated: dict) -> str:
+    search = accelerated["report"].search
+    if search is None or search.chosen is None:
+        return "it was still measuring when the training ended: nothing was chosen"
+    return (f"chose {'+'.join(search.chosen) or 'the plain loop'} (first verdict at step {search.chosen_at} of "
+            f"{accelerated['steps']})")
+
+
+def plot(path: str, plain: dict, accelerated: dict, ratio: Ratio, counts: list[int], model: str) -> None:
+    """Each turn's step, both ways, and (when auto measured candidates) each candidate's step against the plain
+    loop's with its interval, the chosen one marked; no empty panel, nothing cut."""
     import matplotlib  # optional (pip install 'accel[demo]'): the chart is drawn only where it is installed
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     tuning = accelerated["report"].tuning
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
-    names = ["plain", "accelerated"]
-    left.bar(names, [plain["seconds"], accelerated["seconds"]], color=["grey", "tab:green"])
-    for i, result in enumerate((plain, accelerated)):
-        left.text(i, result["seconds"], f"{result['seconds']:.1f} s\nacc {result['accuracy']:.3f}", ha="center",
-                  va="bottom", fontsize=8)
-    left.set_ylabel("training time, s")
-    left.set_title(f"speed-up {plain['seconds'] / accelerated['seconds']:.2f}x")
-    if tuning is not None:
-        rows = [r for r in tuning.rows if r.vs_baseline is not None]
-        right.barh([r.name for r in rows], [r.vs_baseline for r in rows], color="tab:blue")
+    rows = [r for r in (tuning.rows[1:] if tuning is not None else []) if r.vs_baseline is not None and r.ratio]
+    fig, axes = plt.subplots(1, 2 if rows else 1, figsize=(13 if rows else 7, max(4.2, 0.5 * len(rows) + 2)),
+                             constrained_layout=True, squeeze=False)
+    steps = [sum(counts[:i + 1]) for i in range(len(counts))]
+    left = axes[0][0]
+    for result, color in ((plain, "grey"), (accelerated, "tab:green")):
+        left.plot(steps, [1000 * s / n for s, n in zip(result["turn_s"], counts)], "o-", color=color,
+                  label=f"{'plain loop' if result is plain else 'plan=auto'}: {result['seconds']:.1f} s in all, "
+                        f"test accuracy {result['accuracy']:.3f}")
+    search = accelerated["report"].search
+    chosen = None if search is None or search.chosen is None else "+".join(search.chosen) or "the plain loop kept"
+    if accelerated["chosen_at"]:
+        left.axvline(accelerated["chosen_at"], color="tab:green", linestyle=":",
+                     label=f"auto's first verdict (step {accelerated['chosen_at']}): {chosen}")
+    left.set_xlabel("training step (end of each turn)")
+    left.set_ylabel("ms per step in the turn")
+    left.set_ylim(bottom=0)
+    fig.legend(*left.get_legend_handles_labels(), loc="outside lower left", fontsize=8)  # never over the data
+    left.set_title("each turn, both trainings in one process", fontsize=10)
+    if rows:
+        right = axes[0][1]
+        names, values, errors, colors = [], [], [[], []], []
+        for row in reversed(rows):
+            scale = row.vs_baseline / row.ratio["estimate"]
+            low, high = ((row.ratio["low"] or row.ratio["estimate"]) * scale, (row.ratio["high"] or row.ratio["estimate"])
+                         * scale)
+            mark = row.plan == (tuning.plan.to_dict() if tuning is not None else None)
+            names.append(f"{row.name}{'  (chosen)' if mark else ''}\n{row.vs_baseline:.2f} ({low:.2f}-{high:.2f})")
+            values.append(row.vs_baseline)
+            errors[0].append(max(row.vs_baseline - low, 0))
+            errors[1].append(max(high - row.vs_baseline, 0))
+            colors.append("tab:orange" if mark else "tab:blue")
+        right.barh(range(len(rows)), values, height=0.6, xerr=errors, color=colors, capsize=3)
+        right.set_yticks(range(len(rows)), names, fontsize=8)
+        right.set_ylim(-0.8, len(rows) - 0.2)  # one candidate is one bar, not a wall
         right.axvline(1.0, color="grey", linestyle="--")
-        right.set_xlabel("step time vs eager (measured by plan='auto')")
-        right.invert_yaxis()
-    else:
-        right.axis("off")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+        right.set_xlabel("step time over the plain loop's (90% interval; below 1 is faster)")
+        right.set_title("what plan='auto' measured in the loop", fontsize=10)
+    verdict = (f"{ratio.estimate:.2f}x faster ({ratio.low:.2f}-{ratio.high:.2f}, 90%)" if not ratio.noisy() else
+               f"too noisy for a verdict: {ratio.estimate:.2f}x ({ratio.low:.2f}-{ratio.high:.2f}, 90%)")
+    fig.suptitle(f"{model} on sklearn digits: the plain loop against plan='auto' ({chosen or 'nothing chosen'}), "
+                 f"trained in turns in one process\n{verdict}", fontsize=11)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
-
-
-def run(args) -> int:
-    if not importable("sklearn"):
-        print("accel demo trains on scikit-learn's bundled digits: pip install 'accel[demo]'", file=sys.stderr)
-        return 2
-    plan = parse_plan_argument(args.plan)
-    per_epoch = batches_per_epoch(args.batch_size)
-    expected = args.epochs * per_epoch
-    if plan == "auto":  # the run's length: compile (or another costly accelerator) must pay back within it
-        plan = accel.Auto(budget_s=args.budget, expected_steps=expected or None)
-    else:
-        accel.Plan(plan)  # a bad plan is refused before any training (main() prints the PlanError)
-    import torchvision  # slow to import (see train)
-
-    if args.model not in torchvision.models.list_models(module=torchvision.models):
-        print(f"accel demo: {args.model!r} is not a torchvision model", file=sys.stderr)
-        return 2
-    plain = train(args.model, [], args.epochs, args.batch_size, args.image_size)
-    accelerated = train(args.model, plan, args.epochs, args.batch_size, args.image_size)
-    speedup = plain["seconds"] / accelerated["seconds"]
-    told = getattr(plan, "expected_steps", None)  # the run's length, as the demo told plan="auto"
-    tuning = accelerated["report"].tuning
-    if tuning is not None and "expected_steps" in (tuning.settings or {}):
-        told = tuning.settings["expected_steps"]  # as the search records it was told, once it settled
-    if args.json:
-        print(json.dumps({"plain": {**plain, "report": plain["report"].to_dict()},
-                          "accelerated": {**accelerated, "report": accelerated["report"].to_dict()},
-                          "speedup": speedup, "expected_steps": told}, default=str))
-        return 0
-    print(accelerated["report"])
-    print()
-    print(f"{args.model} on sklearn digits at {args.image_size}x{args.image_size}, batch {args.batch_size}, "
-          f"{args.epochs} epochs ({plain['steps']} steps)")
-    print(f"{'':12} {'train s':>8} {'ms/step':>8} {'test acc':>9}")
-    for name, result in (("plain", plain), ("accelerated", accelerated)):
-        print(f"{name:12} {result['seconds']:8.2f} {1000 * result['seconds'] / result['steps']:8.1f} "
-              f"{result['accuracy']:9.3f}")
-    if accelerated.get("measured_s") is not None:  # plan="auto" measured in the loop: its time is in the total
-        how = (f"auto measured in the loop for {accelerated['measured_s']:.1f} s, settled at step "
-               f"{accelerated['settled_at']} of {accelerated['steps']}, every one a training step counted above"
-               if accelerated["settled_at"] is not None else "auto was still measuring when the training ended")
-    else:
-        how = f"choosing the plan took {accelerated['setup_s']:.1f} s before training"
-    if told is not None:
-        epochs = f"{args.epochs} epoch{'s' if args.epochs != 1 else ''}"
-        print(f"plan='auto' was told the run's length: expected_steps={told} ({epochs} x {per_epoch} batches), so "
-              "a costly accelerator (compile) is kept only if its warm-up pays back within them")
-    searched = isinstance(plan, accel.Auto)  # a plan given searches nothing, so nothing is cached for a next run
-    print(f"speed-up: {speedup:.2f}x at accuracy {accelerated['accuracy']:.3f} vs {plain['accuracy']:.3f}; {how}"
-          + (f" ({next_run(tuning)})" if searched else ""))
-    if not args.no_plot and importable("matplotlib"):
-        plot(args.plot, plain, accelerated)
-        print(f"chart: {args.plot}")
-    return 0

@@ -96,7 +96,7 @@ SETTLE_BELOW_S = 2.0  # steps shorter than this are not timed right after a swit
 # eager resnet18 0.4 of its real ratio to bf16 here); longer ones are: what a switch leaves cold is small beside them
 
 
-def chunk_steps(step_s: float, least: int = 1, target_s: float = CHUNK_S) -> int:
-    """Timed steps per chunk: about ``target_s`` of them, between ``least`` and MAX_CHUNK."""
-    return max(least, min(MAX_CHUNK, math.ceil(target_s / max(step_s, 1e-6))))
+def chunk_steps(step_s: float, least: int = 1, target_s: float = CHUNK_S, most: int = MAX_CHUNK) -> int:
+    """Timed steps per chunk: about ``target_s`` of them, between ``least`` and ``most``."""
+    return max(least, min(most, math.ceil(target_s / max(step_s, 1e-6))))
 

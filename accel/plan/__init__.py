@@ -2,6 +2,6 @@
 put in stage order), what every accelerator declares and follows (``contract``: ``Accelerator``, ``register``,
 ``REGISTRY``, ``State``; ``declarations``; ``options``; ``compat``, 0.2's accelerators adapted), and the plans
 ``plan="auto"`` remembered (``cache``)."""
-from accel.plan.plan import PLAN_FILE_SUFFIXES, RESOLVERS, Plan, PlanSpec, order, same_options
+from accel.plan.plan import MEASURED, PLAN_FILE_SUFFIXES, Plan, PlanSpec, order, same_options
 
-__all__ = ["PLAN_FILE_SUFFIXES", "RESOLVERS", "Plan", "PlanSpec", "order", "same_options"]
+__all__ = ["MEASURED", "PLAN_FILE_SUFFIXES", "Plan", "PlanSpec", "order", "same_options"]

@@ -74,11 +74,6 @@ class Accelerator:
     before: ClassVar[tuple[str, ...]] = ()
     conflicts: ClassVar[tuple[str, ...]] = ()  # names or capabilities that cannot be in the same plan
     keeps: ClassVar[Keeps] = EXACT
-    costly_setup: ClassVar[bool] = False  # its first step is long (compile): tune tries it last, on the best stack
-    switch_at: ClassVar[str] = "step"  # where plan="auto" in your loop may switch it in or out: "step", or "epoch"
-    # (a rebuilt loader's workers serve a whole epoch)
-    trains_a_copy: ClassVar[bool] = False  # it trains a copy of the model (IPEX's optimize): plan="auto" in your loop
-    # cannot switch it out (your model would be left behind), so only accel.tune measures it, on copies
     state_per_rank: ClassVar[bool] = False  # its state differs between ranks (accumulated gradients): saved per rank
     shards_parameters: ClassVar[bool] = False  # holds the model's parameters as shards in place (fsdp) until close()
     # gathers them back; its run saves sharded checkpoints
@@ -220,6 +215,8 @@ class Accelerator:
 
 
 REGISTRY: dict[str, type[Accelerator]] = {}
+REPLACED = {"costly_setup": Capability.SETUP_COSTLY, "trains_a_copy": Capability.MODEL_COPY,
+            "switch_at": Capability.DATA_LOADER}  # 0.3's flags, now capabilities: register() names which
 
 
 def register(cls: type[Accelerator]) -> type[Accelerator]:
@@ -244,6 +241,9 @@ def register(cls: type[Accelerator]) -> type[Accelerator]:
         raise TypeError(f"{cls.__name__}: {sorted(set(unknown) or set(cls.provides) - capabilities)} are not "
                         f"capabilities (allowed: accel.Capability: {sorted(capabilities)}); after/before/conflicts "
                         "also take accelerator names")
+    flags = [f"{f} -> provides {c!r}" for f, c in REPLACED.items() if f in vars(cls)]
+    if flags:
+        raise TypeError(f"{cls.__name__}: {', '.join(flags)}: a search reads what an accelerator provides")
     unknown = set(cls.needs) - {"optimizer", "loader"}
     if unknown:
         raise TypeError(f"{cls.__name__}.needs: {sorted(unknown)} are not things accelerate() is given "

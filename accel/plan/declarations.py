@@ -22,12 +22,16 @@ class Stage(enum.IntEnum):
 
 class Capability(str, enum.Enum):
     """What an accelerator provides, for another's ``after``/``before``/``conflicts`` (a checked name, not a
-    free string: ``register`` refuses a dotted token that is not one of these)."""
+    free string: ``register`` refuses a dotted token that is not one of these), and what a search reads instead of
+    names: ``data.loader`` (a rebuilt loader: it changes only between epochs), ``model.distributed`` (a wrapper
+    every rank runs together), ``model.copy`` (it trains a copy of the model, so a search in your loop cannot
+    switch it out again) and ``setup.costly`` (its first step builds what later steps reuse: tried last)."""
 
     DATA_LOADER = "data.loader"
     DATA_SHARD = "data.shard"
     GRADIENTS_CLIP = "gradients.clip"
     MODEL_COMPILE = "model.compile"
+    MODEL_COPY = "model.copy"
     MODEL_DISTRIBUTED = "model.distributed"
     MODEL_KERNELS = "model.kernels"
     MODEL_LAYOUT = "model.layout"
@@ -38,6 +42,7 @@ class Capability(str, enum.Enum):
     PRECISION_AUTOCAST = "precision.autocast"
     PRECISION_LOSS_SCALING = "precision.loss_scaling"
     PROCESS_THREADS = "process.threads"
+    SETUP_COSTLY = "setup.costly"
     STEP_SCHEDULE = "step.schedule"
 
     def __str__(self) -> str:

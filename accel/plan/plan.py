@@ -12,7 +12,7 @@ from accel.errors import PlanError, Problem
 
 PlanSpec = Any  # Plan | list[str | dict | Accelerator] | dict[str, dict] | str | Path | None
 PLAN_FILE_SUFFIXES = (".toml", ".yaml", ".yml")
-RESOLVERS: dict[str, Any] = {}  # plan names resolved by measuring, e.g. "auto" (registered by accel.search)
+MEASURED = frozenset({"auto"})  # plan names chosen by measuring: accel.accelerate resolves them (accel.search)
 
 
 def _load_file(path: Path) -> Any:
@@ -77,7 +77,7 @@ def _entries(spec: PlanSpec, problems: list[Problem]) -> list[tuple[str, Any]]:
                                         value=str(spec), allowed="an existing .toml, .yaml or .yml file",
                                         kind="missing"))
                 return []
-            if str(spec) in RESOLVERS:
+            if str(spec) in MEASURED:
                 problems.append(Problem("plan", "is chosen by measuring: pass plan='auto' to accel.accelerate(), or "
                                         "call accel.tune(...) and use its .plan", value=str(spec), kind="unknown"))
                 return []

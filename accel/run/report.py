@@ -78,7 +78,7 @@ class Report:
     decisions: dict[str, str] = field(default_factory=dict)  # device, rank, dtype, threads, workers...
     stale: dict[str, str] = field(default_factory=dict)  # "model"/"optimizer" -> what went stale and what to use
     continued: str = ""  # what this run took over from an earlier run on the same model
-    search: Any = None  # plan="auto"'s state (accel.search.searchstate.SearchState), kept current while it measures:
+    search: Any = None  # plan="auto"'s words (accel.search.words.SearchState), kept current while it measures:
     # its lines, and who put each accelerator of the plan in place there (auto's turn or auto's choice)
 
     def shown_rows(self) -> list[Row]:
@@ -141,14 +141,14 @@ class Report:
         if not self.rows:
             lines.append("(empty plan: nothing applied)")
         lines += [f"stale: your {what}: {why}" for what, why in self.stale.items()]
-        if self.continued:
+        if self.continued and self.search is None:  # under plan="auto", each switch's: in to_dict() only
             lines.append(f"continued: {self.continued}")
         if self.search is not None:
             lines += self.search.lines()
         if self.tuning is not None:
             lines.append(str(self.tuning))
         timing = self.timing()
-        if timing["steps"]:
+        if timing["steps"] and self.search is None:  # the search's own words say its steps and what they cost
             again = ", ".join(f"step {i} ({s} s)" for i, s in timing.get("recompiles", {}).items())
             lines.append(f"steps: {timing['steps']}, first step {timing['first_step_s']} s "
                          f"(warm-up/compile {timing['warmup_s']} s" + (f", recompiled at {again}" if again else "")

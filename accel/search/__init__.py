@@ -1,73 +1,45 @@
-"""tune() and plan="auto": choose the plan by measuring stacks on the user's own model, optimizer and loader.
+"""plan="auto" and accel.tune: choose the plan by measuring on your own model, optimizer and loader.
 
-    result = accel.tune(model, optimizer, loader)            # or accelerate(..., plan=accel.Auto(...))
-    print(result)                                             # every comparison, its interval, and why
+    run = accel.accelerate(model, optimizer, loader, plan="auto")     # in your loop, or accel.Auto(...)
+    result = accel.tune(model, optimizer, loader)                     # apart, on copies: every comparison, and why
 
-The search (docs/measurement.md):
-
-1. Candidates come from the registered accelerators (``Accelerator.candidates``): what this hardware and
-   model can use. The baseline is the empty plan.
-2. Gains do not add up, so it starts from the stack of everything (one configuration per accelerator, costly
-   ones aside) and drops, one by one, each accelerator whose removal does not make the stack slower by more
-   than the margin. Accelerators with a costly first step (compile) are tried last, on top of the best stack;
-   with ``expected_steps`` they are kept only if their warm-up pays back within the run.
-3. Every comparison is interleaved (A B, B A, ...) on copies of the user's objects, alive side by side, and
-   adds rounds until the ratio's interval clears the margin or the budget is spent; a plan wins only when it is
-   faster than the baseline with 95% confidence (and by the margin), and its losses over its first steps stay
-   within the tolerance of the baseline's on the same batches. When the machine is too noisy to establish any
-   plan, the result says so and keeps the empty plan.
-4. The choice is remembered (``accel.plan.cache``) under a key of everything that decides it; the same setup
-   asks again and gets the answer at once.
-
-The user's model, optimizer, loader (its generator), torch's RNG and the process end as they started.
+One search (strategy.py), one settings type (settings.Auto), one set of verdicts (verdicts.py), one table and cache
+(results.py); run on your own steps (inloop.py, turns.py) or apart on copies (offline.py), and under a launcher on
+every rank in step (ranks.py, distribution.py).
 """
-
 from __future__ import annotations
 
-from accel.search.config import MARGIN, Settings
+import functools
+from typing import Any
+
+import accel.api as api
+from accel.plan import PlanSpec
+from accel.search.inloop import InLoopSearch
+from accel.search.offline import tune
 from accel.search.results import TuneResult, TuneRow
-from accel.search.search import generate_candidates, tune
-from accel.plan import RESOLVERS
+from accel.search.settings import MARGIN, Auto, generate_candidates
 
-__all__ = ["Auto", "MARGIN", "TuneResult", "TuneRow", "generate_candidates", "tune"]
+__all__ = ["Auto", "MARGIN", "TuneResult", "TuneRow", "accelerate", "generate_candidates", "tune"]
 
 
-class Auto(Settings):
-    """plan=accel.Auto(...) chooses the plan by measuring with these settings (accel.search.config.Settings);
-    "auto" is Auto().
+def accelerate(model, optimizer=None, loader=None, plan: PlanSpec = None, device: Any = "auto"):
+    """Apply a plan of accelerators to your model, optimizer and loader and return a run (accel.api.accelerate).
 
-    Without step_fn/loss_fn/split it measures in your own loop (start: a TuningRun), in a launched job too (every
-    rank runs the same arm, with ddp or fsdp: accel.search.ranks); otherwise apart (resolve: accel.tune, on
-    copies; under a launcher, the single-process answer from the cache and ddp or fsdp by memory fit).
+    plan="auto" (or accel.Auto(...)) chooses the plan by measuring: in your own loop (an inloop.InLoopSearch, used
+    as any run) unless a step_fn, loss_fn or split is given; then apart on copies (accel.tune) before the run is made,
+    with the search's table in ``run.report.tuning``. Every problem in a plan is raised together in one PlanError
+    before anything is touched; a failure while applying rolls every change back and raises AccelerateError.
     """
-
-    def in_loop(self) -> bool:
-        from accel.hardware.launch import launcher_environment
-
-        try:
-            launcher_environment()
-        except ValueError:  # said by the offline path, which decides the launch as accelerate() does
-            return False
-        return self.step_fn is None and self.loss_fn is None and self.split is None
-
-    def start(self, model, optimizer, loader, device="auto"):
-        from accel.search.inloop import TuningRun
-
-        return TuningRun(self, model, optimizer, loader, device)
-
-    def resolve(self, model, optimizer, loader, device="auto") -> TuneResult:
-        """The offline search's answer; in a launched job of several ranks, the single-process answer for this
-        setup from the cache plus ddp or fsdp by memory fit, its why saying where the answer came from."""
-        from accel.search.distribution import with_source
-        from accel.hardware.launch import launcher_environment
-
-        result = tune(model, optimizer, loader, device=device, budget_s=self.budget_s,
-                      expected_steps=self.expected_steps, step_fn=self.step_fn, loss_fn=self.loss_fn,
-                      split=self.split, tolerance=self.tolerance, margin=self.margin, candidates=self.candidates,
-                      accelerators=self.accelerators, cache=self.cache, warmup=self.check_steps,
-                      memory_per_rank=self.memory_per_rank)
-        launch = launcher_environment()  # tune() decided the launch already: this reads the same, valid one
-        return with_source(result) if launch is not None and launch.world_size > 1 else result
+    settings = Auto() if isinstance(plan, str) and plan == "auto" else plan if isinstance(plan, Auto) else None
+    if settings is None:
+        return api.accelerate(model, optimizer, loader, plan, device)
+    if not settings.apart():
+        return InLoopSearch(settings, model, optimizer, loader, device)
+    return api.accelerate(model, optimizer, loader, None, device, resolve=functools.partial(_apart, settings))
 
 
-RESOLVERS["auto"] = Auto
+def _apart(settings: Auto, model, optimizer, loader, device) -> tuple[Any, TuneResult]:
+    """plan="auto" apart: accel.tune's answer (under a launcher of several ranks, the single-process answer from the
+    cache, with ddp or fsdp by memory fit), run by accelerate() once an earlier run on the model is undone."""
+    result = tune(model, optimizer, loader, device, settings)
+    return result.plan, result

@@ -1,25 +1,11 @@
-"""plan="auto" in your loop: the first steps of the real training are the measurement.
+"""plan="auto" in your loop: the first steps of your real training are the measurement.
 
-    run = accel.accelerate(model, optimizer, loader, plan="auto")
-    for x, y in run.loader:                       # your loop, unchanged
-        ...; run.backward(loss); run.step()
-
-Arms (arms.py: the plain loop, the stack of every candidate that can be switched between steps, and that stack
-without each member) take turns in chunks of your steps (turns.py). Each round gives every arm a ratio to the
-plain loop measured beside it (accel.measure.Ratio). An arm confidently slower than the best is dropped, and so
-is one confidently no faster than the plain loop by the margin (it could never be kept); one that cannot be told
-from the best within the margin is dropped when it holds more accelerators (verdicts.py, the verdicts tune()
-reaches too). The search settles when one arm is left against the plain loop and faster than it, when none is
-left, or when the budget is spent; it keeps the best arm only when it is faster than the plain loop with 95%
-confidence (settle.py). compile comes last, on top of the winner, if its warm-up fits what is left of the budget
-(compilelast.py). A rebuilt loader cannot change mid-epoch: it is decided by how long your loop waits for data, and
-joins at the next epoch. A loss that is not finite drops an arm only when the plain loop does not give it too on
-that batch (loopfaults.py, fault.py); the report says what auto has done so far at every moment (searchstate.py).
-
-Nothing is copied: every step is a real step of your model and optimizer. A switch is accelerate() on your
-objects (switch.py: the earlier plan undone, its counters and state handed over), so each plan keeps its card.
-The TuningRun is an accel.Run: every method and property of Run is its own, answered by the run of the plan in
-place (``run.current``); none is forwarded by name.
+``InLoopSearch`` is a controller that owns the run of the plan in place (``run.current``: an accel.Run made by
+accelerate() on your own objects) and switches its plan between chunks of your steps as the one search decides
+(strategy.py; turns.py times your steps). Nothing is copied: a switch is accelerate() again, the earlier run undone and
+its counters and accelerators' state handed over, so each plan keeps its card. It answers what the loop calls (run.loader:
+loader.py, run.backward, run.step, run.load, run.close); every other name is the run's of the plan in place (read
+run.model inside the loop: compile, when chosen, wraps it). ``run.search`` (words.py) says what auto does, at every moment.
 """
 from __future__ import annotations
 
@@ -30,238 +16,299 @@ from typing import Any
 import torch
 
 from accel import clock
-from accel.search.arms import Arm, Candidates, apart_arms, starting_arms
-from accel.search.compilelast import CompileLast
-from accel.search.config import BUDGET_STEPS, MIN_BUDGET_S, Settings
-from accel.search.fault import Blame, Capture, Fault
-from accel.search.loopfaults import FaultWatch
-from accel.search.ranks import DISTRIBUTING, in_step
-from accel.search.results import TuneResult
-from accel.search.search import for_device, generate_candidates
-from accel.search.searchstate import SearchState
-from accel.search.settle import DATA_WAIT, Settling  # noqa: F401  (inloop.DATA_WAIT, as before)
-from accel.search.switch import States, Switching, TuningLoader
-from accel.search.turns import MAX_ROUNDS, MIN_ROUNDS, Chunk, Recheck, TurnTaking  # noqa: F401  (inloop.MIN_ROUNDS)
-from accel.run.checkpoint import saved_plan
-from accel.run.context import placement
+import accel.plan.cache as plancache
 from accel.api import accelerate
-from accel.errors import BypassWarning, MeasureError, PlanError
+from accel.errors import AccelerateError, BypassWarning, CheckpointError, MeasureError, PlanError
 from accel.hardware import probe
-from accel.measure import chunk_steps, plan_label
+from accel.measure import TrainStep, plan_label
 from accel.plan import Plan
-from accel.run import Run
+from accel.plan.contract import Capability
+from accel.run import open_run
+from accel.run.checkpoint import decode_plan, read
+from accel.run.context import placement
 from accel.run.sharded_checkpoint import is_sharded_checkpoint
+from accel.search.distribution import distribute
+from accel.search.fault import Faults, interrupts_held, summary
+from accel.search.loader import SearchLoader
+from accel.search.ranks import in_step
+from accel.search.results import TuneResult, TuneRow, cached_answer, keep_answer
+from accel.search.settings import Auto, candidates_of, for_device, provides
+from accel.search.strategy import Search
+from accel.search.turns import Turns
+from accel.search.words import COPY, SearchState, say
 
-CHUNK_S = 0.5  # a chunk's timed steps take about this long (accel.measure.CHUNK_S; tests shorten it here)
-EXPECTED_SHARE = 0.3  # with expected_steps, the measurement spends at most this share of the plain run's time (its
-# steps are training steps, most of them faster than the plain loop's: what it costs is their gap to the best)
+CHUNK_S = 0.5  # a chunk's timed steps take about this long (tests shorten it here)
+DATA_WAIT = 0.10  # a rebuilt loader (workers) pays when the loop waits this fraction of its step for data
+ENDED = "the run ended while it measured what budget was left"
 
 
-class TuningRun(TurnTaking, FaultWatch, Switching, CompileLast, Settling, Run):
-    """What plan="auto" returns: a Run whose plan changes between chunks of your steps until the search settles.
+class InLoopSearch:
+    """What plan="auto" returns in your loop: a run whose plan auto switches between chunks of your steps while it
+    measures. Use it as any run; ``run.report.tuning`` holds the search's table once it chose."""
 
-    Use it as any run: run.model, run.optimizer, run.loader, run.autocast(), run.backward(), run.step(),
-    run.report (its `search` says what auto has done so far, at every moment; its `tuning` has the search's table and
-    why once it settled). Read run.model inside the loop, not once before it: compile, when it wins, wraps it.
-    """
-
-    def __init__(self, settings: Settings, model, optimizer, loader, device: Any = "auto"):  # no Run.__init__: the
-        if optimizer is None or loader is None:  # run of the plan in place (self.current) is the one made
-            missing = " and ".join(what for what, given in (("an optimizer", optimizer), ("a loader", loader))
-                                   if given is None)
-            raise MeasureError(
-                f"plan='auto' measures your training steps: it needs {missing}. A model with no loader of its own (a "
-                "GAN's generator) can be given the loader that paces its steps (the discriminator's): its turns are "
-                "timed between your run.step() calls; or give it a plan (docs/two_models.md)")
-        self.settings = settings
-        self.started = clock.now()
-        self._objects = (model, optimizer, loader)
+    def __init__(self, settings: Auto, model, optimizer, loader, device: Any = "auto"):
+        if optimizer is None or loader is None:
+            missing = " and ".join(w for w, given in (("an optimizer", optimizer), ("a loader", loader)) if given is None)
+            raise MeasureError(f"plan='auto' measures your training steps: it needs {missing}. A model with no loader "
+                               "of its own (a GAN's generator) can be given the loader that paces its steps (the "
+                               "discriminator's): its turns are timed between your run.step() calls; or give it a "
+                               "plan (docs/two_models.md)")
+        self.settings, self.started, self.chunk_s, self.objects = settings, clock.now(), CHUNK_S, (model, optimizer, loader)
         hardware, problems = probe(), []
         decided = placement(device, hardware, problems)
         if decided is None:
             raise PlanError(problems)
-        self.device = decided.device
-        self.hardware = for_device(hardware, self.device)
+        self.device, self.launch, self.hardware = decided.device, decided.launch, for_device(hardware, decided.device)
         self.notes: list[str] = []
-        self.launch = decided.launch
-        self.distributed, self.hold, self.ranks = in_step(decided.launch, model, optimizer, self.device, settings,
-                                                          self.notes)
-        self.given = [Plan(c).to_dict() for c in settings.candidates] if settings.candidates is not None else None
-        kinds = Candidates.of([c for c in (self.given if self.given is not None else generate_candidates(
-            self.hardware, model, optimizer, loader, settings.accelerators)) if not c.keys() & DISTRIBUTING])
-        self.costly, self.epochwise = kinds.costly, kinds.epochwise
-        self.arms = starting_arms(kinds.stepwise, self.given is not None, self.notes)
-        self.plain = self.arms[0]
-        self.phase = "measuring" if len(self.arms) > 1 or self.costly or self.epochwise else "settled"
-        self.arms += apart_arms(kinds.apart)
-        self.round, self.order, self.turn, self.phase_start = 0, [], 0, 0
-        self.chunk_steps = 2  # timed steps per chunk, paced after the plain loop's first chunk
-        self.switched_at = clock.now()
-        self.chunk = Chunk(started=self.switched_at, last_end=self.switched_at)  # the turn in progress
-        self.data_wait_s = 0.0
-        self.loader_read = False  # whether the loop iterated run.loader (it may read another run's: a GAN's generator)
-        self.plain_wait = [0.0, 0.0]  # data wait and time of the plain loop's timed steps
-        self.deadline = self.started + (settings.budget_s if settings.budget_s is not None else MIN_BUDGET_S)
-        self.losses: list[torch.Tensor] = []
-        self.pending: dict[str, dict] | None = None  # the plan to take at the next epoch (a rebuilt loader)
-        self.compile_arm: Arm | None = None
-        self.compile_base: Arm | None = None
-        self.compile_warm = False  # whether compile's turn was expected to start warm (its warm-up kept apart)
-        self.winner: Arm | None = None
-        self.settle_how = ""  # how it ended: "settled", "budget", "rounds", "resumed from ..." ("" until it does)
-        self.result: TuneResult | None = None
-        self.cache_key: dict | None = None
-        self.switch_s = 0.0
-        self.saved: dict[str, dict] = {}  # accelerator name -> its saved state when its arm last stepped aside
-        self.measured_s: float | None = None  # from accelerate() to the settled plan
-        self.turn_began = self.started  # when the last chunk began
-        self.active = self.plain
-        self.blames: list[Blame] = []  # faults no arm paid for (the data's, the loop's): said in the notes
-        self.fault: Fault | None = None  # this chunk's first loss that was not finite, judged at its end
-        self.recheck: Recheck | None = None  # an arm the stop rule caught, waiting for its reference timed again
-        self.step_losses: list[torch.Tensor] = []  # this step's losses, and your model's forwards that gave them
-        self.step_calls: list = []
-        self.current: Run = accelerate(model, optimizer, loader, plan=dict(self.distributed), device=device)
-        self.search = SearchState(since_step=self.current.steps)  # what the report says auto has done, kept current
+        self.distributed, self.hold, self.ranks = in_step(self.launch, model, optimizer, self.device, settings, self.notes)
+        kinds = candidates_of(settings, self.hardware, model, optimizer, loader, in_loop=True)
+        self.copies, self.epochwise = kinds["copies"], kinds["epochwise"]
+        self.strategy = Search(kinds["stepwise"], kinds["costly"], kinds["given"], settings.margin, settings.expected_steps)
+        try:
+            self.current = accelerate(model, optimizer, loader, plan=dict(self.distributed), device=device)
+        except BaseException:
+            self.hold.release()
+            raise
+        self.search = SearchState(since_step=self.current.steps)  # what the report says auto has done so far
         self.current.report.search = self.search
-        self.capture = Capture(model)  # your model's training forwards: what a fault is replayed on
-        self.loader = TuningLoader(self)
-        self.stepping, self.bypassed = False, False  # the search times steps between run.step() calls
-        mine = weakref.WeakMethod(self._optimizer_steps)  # the user's optimizer must not keep a dropped search alive
+        self.faults = Faults(model, settings.tolerance)  # losses that are not finite, judged under the plain loop
+        self.loader = SearchLoader(self)
+        self.phase, self.how = "measuring", ""  # measuring, chosen (measuring what budget is left), settled
+        self.saved: dict[str, dict] = {}  # accelerator name -> its state when its plan last stepped aside
+        self.result: TuneResult | None = None
+        self.cache_key = self.pending = self.chosen_at = self.settled_at = self.ended_at = None
+        self.data_wait_s, self.switch_s, self.switched_at = 0.0, 0.0, clock.now()
+        self.loader_read = self.stepping = self.bypassed = self.switching = False
+        mine = weakref.WeakMethod(self._optimizer_steps)  # your optimizer must not keep a dropped search alive
         self.watching = optimizer.register_step_pre_hook(lambda *args: mine() and mine()(*args))
-        self.settled_at: int | None = None
-        if self.phase == "settled":
-            self.settle_how = "settled"
-            self._finish("nothing to measure: no accelerator offers a candidate for this model on this hardware")
-        else:
-            self._next_round()
+        self.turns = Turns(self)
+        self.turns.start()
 
-    # --- what the loop calls: the search's own ---------------------------------------------------------------
+    def __getattr__(self, name: str) -> Any:
+        """Every other name is the run's of the plan in place (an accel.Run)."""
+        if "current" not in self.__dict__:
+            raise AttributeError(name)
+        return getattr(self.current, name)
+
+    @property
+    def measuring(self) -> bool:
+        return self.phase in ("measuring", "chosen")
+
+    @property
+    def arms(self) -> list:  # every plan that took (or waits for) turns, the plain loop first (turns.Arm)
+        return self.turns.arms
+
+    # --- what the loop calls ---------------------------------------------------------------------------------------
 
     def backward(self, loss: torch.Tensor) -> None:
-        if self.phase != "settled":
-            self.losses.append(loss.detach())
-            self.step_losses.append(loss.detach())
-            self.step_calls += self.capture.take()
+        if self.bypassed and self.measuring:
+            self._end_bypassed()
+        if self.measuring:
+            self.faults.backward(loss)
         self.current.backward(loss)
 
     def step(self) -> bool:
-        if self.phase != "settled":
-            self._check_step()
+        if self.measuring:
+            self.turns.before_update()
         self.stepping = True
         try:
             skipped = self.current.step()
         finally:
             self.stepping = False
-        if self.phase != "settled":
-            self.search.step = self.steps
-            self._after_step()
+        if self.measuring:
+            self.search.step = self.current.steps
+            self.turns.after_step()
         return skipped
 
     def close(self) -> None:
-        """Close the run; before auto settled, the report says so: nothing chosen, nothing cached, what it learned."""
-        if self.phase != "settled":
-            self.search.end(self)
-        self.capture.remove()
-        self.watching.remove()
-        self.current.close()
-        self.hold.release()  # the group leaves with the last run that held it (when accel joined it)
+        """Close the run; while auto measured, the report says what it chose so far (or that nothing was chosen)."""
+        if self.phase == "measuring":
+            self.phase, self.search.cached = "ended early", "nothing cached"
+            say(self)
+        elif self.phase == "chosen":
+            self._settle(ENDED, switch=False)
+        with interrupts_held():
+            self.faults.capture.remove()
+            self.watching.remove()
+            model = self.objects[0]
+            interrupted = open_run(getattr(model, "_orig_mod", model)) if self.switching else None
+            for run in dict.fromkeys(r for r in (interrupted, self.current) if r is not None):  # the newest first
+                if not run.closed:
+                    run.close()
+            self.hold.release()  # the group leaves with the last run that held it (when accel joined it)
 
     def load(self, path) -> dict:
-        """Resume a run: the checkpoint's plan is taken as the answer (nothing is measured), then its state loads
-        into that plan's run, as run.load does. A sharded folder (fsdp) is loaded by run.load of a plain plan."""
+        """Resume: the checkpoint's plan is the answer (nothing measured), once its state fits this run; one that
+        does not fit is refused with nothing changed, the search going on as before."""
         if is_sharded_checkpoint(path):
             return self.current.load(path)
-        plan = saved_plan(path).to_dict()
-        if self.phase != "settled":
-            for arm in self.arms:
-                if arm.status == "measuring":
-                    arm.status, arm.reason = "not measured", "resumed from a checkpoint"
-            self.winner, self.settle_how = self.plain, f"resumed from {path}"
-            self._finish(f"resumed from {path}: its plan {plan_label(plan)} is taken as it was saved, nothing "
-                         "measured", plan)
-        elif self.current.plan.to_dict() != plan:
-            self._take(plan)
-        return self.current.load(path)
+        state = read(path)
+        plan, before = Plan(decode_plan(state["plan"], path)).to_dict(), self.current.plan.to_dict()
+        problems = self.current.state_problems({**state, "accelerators": {}})
+        if problems:
+            raise CheckpointError(f"{path} does not fit this run; nothing was loaded: " + "; ".join(problems))
+        if self.switch(plan) is None:
+            raise CheckpointError(f"{path}: its plan {plan_label(plan)} is refused here; nothing was loaded")
+        try:
+            info = self.current.load(path)
+        except BaseException:
+            self.switch(before)
+            self.turns.restart_chunk()
+            raise
+        if self.measuring:
+            self._settle(f"resumed from {path}", plan=plan, why=f"resumed from {path}: its plan {plan_label(plan)} is "
+                                                                "taken as it was saved, nothing measured")
+        return info
 
-    @property
-    def state(self) -> States:
-        """``run.state(name)``: the run state of that accelerator in the plan taking its turn (accel.Run.state).
-        What auto has done so far is ``run.search`` (also ``run.report.search``)."""
-        return States(self)
+    # --- switching plans ---------------------------------------------------------------------------------------------
+
+    def switch(self, plan: dict[str, dict], arm: Any = None) -> bool | None:
+        """accelerate() on your objects with this plan (the earlier run handed over): True when switched, False when
+        it was in place, None when refused or failed (the arm's status says why). A Ctrl-C waits until the switch
+        is whole; any other exception out of it leaves the run open on your model for close() to put back."""
+        plan = {**plan, **self.distributed}
+        if self.current.plan.to_dict() == plan and not self.current.closed:
+            self.switched_at = clock.now()
+            return False
+        began, leaving = clock.now(), [a.name for a in self.current.accelerators]
+        with interrupts_held():
+            for name in leaving:  # each plan's state (amp's GradScaler) waits for its next turn
+                self.saved[name] = self.current.accelerator_state_dict(name)
+            self.switching = True
+            try:
+                run = accelerate(*self.objects, plan=plan, device=self.device)
+            except (PlanError, AccelerateError) as error:  # the earlier run is back as it was
+                self.switching = False
+                if arm is not None:
+                    lines = [line.strip(" -") for line in str(error).splitlines()]
+                    arm.status = "refused" if isinstance(error, PlanError) else "failed"
+                    arm.reason = "; ".join(line for line in lines[1:] if line)[:300] or lines[0]
+                return None
+            finally:
+                self.switched_at = clock.now()
+                self.switch_s += self.switched_at - began
+            self.current, self.switching, run.report.search = run, False, self.search
+            self.faults.capture.attach()  # after the plan's own hooks on your model
+            for accelerator in run.accelerators:  # those handed over by the run before already have theirs
+                if accelerator.name not in leaving and accelerator.name in self.saved:
+                    try:
+                        run.load_accelerator_state(accelerator.name, self.saved[accelerator.name])
+                    except ValueError:  # another configuration of it (bf16 after fp16): it starts afresh
+                        pass
+        return True
+
+    def _take(self, plan: dict[str, dict]) -> None:
+        """The chosen plan now, but a rebuilt loader only from the next epoch."""
+        now = {k: v for k, v in plan.items() if not provides({k: v}, Capability.DATA_LOADER)}
+        self.pending = plan if now != plan else None
+        self.switch(now)
+
+    def epoch_boundary(self) -> None:
+        if self.pending is not None:
+            plan, self.pending = self.pending, None
+            self.switch(plan)
+
+    def on_batch(self, batch: Any) -> None:
+        """Each batch of run.loader: a bypass said before ends the search now; at the first, the cache's answer for
+        this setup, if it was measured before (the key needs the batch)."""
+        self.loader_read = True
+        if self.bypassed and self.measuring:
+            self._end_bypassed()
+        if self.cache_key is not None or not self.settings.cache or not self.measuring:
+            return
+        model, optimizer, loader = self.objects
+        self.cache_key = plancache.setup_key(model, optimizer, loader, batch, self.device, self.hardware, TrainStep(),
+                                             self.settings.key())
+        result = self.ranks.decide(cached_answer(self.cache_key, self.settings.cache, self.started))  # rank 0's
+        if result is not None:
+            result = self._for_ranks(result)
+            result.settings = {**result.settings, "settled_at_step": self.current.steps}
+            self._settle("from the cache", result=result)
 
     def _optimizer_steps(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        """An optimizer step that did not come through run.step(): the search cannot time the loop's steps. It
-        ends on the plain loop, said at once; the switch waits for the next batch or call (not inside the step)."""
-        if self.stepping or self.bypassed or self.phase == "settled":
+        """An optimizer step that did not come through run.step(): nothing can be timed. The search ends on the plain
+        loop, said at once; the switch waits for the next batch or call (not inside the step)."""
+        if self.stepping or self.bypassed or not self.measuring:
             return
+        model = self.objects[0]
+        if self.current.closed or open_run(getattr(model, "_orig_mod", model)) is not self.current:
+            return self._settle("your loop made another run on your model (accelerate() again): auto stopped "
+                                "measuring", switch=False)
         self.bypassed = True
         warnings.warn("accel: plan='auto' times your steps between run.step() calls, and your loop called "
                       "optimizer.step() itself: nothing can be measured, so the plain loop stays (nothing applied); "
                       "call run.step() once per batch to let auto measure", BypassWarning, stacklevel=3)
-        if not self.current.plan.to_dict():
+        if not self.current.plan.to_dict().keys() - self.distributed.keys():
             self._end_bypassed()
 
-    def _pace(self, step_s: float) -> None:
-        self.chunk_steps = chunk_steps(step_s, least=2, target_s=CHUNK_S)
-        if self.settings.budget_s is None:
-            self.deadline = max(self.deadline, self.started + BUDGET_STEPS * step_s)
-        if self.settings.expected_steps:
-            self.deadline = min(self.deadline, self.started + EXPECTED_SHARE * self.settings.expected_steps * step_s)
+    def _end_bypassed(self) -> None:
+        for arm in (a for a in self.arms[1:] if a.status in ("waiting", "measuring")):
+            arm.status, arm.reason = "not measured", "your loop steps the optimizer itself"
+        self._settle("your loop bypasses run.step()", plan={}, why=(
+            "your loop calls optimizer.step() itself, not run.step(): plan='auto' times the steps between run.step() "
+            "calls, so nothing was measured: the plain loop is kept"))
 
-    # --- accel.Run's methods (its attributes: RUN_ATTRIBUTES, below): the run of the plan in place answers ------
+    # --- choosing and settling ---------------------------------------------------------------------------------------
 
-    def autocast(self):
-        return self.current.autocast()
+    def choose(self) -> None:
+        """The first verdict is in: the choice is said and remembered at once; what budget is left measures on."""
+        self.phase, self.chosen_at = "chosen", self.current.steps
+        self.result = self.current.report.tuning = self._result()
+        keep_answer(self.result, self.cache_key, self.settings.cache, self.strategy.established and not self.distributed)
+        say(self)
 
-    def held_gradients(self) -> list[torch.Tensor]:
-        return self.current.held_gradients()
+    def finish(self) -> None:
+        """The comparisons are done: the plan chosen is taken (a rebuilt loader at the next epoch)."""
+        self._settle("the budget ran out before every verdict was clear" if self.turns.cut else "settled")
 
-    def unscale_gradients(self, optimizer: torch.optim.Optimizer | None = None) -> None:
-        self.current.unscale_gradients(optimizer)
+    def _settle(self, how: str, why: str = "", plan: dict | None = None, result: TuneResult | None = None,
+                switch: bool = True) -> None:
+        self.phase, self.how, self.settled_at, self.ended_at = "settled", how, self.current.steps, clock.now()
+        self.chosen_at = self.current.steps if self.chosen_at is None else self.chosen_at
+        self.result = result or self._result(why, plan)
+        if switch:
+            self._take(self.result.plan.to_dict())
+        self.current.report.tuning = self.result
+        if result is None:  # an established answer of a single process (launched jobs take those)
+            keep_answer(self.result, self.cache_key, self.settings.cache,
+                        self.strategy.established and not self.distributed and not why)
+        self.faults.capture.remove()
+        say(self)
 
-    def accelerator(self, name: str):
-        return self.current.accelerator(name)
+    def _result(self, why: str = "", plan: dict | None = None) -> TuneResult:
+        """The table and the answer so far: the search's rows, a rebuilt loader decided by the loop's wait for data,
+        and what trains a copy named."""
+        strategy, plain, rows = self.strategy, self.turns.plain, list(self.strategy.rows)
+        rows[0].median_ms = round(plain.median_s() * 1000, 3) if plain.rounds else None
+        rows[0].vs_baseline, rows[0].reason = 1.0, f"{len(plain.rounds)} rounds, {plain.steps} steps"
+        chosen, (wait, spent) = dict(strategy.best if plan is None else plan), self.turns.plain_wait
+        share = self.ranks.decide(wait / spent if spent else 0.0)
+        for candidate in self.epochwise if plan is None else []:
+            rows.append(TuneRow(plan_label(candidate), candidate, "by data wait", "eager", tests=next(iter(candidate))))
+            if not self.loader_read:
+                rows[-1].status = "not measured"
+                rows[-1].reason = "your loop never iterated run.loader: its data wait is unknown"
+            else:
+                chosen.update(candidate if share >= DATA_WAIT else {})
+                rows[-1].decision = "chosen" if share >= DATA_WAIT else "not needed"
+                rows[-1].reason = f"your loop waited {share:.0%} of its step for data" + (
+                    ": it joins at the next epoch" if share >= DATA_WAIT else "")
+        rows += [TuneRow(plan_label(c), c, "not measured", reason=COPY) for c in self.copies]
+        notes = self.notes + summary(self.faults.blames) + (
+            ["your loop never iterated run.loader, so the cache was neither read nor written (its key needs a batch)"]
+            if not self.loader_read and self.settings.cache and len(self.arms) > 1 else [])
+        nothing = not strategy.candidates and not strategy.costly and not self.epochwise
+        why = why or ("nothing to measure: no accelerator offers a candidate for this model on this hardware" if
+                      nothing else strategy.why(f", at step {self.current.steps} of your loop"))
+        record = {**self.settings.key(), "search": "your loop", "budget_s": round(self.turns.deadline - self.started, 1),
+                  "chosen_at_step": self.chosen_at, "settled_at_step": self.current.steps,
+                  "switch_s": round(self.switch_s, 3)}
+        return self._for_ranks(TuneResult.measured(chosen, rows, why + "".join(f"; {n}" for n in notes),
+                                                   rows[0].median_ms, clock.now() - self.started, record,
+                                                   established=strategy.established))
 
-    def accelerator_state_dict(self, name: str) -> dict[str, Any]:
-        return self.current.accelerator_state_dict(name)
-
-    def load_accelerator_state(self, name: str, saved: dict[str, Any]) -> None:
-        self.current.load_accelerator_state(name, saved)
-
-    def wrappers(self) -> list[torch.nn.Module]:
-        return self.current.wrappers()
-
-    def unwrap(self) -> torch.nn.Module:
-        return self.current.unwrap()
-
-    def hand_over(self, successor: Run) -> None:
-        self.current.hand_over(successor)
-
-    def state_dict(self, model: bool = True) -> dict[str, Any]:
-        return self.current.state_dict(model)
-
-    def state_problems(self, state: dict[str, Any]) -> list[str]:
-        return self.current.state_problems(state)
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.current.load_state_dict(state)
-
-    def restore_progress(self, state: dict[str, Any]) -> None:
-        self.current.restore_progress(state)
-
-    def save(self, path) -> None:
-        self.current.save(path)
-
-
-RUN_ATTRIBUTES = ("model", "optimizer", "plan", "report", "decisions", "extras", "journal", "accelerators", "states",
-                  "steps", "optimizer_steps", "closed", "watch", "scaler", "autocast_dtype", "accumulating", "sharded")
-
-
-def _of_the_plan_in_place(name: str) -> property:
-    return property(lambda self: getattr(self.current, name),
-                    doc=f"accel.Run.{name}, of the run of the plan in place (read run.model inside the loop)")
-
-
-for _name in RUN_ATTRIBUTES:  # read-only properties, each named: nothing else is forwarded
-    setattr(TuningRun, _name, _of_the_plan_in_place(_name))
+    def _for_ranks(self, result: TuneResult) -> TuneResult:
+        """Under a launcher, the result as the ranks run it: with ddp or fsdp, and where a cached answer came from."""
+        model, optimizer, _ = self.objects
+        return distribute(result, model, optimizer, self.device, self.launch, self.settings.memory_per_rank) \
+            if self.distributed else result

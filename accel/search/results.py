@@ -1,23 +1,28 @@
-"""What a search found: a row per candidate measured (or not, and why), and the result with its plan. Both searches
-(tune() on copies, plan="auto" in your loop) write this one table, with the same rounding (timing_fields)."""
+"""What a search found (a row per candidate, measured or not and why, and the result with its plan: one table for
+the search in your loop and apart) and what it remembers through accel.plan.cache: the answer for a setup, kept once
+established, and a costly candidate's warm-up as last measured there (a search decides by it whether it fits)."""
 from __future__ import annotations
 
 import datetime as _dt
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from accel.measure.labels import plan_label
+from accel import clock
+import accel.plan.cache as plancache
+from accel.measure import Ratio
 from accel.plan import Plan
+from accel.run.report import render_table
+from accel.search.settings import COSTLY_GUESS_S
 
 
 @dataclass
 class TuneRow:
-    name: str  # accelerator names joined by '+', 'eager' for the baseline
+    name: str  # accelerator names joined by '+', 'eager' for the plain loop
     plan: dict[str, dict]
-    status: str  # measured, stopped early, not measured, refused, failed, loss off
+    status: str  # measured, stopped early, not measured, refused, failed, loss off, by data wait
     against: str = ""  # what it was compared with
-    ratio: dict[str, Any] | None = None  # its step time / the other's, with the interval (Ratio.to_dict)
-    vs_baseline: float | None = None  # its median step / the baseline's median step
+    ratio: dict[str, Any] | None = None  # its step over the other's, with the interval (Ratio.to_dict)
+    vs_baseline: float | None = None  # its step over the plain loop's
     median_ms: float | None = None
     first_step_s: float | None = None
     warmup_s: float | None = None
@@ -29,22 +34,9 @@ class TuneRow:
     losses: list[float] = field(default_factory=list, repr=False)
 
 
-def timing_fields(ratio: Any = None, median_s: float | None = None, first_s: float | None = None) -> dict[str, Any]:
-    """A row's measured numbers as both searches write them: the ratio (accel.measure.Ratio) with its interval,
-    the median step in ms, the first step in s."""
-    fields: dict[str, Any] = {}
-    if ratio is not None and ratio.samples:
-        fields["ratio"] = ratio.to_dict()
-    if median_s is not None:
-        fields["median_ms"] = round(median_s * 1000, 3)
-    if first_s is not None:
-        fields["first_step_s"] = round(first_s, 4)
-    return fields
-
-
-def not_measured(plan: dict[str, dict], against: str, reason: str) -> TuneRow:
-    """The row of a candidate the search did not measure (the budget, a warm-up that does not fit), and why."""
-    return TuneRow(plan_label(plan), plan, "not measured", against=against, reason=reason)
+def timing_fields(median_s: float | None = None, first_s: float | None = None) -> dict[str, Any]:
+    return {**({"median_ms": round(median_s * 1000, 3)} if median_s is not None else {}),
+            **({"first_step_s": round(first_s, 4)} if first_s is not None else {})}
 
 
 @dataclass
@@ -58,7 +50,7 @@ class TuneResult:
     from_cache: bool = False
     measured_at: str = ""
     key: str = ""
-    established: bool = True  # False: the machine was too noisy to establish a faster plan
+    established: bool = True  # False: the rounds could not establish the answer (a busy machine, the budget)
 
     @property
     def ablation(self) -> dict[str, float | None]:
@@ -68,14 +60,13 @@ class TuneResult:
             ratio = (row.ratio or {}).get("estimate")
             if row.against == "eager" and len(row.plan) == 1:
                 effects[row.name] = ratio
-            elif row.tests and ratio:  # a stack without it (1 / ratio) or with it on top (ratio)
+            elif row.tests and ratio:  # a plan without it (1 / ratio) or with it on top (ratio)
                 effects[row.tests] = round(ratio if row.tests in row.plan else 1 / ratio, 4)
         return effects
 
     @classmethod
     def measured(cls, plan: dict[str, dict], rows: list[TuneRow], why: str, baseline_ms: float | None,
                  elapsed_s: float, settings: dict[str, Any], established: bool = True) -> TuneResult:
-        """A search's answer now: the plan (a dict inside the search) becomes a Plan here, at its edge."""
         return cls(Plan(plan), rows, why, baseline_ms, elapsed_s, settings,
                    measured_at=_dt.datetime.now().isoformat(timespec="seconds"), established=established)
 
@@ -90,12 +81,46 @@ class TuneResult:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TuneResult:
-        rows = [TuneRow(**r) for r in data["rows"]]
-        return cls(Plan(data["plan"]), rows, data["why"], data["baseline_ms"], data["elapsed_s"], data["settings"],
-                   data.get("from_cache", False), data.get("measured_at", ""), data.get("key", ""),
-                   data.get("established", True))
+        return cls(Plan(data["plan"]), [TuneRow(**r) for r in data["rows"]], data["why"], data["baseline_ms"],
+                   data["elapsed_s"], data["settings"], data.get("from_cache", False), data.get("measured_at", ""),
+                   data.get("key", ""), data.get("established", True))
 
     def __str__(self) -> str:
-        from accel.search.wording import render
+        source = (f"from the cache (measured {self.measured_at}, key {self.key[:12]})" if self.from_cache
+                  else f"in {self.elapsed_s:.1f} s")
+        body = [(r.name, r.status, r.against, str(Ratio(r.ratio["samples"])) if r.ratio and r.ratio["samples"] else "",
+                 "" if r.median_ms is None else f"{r.median_ms:.1f}",
+                 "" if r.first_step_s is None else f"{r.first_step_s:.2f}",
+                 "" if r.loss is None else f"{r.loss:.4f}", r.decision or r.reason) for r in self.rows]
+        table = render_table(("candidate", "status", "vs", "time ratio (90%)", "ms/step", "first s", "loss", "note"),
+                             body, right=(4, 5, 6))
+        return "\n".join([f"accel tune: chose {self.plan.names() or 'the empty plan'} {source}", *table,
+                          "why: " + self.why])
 
-        return render(self)
+
+def cached_answer(facts: dict[str, Any] | None, cache: Any, started: float) -> TuneResult | None:
+    """The remembered answer for these key facts (plancache.setup_key), marked as from the cache, or None."""
+    hit = plancache.lookup(facts, cache) if facts is not None and cache else None
+    if hit is None:
+        return None
+    result = TuneResult.from_dict(hit)
+    result.from_cache, result.elapsed_s = True, clock.now() - started
+    return result
+
+
+def keep_answer(result: TuneResult, facts: dict[str, Any] | None, cache: Any, established: bool) -> None:
+    """Remember an established answer (its key goes on the result)."""
+    if facts is not None and cache and established:
+        result.key = plancache.store(facts, result.to_dict(), cache)
+
+
+def expected_warmup(candidate: dict[str, dict], facts: dict[str, Any] | None, cache: Any) -> tuple[float, str]:
+    """A costly candidate's warm-up and how that is known: as last measured on this setup, else assumed."""
+    seen = plancache.known_warmup(plancache.warmup_parts(facts, candidate), cache) if facts and cache else None
+    return (seen, "as measured on this setup before") if seen is not None else (
+        COSTLY_GUESS_S, "assumed before one is measured here")
+
+
+def remember_warmup(candidate: dict[str, dict], facts: dict[str, Any] | None, cache: Any, seconds: float) -> None:
+    if facts is not None and cache:
+        plancache.remember_warmup(plancache.warmup_parts(facts, candidate), seconds, cache)

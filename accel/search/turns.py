@@ -1,235 +1,283 @@
-"""The turns of plan="auto" in your loop: arms take turns in chunks of your steps, a round at a time, and after
-each round the verdicts (verdicts.py) drop what cannot win.
+"""The rounds of plan="auto" in your loop: the search's comparisons (strategy.py) measured on your own steps.
 
-A chunk is timed from the end of its first step (the one after a switch; for steps of 2 s or more, from the
-switch on an arm's later turns) to the end of its last: whole steps, with your data loading, your code, forward,
-backward and update. The order reverses every round (A B C, C B A, ...), so a change in the machine's load hits
-every arm alike. An arm hopelessly slower than the plain loop's round beside it stops mid-chunk (stoprule.py), and
-its reference (the plain loop) is timed again at once: the arm is dropped only when it is still hopelessly slower
-than that fresh chunk, so a machine that got busy between the two chunks drops nothing (the disputed chunk is no
-sample of the round).
-
-Two seams, a method each: ``_step_time_of_chunk`` (a chunk's timed steps become the arm's step time in that
-round) and ``_next_arm`` (which arm takes the next turn); a job of several ranks agrees on both there.
+A comparison's plans take turns in chunks of your steps, the reference first in one round and last in the next (P C
+| C P: no switch at a round's edge). A chunk is timed from the end of its first step after a switch (steps of 2 s or
+more: from the switch, on a plan's later turns) to the end of its last: whole steps, data loading included. From
+the third round a challenger whose ratio is decided stops taking turns; the comparison ends when none is left, after
+MAX_ROUNDS, or when the budget is spent (checked after every chunk). A challenger hopelessly slower than the
+reference's round beside it stops mid-chunk (stoprule.py), once the reference timed again at once agrees; a loss
+that is not finite is judged under the plain loop (fault.py). Under a launcher every rank takes the slowest rank's
+times and rank 0's clock (ranks.py): the same plan on every rank at every step, the same verdicts.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from accel import clock
-from accel.plan.contract import REGISTRY
-from accel.search.arms import Arm
+from accel.measure import SETTLE_BELOW_S, Ratio, chunk_steps, paired, plan_label, round_order, synchronize
+from accel.plan.contract import Capability
 from accel.search.ranks import ChunkTimes
+from accel.search.results import expected_warmup, remember_warmup
+from accel.search.settings import BUDGET_STEPS, MIN_BUDGET_S, provides
 from accel.search.stoprule import beside, stop_reason
-from accel.search.verdicts import alike, clearly_faster, no_faster, slower
-from accel.measure import SETTLE_BELOW_S, round_order, synchronize
+from accel.search.strategy import Comparison, Outcome
+from accel.search.verdicts import decided, run_ahead_s, warmup_fit
+from accel.search.words import say
 
-MIN_ROUNDS = 3  # rounds before any verdict
+MIN_ROUNDS = 3  # rounds of a comparison before any verdict
 MAX_ROUNDS = 30
+MOST_STEPS = 4  # timed steps of a chunk at most: 3 rounds of 2 plans end by the 30th step of a run of short steps
+EXPECTED_SHARE = 0.3  # with expected_steps, the measurement spends at most this share of the plain run's time
+
+
+@dataclass
+class Arm:
+    """One plan taking turns: its step per round, and how its last comparison ended for it."""
+
+    plan: dict[str, dict]
+    rounds: dict[int, float] = field(default_factory=dict)  # round -> its seconds per step in that round
+    status: str = "waiting"  # waiting, measuring, measured, refused, failed, loss off, stopped early, not measured
+    reason: str = ""
+    first_s: float | None = None  # its first step after the first switch to it (compile lands there)
+    steps: int = 0
+    against: Arm | None = None  # the reference of its last comparison
+
+    @property
+    def name(self) -> str:
+        return plan_label(self.plan)
+
+    def ratio_to(self, other: Arm) -> Ratio:
+        return paired(self.rounds, other.rounds)
+
+    def median_s(self) -> float | None:
+        ordered = sorted(self.rounds.values())
+        return ordered[len(ordered) // 2] if ordered else None
 
 
 @dataclass
 class Chunk:
-    """The turn in progress: the steps it has taken, how it is timed so far, and what a fault is judged on."""
+    """The turn in progress: its steps, how it is timed so far, and what a fault is judged on."""
 
-    steps: int = 0  # steps since the switch
-    untimed: int = 1  # steps after the switch not timed (1, or 0 on later turns of long steps)
-    started: float = 0.0  # when its timing began
-    last_end: float = 0.0  # when its last step ended
-    wait_at_start: float = 0.0  # the run's data wait when its timing began
-    timed_s: list[float] = field(default_factory=list)  # on a CPU, its timed steps (the stop rule's evidence)
-    record: list[tuple[int, list, list]] = field(default_factory=list)  # on an accelerator: (step, losses, forwards)
+    steps: int = 0
+    untimed: int = 1  # steps after the switch not timed (1, or 0 without a switch or on later turns of long steps)
+    started: float = 0.0
+    last_end: float = 0.0
+    wait_at_start: float = 0.0  # the loop's data wait when its timing began
+    timed_s: list[float] = field(default_factory=list)  # on a CPU, its timed steps
+    recheck: tuple | None = None  # a challenger the stop rule caught: (arm, its fastest step, timed steps)
 
-
-@dataclass(frozen=True)
-class Recheck:
-    """An arm the stop rule caught, waiting for the chunk of its reference that is timed right after it."""
-
-    arm: Arm
-    fastest_s: float  # its chunk's fastest timed step (on an accelerator, the mean)
-    timed: int
+    def starts(self, at: float, wait_s: float) -> None:
+        self.started, self.last_end, self.wait_at_start, self.timed_s = at, at, wait_s, []
 
 
-class TurnTaking:
-    """The turns of a TuningRun (inloop.py), apart because it is one job."""
+class Turns:
+    """Runs the search's comparisons on the steps of a plan="auto" run (inloop.InLoopSearch: ``run``)."""
 
-    def _after_step(self) -> None:
-        self.chunk.steps += 1
-        self.active.steps += 1
-        if self.chunk.steps == self.chunk.untimed:  # the step after a switch, when it is not timed (untimed is 1)
-            synchronize(self.device)
+    def __init__(self, run: Any):
+        self.run, self.arms = run, [Arm({}, status="measuring")]
+        self.plain = self.reference = self.active = self.arms[0]
+        self.comparisons, self.request = run.strategy.comparisons(), None
+        self.challengers: list[Arm] = []
+        self.round = self.first_round = self.turn = 0
+        self.order: list[Arm] = []
+        self.chunk, self.chunk_steps = Chunk(), 2  # timed steps per chunk, paced after the plain loop's first
+        self.deadline = run.started + (run.settings.budget_s if run.settings.budget_s is not None else MIN_BUDGET_S)
+        self.turn_began, self.note, self.cut = run.started, "", False  # cut: a verdict the budget left unclear
+        self.plain_wait = [0.0, 0.0]  # data wait and time of the plain loop's timed steps
+
+    def start(self) -> None:
+        self._next(lambda: next(self.comparisons))
+
+    # --- the comparisons -----------------------------------------------------------------------------------------
+
+    def _next(self, ask) -> None:
+        """The search's next comparison, begun; the run chooses at the first verdict and finishes after the last."""
+        was = self.run.strategy.decided
+        try:
+            request = ask()
+        except StopIteration:
+            return self.run.finish()
+        if self.run.strategy.decided and not was:
+            self.run.choose()
+        self._begin(request)
+
+    def _begin(self, request: Comparison) -> None:
+        self.request, self.note, self.reference = request, "", self.arm(request.reference)
+        if request.costly:
+            candidate = {k: v for k, v in request.challengers[0].items() if k not in request.reference}
+            guess = expected_warmup(candidate, self.run.cache_key, self.run.settings.cache)
+            ahead = run_ahead_s(self.run.settings.expected_steps, self.run.steps, self.reference.median_s())
+            fit = self.run.ranks.decide(warmup_fit(*guess, self.deadline - clock.now(), ahead))  # rank 0's clock
+            if not fit.fits:
+                return self._answer([Outcome("not measured", fit.reason)])
+            if fit.past_budget:  # its warm-up and its rounds, on the run's allowance
+                self.deadline, self.note = clock.now() + 2 * fit.allowance_s, fit.reason
+            self.run.faults.capture.remove()  # compile would trace hooks on the model: no replay from here
+        if self.run.ranks.past(self.deadline, clock.now()):
+            self.cut = True
+            return self._answer([Outcome("not measured", "the budget ran out") for _ in request.challengers])
+        self.challengers = [self.arm(plan) for plan in request.challengers]
+        for arm in self.challengers:
+            if arm.status in ("waiting", "measuring", "measured"):  # one that could not run before is not tried again
+                arm.against, arm.status, arm.reason = self.reference, "measuring", ""
+        self.reference.status, self.first_round = "measuring", self.round
+        self._next_round() if self._live() else self._end_comparison()
+
+    def _answer(self, outcomes: list[Outcome]) -> None:
+        self._next(lambda: self.comparisons.send(outcomes))
+
+    def _end_comparison(self) -> None:
+        reference, outcomes = self.reference, []
+        for arm in self.challengers:
+            ratio = arm.ratio_to(reference)
+            if arm.status in ("measuring", "measured"):
+                arm.status, arm.reason = ("measured", arm.reason) if ratio.samples else ("not measured",
+                                                                                          "the budget ran out")
+            if self.request.costly and arm.first_s is not None:
+                arm.first_s = self.run.ranks.slowest(arm.first_s)  # the warm-up every rank waited for
+                remember_warmup({k: v for k, v in arm.plan.items() if k not in reference.plan}, self.run.cache_key,
+                                self.run.settings.cache, arm.first_s - (reference.median_s() or 0.0))
+            fields = {"median_ms": round(arm.median_s() * 1000, 3)} if arm.rounds else {}
+            fields.update({"first_step_s": round(arm.first_s, 4)} if arm.first_s is not None else {})
+            outcomes.append(Outcome(arm.status, arm.reason, ratio, dict(arm.rounds), fields,
+                                    (arm.first_s or 0.0) - (reference.median_s() or 0.0), reference.median_s(),
+                                    self.note))
+        self.challengers = []
+        reference.status = "measured" if reference is not self.plain else reference.status
+        self._answer(outcomes)
+
+    def arm(self, plan: dict[str, dict]) -> Arm:
+        found = next((a for a in self.arms if a.plan == plan), None)
+        if found is None:
+            found = Arm(dict(plan))
+            self.arms.append(found)
+        return found
+
+    # --- turns and rounds ----------------------------------------------------------------------------------------
+
+    def _live(self) -> list[Arm]:
+        return [a for a in self.challengers if a.status == "measuring"]
+
+    def _next_round(self) -> None:
+        self.order = round_order([self.reference, *self._live()], self.round - self.first_round, rotate=False)
+        self.turn = -1
+        self._next_turn(first=True)
+
+    def _next_turn(self, first: bool = False) -> None:
+        if not first and self.run.ranks.past(self.deadline, clock.now()):  # never past by more than one chunk
+            self.cut = self.cut or bool(self._live())
+            return self._end_comparison()
+        self.turn += 1
+        while self.turn < len(self.order) and self.order[self.turn].status != "measuring":
+            self.turn += 1
+        if self.turn < len(self.order):
+            return self._go(self.order[self.turn])
+        self.round += 1
+        if self.round - self.first_round >= MIN_ROUNDS:
+            for arm in self._live():
+                arm.status = "measured" if decided(arm.ratio_to(self.reference), self.request.thresholds) else arm.status
+        if not self._live() or self.round - self.first_round >= MAX_ROUNDS:
+            return self._end_comparison()
+        self._next_round()
+
+    def _go(self, arm: Arm) -> None:
+        self.turn_began = clock.now()  # before the deadline, always: _next_turn checks it first
+        switched = self.run.switch(arm.plan, arm)
+        if switched is None:  # refused or failed: its status says why; a recheck waiting for it goes unjudged
+            self.chunk.recheck = None
+            return self._next_turn()
+        self.active, self.chunk.steps, self.run.faults.record = arm, 0, []
+        # A step of 2 s or more is timed from the switch on a plan's later turns: what a switch leaves cold is small
+        # beside it, and an untimed step costs a third of every turn. Not a costly plan's: a switch back to it may
+        # build again (compile's guards), and that is not its step.
+        long_steps = all(a.rounds and min(a.rounds.values()) >= SETTLE_BELOW_S for a in (self.reference, arm))
+        later = arm.first_s is not None and (not switched or long_steps and not provides(
+            arm.plan, Capability.SETUP_COSTLY))
+        self.chunk.untimed = 0 if later else 1
+        if later:
+            self.chunk.starts(self.run.switched_at, self.run.data_wait_s)
+        say(self.run)
+
+    def restart_chunk(self) -> None:
+        """The plan was switched away and back under this chunk (a refused run.load): it starts again."""
+        self.chunk.steps, self.chunk.untimed, self.run.faults.record = 0, 1, []
+
+    # --- a step --------------------------------------------------------------------------------------------------
+
+    def before_update(self) -> None:
+        spent = self.run.faults.before_update(self.run.steps + 1, self.active.name, self.run.device.type == "cpu",
+                                              self.active is not self.plain)
+        self.chunk.started, self.chunk.last_end = self.chunk.started + spent, self.chunk.last_end + spent
+
+    def after_step(self) -> None:
+        chunk, arm, run = self.chunk, self.active, self.run
+        chunk.steps += 1
+        arm.steps += 1
+        if chunk.steps == chunk.untimed:  # the step after a switch
+            synchronize(run.device)
             now = clock.now()
-            if self.active.first_s is None:
-                self.active.first_s = now - self.switched_at
-            self._chunk_starts(now)
-            return
-        arm = self.active
-        timed = self.chunk.steps - self.chunk.untimed
-        against = self._against(arm)
-        if self.device.type == "cpu":  # (on an accelerator, reading the time every step would wait for the device)
+            arm.first_s = now - run.switched_at if arm.first_s is None else arm.first_s
+            return chunk.starts(now, run.data_wait_s)
+        timed, against = chunk.steps - chunk.untimed, None if arm is self.reference else self.reference
+        if run.device.type == "cpu":  # (on an accelerator, reading the time every step would wait for the device)
             now = clock.now()
-            self.chunk.timed_s.append(now - self.chunk.last_end)
-            self.chunk.last_end = now
-        # mid-chunk, the stop rule reads this rank's clock: with several ranks a chunk runs to its end (its verdict
-        # is then taken on the slowest rank's steps, the same on every rank)
-        if timed < self.chunk_steps and (against is None or self.device.type != "cpu" or self.ranks.world_size > 1
+            chunk.timed_s.append(now - chunk.last_end)
+            chunk.last_end = now
+        # mid-chunk the stop rule reads this rank's clock: with several ranks a chunk runs to its end
+        if timed < self.chunk_steps and (against is None or run.device.type != "cpu" or run.ranks.world_size > 1
                                          or not self._stop_reason(timed, against)):
             return
-        synchronize(self.device)
-        elapsed = clock.now() - self.chunk.started
-        fault = self.fault or self._chunk_fault()
-        self.fault, self.chunk.record = None, []
-        self.losses.clear()
-        elapsed, blamed, plan_blamed = self._agree_on_chunk(elapsed, fault)
-        if self.recheck is not None:  # this chunk timed the reference again, for the arm caught before it
-            self._end_recheck(self._step_time_of_chunk(elapsed, timed))
-            self._next_turn()
-            return
-        if plan_blamed:
-            arm.status, arm.reason = "loss off", (blamed.words if blamed is not None and blamed.plan else
-                                                  "a loss was not finite on another rank under this plan, and was "
-                                                  "finite there under the plain loop")
+        synchronize(run.device)
+        fault = run.faults.chunk_fault(arm.name)
+        agreed = run.ranks.chunk(ChunkTimes(clock.now() - chunk.started, tuple(chunk.timed_s), fault is not None))
+        chunk.timed_s, elapsed = list(agreed.step_s), agreed.seconds
+        if agreed.nonfinite and run.ranks.world_size > 1 and arm is not self.plain:
+            run.switch({})  # every rank to the plain loop together (ddp's wrapping is collective)
+        blamed = run.faults.judge(fault, arm is self.plain, lambda: run.switch({})) if fault is not None else None
+        step_s = self._step_s(timed, elapsed)
+        if chunk.recheck is not None:  # this chunk timed the reference again, for the arm caught before it
+            caught, fastest, count = chunk.recheck
+            chunk.recheck, why = None, stop_reason(fastest, count, step_s, self._name(self.reference))
+            if why:
+                caught.status, caught.reason = "stopped early", why.replace("in the round beside it",
+                                                                            "timed again right after it")
+        elif run.ranks.any_true(blamed is not None and blamed.plan):
+            arm.status, arm.reason = "loss off", (blamed.words if blamed is not None else "a loss was not finite on "
+                                                  "another rank under it, and was finite there under the plain loop")
         elif against is not None and self._stop_reason(timed, against, elapsed):
-            # bf16 emulated on a CPU without it was 14x slower: it may get no more turns, once its reference,
-            # timed again now, confirms it (a machine that got busy since the reference's chunk slows both)
-            self.recheck = Recheck(arm, self._fastest(timed, elapsed), timed)
-            self._go(against)
-            return
+            chunk.recheck = (arm, self._fastest(timed, elapsed), timed)  # bf16 emulated on a Zen 3 was 14x slower
+            return self._go(against)
         else:
-            arm.rounds[self.round] = self._step_time_of_chunk(elapsed, timed)
-        if arm is self.plain:
-            self.plain_wait[0] += self.data_wait_s - self.chunk.wait_at_start
-            self.plain_wait[1] += elapsed
-            if self.round == 0 and self.chunk_steps == 2:
-                self._pace(elapsed / timed)
+            arm.rounds[self.round] = step_s
+            if arm is self.plain:
+                self.plain_wait[0] += run.data_wait_s - chunk.wait_at_start
+                self.plain_wait[1] += elapsed
+                if len(arm.rounds) == 1:
+                    self._pace(step_s)
         self._next_turn()
 
-    def _agree_on_chunk(self, elapsed: float, fault):
-        """The chunk as every rank takes it (ranks.py; in a single process, this rank's own): the slowest rank's
-        seconds and steps, and whether the arm pays for a loss that was not finite on any rank (judged where it
-        happened, under the plain loop every rank switches to together: ddp's wrapping is collective)."""
-        agreed = self.ranks.chunk(ChunkTimes(elapsed, tuple(self.chunk.timed_s), fault is not None))
-        self.chunk.timed_s = list(agreed.step_s)
-        if agreed.nonfinite and self.ranks.world_size > 1 and self.active is not self.plain:
-            self._switch({})
-        blamed = self._judge(fault) if fault is not None else None
-        return agreed.seconds, blamed, self.ranks.any_true(blamed is not None and blamed.plan)
+    def _pace(self, step_s: float) -> None:
+        settings = self.run.settings
+        self.chunk_steps = chunk_steps(step_s, least=2, most=MOST_STEPS, target_s=self.run.chunk_s)
+        if settings.budget_s is None:
+            self.deadline = max(self.deadline, self.run.started + BUDGET_STEPS * step_s)
+        if settings.expected_steps:
+            self.deadline = min(self.deadline, self.run.started + EXPECTED_SHARE * settings.expected_steps * step_s)
 
-    def _step_time_of_chunk(self, elapsed: float, timed: int) -> float:
-        """Seam: the seconds per step this chunk gives its arm for this round (this process's own)."""
-        return elapsed / timed
-
-    def _chunk_starts(self, at: float) -> None:
-        self.chunk.started, self.chunk.last_end, self.chunk.wait_at_start = at, at, self.data_wait_s
-        self.chunk.timed_s = []
-
-    def _against(self, arm: Arm) -> Arm | None:
-        """What an arm's turn is compared with: the plain loop, or in compile's rounds the winner under it."""
-        reference = self.winner if self.phase == "compile" else self.plain
-        return None if arm is reference or reference is None else reference
+    def _step_s(self, timed: int, elapsed: float) -> float:
+        """The chunk's step: on a CPU the lower median of its timed steps (load spikes land on single steps: an A/A
+        test under seeded spikes of 30-150 plain steps chose the plain loop's twin by the chunks' means), elsewhere
+        their mean (reading each step's time would wait for the device)."""
+        steps = sorted(self.chunk.timed_s)
+        return steps[(len(steps) - 1) // 2] if len(steps) == timed else elapsed / timed
 
     def _fastest(self, timed: int, elapsed: float | None = None) -> float:
         """The stop rule's evidence from this chunk: its fastest timed step on a CPU, its mean elsewhere."""
         return min(self.chunk.timed_s) if len(self.chunk.timed_s) == timed else (elapsed or 0.0) / timed
 
+    def _name(self, arm: Arm) -> str:
+        return "the plain loop" if arm is self.plain else arm.name
+
     def _stop_reason(self, timed: int, against: Arm, elapsed: float | None = None) -> str:
-        """The stop rule (stoprule.py) on this chunk, against the step of ``against`` in the round beside it."""
-        name = "the plain loop" if against is self.plain else against.name
-        return stop_reason(self._fastest(timed, elapsed), timed, beside(against.rounds, self.round), name)
-
-    def _end_recheck(self, reference_s: float) -> None:
-        """The reference was timed again right after the caught arm's chunk: the arm stops when it is still
-        hopelessly slower than that; else it goes on, its disputed chunk no sample of the round."""
-        check, self.recheck = self.recheck, None
-        name = "the plain loop" if self.active is self.plain else self.active.name
-        why = stop_reason(check.fastest_s, check.timed, reference_s, name)
-        if why:
-            check.arm.status = "stopped early"
-            check.arm.reason = why.replace("in the round beside it", "timed again right after it")
-
-    def _live(self) -> list[Arm]:
-        return [a for a in self.arms if a.status == "measuring"]
-
-    def _next_round(self) -> None:
-        live = self._live()
-        self.order = round_order(live, self.round, rotate=False)  # the plain loop stays first or last
-        self.turn = -1
-        self._go(self._next_arm())
-
-    def _next_arm(self) -> Arm | None:
-        """Seam: the arm whose turn is next in this round's order (one still measuring), or None at its end."""
-        self.turn += 1
-        while self.turn < len(self.order) and self.order[self.turn].status != "measuring":
-            self.turn += 1
-        return self.order[self.turn] if self.turn < len(self.order) else None
-
-    def _next_turn(self) -> None:
-        if self.ranks.past(self.deadline, clock.now()):  # never past the budget by more than the chunk just run
-            self._end_compile() if self.phase == "compile" else self._settle("budget")
-            return
-        arm = self._next_arm()
-        if arm is not None:
-            self._go(arm)
-            return
-        self._verdicts()  # may settle, or start compile's rounds
-        if self.phase == "settled":
-            return
-        self.round += 1
-        if self.round - self.phase_start >= MAX_ROUNDS:
-            self._end_compile() if self.phase == "compile" else self._settle("rounds")
-            return
-        self._next_round()
-
-    def _go(self, arm: Arm) -> None:
-        self.turn_began = clock.now()  # before the deadline, always: _next_turn checks it first
-        if not self._switch(arm.plan, arm):
-            # a caught arm whose reference could not be timed again goes on unjudged: the next chunk is another
-            # arm's, and its disputed chunk stays no sample of the round
-            self.recheck = None
-            self._next_turn()
-            return
-        self.active, self.chunk.steps = arm, 0
-        self.search.update(self)  # the report says whose turn it is, and what the rounds so far measured
-        # A step of 2 s or more is timed from the switch on an arm's later turns: what a switch leaves cold (caches,
-        # the allocator) is small beside it, and an untimed step would cost a third of every turn.
-        # compile is left out: a switch back to it may recompile (its hooks' guards), and that is not its step.
-        long_steps = all(a.rounds and min(a.rounds.values()) >= SETTLE_BELOW_S for a in (self.plain, arm))
-        costly = any(REGISTRY[name].costly_setup for name in arm.plan)
-        self.chunk.untimed = 0 if arm.first_s is not None and long_steps and not costly else 1
-        if not self.chunk.untimed:
-            self._chunk_starts(self.switched_at)
-
-    def _verdicts(self) -> None:
-        """After a round: drop what is confidently slower than the best, confidently no faster than the plain loop
-        by the margin, or no faster than the best and larger; settle when none is left, or when one is left and it
-        is confidently faster than the plain loop by the margin."""
-        if self.phase == "compile":
-            self._compile_verdict()
-            return
-        if self.round + 1 - self.phase_start < MIN_ROUNDS:
-            return
-        margin = self.settings.margin
-        rivals = [a for a in self._live() if a is not self.plain and a.rounds]
-        if not rivals:
-            self._settle("no candidate could be timed")
-            return
-        for arm in rivals:  # it could only be kept faster than the plain loop by the margin: it is confidently not
-            vs_plain = arm.ratio_to(self.plain)
-            if no_faster(vs_plain, margin):
-                arm.status, arm.reason = "not faster", f"{vs_plain} of the plain loop's step"
-        rivals = [a for a in rivals if a.status == "measuring"]
-        if not rivals:  # every candidate is confidently no faster: more turns would only cost your run time
-            self._settle("settled")
-            return
-        best = min(rivals, key=lambda a: a.ratio_to(self.plain).estimate)
-        for arm in rivals:
-            if arm is best:
-                continue
-            ratio = arm.ratio_to(best)
-            if slower(ratio, margin):
-                arm.status, arm.reason = "slower", f"{ratio} of {best.name}'s step"
-            elif alike(ratio, margin) and len(arm.plan) > len(best.plan):
-                arm.status, arm.reason = "not needed", f"{ratio} of {best.name}'s step, with more accelerators"
-        left = [a for a in self._live() if a is not self.plain]
-        if left == [best] and clearly_faster(best.ratio_to(self.plain), margin):
-            self._settle("settled")
+        return stop_reason(self._fastest(timed, elapsed), timed, beside(against.rounds, self.round), self._name(against))

@@ -1,20 +1,16 @@
-"""The verdicts both searches reach, in one place: tune() on copies (search.py, strategies.py) and plan="auto" in
-your loop (inloop.py and its parts) judge a ratio and a costly candidate by these functions alone, so the two
-cannot drift apart in what "faster", "no faster" or "compile pays" means.
+"""What "faster", "no faster", "pays" and "a costly warm-up pays back" mean, in one place for every search.
 
-A ratio is a challenger's step time over a reference's (accel.measure.Ratio, with its 95% interval). The margin
-is how much faster a plan must be to replace the one it is compared with (config.MARGIN). Inside both searches a
-plan is a ``dict[str, dict]`` (what ``Plan.to_dict()`` gives); Plan appears only at their edges (the user's
-candidates in, the TuneResult out).
+A ratio is a challenger's step over a reference's (accel.measure.Ratio: a verdict needs its 90% interval and its
+median round past the threshold); the margin is how much faster a plan must be to replace the one it is compared with.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
 
-from accel.search.remembered import expected_warmup
 from accel.measure import Ratio
+
+LONG_RUN_SHARE = 0.02  # in a run of known length, a costly warm-up may take this share of the run still ahead
 
 
 def established(ratio: Ratio | None, margin: float) -> bool:
@@ -22,41 +18,24 @@ def established(ratio: Ratio | None, margin: float) -> bool:
     return ratio is not None and bool(ratio.samples) and ratio.below(1.0) and ratio.estimate <= 1 - margin
 
 
-def no_faster(ratio: Ratio, margin: float) -> bool:
-    """Confidently not faster by the margin: it could never be kept, so more rounds would only cost time."""
-    return ratio.above(1 - margin)
+def pays(without: Ratio, margin: float) -> bool:
+    """An accelerator shown to pay: the plan with it established faster than the plan without it (``without``: the
+    step without it over the step with it). One not shown to pay goes: on vgg16 a budget that ran out kept threads on
+    top, 1.04x slower, inside the interval."""
+    return established(Ratio([1 / s for s in without.samples]), margin)
 
 
-def undecided(ratio: Ratio, margin: float) -> bool:
-    """Neither established faster nor confidently no faster by the margin."""
-    return not (established(ratio, margin) or no_faster(ratio, margin))
+def decided(ratio: Ratio, thresholds: tuple[float, ...]) -> bool:
+    """More rounds would not change its verdict: confidently below the highest threshold (faster; or an
+    accelerator that does not pay) or above the lowest (no faster by the margin; or one that pays)."""
+    return ratio.below(max(thresholds)) or ratio.above(min(thresholds))
 
 
-def verdict(ratio: Ratio, margin: float) -> str:
-    """'faster' (established), 'not faster' (clearly not by the margin), or 'noisy' (cannot tell)."""
+def words(ratio: Ratio, margin: float) -> str:
+    """'faster', 'not faster' (clearly not by the margin) or 'noisy' (the rounds cannot tell)."""
     if established(ratio, margin):
         return "faster"
-    return "not faster" if no_faster(ratio, margin) or ratio.estimate > 1 else "noisy"
-
-
-def slower(ratio: Ratio, margin: float) -> bool:
-    """Confidently slower than the best by more than the margin: dropped."""
-    return ratio.above(1 + margin)
-
-
-def clearly_faster(ratio: Ratio, margin: float) -> bool:
-    """Confidently faster by the whole margin (its interval below 1 - margin): the last arm left may settle."""
-    return ratio.below(1 - margin)
-
-
-def alike(ratio: Ratio, margin: float) -> bool:
-    """Confidently within the margin of the best either way: the one with more accelerators is not needed."""
-    return ratio.below(1 + margin) and ratio.above(1 - margin)
-
-
-# --- the compile-last rule: a costly candidate (compile) goes on top of the best plan, last --------------------
-
-LONG_RUN_SHARE = 0.02  # in a run of known length, compile's warm-up may take this share of the run still ahead
+    return "not faster" if ratio.above(1 - margin) or ratio.estimate > 1 else "noisy"
 
 
 @dataclass(frozen=True)
@@ -65,13 +44,12 @@ class WarmupFit:
 
     fits: bool
     guess_s: float
-    known: str  # how the guess is known: measured on this setup before (warm or cold), or assumed
+    known: str  # measured on this setup before, or assumed
     left_s: float  # the budget left
     ahead_s: float = 0.0  # the run still ahead at the best plan's step (expected_steps known), else 0
 
     @property
     def past_budget(self) -> bool:
-        """Tried although the budget is spent: the run ahead is long enough to risk its warm-up."""
         return self.fits and self.guess_s > self.left_s
 
     @property
@@ -93,26 +71,16 @@ def run_ahead_s(expected_steps: int | None, steps_done: int, step_s: float | Non
     return max(expected_steps - steps_done, 0) * step_s if expected_steps and step_s else 0.0
 
 
-def warmup_fit(candidate: dict[str, dict], facts: dict[str, Any] | None, cache: Any, warm: bool,
-               left_s: float, ahead_s: float = 0.0) -> WarmupFit:
-    """Started on whatever budget is left, a warm-up longer than it would run the search far past it; but in a
-    run known to be long (2,000 steps of 0.5 s: 1,000 s ahead) a 20 s warm-up is worth risking once: kept only if
-    it pays back (payback), and its compiled code stays in the cache for the next run."""
-    guess, known = expected_warmup(candidate, facts, cache, warm)
-    return WarmupFit(left_s >= guess or guess <= LONG_RUN_SHARE * ahead_s, guess, known, left_s, ahead_s)
-
-
-def settled_enough(ratio: Ratio, margin: float) -> bool:
-    """A costly candidate's rounds may end: it is confidently faster than half the margin, or confidently not
-    faster by the margin."""
-    return ratio.below(1 - margin / 2) or ratio.above(1 - margin)
+def warmup_fit(guess_s: float, known: str, left_s: float, ahead_s: float = 0.0) -> WarmupFit:
+    """A warm-up longer than the budget left would run the search far past it; but in a run known to be long (2,000
+    steps of 0.5 s: 1,000 s ahead) a 20 s one is worth risking once: kept only if it pays back."""
+    return WarmupFit(left_s >= guess_s or guess_s <= LONG_RUN_SHARE * ahead_s, guess_s, known, left_s, ahead_s)
 
 
 def payback(ratio: Ratio, step_s: float, extra_warmup_s: float, margin: float,
             expected_steps: int | None) -> tuple[bool, int | None, bool]:
-    """A costly accelerator's verdict (compile): (faster, the step its extra warm-up pays back at, kept)."""
+    """A costly accelerator's verdict: (faster, the step its extra warm-up pays back at, kept)."""
     gain_s = step_s * (1 - ratio.estimate) if ratio.samples else 0.0
     break_even = math.ceil(extra_warmup_s / gain_s) if gain_s > 0 else None
     faster = bool(ratio.samples) and ratio.below(1 - margin / 2) and ratio.estimate <= 1 - margin
-    pays = faster and (expected_steps is None or (break_even is not None and break_even < expected_steps))
-    return faster, break_even, pays
+    return faster, break_even, faster and (expected_steps is None or (break_even or math.inf) < expected_steps)

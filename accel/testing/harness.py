@@ -33,7 +33,8 @@ from typing import Any, Callable
 from torch.utils.data import DataLoader
 
 from accel.plan.contract import EXACT, REGISTRY, Keeps
-from accel.api import accelerate, decide
+from accel.api import decide
+from accel.search import accelerate
 from accel.errors import AccelerateError, PlanError
 from accel.run.loaders import draws_random_numbers, release_workers
 from accel.plan import Plan

@@ -63,10 +63,9 @@ rank = dist.get_rank()
 agreement = RankAgreement.current()
 agreed = agreement.chunk(ChunkTimes(seconds=1.0 + rank, step_s=(0.1 * (rank + 1), 0.5 - 0.1 * rank),
                                     nonfinite=rank == 1))
-out["agreed"] = {"seconds": agreed.seconds, "step_s": list(agreed.step_s), "nonfinite": agreed.nonfinite,
-                 "rank_seconds": list(agreed.rank_seconds), "slowest_rank": agreed.slowest_rank}
-out["decision"] = agreement.decide({"next_arm": {"amp": {}}, "verdict": "faster"} if rank == 0
-                                   else {"next_arm": {}, "verdict": "slower"})
+out["agreed"] = {"seconds": agreed.seconds, "step_s": list(agreed.step_s), "nonfinite": agreed.nonfinite}
+out["decision"] = agreement.decide({"next_plan": {"amp": {}}, "verdict": "faster"} if rank == 0
+                                   else {"next_plan": {}, "verdict": "slower"})
 out["past_deadline"] = agreement.past(deadline=5.0, now=10.0 if rank == 0 else 0.0)  # rank 0's clock decides
 out["any_nonfinite"] = agreement.any_true(rank == 0)
 out["slowest"] = agreement.slowest(0.25 * (rank + 1))

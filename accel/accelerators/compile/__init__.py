@@ -101,9 +101,8 @@ class Compile(Accelerator):
 
     name = "compile"
     stage = Stage.COMPILATION
-    provides = (Capability.MODEL_COMPILE,)
+    provides = (Capability.MODEL_COMPILE, Capability.SETUP_COSTLY)
     keeps = SAME_MATH
-    costly_setup = True
     Options = CompileOptions
     config: CompileOptions
 

@@ -101,8 +101,7 @@ class Prune(Accelerator):
     name = "prune"
     stage = Stage.SURGERY
     requires = ("nni",)
-    provides = (Capability.MODEL_STRUCTURE,)
-    trains_a_copy = True
+    provides = (Capability.MODEL_STRUCTURE, Capability.MODEL_COPY)
     keeps = Keeps("changed", structure=False, note="the channels it removes and the shapes of the layers they fed; "
                   "weights trained by warm-up or Taylor steps; the optimizer's state (reset)")
     Options = PruneOptions

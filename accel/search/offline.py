@@ -1,0 +1,154 @@
+"""accel.tune: the one search apart (strategy.py), each plan on its own copies of your objects side by side
+(accel.measure.Lab), from the same start on the same batches: a plan's first losses are checked against the plain
+loop's too ("loss off" beyond the tolerance). Your objects, loader and RNG end as they started."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from accel import clock
+import accel.plan.cache as plancache
+from accel.errors import MeasureError, PlanError, Problem
+from accel.hardware import probe
+from accel.measure import Lab, TrainStep, Trial
+from accel.run.context import placement
+from accel.search.distribution import distribute
+from accel.search.results import (TuneResult, cached_answer, expected_warmup, keep_answer, remember_warmup,
+                                  timing_fields)
+from accel.search.settings import BUDGET_STEPS, MIN_BUDGET_S, SLOW_STOP, Auto, candidates_of, for_device
+from accel.search.strategy import Comparison, Outcome, Search
+from accel.search.verdicts import run_ahead_s, warmup_fit
+
+
+def tune(model, optimizer, loader, device: Any = "auto", settings: Auto | None = None, **options: Any) -> TuneResult:
+    """Measure plans on copies of your model, optimizer and loader; return the fastest established plan that keeps
+    the loss. ``options`` are accel.Auto's fields, over ``settings`` (default: no cache). Under a launcher of several
+    ranks the answer comes from the cache, with ddp or fsdp by memory fit (distribution.py)."""
+    settings = dataclasses.replace(settings or Auto(cache=False), **options)
+    if optimizer is None or loader is None:
+        raise MeasureError("tune measures training steps: it needs an optimizer and a loader")
+    started, hardware, problems = clock.now(), probe(), []
+    decided = placement(device, hardware, problems)  # the same launch and device accelerate() decides
+    if decided is None:
+        raise PlanError(problems)
+    launch, device, hardware = decided.launch, decided.device, for_device(hardware, decided.device)
+    step = TrainStep(loss_fn=settings.loss_fn, split=settings.split, step_fn=settings.step_fn)
+    lab = Lab(model, optimizer, loader, device, step, check_steps=max(1, settings.check_steps))
+    batch = lab.first_batch()
+    if batch is None:
+        raise MeasureError("tune needs batches, and the loader yields none")
+    step.check(batch)
+    facts = plancache.setup_key(model, optimizer, loader, batch, device, hardware, step, settings.key()) \
+        if settings.cache else None
+    record = {**settings.key(), "budget_s": settings.budget_s, "device": str(device), "search": "apart"}
+    result = cached_answer(facts, settings.cache, started)
+    if result is None and launch is not None and launch.world_size > 1:  # each rank measuring would choose alone
+        result = TuneResult.measured({}, [], "the rest of the plan is not measured under a launcher (each rank would "
+                                     "choose on its own): " + ("run plan='auto' once in a single process on the same "
+                                     "setup, and the cache gives the ranks its answer" if settings.cache else
+                                     "and the cache is off"), None, clock.now() - started, record)
+    if result is not None:
+        lab.close()
+        return distribute(result, model, optimizer, device, launch, settings.memory_per_rank)
+    kinds = candidates_of(settings, hardware, model, optimizer, loader, in_loop=False)
+    search = Search(kinds["stepwise"], kinds["costly"], kinds["given"], settings.margin, settings.expected_steps)
+    apart = Apart(lab, search, settings, facts, started)
+    try:
+        apart.run()
+    finally:
+        lab.close()
+    record["budget_s"] = round(apart.deadline - started, 1)
+    result = TuneResult.measured(search.best, search.rows, search.why(), search.rows[0].median_ms,
+                                 clock.now() - started, record, established=search.established)
+    keep_answer(result, facts, settings.cache, search.established)
+    return result
+
+
+class Apart:
+    """The Lab's rounds for the search's comparisons: a plan's copies kept while it may be compared again (the plain
+    loop's and the reference's), retired otherwise."""
+
+    def __init__(self, lab: Lab, search: Search, settings: Auto, facts: dict | None, started: float):
+        self.lab, self.search, self.settings, self.facts = lab, search, settings, facts
+        self.trials: list[Trial] = []
+        self.base, self.deadline = None, started
+
+    def run(self) -> None:
+        base = self.base = self.trial({})
+        if base.status != "ready":
+            raise (PlanError([Problem("tune", f"the baseline (empty plan) is refused: {base.error}")])
+                   if base.status == "refused" else MeasureError(f"the baseline (empty plan) cannot train: {base.error}"))
+        self.lab.pace(base.settled_step_s, self.settings.chunk_steps)
+        budget = self.settings.budget_s
+        self.deadline += budget if budget is not None else max(MIN_BUDGET_S, BUDGET_STEPS * base.settled_step_s)
+        comparisons = self.search.comparisons()
+        try:
+            request = next(comparisons)
+            while True:
+                request = comparisons.send(self.measure(request))
+                for trial in self.trials:  # the plain loop's and the next reference's copies stay
+                    if trial.plan not in ({}, request.reference):
+                        self.lab.retire(trial)
+        except StopIteration:
+            pass
+        row = self.search.rows[0]
+        row.vs_baseline, row.loss_ok, row.losses = 1.0, True, list(base.check_losses)
+        row.loss = sum(base.check_losses) / len(base.check_losses)
+        for name, value in timing_fields(base.median_s, base.first_s[0]).items():
+            setattr(row, name, value)
+
+    def trial(self, plan: dict[str, dict]) -> Trial:
+        found = next((t for t in self.trials if t.plan == plan and t.run is not None), None)
+        if found is None:
+            found = self.lab.trial(plan)
+            self.trials = [t for t in self.trials if t.run is not None] + [found]
+        return found
+
+    def measure(self, request: Comparison) -> list[Outcome]:
+        note = ""
+        if request.costly:
+            reference = self.trial(request.reference)
+            candidate = {k: v for k, v in request.challengers[0].items() if k not in request.reference}
+            ahead = run_ahead_s(self.settings.expected_steps, 0, reference.median_s or reference.settled_step_s)
+            fit = warmup_fit(*expected_warmup(candidate, self.facts, self.settings.cache),
+                             self.deadline - clock.now(), ahead)
+            if not fit.fits:
+                return [Outcome("not measured", fit.reason)]
+            if fit.past_budget:  # its warm-up and its rounds, on the run's allowance
+                self.deadline, note = clock.now() + 2 * fit.allowance_s, fit.reason
+        if clock.now() >= self.deadline:
+            return [Outcome("not measured", "the budget ran out") for _ in request.challengers]
+        reference = self.trial(request.reference)
+        trials = [self.trial(plan) for plan in request.challengers]
+        outcomes = [self._checked(t) for t in trials]
+        live = [t for t, o in zip(trials, outcomes) if o.status == "measured"]
+        ratios = self.lab.rounds(live, reference, request.thresholds, deadline=self.deadline) if live else {}
+        for trial, out in zip(trials, outcomes):
+            if trial.status == "failed" and out.status == "measured":  # broke in a later round
+                out.status, out.reason = "failed", trial.error
+            out.ratio, out.rounds, out.note = ratios.get(id(trial), out.ratio), dict(trial.rounds), note
+            out.fields.update(timing_fields(trial.median_s), warmup_s=round(trial.warmup_s, 4) if trial.first_s else None)
+            out.warmup_s, out.reference_s = trial.warmup_s - reference.warmup_s, reference.median_s
+        if request.costly and outcomes[0].status == "measured":
+            remember_warmup(candidate, self.facts, self.settings.cache, outcomes[0].warmup_s)
+        return outcomes
+
+    def _checked(self, trial: Trial) -> Outcome:
+        """Applied, trained, kept the loss, and not hopelessly slow: when every one of its first steps took over
+        SLOW_STOP plain steps and over 0.5 s (one spike of load is not enough), rounds would only spend the budget
+        (bf16 emulated on a Zen 3 was 14x slower)."""
+        if trial.status in ("refused", "failed"):
+            return Outcome(trial.status, trial.error)
+        base = self.base
+        loss, reference = (sum(t.check_losses) / len(t.check_losses) for t in (trial, base))
+        loss_ok = abs(loss - reference) <= self.settings.tolerance * max(abs(reference), 1e-8)
+        out = Outcome(fields={"loss": loss, "loss_ok": loss_ok, "losses": list(trial.check_losses),
+                              **timing_fields(first_s=trial.first_s[0])})
+        fastest, base_step = min(trial.first_s), base.settled_step_s
+        if not loss_ok:
+            out.status, out.reason = "loss off", (f"loss {loss:.4f} vs baseline {reference:.4f} over the same first "
+                                                  f"steps: outside the {self.settings.tolerance:.0%} tolerance")
+        elif len(trial.first_s) > 1 and fastest > max(SLOW_STOP * base_step, 0.5):
+            out.status = "stopped early"
+            out.reason = f"each first step took over {fastest:.2f} s, over {SLOW_STOP:g}x the baseline's {base_step:.3f} s"
+        return out
