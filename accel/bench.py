@@ -164,7 +164,7 @@ class BenchResult:
 def over_peak(row: dict[str, Any], peaks: dict[str, float]) -> str:
     """The footnote of a row above 100% of its dtype's peak: what it reaches of a faster dtype's, or why not."""
     gflops, own = row["gflops"], row["dtype"]
-    faster = [f"{100 * gflops / peak:.0f}% of {name}'s" for name, peak in peaks.items() if name != own and peak > gflops]
+    faster = [f"{100 * gflops / peak:.0f}% of {dtype}'s" for dtype, peak in peaks.items() if peak > gflops]
     why = (f"it is {faster[0]} peak: part of the plan computes in a faster dtype than its autocast ({own}), such as "
            "ipex's bf16 weights or TF32 on a GPU" if faster else "the peak's one short matmul probe read low (a busy "
            "machine), or the FLOPs counted (three forwards) overstate this model's backward")
@@ -195,8 +195,8 @@ def bench(models=DEFAULT_MODELS, plans=("auto",), rounds: int = 3, steps: int | 
     if suite is not None:
         models = list(WORKLOADS)
     settings = {"models": list(models), "suite": suite, "plans": [plan_label(p) for p in wanted], "rounds": rounds,
-                "steps": steps, "warmup": warmup, "optimizer": optimizer, "batch_size": batch_size, "image_size": image_size,
-                "classes": classes, "tune_budget_s": tune_budget_s, "expected_steps": expected_steps}
+                "steps": steps, "warmup": warmup, "optimizer": optimizer, "batch_size": batch_size, "classes": classes,
+                "image_size": image_size, "tune_budget_s": tune_budget_s, "expected_steps": expected_steps}
     rows: list[dict[str, Any]] = []
     phases = len(wanted) + ("auto" in wanted) + rounds  # per model: each plan set up, auto's search, each round
     progress.start(len(models) * phases)
@@ -204,7 +204,7 @@ def bench(models=DEFAULT_MODELS, plans=("auto",), rounds: int = 3, steps: int | 
         build = (_workload(name, suite) if suite is not None else
                  _torchvision(name, optimizer, batch_size, image_size, classes))
         rows += _bench_model(name, build, wanted, rounds, steps, warmup, optimizer, batch_size, image_size,
-                             resolved, tune_budget_s, expected_steps, (progress, index * phases), tune)
+                             resolved, tune_budget_s, expected_steps, progress, index * phases, tune)
         gc.collect()
     progress.close()
     add_ratios(rows, peaks)
@@ -234,8 +234,7 @@ def _workload(name, size):
 
 
 def _bench_model(name, build, wanted, rounds, steps, warmup, optimizer, batch_size, image_size, device,
-                 tune_budget_s, expected_steps, at, tune) -> list[dict[str, Any]]:
-    progress, at = at
+                 tune_budget_s, expected_steps, progress, at, tune) -> list[dict[str, Any]]:
     try:  # a model that cannot be built or run at this size is a row of errors, not a traceback
         net, opt, loader, given, flops = build()
     except Exception as error:
@@ -271,8 +270,9 @@ def _bench_model(name, build, wanted, rounds, steps, warmup, optimizer, batch_si
         progress.phase(f"{name}: {rounds} interleaved rounds", at, at + rounds,
                        steps=rounds * len(live) * (lab.settle + lab.chunk_steps))
         ratios = lab.rounds(live, base, (), min_rounds=rounds, max_rounds=rounds)
-        return [_row(name, label, trial, setup_s, ratios.get(id(trial), Ratio()), flops, tuned if label == "auto" else {},
-                     optimizer, batch_size, image_size, rounds, lab.chunk_steps) for label, trial, setup_s in trials]
+        return [_row(name, label, trial, setup_s, ratios.get(id(trial), Ratio()), flops,
+                     tuned if label == "auto" else {}, optimizer, batch_size, image_size, rounds, lab.chunk_steps)
+                for label, trial, setup_s in trials]
     finally:
         lab.close()
 

@@ -76,7 +76,8 @@ class Bar(Progress):
         if self.steps:
             done = len(self.times) / self.steps
         else:
-            done = (now - self.began) / (self.seconds or max(MIN_BUDGET_S, BUDGET_STEPS * statistics.median(self.times)))
+            budget = self.seconds or max(MIN_BUDGET_S, BUDGET_STEPS * statistics.median(self.times))
+            done = (now - self.began) / budget
             self.bar.set_description_str(f"{self.description}, step {len(self.times)}", refresh=False)
         self._move(self.start + min(NEARLY, done) * (self.end - self.start))
 

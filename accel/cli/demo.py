@@ -252,8 +252,8 @@ def plot(path: str, plain: dict, accelerated: dict, ratio: Ratio, counts: list[i
         names, values, errors, colors = [], [], [[], []], []
         for row in reversed(rows):
             scale = row.vs_baseline / row.ratio["estimate"]
-            low, high = ((row.ratio["low"] or row.ratio["estimate"]) * scale, (row.ratio["high"] or row.ratio["estimate"])
-                         * scale)
+            low = (row.ratio["low"] or row.ratio["estimate"]) * scale
+            high = (row.ratio["high"] or row.ratio["estimate"]) * scale
             mark = row.plan == (tuning.plan.to_dict() if tuning is not None else None)
             names.append(f"{row.name}{'  (chosen)' if mark else ''}\n{row.vs_baseline:.2f} ({low:.2f}-{high:.2f})")
             values.append(row.vs_baseline)
