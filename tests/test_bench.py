@@ -1,14 +1,14 @@
 """accel bench: plans interleaved in one process; complete rows with intervals; JSON, CSV and PNG; honest peaks."""
 import csv
 import json
+import re
 
+import pytest
 import torch
 import torchvision
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils.flop_counter import FlopCounterMode
-
-import re
 
 from accel.bench import CSV_FIELDS, BenchResult, add_ratios, bench
 from accel.cli import main
@@ -53,6 +53,7 @@ def test_cli_bench_on_a_tiny_model_writes_complete_rows_json_csv_and_png(tmp_pat
     assert "100% of 6 phases" in err  # 3 plans set up and 3 rounds: the bar counts what it says
 
 
+@pytest.mark.slow
 def test_the_progress_bar_moves_while_auto_searches(capsys):
     assert main(["bench", "--models", "tiny", "--image-size", "8", "--plans", "auto", "--rounds", "2", "--steps", "1",
                  "--tune-budget", "3"]) == 0

@@ -99,6 +99,7 @@ def test_all_the_docs_are_read_in_an_afternoon():
     assert words(pages) < WORDS_LIMIT, words(pages)
 
 
+@pytest.mark.slow
 def test_the_quickstart_of_the_readme_runs_as_written(tmp_path, monkeypatch):
     monkeypatch.setenv("ACCEL_CACHE_DIR", str(tmp_path))  # plan="auto" remembers its answer there, not in yours
     block = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S)[0]
