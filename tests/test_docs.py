@@ -93,7 +93,7 @@ def test_our_pages_stay_short():
 
 
 @pytest.mark.xfail(strict=False, reason="the cards (docs/accelerators/) are being cut to under 6,000 words; on "
-                                        "2026-11-27 README.md and docs/ held 26,378 words")
+                                        "2026-11-27 README.md and docs/ held 26,386 words")
 def test_all_the_docs_are_read_in_an_afternoon():
     pages = [p for p in PAGES if p.name != "CHANGELOG.md"]
     assert words(pages) < WORDS_LIMIT, words(pages)
