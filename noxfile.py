@@ -24,6 +24,7 @@ ON_TORCH_28 = ("tests/test_ipex.py", "tests/test_fsdp.py", "tests/test_ddp.py", 
 @nox.session
 def tests(session):
     session.install("-e", ".[test]")
+    session.run("ruff", "check", ".")  # lint and import order first: seconds, and a finding fails the session
     session.run("pytest", "-q", "-m", "not ipex", *session.posargs, env=QUIET_WAITS)
 
 

@@ -1,14 +1,16 @@
 """accel bench: plans interleaved in one process; complete rows with intervals; JSON, CSV and PNG; honest peaks."""
 import csv
 import json
+import re
 
+import pytest
 import torch
 import torchvision
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils.flop_counter import FlopCounterMode
 
-from accel.bench import CSV_FIELDS, add_ratios, bench
+from accel.bench import CSV_FIELDS, BenchResult, add_ratios, bench
 from accel.cli import main
 from accel.hardware import probe
 from accel.measure import matmul_peaks, peak_dtype, plan_label, summarize, training_flops
@@ -46,8 +48,34 @@ def test_cli_bench_on_a_tiny_model_writes_complete_rows_json_csv_and_png(tmp_pat
         assert tuple(reader.fieldnames) == CSV_FIELDS
         assert [r["plan"] for r in reader] == ["eager", "channels_last", "amp"]
     assert paths["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    table = capsys.readouterr().out
-    assert "vs eager (90%)" in table and "channels_last" in table and "matmul peaks" in table
+    out, err = capsys.readouterr()
+    assert "vs eager (90%)" in out and "channels_last" in out and "matmul peaks" in out
+    assert "100% of 6 phases" in err  # 3 plans set up and 3 rounds: the bar counts what it says
+
+
+@pytest.mark.slow
+def test_the_progress_bar_moves_while_auto_searches(capsys):
+    assert main(["bench", "--models", "tiny", "--image-size", "8", "--plans", "auto", "--rounds", "2", "--steps", "1",
+                 "--tune-budget", "3"]) == 0
+    err = capsys.readouterr().err
+    searching = [int(m[1]) for m in re.finditer(r"auto's search, step \d+ \|[^|]*\| +(\d+)% of 5 phases", err)]
+    assert searching and max(searching) > 0, err[-2000:]  # not stuck at 0% through the search
+    assert "100% of 5 phases" in err
+
+
+def test_a_row_above_its_peak_is_explained_under_the_table():
+    row = {"model": "resnet18", "plan": "ipex", "status": "ok", "median_ms": 100.0, "spread_pct": 2.0,
+           "warmup_s": 0.1, "gflops": 185.0, "dtype": "fp32", "vs_baseline": 0.5, "ratio_low": 0.4,
+           "ratio_high": 0.6, "noise": False}
+    add_ratios([row], {"fp32": 100e9, "bf16": 400e9})
+    text = str(BenchResult([row], {"peaks_gflops": {"fp32": 100.0, "bf16": 400.0}}))
+    assert "185% fp32*" in text and "* resnet18 ipex: 185% of the fp32 peak measured: it is 46% of bf16's" in text
+    add_ratios([row], {"fp32": 100e9})
+    text = str(BenchResult([row], {"peaks_gflops": {"fp32": 100.0}}))
+    assert "short matmul probe read low" in text
+    row["gflops"] = 90.0
+    add_ratios([row], {"fp32": 100e9})
+    assert "*" not in str(BenchResult([row], {"peaks_gflops": {"fp32": 100.0}}))
 
 
 def test_a_model_that_cannot_be_built_is_an_error_row_not_a_crash():

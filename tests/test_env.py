@@ -5,7 +5,7 @@ import pytest
 
 from accel.plan.contract import REGISTRY, Accelerator, Stage, register, unregister
 from accel.cli import main
-from accel.cli.env import environment
+from accel.cli.env import environment, install_hint
 from accel.errors import Problem
 from accel.hardware import ipex_problem, probe
 
@@ -40,7 +40,8 @@ def test_environment_reports_every_accelerator_with_the_reason(custom):
         assert isinstance(entry["available"], bool) and entry["reason"]
     assert data["accelerators"]["needs_package"] == {
         "stage": "kernels", "requires": {"surely-not-an-installed-package": None}, "available": False,
-        "reason": "needs the package 'surely-not-an-installed-package', which is not installed"}
+        "reason": "needs the package 'surely-not-an-installed-package', which is not installed "
+                  "(pip install surely-not-an-installed-package)"}
     assert data["accelerators"]["refuses_cpu"]["reason"] == "cannot run on cpu"
     assert data["accelerators"]["channels_last"]["available"] is True
     json.loads(json.dumps(data, default=str))
@@ -67,3 +68,10 @@ def test_cli_env_prints_json_and_text(capsys):
     assert "physical cores" in text and "accelerators (plan-time checks" in text
     for name in REGISTRY:
         assert name in text
+
+
+def test_a_missing_package_is_named_with_the_extra_that_installs_it():
+    """prune's row says what ipex's says: accel's extra, not the bare package (pyproject.toml's optional deps)."""
+    assert install_hint("pip install nni") == "pip install 'accel[prune]'"
+    assert install_hint("pip install intel-openmp") == "pip install 'accel[openmp]'"
+    assert install_hint("pip install surely-not-an-installed-package") == "pip install surely-not-an-installed-package"

@@ -6,14 +6,30 @@ traceback.
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import pkgutil
 import sys
 
+from accel import __version__
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Every option's help shows its default, except an unset one (None, False): its help says what unset means."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None or action.default is False:
+            return action.help
+        return super()._get_help_string(action)
+
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="accel", description="Make PyTorch training faster, measured and explained.")
-    subparsers = parser.add_subparsers(dest="command", required=True)
+    parser = argparse.ArgumentParser(prog="accel", description="Make PyTorch training faster, measured and explained.",
+                                     formatter_class=HelpFormatter)
+    parser.add_argument("--version", action="version", version=f"accel {__version__}")
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="command",
+                                       parser_class=functools.partial(argparse.ArgumentParser,
+                                                                      formatter_class=HelpFormatter))
     for module in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
         command = importlib.import_module(f"{__name__}.{module.name}")
         sub = command.add_parser(subparsers)

@@ -4,43 +4,89 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import statistics
 import sys
+import time
 
-from accel.bench import DEFAULT_MODELS, MODELS, bench, model_names
+from accel.bench import DEFAULT_MODELS, MODELS, Progress, bench, model_names
 from accel.cli import parse_plan_argument, positive
 from accel.hardware import importable
+from accel.search.settings import BUDGET_STEPS, MIN_BUDGET_S
+
+NEARLY = 0.95  # a phase whose end is estimated stops short of it until it really ends
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     parser = subparsers.add_parser("bench", help="measure training steps of torchvision models: eager vs plans")
     parser.add_argument("--models", nargs="+", default=None,
-                        help=f"torchvision model names, or 'tiny' (default: {' '.join(DEFAULT_MODELS)})")
+                        help=f"torchvision model names, or 'tiny' (3x8x8 inputs); unset: {' '.join(DEFAULT_MODELS)}")
     parser.add_argument("--plans", nargs="+", default=["auto"],
                         help="plans to compare with eager: each a comma-separated list of accelerators, a plan file, "
-                             "or 'auto' (default: auto)")
+                             "'auto' or 'eager'")
     parser.add_argument("--rounds", type=positive, default=3,
-                        help="interleaved rounds: every plan measured once per round, in turn (default 3)")
+                        help="interleaved rounds: every plan measured once per round, in turn")
     parser.add_argument("--steps", type=positive, default=None,
-                        help="timed steps per plan and round (default: about 0.5 s worth, at least 1)")
-    parser.add_argument("--warmup", type=positive, default=2, help="first steps of each plan, timed apart")
+                        help="timed steps per plan and round; unset: about 0.5 s worth, at least 1")
+    parser.add_argument("--warmup", type=positive, default=2,
+                        help="each plan's first steps, timed apart (compile's warm-up lands there)")
     parser.add_argument("--tune-budget", type=float, default=None,
-                        help="seconds the 'auto' search may take per model (default: tune's, which grows with the "
-                             "model's step time: the larger of 90 s and 100 steps)")
+                        help="seconds the 'auto' search may take per model; unset: the larger of 90 s and 100 of the "
+                             "model's eager steps")
     parser.add_argument("--expected-steps", type=positive, default=None,
-                        help="the run length 'auto' optimises for, warm-up included (default: steady steps)")
-    parser.add_argument("--optimizer", choices=("adam", "sgd"), default="adam")
-    parser.add_argument("--batch-size", type=positive, default=16)
-    parser.add_argument("--image-size", type=positive, default=224)
+                        help="the run length 'auto' optimises for, warm-up included; unset: the steady step alone")
+    parser.add_argument("--optimizer", choices=("adam", "sgd"), default="adam",
+                        help="the optimizer every plan steps: Adam (lr 1e-3), or SGD (lr 0.01, momentum 0.9)")
+    parser.add_argument("--batch-size", type=positive, default=16, help="images per training step")
+    parser.add_argument("--image-size", type=positive, default=224, help="height and width of the random images")
     parser.add_argument("--full", action="store_true",
                         help=f"all models ({' '.join(MODELS)}): tens of minutes on 2 cores")
     parser.add_argument("--suite", choices=("tiny", "real"), default=None,
                         help="measure the workload zoo instead (BERT, GPT-2, ViT, timm, a detector, an LSTM, the seed "
                              "CNNs; needs transformers and timm): tiny configs, or real sizes")
-    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--device", default="cpu", help="the torch device every plan trains on: cpu, cuda, cuda:1, ...")
     parser.add_argument("--json", metavar="PATH", help="write the rows, machine and settings as JSON")
     parser.add_argument("--csv", metavar="PATH", help="write the rows as CSV")
     parser.add_argument("--plot", metavar="PATH", help="write a PNG chart (needs matplotlib)")
     return parser
+
+
+class Bar(Progress):
+    """bench's progress on stderr, in phases (each plan set up, auto's search, each interleaved round); a phase moves
+    with its steps, and the search by its time against its budget (unset: the larger of 90 s and 100 of its median
+    steps), so the bar never sits still while something trains."""
+
+    def start(self, total: int) -> None:
+        from tqdm import tqdm  # a test and benchmark dependency, not the library's
+
+        self.bar = tqdm(total=total, file=sys.stderr, bar_format="{desc} |{bar}| {percentage:3.0f}% of "
+                        "{total_fmt} phases [{elapsed}<{remaining}]")
+        self.phase("starting", 0, 0)
+
+    def phase(self, description, start, end, steps=None, seconds=None) -> None:
+        self.description, self.start, self.end, self.steps, self.seconds = description, start, end, steps, seconds
+        self.began = self.last = time.perf_counter()
+        self.times: list[float] = []
+        self.bar.set_description_str(description, refresh=False)
+        self._move(start)
+
+    def step(self) -> None:
+        now = time.perf_counter()
+        self.times.append(now - self.last)
+        self.last = now
+        if self.steps:
+            done = len(self.times) / self.steps
+        else:
+            budget = self.seconds or max(MIN_BUDGET_S, BUDGET_STEPS * statistics.median(self.times))
+            done = (now - self.began) / budget
+            self.bar.set_description_str(f"{self.description}, step {len(self.times)}", refresh=False)
+        self._move(self.start + min(NEARLY, done) * (self.end - self.start))
+
+    def close(self) -> None:
+        self._move(self.bar.total)
+        self.bar.close()
+
+    def _move(self, position: float) -> None:
+        self.bar.update(max(0.0, position - self.bar.n))  # tqdm redraws at most every 0.1 s
 
 
 def run(args) -> int:
@@ -59,7 +105,7 @@ def run(args) -> int:
         return 2
     result = bench(models=models, plans=plans, rounds=args.rounds, steps=args.steps, warmup=args.warmup,
                    optimizer=args.optimizer, batch_size=args.batch_size, image_size=args.image_size,
-                   device=args.device, progress=True, tune_budget_s=args.tune_budget,
+                   device=args.device, progress=Bar(), tune_budget_s=args.tune_budget,
                    expected_steps=args.expected_steps, suite=args.suite)
     print(result)
     if args.json:

@@ -8,7 +8,8 @@ import json
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     parser = subparsers.add_parser("cache", help="list or clear the plans plan='auto' remembered")
-    parser.add_argument("action", choices=("list", "clear"))
+    parser.add_argument("action", choices=("list", "clear"),
+                        help="list the remembered plans, or clear them (and compile's artifacts)")
     parser.add_argument("--key", help="clear only this entry (a key or its first characters)")
     parser.add_argument("--json", action="store_true", help="list as JSON")
     return parser

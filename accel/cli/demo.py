@@ -27,17 +27,17 @@ from accel.workloads import accuracy, cifar_shaped, digits_datasets
 def add_parser(subparsers) -> argparse.ArgumentParser:
     parser = subparsers.add_parser("demo", help="resnet18 on real digits: the plain loop against plan='auto'")
     parser.add_argument("--plan", default="auto",
-                        help="'auto' (default), comma-separated accelerator names, or a .toml/.yaml plan file")
-    parser.add_argument("--model", default="resnet18", help="a torchvision model name (default resnet18)")
-    parser.add_argument("--epochs", type=positive, default=5)
-    parser.add_argument("--batch-size", type=positive, default=64)
-    parser.add_argument("--image-size", type=positive, default=64, help="digits upsampled to this size (default 64)")
-    parser.add_argument("--turn", type=positive, default=7, help="steps each training takes in a turn (default 7)")
+                        help="'auto', comma-separated accelerator names, or a .toml/.yaml plan file")
+    parser.add_argument("--model", default="resnet18", help="a torchvision model name")
+    parser.add_argument("--epochs", type=positive, default=5, help="epochs each training runs")
+    parser.add_argument("--batch-size", type=positive, default=64, help="images per training step")
+    parser.add_argument("--image-size", type=positive, default=64, help="digits upsampled to this size")
+    parser.add_argument("--turn", type=positive, default=7, help="steps each training takes in a turn")
     parser.add_argument("--budget", type=float, default=None,
-                        help="seconds plan='auto' may measure in the loop (default: at most 30%% of the plain run's time)")
+                        help="seconds plan='auto' may measure in the loop; unset: at most 30%% of the plain run's time")
     parser.add_argument("--plot", default="accel-demo.png",
-                        help="chart of the comparison (default accel-demo.png, when matplotlib is installed)")
-    parser.add_argument("--no-plot", action="store_true")
+                        help="the chart of the comparison, written when matplotlib is installed")
+    parser.add_argument("--no-plot", action="store_true", help="write no chart")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     return parser
 
@@ -252,8 +252,8 @@ def plot(path: str, plain: dict, accelerated: dict, ratio: Ratio, counts: list[i
         names, values, errors, colors = [], [], [[], []], []
         for row in reversed(rows):
             scale = row.vs_baseline / row.ratio["estimate"]
-            low, high = ((row.ratio["low"] or row.ratio["estimate"]) * scale, (row.ratio["high"] or row.ratio["estimate"])
-                         * scale)
+            low = (row.ratio["low"] or row.ratio["estimate"]) * scale
+            high = (row.ratio["high"] or row.ratio["estimate"]) * scale
             mark = row.plan == (tuning.plan.to_dict() if tuning is not None else None)
             names.append(f"{row.name}{'  (chosen)' if mark else ''}\n{row.vs_baseline:.2f} ({low:.2f}-{high:.2f})")
             values.append(row.vs_baseline)

@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
+import re
 from typing import Any
 
 import torch
@@ -45,11 +47,28 @@ def accelerator_availability() -> dict[str, dict[str, Any]]:
                                else "its checks pass on cpu with a tiny model")
         except PlanError as error:
             entry["available"] = False
-            entry["reason"] = "; ".join(p.message for p in error.problems)
+            entry["reason"] = "; ".join(p.message + (f" ({install_hint(p.allowed)})" if p.kind == "missing" and
+                                                     str(p.allowed).startswith("pip install") else "")
+                                        for p in error.problems)
         except Exception as error:  # a check that breaks is reported, not fatal
             entry["available"], entry["reason"] = False, f"its check raised {type(error).__name__}: {error}"
         found[name] = entry
     return found
+
+
+def install_hint(command: str) -> str:
+    """The install command of a missing package as accel's extra that brings it ("pip install nni" is
+    "pip install 'accel[prune]'"), read from accel's installed metadata so pyproject.toml stays the one list."""
+    package = command.removeprefix("pip install").strip()
+    try:
+        requirements = importlib.metadata.requires("accel") or []
+    except importlib.metadata.PackageNotFoundError:  # run from a checkout that was never installed
+        requirements = []
+    for requirement in requirements:
+        found = re.fullmatch(r"([A-Za-z0-9_.-]+)[^;]*;\s*extra\s*==\s*['\"](\w+)['\"]", requirement)
+        if found and found[1].lower() == package.lower() and found[2] != "test":
+            return f"pip install 'accel[{found[2]}]'"
+    return command
 
 
 def environment() -> dict[str, Any]:

@@ -36,21 +36,28 @@ class LaunchError(ValueError):
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser("launch", help="start a distributed run (torchrun) with cores per rank and preloads",
-                                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--nnodes", type=int, default=1)
-    parser.add_argument("--node-rank", type=int, default=0)
-    parser.add_argument("--master-addr", default=None, help="default: $MASTER_ADDR, else 127.0.0.1")
-    parser.add_argument("--master-port", type=int, default=None, help="default: $MASTER_PORT, else 29500")
-    parser.add_argument("--nproc-per-node", type=int, default=1)
-    parser.add_argument("--cores-per-proc", type=int, default=None,
-                        help="physical cores per process (default: this node's physical cores / processes)")
+    parser = subparsers.add_parser(
+        "launch", help="start a distributed run (torchrun) with cores per rank and preloads",
+        description="torchrun with each rank pinned to its own physical cores, OpenMP threads and library preloads "
+                    "(docs/distributed.md). torchrun's spellings (--nproc_per_node, ...) are accepted too.")
+    parser.add_argument("--nnodes", type=int, default=1, help="nodes in the job")
+    parser.add_argument("--node-rank", "--node_rank", type=int, default=0, help="this node's rank, 0..nnodes-1")
+    parser.add_argument("--master-addr", "--master_addr", default=None,
+                        help="rank 0's host; unset: $MASTER_ADDR, else 127.0.0.1")
+    parser.add_argument("--master-port", "--master_port", type=int, default=None,
+                        help="rank 0's port; unset: $MASTER_PORT, else 29500")
+    parser.add_argument("--nproc-per-node", "--nproc_per_node", type=int, default=1, help="processes on this node")
+    parser.add_argument("--cores-per-proc", "--cores_per_proc", type=int, default=None,
+                        help="physical cores per process; unset: this node's physical cores / processes")
     parser.add_argument("--iomp", action="store_true", help="preload Intel OpenMP (pip install intel-openmp)")
-    parser.add_argument("--allocator", choices=("jemalloc", "tcmalloc", "none"), default="none")
-    parser.add_argument("--max-restarts", type=int, default=0, help="torchrun restarts all ranks this often on failure")
-    parser.add_argument("--dry-run", action="store_true", help="print the layout and the command, run nothing")
-    parser.add_argument("script")
-    parser.add_argument("script_args", nargs=argparse.REMAINDER)
+    parser.add_argument("--allocator", choices=("jemalloc", "tcmalloc", "none"), default="none",
+                        help="preload this memory allocator")
+    parser.add_argument("--max-restarts", "--max_restarts", type=int, default=0,
+                        help="how often torchrun restarts all ranks after a failure")
+    parser.add_argument("--dry-run", "--dry_run", action="store_true",
+                        help="print the layout and the command, run nothing")
+    parser.add_argument("script", help="the training script every rank runs")
+    parser.add_argument("script_args", nargs=argparse.REMAINDER, help="the script's own arguments")
     return parser
 
 
