@@ -212,3 +212,41 @@ class SpectralBlock(Block):
 def test_torch_weight_hooks_inside_a_block_are_recomputed_and_the_block_still_checkpointed():
     said = assert_trains_as_plain(simple, SpectralBlock)
     assert not any("without checkpointing" in s for s in said), said
+
+
+class GCNLayer(nn.Module):
+    """A graph convolution as a GNN tutorial writes it: a linear map, then the sparse adjacency's product."""
+
+    def __init__(self, width: int = 8):
+        super().__init__()
+        self.linear = nn.Linear(width, width)
+
+    def forward(self, x, adj):
+        return torch.relu(torch.sparse.mm(adj, self.linear(x)))
+
+
+@pytest.mark.parametrize("layout", ["coo", "csr"])
+def test_graph_layers_handed_a_sparse_adjacency_are_recomputed_from_it(layout):
+    """Before: a CSR adjacency (torch_geometric's to_torch_csr_tensor) raised 'Sparse CSR tensors do not have
+    strides' from accel's copy of it, in the first training step."""
+    generator = torch.Generator().manual_seed(0)
+    edges = torch.randint(0, 10, (2, 30), generator=generator)
+    adj = torch.sparse_coo_tensor(edges, torch.rand(30, generator=generator), (10, 10)).coalesce()
+    adj = adj if layout == "coo" else adj.to_sparse_csr()
+    x, y = torch.randn(10, 8, generator=generator), torch.randint(0, 3, (10,), generator=generator)
+
+    def trained(plan):
+        torch.manual_seed(0)
+        layers = nn.ModuleList([GCNLayer(), GCNLayer()])
+        run = accel.accelerate(layers, torch.optim.Adam(layers.parameters(), lr=0.01), None, plan, device="cpu")
+        for _ in range(2):
+            h = x
+            for layer in run.model:
+                h = layer(h, adj)
+            run.backward(nn.functional.cross_entropy(h[:, :3], y))
+            run.step()
+        run.close()
+        assert plan == [] or run.report.row("activation_checkpointing").status == "applied"
+        return [p.detach().clone() for p in layers.parameters()]
+
+    assert all(torch.equal(a, b) for a, b in zip(trained([]), trained(["activation_checkpointing"])))

@@ -67,18 +67,19 @@ def copy_of(tensor: torch.Tensor) -> torch.Tensor:
     a tensor refilled without torch's version counter knowing (through numpy's array under torch.from_numpy, or
     .data) is copied again at the next step."""
     kept = COPIES.get(tensor)
-    copy = kept[1]() if kept is not None and kept[0] == tensor._version else None
-    if copy is not None:
-        return copy
+    copied = kept[1]() if kept is not None and kept[0] == tensor._version else None
+    if copied is not None:
+        return copied
     with torch.no_grad():
-        if torch._debug_has_internal_overlap(tensor) == 1:  # an expanded tensor: its values, densely
-            copy = tensor.detach().clone()
+        if tensor.layout != torch.strided or torch._debug_has_internal_overlap(tensor) == 1:  # sparse (a graph's
+            # adjacency in CSR has no strides), or expanded: its values, as they are laid out
+            copied = tensor.detach().clone()
         else:
-            copy = torch.empty_strided(tensor.size(), tensor.stride(), dtype=tensor.dtype,
+            copied = torch.empty_strided(tensor.size(), tensor.stride(), dtype=tensor.dtype,
                                        device=tensor.device).copy_(tensor)
-    copy.requires_grad_(tensor.requires_grad)  # the recomputation saves what the first pass saved
-    COPIES[tensor] = (tensor._version, weakref.ref(copy))
-    return copy
+    copied.requires_grad_(tensor.requires_grad)  # the recomputation saves what the first pass saved
+    COPIES[tensor] = (tensor._version, weakref.ref(copied))
+    return copied
 
 
 def opaque(values) -> list[str]:
