@@ -177,6 +177,7 @@ class Run(RunState):
         finally:
             self.watch.stepping = False
             self._sync()
+        self.watch.after_step(stepped, self.optimizer)
         self.steps += 1
         self.optimizer_steps += bool(stepped)
         now, compiled = clock.now(), compile_seconds()
