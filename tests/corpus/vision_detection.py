@@ -9,10 +9,10 @@ image_id per image), the model takes the targets and returns a dict of four loss
 with torch's generator (BalancedPositiveNegativeSampler's randperm); the first epoch warms the learning rate up per
 iteration (LinearLR from 1/1000, stepped after every batch).
 
-Small: mobilenet_v2(width_mult=0.25) without its last 1x1 convolution (80 channels out; upstream's docstring keeps
-its 1280), box head of 128 (TwoMLPHead's representation; fasterrcnn_* builders use 1024), fewer proposals and sampled
+Small: mobilenet_v2(width_mult=0.25)'s first 8 features (stride 16, 16 channels out; upstream's docstring keeps all
+19, 1280 channels), box head of 128 (TwoMLPHead's representation; fasterrcnn_* builders use 1024), fewer proposals and sampled
 RoIs; images of 64x64 (min_size = max_size = 64) with one real digit each, at a random place, labelled 1-10.
-(Training BatchNorm here, over the 2x2 feature maps of two images, made the first gradients 10% apart between two
+(Training BatchNorm here, over the last 2x2 feature maps of two images (all 19 features), made the first gradients 10% apart between two
 summation orders of the same math: no card below "changed" could hold it, with or without accel.)"""
 import torch
 import torchvision
@@ -87,8 +87,8 @@ class Train(Loop):
 def build() -> Setup:
     torch.manual_seed(0)
     backbone = torchvision.models.mobilenet_v2(weights=None, width_mult=0.25,
-                                               norm_layer=torchvision.ops.FrozenBatchNorm2d).features[:-1]
-    backbone.out_channels = 80
+                                               norm_layer=torchvision.ops.FrozenBatchNorm2d).features[:8]
+    backbone.out_channels = 16
     anchor_generator = AnchorGenerator(sizes=((16, 32),), aspect_ratios=((0.5, 1.0, 2.0),))
     roi_pooler = torchvision.ops.MultiScaleRoIAlign(featmap_names=['0'], output_size=7, sampling_ratio=2)
     model = FasterRCNN(backbone, rpn_anchor_generator=anchor_generator, box_roi_pool=roi_pooler,
