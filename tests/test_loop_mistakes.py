@@ -165,3 +165,20 @@ def test_loss_scaling_with_a_closure_optimizer_is_refused_before_anything_change
     with pytest.raises(PlanError, match="closure"):
         fp16(model, optimizer, loader)
     assert not optimizer._optimizer_step_pre_hooks
+
+
+def test_a_run_loaded_in_the_middle_of_an_accumulation_is_not_taken_for_the_loops_zero_grad(tmp_path):
+    """run.load puts the checkpoint's accumulated gradients in place of those the last run.step() held."""
+    model, optimizer, loader = setup()
+    run = accel.accelerate(model, optimizer, loader, [{"grad_accumulation": {"steps": 2}}], device="cpu")
+    batches = iter(run.loader)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", BypassWarning)
+        run.backward(loss_of(run, *next(batches)))
+        run.step()
+        run.save(tmp_path / "run.pt")
+        run.load(tmp_path / "run.pt")
+        run.backward(loss_of(run, *next(batches)))
+        run.step()
+    run.close()
+    assert run.report.row("grad_accumulation").status == "applied" and run.optimizer_steps == 1
