@@ -111,6 +111,39 @@ def hands_blocks_a_cache(model: nn.Module) -> bool:
                                                             or getattr(config, "is_encoder_decoder", None) is True)
 
 
+RECOMPUTABLE_HOOKS: set = set()  # forward hooks that compute only from their arguments (channels_last's)
+
+
+def recomputable(hook):
+    """Mark a forward hook as computing only from its arguments: running it again (in a recomputation) changes
+    nothing. Returns the hook (a decorator)."""
+    RECOMPUTABLE_HOOKS.add(hook)
+    return hook
+
+
+def rerun_hooks(block: nn.Module) -> list[str]:
+    """The forward hooks a recomputation of ``block`` would run a second time (those of the layers inside it, and the
+    global ones), less those known to compute only from the module's own tensors (marked ``recomputable``; torch's
+    weight reparametrizations: spectral_norm, weight_norm, prune): a hook that collects features or counts calls
+    would see the layer's forward twice."""
+    from torch.nn.modules import module as torch_module
+    from torch.nn.utils.prune import BasePruningMethod
+    from torch.nn.utils.spectral_norm import SpectralNorm
+    from torch.nn.utils.weight_norm import WeightNorm
+
+    def rerun(hook) -> bool:
+        return not any(hook is h for h in RECOMPUTABLE_HOOKS) and not isinstance(hook, (
+            SpectralNorm, WeightNorm, BasePruningMethod))
+
+    hooks = [(m, hook) for m in block.modules() if m is not block
+             for hook in (*m._forward_pre_hooks.values(), *m._forward_hooks.values()) if rerun(hook)]
+    hooks += [(None, hook) for hook in (*torch_module._global_forward_pre_hooks.values(),
+                                        *torch_module._global_forward_hooks.values()) if rerun(hook)]
+    names = {id(m): name for name, m in block.named_modules()} if hooks else {}
+    return [f"{names.get(id(m), '(every module)')}: {getattr(hook, '__qualname__', type(hook).__name__)}"
+            for m, hook in hooks]
+
+
 def listed(names: list[str], most: int = 8) -> str:
     """'layer1.0, layer1.1, ... (12 in all)': which modules, without a wall of text."""
     shown = ", ".join(names[:most])

@@ -18,21 +18,24 @@ What it keeps: exactly the plain loop's training. The recomputation runs on what
 ``FirstPass``): a copy of every tensor the block was handed (your loop may change the batch in place after
 the forward), the containers as they were (torchvision's DenseNet appends to the list it handed each layer),
 the block's buffers as they were (spectral_norm's power iteration reads what it updates; BatchNorm is counted
-once), its train/eval modes, and the random states (dropout's masks; Python's and numpy's generators). What it
-refuses, said before anything changes: a model that checkpoints itself (timm's ``set_grad_checkpointing()``,
-Hugging Face's ``gradient_checkpointing_enable()``: skipped, with where), and a Hugging Face decoder that hands
-its blocks the KV cache (``config.use_cache``; a PlanError). A block handed another object (not a tensor,
-number or container of them), which its forward might change, runs that call without checkpointing, with a
-warning.
+once) and what its modules keep in attributes (a counter, a tensor, a list, a generator of their own), its
+train/eval modes, and the random states (dropout's masks; Python's and numpy's generators). What it refuses, said
+before anything changes: a model that checkpoints itself (timm's ``set_grad_checkpointing()``, Hugging Face's
+``gradient_checkpointing_enable()``: skipped, with where), and a Hugging Face decoder that hands its blocks the KV
+cache (``config.use_cache``; a PlanError). A block handed another object (not a tensor, number or container of
+them), which its forward might change, or holding forward hooks on its layers, which a recomputation would run
+again, runs that call without checkpointing, with a warning.
 """
 from __future__ import annotations
 
 import contextlib
+import copy
 import enum
 import random
 import sys
 import types
 import warnings
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -44,11 +47,11 @@ from accel.plan.contract import EXACT, Accelerator, Capability, Stage, register
 from accel.plan.options import Options, option
 from accel.errors import Problem, Skip
 from accel.modules import (checkpoints_itself, class_names, compiled_problem, hands_blocks_a_cache, listed, of_class,
-                           outermost, qualified, repeated_blocks)
+                           outermost, qualified, repeated_blocks, rerun_hooks)
 
 ATOMS = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device, torch.Size, torch.layout,
          torch.memory_format, enum.Enum, slice, type(Ellipsis), types.FunctionType, types.BuiltinFunctionType)
-COPIES: WeakIdKeyDictionary = WeakIdKeyDictionary()  # a tensor handed to blocks -> (its version, the copy)
+COPIES: WeakIdKeyDictionary = WeakIdKeyDictionary()  # a tensor handed to blocks -> (its version, weakref to the copy)
 WARNED: set[str] = set()
 
 
@@ -60,19 +63,23 @@ def names_problem(value) -> str | None:
 def copy_of(tensor: torch.Tensor) -> torch.Tensor:
     """The tensor as it is now, in a storage of its own with its strides (a reduction over another layout could
     round differently), shared by the blocks it is handed to while it does not change (one copy of a mask for
-    twelve transformer blocks)."""
+    twelve transformer blocks). Shared only while a pass that took it waits for its backward (it holds the copy):
+    a tensor refilled without torch's version counter knowing (through numpy's array under torch.from_numpy, or
+    .data) is copied again at the next step."""
     kept = COPIES.get(tensor)
-    if kept is not None and kept[0] == tensor._version:
-        return kept[1]
+    copied = kept[1]() if kept is not None and kept[0] == tensor._version else None
+    if copied is not None:
+        return copied
     with torch.no_grad():
-        if torch._debug_has_internal_overlap(tensor) == 1:  # an expanded tensor: its values, densely
-            copy = tensor.detach().clone()
+        if tensor.layout != torch.strided or torch._debug_has_internal_overlap(tensor) == 1:  # sparse (a graph's
+            # adjacency in CSR has no strides), or expanded: its values, as they are laid out
+            copied = tensor.detach().clone()
         else:
-            copy = torch.empty_strided(tensor.size(), tensor.stride(), dtype=tensor.dtype,
+            copied = torch.empty_strided(tensor.size(), tensor.stride(), dtype=tensor.dtype,
                                        device=tensor.device).copy_(tensor)
-    copy.requires_grad_(tensor.requires_grad)  # the recomputation saves what the first pass saved
-    COPIES[tensor] = (tensor._version, copy)
-    return copy
+    copied.requires_grad_(tensor.requires_grad)  # the recomputation saves what the first pass saved
+    COPIES[tensor] = (tensor._version, weakref.ref(copied))
+    return copied
 
 
 def opaque(values) -> list[str]:
@@ -82,21 +89,87 @@ def opaque(values) -> list[str]:
     return sorted({type(v).__name__ for v in leaves if not isinstance(v, (torch.Tensor, *ATOMS))})
 
 
+MODULE_KEYS = frozenset(nn.Module().__dict__)  # every module's own attributes: its parameters, buffers, hooks, mode
+MISSING = object()
+
+
+def generator(value) -> tuple | None:
+    """(get, set) of a random generator's state: torch's, Python's or numpy's; None for anything else (and while
+    dynamo traces the block: your torch.compile wrapper around the model cannot test against random.Random)."""
+    if torch.compiler.is_compiling():
+        return None
+    numpy = sys.modules.get("numpy")
+    if isinstance(value, torch.Generator) or numpy is not None and isinstance(value, numpy.random.RandomState):
+        return value.get_state, value.set_state
+    if isinstance(value, random.Random) and not isinstance(value, random.SystemRandom):
+        return value.getstate, value.setstate
+    if numpy is not None and isinstance(value, numpy.random.Generator):
+        bits = value.bit_generator
+        return (lambda: bits.state), (lambda state: setattr(bits, "state", state))
+    return None
+
+
+def keep(value):
+    """What a forward may change in place in a value, copied: a tensor's values (not one that requires grad: a weight
+    computed from parameters), a list's, dict's or set's items, a random generator's state; None for the rest (a
+    number, a string: only rebinding changes them)."""
+    if isinstance(value, torch.Tensor):
+        return None if value.requires_grad else value.detach().clone()
+    if isinstance(value, (list, dict, set)):
+        return copy.copy(value)
+    access = generator(value)
+    return access[0]() if access else None
+
+
+def put(value, kept) -> None:
+    """Put what keep() copied back into the value itself."""
+    if kept is None:
+        return
+    if isinstance(value, torch.Tensor):
+        with torch.no_grad():
+            value.copy_(kept)
+    elif isinstance(value, list):
+        value[:] = kept
+    elif isinstance(value, (dict, set)):
+        value.clear()
+        value.update(kept)
+    else:
+        generator(value)[1](kept)
+
+
+def changed(value, kept) -> bool:
+    if kept is None:
+        return False
+    if isinstance(value, torch.Tensor):  # (BatchNorm's statistics change without a new version: compared)
+        return value.shape != kept.shape or not torch.equal(value, kept)
+    if isinstance(value, list):
+        return len(value) != len(kept) or any(a is not b for a, b in zip(value, kept))
+    if isinstance(value, dict):
+        return value.keys() != kept.keys() or any(value[k] is not kept[k] for k in kept)
+    return not isinstance(value, set) or value != kept  # a generator: put back whatever it drew
+
+
 class FirstPass:
-    """What a block's first pass saw besides its inputs, for the recomputation to see it again: its buffers (only
-    those the pass changed are kept), its modules' train/eval modes, Python's and numpy's random states."""
+    """What a block's first pass saw besides its inputs, for the recomputation to see it again: its modules' state
+    (their buffers, and what their forwards may keep in attributes: a counter, a tensor, a list, a dict, a random
+    generator of their own), their train/eval modes, Python's and numpy's random states. Of the state, only what
+    the pass changed is kept."""
 
     def __init__(self, module: nn.Module):
-        with torch.no_grad():
-            self.buffers = [(b, b._version, b.detach().clone()) for b in module.buffers()]
+        places = [d for m in module.modules() for d in (m._buffers, m.__dict__)]
+        self.state = [(d, key, value, keep(value)) for d in places for key, value in d.items()
+                      if key not in MODULE_KEYS]
+        self.keys = [(d, set(d)) for d in places]
         self.modes = [m.training for m in module.modules()]
         numpy = sys.modules.get("numpy")
         self.random = random.getstate(), numpy.random.get_state() if numpy is not None else None
 
     def done(self) -> None:
-        """Keep what the pass changed (BatchNorm's statistics change without a new version: compared)."""
-        self.buffers = [(b, before) for b, version, before in self.buffers
-                        if b._version != version or not torch.equal(b, before)]
+        """Keep what the pass changed: rebound, changed in place, or added."""
+        added = [(d, key, MISSING, None) for d, keys in self.keys for key in d.keys() - keys - MODULE_KEYS]
+        self.state = [(d, key, value, kept) for d, key, value, kept in self.state
+                      if d.get(key, MISSING) is not value or changed(value, kept)] + added
+        self.keys = []
 
     @contextlib.contextmanager
     def again(self, module: nn.Module):
@@ -105,10 +178,12 @@ class FirstPass:
         modes = [m.training for m in modules]
         numpy = sys.modules.get("numpy")
         now = random.getstate(), numpy.random.get_state() if self.random[1] is not None else None
-        with torch.no_grad():
-            after = [b.detach().clone() for b, _ in self.buffers]
-            for buffer, before in self.buffers:
-                buffer.copy_(before)
+        later = []  # each place as the first pass left it: what it holds, and that object's contents
+        for d, key, value, kept in self.state:
+            current = d.get(key, MISSING)
+            later.append((current, keep(current), keep(value) if value is not current else None))
+            place(d, key, value)
+            put(value, kept)
         for m, mode in zip(modules, self.modes):
             m.training = mode
         random.setstate(self.random[0])
@@ -117,14 +192,22 @@ class FirstPass:
         try:
             yield
         finally:
-            with torch.no_grad():
-                for (buffer, _), value in zip(self.buffers, after):
-                    buffer.copy_(value)
+            for (d, key, value, _), (current, current_kept, value_kept) in zip(self.state, later):
+                put(value, value_kept)
+                place(d, key, current)
+                put(current, current_kept)
             for m, mode in zip(modules, modes):
                 m.training = mode
             random.setstate(now[0])
             if now[1] is not None:
                 numpy.random.set_state(now[1])
+
+
+def place(holder: dict, key: str, value) -> None:
+    if value is MISSING:
+        holder.pop(key, None)
+    else:
+        holder[key] = value
 
 
 def checkpointed_forward(self: nn.Module, *args, **kwargs):
@@ -134,14 +217,17 @@ def checkpointed_forward(self: nn.Module, *args, **kwargs):
     forward = type(self).forward.__get__(self)
     if not (torch.is_grad_enabled() and self.training):  # eval or no_grad: nothing to keep for backward
         return forward(*args, **kwargs)
-    others = opaque((args, kwargs))
-    if others:
-        said = f"{qualified(type(self))}: {others}"
+    others, hooks = opaque((args, kwargs)), rerun_hooks(self)
+    if others or hooks:
+        why = (f"is handed {', '.join(others)}, which its forward may change and a recomputation could not see as it "
+               "was" if others else f"holds forward hooks on its layers ({listed(hooks, 3)}), which a recomputation "
+               "in backward would run a second time (mark a hook that computes only from its arguments with "
+               "accel.modules.recomputable)")
+        said = f"{qualified(type(self))}: {others or hooks}"
         if said not in WARNED:
             WARNED.add(said)
-            warnings.warn(f"accel activation_checkpointing: a {type(self).__name__} is handed {', '.join(others)}, "
-                          "which its forward may change and a recomputation could not see as it was: those calls "
-                          "run without checkpointing", stacklevel=2)
+            warnings.warn(f"accel activation_checkpointing: a {type(self).__name__} {why}: those calls run without "
+                          "checkpointing", stacklevel=2)
         return forward(*args, **kwargs)
     leaves, spec = tree_flatten((args, kwargs))
     tensors = [i for i, v in enumerate(leaves) if isinstance(v, torch.Tensor)]

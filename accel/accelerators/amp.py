@@ -24,6 +24,7 @@ same shapes; every other promise (batches, structure, the user's objects) is kep
 """
 from __future__ import annotations
 
+import inspect
 import warnings
 from dataclasses import dataclass, field
 
@@ -75,6 +76,22 @@ def set_tf32(journal, flags, precision, allow: bool) -> None:
         journal.setattr(precision, "fp32_precision", "tf32" if allow else "ieee")
     else:
         journal.setattr(flags, "allow_tf32", allow)
+
+
+def needs_closure(optimizer) -> bool:
+    """An optimizer whose step cannot run without a closure (LBFGS)."""
+    if optimizer is None:
+        return False
+    closure = inspect.signature(type(optimizer).step).parameters.get("closure")
+    return closure is not None and closure.default is inspect.Parameter.empty
+
+
+def outside_optimizer(model: torch.nn.Module, optimizer) -> list[str]:
+    """Names of the model's parameters that require gradients and are in none of the optimizer's param groups."""
+    if optimizer is None:
+        return []
+    held = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    return [name for name, p in model.named_parameters() if p.requires_grad and id(p) not in held]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -134,6 +151,12 @@ class Amp(Accelerator):
             return [Problem(self.name, f"a grad scaler is only for fp16, and the dtype is bfloat16 ({source}); bf16 "
                             "has fp32's range", field="grad_scaler", value=True,
                             allowed="'auto' or False with bfloat16, or dtype='float16'", kind="conflict")]
+        if ctx.decisions.loss_scaling and needs_closure(ctx.optimizer):
+            return [Problem(self.name, f"loss scaling (fp16's GradScaler) steps the optimizer itself, and "
+                            f"{type(ctx.optimizer).__name__}.step needs a closure, which the GradScaler cannot pass",
+                            field="grad_scaler", value=self.config.grad_scaler,
+                            allowed="dtype='bfloat16' (no scaling), or grad_scaler=False (fp16 gradients may then "
+                            "underflow)", kind="conflict")]
         if ctx.decisions.loss_scaling and ctx.optimizer is None:  # what loss scaling needs: the optimizer's step
             return [Problem(self.name, "loss scaling (fp16's GradScaler) needs the optimizer: the scaler unscales the "
                             "gradients and skips the steps that overflowed in the optimizer's step; a loop that "
@@ -152,6 +175,14 @@ class Amp(Accelerator):
         scaler = torch.amp.GradScaler(device.type) if ctx.decisions.loss_scaling else None
         changes = {"dtype": dtype_name(dtype), "why": ctx.decisions.why["compute_dtype"],
                    "grad_scaler": scaler is not None}
+        outside = outside_optimizer(ctx.model, ctx.optimizer) if scaler is not None else []
+        if outside:  # a second optimizer of the loop's would step them on gradients the scaler scaled
+            warnings.warn(f"amp: parameters that train are not in the optimizer ({', '.join(outside[:4])}"
+                          f"{', ...' if len(outside) > 4 else ''}): their gradients stay multiplied by the GradScaler's "
+                          "scale (65536 at first); step an optimizer of yours that holds them with run.scaler.step(it) "
+                          "(it unscales them, and skips a step whose gradients overflowed; run.unscale_gradients(it) "
+                          "first to read them), or pass one optimizer holding every parameter that trains",
+                          stacklevel=2)
         if device.type == "cuda":
             ctx.journal.setattr(torch.backends.cudnn, "benchmark", config.cudnn_benchmark)
             for flags, precision in ((torch.backends.cuda.matmul, torch.backends.cuda.matmul),
@@ -214,7 +245,7 @@ class Amp(Accelerator):
         scale = state.scaler.get_scale()
         state.scaler.step(optimizer)
         state.scaler.update()
-        state.unscaled.discard(id(optimizer))
+        state.unscaled.clear()  # update() starts every optimizer's unscaling afresh (yours too: a second optimizer)
         state.scaled = False
         return state.scaler.get_scale() >= scale  # the scaler lowers its scale exactly when it skipped the step
 

@@ -24,9 +24,10 @@ import torch
 
 from accel.plan.contract import SAME_MATH, Accelerator, Capability, Stage, register
 from accel.errors import Problem, Skip
-from accel.modules import compiled_problem
+from accel.modules import compiled_problem, recomputable
 
 
+@recomputable
 def to_channels_last(module: torch.nn.Module, args: tuple) -> tuple | None:
     """Forward pre-hook: the conv's 4-D floating input in NHWC (a no-op when it already is)."""
     if args and isinstance(args[0], torch.Tensor) and args[0].dim() == 4 and args[0].is_floating_point():
@@ -34,6 +35,7 @@ def to_channels_last(module: torch.nn.Module, args: tuple) -> tuple | None:
     return None
 
 
+@recomputable
 def to_contiguous(module: torch.nn.Module, args: tuple) -> tuple | None:
     """Forward pre-hook on a dropout layer: its input in the plain loop's memory order, since dropout draws its mask
     in memory order (an NHWC input would get another mask than the plain loop's)."""

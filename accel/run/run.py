@@ -177,6 +177,7 @@ class Run(RunState):
         finally:
             self.watch.stepping = False
             self._sync()
+        self.watch.after_step(stepped, self.optimizer)
         self.steps += 1
         self.optimizer_steps += bool(stepped)
         now, compiled = clock.now(), compile_seconds()  # torch.compile compiled in this step: warm-up, not its time
@@ -209,6 +210,7 @@ class Run(RunState):
     def load_accelerator_state(self, name: str, saved: dict[str, Any]) -> None:
         """Restore one accelerator's saved state (ValueError, nothing changed, when it does not fit)."""
         self._by_name(name).load_state_dict(self.states[name], saved)
+        self.watch.held = None  # the gradients are the checkpoint's now (grad_accumulation's), not the loop's doing
         self._sync()
 
     def _by_name(self, name: str) -> Accelerator:

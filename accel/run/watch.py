@@ -20,15 +20,22 @@ from typing import Any
 from accel.errors import BypassWarning, LoopWarning
 from accel.plan.declarations import Capability
 
-# what the loop did, and what to call instead
+# what the loop did, what to call instead, and the call whose work it goes around (see Accelerator.relies_on)
 WENT_AROUND = {
-    "backward": ("the loop called loss.backward() itself, not run.backward(loss)", "call run.backward(loss)"),
+    "backward": ("the loop called loss.backward() itself, not run.backward(loss)", "call run.backward(loss)",
+                 "backward"),
     "step": ("the loop called optimizer.step() itself, not run.step()",
-             "call run.step() once per batch (it steps the optimizer and zeroes the gradients)"),
+             "call run.step() once per batch (it steps the optimizer and zeroes the gradients)", "step"),
     "batch": ("the loop called run.backward() on a second batch of run.loader before run.step(): it accumulates "
               "gradients itself",
               "call run.step() after every batch and let grad_accumulation hold the step, or drop grad_accumulation "
-              "from the plan and keep your own accumulation"),
+              "from the plan and keep your own accumulation", "batch"),
+    "closure": ("the loop stepped a closure optimizer itself (optimizer.step(closure), as LBFGS needs), which "
+                "run.step() cannot take", "drop it from the plan for a closure optimizer", "step"),
+    "zero_grad": ("the loop zeroed the gradients held between run.step() and the next run.backward() "
+                  "(optimizer.zero_grad() each batch), throwing away what accumulates across run.step() calls",
+                  "drop your optimizer.zero_grad(): run.step() zeroes the gradients after each optimizer step",
+                  "batch"),
 }
 
 
@@ -38,8 +45,8 @@ class Watch:
     def __init__(self, run: Any, accelerators: list):
         self._run = weakref.ref(run)  # the user's optimizer holds the hook: it must not keep a closed run alive
         self.states = run.states  # each accelerator's run state, which its relies_on and bypassed hooks are handed
-        self.relying = {call: [a for a in accelerators if call in a.relies_on(self.states[a.name])]
-                        for call in WENT_AROUND}
+        self.relying = {went: [a for a in accelerators if call in a.relies_on(self.states[a.name])]
+                        for went, (_, _, call) in WENT_AROUND.items()}
         self.backwards = 0  # run.backward() calls since the last optimizer step
         self.stepping = False  # inside run.step(): the optimizer step is the run's own
         self.drawn = 0  # batches of run.loader so far: where the loop iterates it, batch_drawn() tells for sure
@@ -48,6 +55,7 @@ class Watch:
         self.idle: set[str] = set()  # accelerators already named: each says it once, whatever the loop goes around next
         self.suspected = False
         self.loader_checked = False
+        self.held: list | None = None  # the gradients a run.step() left to accumulate on: (param, grad, version)
 
     @property
     def needed(self) -> bool:
@@ -64,14 +72,19 @@ class Watch:
         run = self._run()
         if self.stepping or run is None or run.closed:  # a run dropped without close(): its hook stays, idle
             return
-        # nothing went through run.backward() for this update either: the loop's own backward
-        self.notice(["step"] if self.backwards else ["backward", "step"], level=5)
+        # nothing went through run.backward() for this update either: the loop's own backward (a closure optimizer
+        # computes them in its step, after this hook)
+        closure = len(args) > 1 or kwargs.get("closure") is not None  # (args: the optimizer, then step's)
+        self.notice(["closure"] if closure else ["step"] if self.backwards else ["backward", "step"], level=5)
         self.backwards = 0
 
     def before_backward(self) -> None:
         """A second backward before run.step(), on a batch drawn since the first: the loop accumulates itself
         (a loop that draws its next batch before run.step() draws it after its backward, and is not taken for it)."""
         self.check_loader()
+        if self.held is not None and not self.unchanged():
+            self.notice(["zero_grad"], level=5)
+        self.held = None
         if self.backwards and self.fresh:
             self.notice(["batch"], level=5)
         self.fresh = False
@@ -85,17 +98,35 @@ class Watch:
         self.backwards += 1
 
     def before_step(self, gradients: Any) -> None:
-        """At run.step(): an update with no run.backward() since the last one, where gradients exist, came from
-        the loop's own backward; where none exist, the optimizer has nothing to step on (said once)."""
+        """At run.step(): an update with no run.backward() since the last one, where gradients exist that the last
+        run.step() did not leave, came from the loop's own backward; where none did, the optimizer has nothing new
+        to step on (said once: a loop that skips a batch's backward on purpose keeps its plan)."""
         self.check_loader()
-        if not self.backwards and self.relying["backward"] and "backward" not in self.noticed and gradients():
-            self.notice(["backward"], level=5)
-        elif not self.backwards and "nothing" not in self.noticed and not gradients():
-            self.noticed.add("nothing")
-            warnings.warn("accel: run.step() was called with no run.backward() since the last run.step() and no "
-                          "gradients: the optimizer had nothing to step on, so the weights did not change; call "
-                          "run.backward(loss) before run.step()", LoopWarning, stacklevel=3)
+        if not self.backwards:
+            held = self.held is not None and self.unchanged()
+            if not held and gradients():
+                if self.relying["backward"] and "backward" not in self.noticed:
+                    self.notice(["backward"], level=5)
+            elif "nothing" not in self.noticed:
+                self.noticed.add("nothing")
+                what = ("this batch added nothing to the gradients held for accumulation (it counts as one of its "
+                        "batches)" if held else "no gradients: the optimizer had nothing to step on, so the weights "
+                        "did not change")
+                warnings.warn(f"accel: run.step() was called with no run.backward() since the last run.step() and "
+                              f"{what}; call run.backward(loss) before run.step()", LoopWarning, stacklevel=3)
         self.backwards = 0
+        self.held = None
+
+    def after_step(self, stepped: bool, optimizer: Any) -> None:
+        """A run.step() that did not update (a step schedule holds it) leaves the gradients to accumulate on: noted,
+        where an accelerator relies on the run's calls, to tell the loop's zero_grad or own backward from them."""
+        if self.needed and not stepped:
+            self.held = [(p, p.grad, p.grad._version) for group in optimizer.param_groups for p in group["params"]
+                         if p.grad is not None] or None
+
+    def unchanged(self) -> bool:
+        """The gradients are those the last run.step() left: no backward and no zero_grad since."""
+        return all(p.grad is grad and grad._version == version for p, grad, version in self.held)
 
     def check_loader(self) -> None:
         """At the first backward or step: where the plan changed the batches (a rebuilt loader, each rank's shard,
@@ -133,9 +164,9 @@ class Watch:
             mine = [c for c in calls if accelerator in self.relying[c]]
             did = "; ".join(WENT_AROUND[c][0] for c in mine)
             state = self.states[accelerator.name]
-            missed = " and ".join(accelerator.relies_on(state)[c] for c in mine)
+            missed = " and ".join(accelerator.relies_on(state)[WENT_AROUND[c][2]] for c in mine)
             fix = "; ".join(WENT_AROUND[c][1] for c in mine)
-            now = accelerator.bypassed(run, state, mine[-1])
+            now = accelerator.bypassed(run, state, WENT_AROUND[mine[-1]][2])
             if run is not None:
                 run._sync_after_bypass()  # a schedule that stood aside accumulates no more
             self.say(accelerator, f"bypassed: {did}, so its {missed} did not happen; {now}; {fix}", level=level)

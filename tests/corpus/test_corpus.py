@@ -11,7 +11,7 @@ from accel.testing import check_equivalence
 
 PORTS = ["examples_mnist", "examples_word_language_model", "examples_dcgan", "examples_imagenet", "examples_vae",
          "hf_run_clm", "hf_run_glue", "timm_train", "vision_classification", "diffusers_unconditional", "peft_lora",
-         "nanogpt_train"]
+         "nanogpt_train", "examples_fast_neural_style", "vision_detection"]
 PLANS = {  # each built-in the corpus runs (ipex: the ipex session; ddp, fsdp: launched jobs, tests/test_ddp.py ...)
     "threads": {"threads": 1}, "loader": {"num_workers": 1}, "channels_last": {}, "fused_optimizer": {},
     "amp": {"dtype": "bfloat16"}, "activation_checkpointing": {},
@@ -25,8 +25,9 @@ PRUNE_REFUSES = ("no module of type", "dummy_input", "torch.fx cannot trace", "c
 KNOWN: dict[tuple[str, str], str] = {}  # what the corpus found that is not fixed yet, each a strict xfail
 
 
-def plan_of(name: str) -> list:
-    return [{name: PLANS[name]}]
+def plan_of(name: str, module=None) -> list:
+    """The built-in in the corpus's configuration, or in the one the port names (``OPTIONS``, with its reason)."""
+    return [{name: getattr(module, "OPTIONS", {}).get(name, PLANS[name])}]
 
 
 def stack_of(module) -> list:
@@ -47,7 +48,7 @@ def test_the_loop_trains_as_upstream_through_every_plan_it_admits(port, plan, re
         torch._dynamo.reset()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # (emulated bf16 and fp16 on this CPU, transformers' config notes)
-        result = check_equivalence(stack_of(module) if plan == "stack" else plan_of(plan), module.build, steps=2)
+        result = check_equivalence(stack_of(module) if plan == "stack" else plan_of(plan, module), module.build, steps=2)
     if result.refused:
         names = [p.split(":")[0].strip(" -").split(".")[0] for p in result.refused.splitlines()[1:]]
         allowed = [reason for name in names for reason in (*module.REFUSES.get(name, ()),
