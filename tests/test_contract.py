@@ -26,7 +26,7 @@ from accel.errors import PlanError
 from test_lifecycle import accelerators, imported, module_of  # the layout rules read the source the same way
 from accel.hardware import package_version
 from accel.testing import process_state_restored, tiny_loader, tiny_model, tiny_optimizer, train_steps
-from accel.testing.zoo import MODELS, Net
+from zoo import MODELS, Net
 from scripts.launching import one_rank_env
 
 PACKAGE = Path(accel.__file__).parent

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from accel.hardware.launch import CORE_MAP_VARIABLE
+from accel.hardware.launcher import CORE_MAP_VARIABLE
 from accel.cli import launch, main
 from accel.cli.launch import CORE_MAP, LaunchError, environment, rank_layout
 from accel.hardware import package_version, probe

@@ -7,9 +7,9 @@ import sys
 import pytest
 import torch
 
-import accel.plan.cache as plancache
+import accel.search.cache as plancache
 from accel.cli import main
-from accel.hardware.launch import NODE_CPUS_VARIABLE, node_cores
+from accel.hardware.launcher import NODE_CPUS_VARIABLE, node_cores
 from accel.hardware import probe
 from accel.measure import TrainStep
 from accel.testing import tiny_loader, tiny_model

@@ -1,4 +1,4 @@
-"""accel cache: the plans plan="auto" remembered (accel.plan.cache): list them, or clear them (clearing all clears
+"""accel cache: the plans plan="auto" remembered (accel.search.cache): list them, or clear them (clearing all clears
 compile's artifacts too, accel.accelerators.compile.cache: the next compile of every setup is cold)."""
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args) -> int:
-    import accel.plan.cache as plancache
+    import accel.search.cache as plancache
 
     folder = plancache.cache_dir()
     if args.action == "clear":

@@ -24,8 +24,8 @@ if __name__ == "__main__":  # a rank's start: this file's folder must not shadow
 
 from pathlib import Path  # noqa: E402
 
-CORE_MAP = "ACCEL_CORE_MAP"  # = accel.hardware.launch.CORE_MAP_VARIABLE (not imported: see rank_main)
-NODE_CPUS = "ACCEL_NODE_CPUS"  # = accel.hardware.launch.NODE_CPUS_VARIABLE: the node's cores, for the plan cache's key
+CORE_MAP = "ACCEL_CORE_MAP"  # = accel.hardware.launcher.CORE_MAP_VARIABLE (not imported: see rank_main)
+NODE_CPUS = "ACCEL_NODE_CPUS"  # = accel.hardware.launcher.NODE_CPUS_VARIABLE: the node's cores, for the plan cache's key
 ALLOCATORS = {"jemalloc": "libjemalloc.so*", "tcmalloc": "libtcmalloc*.so*"}
 JEMALLOC_CONF = "oversize_threshold:1,background_thread:true,metadata_thp:auto"  # torch's run_cpu uses these
 LIBRARY_DIRS = ("{prefix}/lib", "/usr/local/lib", "/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib")
@@ -64,7 +64,7 @@ def find_library(pattern: str, prefix: str = sys.prefix) -> str | None:
 
 def rank_layout(physical_cpus: tuple[int, ...], nproc: int, cores_per_proc: int | None, node_rank: int = 0):
     """[(global rank, local rank, cpus)] on this node: disjoint shares of its physical cores."""
-    from accel.hardware.launch import cores_for_rank
+    from accel.hardware.launcher import cores_for_rank
 
     per = cores_per_proc or max(1, len(physical_cpus) // nproc)
     if per * nproc > len(physical_cpus):

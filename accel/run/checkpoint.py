@@ -26,7 +26,7 @@ import torch
 
 from accel.errors import CheckpointError
 from accel.files import disk_full, space, write_atomically
-from accel.hardware.launch import barrier, rank
+from accel.hardware.launcher import barrier, rank
 from accel.run.checkpoint_fit import gathered, layout_problems, rank_problems, this_rank
 
 FORMAT = 2

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from accel.hardware.launch import rank, world_size
+from accel.hardware.launcher import rank, world_size
 
 
 def gather_from_ranks(obj: Any) -> list[Any]:

@@ -36,7 +36,7 @@ from accel.run.checkpoint import brief, checksum, encode_plan, write_error
 from accel.run.checkpoint_fit import (gather_from_ranks, gathered, layout_problems, model_problems,
                                       optimizer_problems, rank_problems, stray_problems, this_rank)
 from accel.run.interrupts import held
-from accel.hardware.launch import rank, world_size
+from accel.hardware.launcher import rank, world_size
 from accel.run.thread_warnings import thread_filter
 from accel.errors import CheckpointError
 

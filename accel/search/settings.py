@@ -48,7 +48,7 @@ class Auto:
         return not (self.step_fn is None and self.loss_fn is None and self.split is None)
 
     def key(self) -> dict[str, Any]:
-        """What changes the answer (accel.plan.cache.KEY_SETTINGS)."""
+        """What changes the answer (accel.search.cache.KEY_SETTINGS)."""
         from accel.plan import Plan
 
         given = [Plan(c).to_dict() for c in self.candidates] if self.candidates is not None else "generated"

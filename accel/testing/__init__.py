@@ -22,13 +22,13 @@ from accel.api import accelerate
 from accel.run.journal import pin_process
 from accel.run.report import Row
 from accel.run import Run
-from accel.testing.clock import VirtualClock  # noqa: F401  (public)
-from accel.testing.harness import Equivalence, Setup, check_equivalence  # noqa: F401  (public)
+from accel.testing.harness import Equivalence, check_equivalence  # noqa: F401  (public)
+from accel.testing.setup import Held, Loop, Setup  # noqa: F401  (public)
 from accel.testing.snapshots import Snapshot, snapshot  # noqa: F401  (public)
 from accel.workloads.book import BookCNN, TinyCNN, accuracy, cifar_shaped, digits_datasets  # noqa: F401  (re-exported)
 from accel.workloads.tiny import tiny_loader, tiny_model, tiny_optimizer  # noqa: F401  (re-exported)
 
-__all__ = ["Applied", "BookCNN", "Equivalence", "Setup", "Snapshot", "TinyCNN", "VirtualClock", "accuracy",
+__all__ = ["Applied", "BookCNN", "Equivalence", "Held", "Loop", "Setup", "Snapshot", "TinyCNN", "accuracy",
            "apply_one", "check_equivalence", "cifar_shaped", "digits_datasets", "process_state_restored", "snapshot",
            "tiny_loader", "tiny_model", "tiny_optimizer", "train_steps"]
 

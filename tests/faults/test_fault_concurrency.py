@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import accel
-import accel.plan.cache as plancache
+import accel.search.cache as plancache
 from accel.cli import main
 from accel.plan.contract import Accelerator, Stage
 from injectors import in_thread, objects, process_state, warm_up

@@ -8,7 +8,7 @@
 # local results keep the folder of their first look-up in a process), else ``/tmp/torchinductor_<user>``: a folder
 # the system may clear (tmpfs, tmp cleaners), shared by every torch program of the user, apart from accel's other
 # remembered answers. So for the run accel points that variable at
-# ``compile/`` in its own cache folder (``accel.plan.cache.cache_dir()``), through the run's journal: closing the
+# ``compile/`` in its own cache folder (``accel.search.cache.cache_dir()``), through the run's journal: closing the
 # run, or a plan that fails, puts the variable back as it was. Measured here (benchmarks/bench_compile_warmup.py
 # --warm; docs/accelerators/compile.md): a warm start skips AOTAutograd's tracing, inductor's code generation and
 # the C++ compiler; dynamo still traces the Python code.
@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import accel.plan.cache as plancache
+import accel.search.cache as plancache
 from accel.files import write_text
 
 ENV = "TORCHINDUCTOR_CACHE_DIR"

@@ -83,7 +83,7 @@ def setup_key(model, optimizer, loader, batch, device, hardware, step, settings:
     pinning); the settings by KEY_SETTINGS; how a batch becomes a loss by step's functions.
     """
     import accel
-    from accel.hardware.launch import node_cores
+    from accel.hardware.launcher import node_cores
 
     flags = {k: v for k, v in sorted(optimizer.defaults.items()) if isinstance(v, (bool, str)) or v is None}
     functions = {name: function_key(fn) for name, fn in

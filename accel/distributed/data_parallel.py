@@ -17,7 +17,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, RandomSampler, SequentialSampler
 
 from accel.plan.contract import Accelerator
-from accel.hardware.launch import init_process_group, leave_group
+from accel.hardware.launcher import init_process_group, leave_group
 from accel.errors import Problem
 from accel.hardware import importable, is_accelerator
 from accel.run.journal import set_by_runs
