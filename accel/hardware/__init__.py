@@ -2,8 +2,9 @@
 
 The facts (facts.py: ``Hardware``), how probe() finds them in /sys, /proc and this process's memory maps
 (probing.py), what is installed and whether it imports (packages.py: importing IPEX against the wrong torch kills
-the process, so nothing optional is imported here), CPU lists (cpu_lists.py) and the run's device (devices.py). The launch (launch.py, imported by its path:
-not from here) reads the launcher's environment, shares out each rank's cores and joins the process group.
+the process, so nothing optional is imported here), CPU lists (cpu_lists.py), the run's device (devices.py), and
+where this process sits in a launched job (launcher.py, imported by its path: the launcher's environment, each
+rank's cores). The process group is accel.distributed's.
 """
 from accel.hardware.cpu_lists import format_cpu_list, parse_cpu_list
 from accel.hardware.devices import device_problem, is_accelerator, resolve_device

@@ -16,7 +16,7 @@ from torch.nn.functional import cross_entropy
 from torch.utils.data import DataLoader, TensorDataset
 
 import accel
-from accel.hardware.launcher import rank
+from accel.distributed import rank
 from accel.workloads import TinyGPT
 
 parser = argparse.ArgumentParser()

@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
 import accel
-from accel.hardware.launcher import all_reduce_mean, rank
+from accel.distributed import all_reduce_mean, rank
 from accel.testing import digits_datasets
 from accel.workloads import NormCNN, TinyGPT
 
