@@ -26,6 +26,8 @@ from accel.plan.contract import SAME_MATH, Accelerator, Capability, Stage, regis
 from accel.errors import Problem, Skip
 from accel.modules import compiled_problem
 
+__all__ = ["ChannelsLast"]
+
 
 def to_channels_last(module: torch.nn.Module, args: tuple) -> tuple | None:
     """Forward pre-hook: the conv's 4-D floating input in NHWC (a no-op when it already is)."""

@@ -38,6 +38,8 @@ from accel.hardware import is_accelerator
 from accel.modules import trainable
 from accel.plan.options import option, positive
 
+__all__ = ["DDP", "DDPOptions", "DDPState"]
+
 
 def comm_hooks():
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks

@@ -44,6 +44,8 @@ from accel.hardware import format_cpu_list, hyperthread_siblings, is_accelerator
 from accel.run.loaders import (STREAM_BATCHES, PinWorkers, draws_random_numbers, rebuild_loader, rebuild_problem,
                                settings, workers_change_batches)
 
+__all__ = ["Loader", "LoaderOptions"]
+
 
 def worker_cpus(ctx) -> tuple[tuple[int, ...] | None, str]:
     """Where the loader's workers should run: (the CPUs to pin them to, or None to leave them where they start;

@@ -10,6 +10,10 @@ import importlib
 import pkgutil
 import sys
 
+from accel.errors import AccelError
+
+__all__ = ["main"]
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="accel", description="Make PyTorch training faster, measured and explained.")
@@ -22,8 +26,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from accel.errors import AccelError
-
     args = build_parser().parse_args(argv)
     try:
         return args.handler(args) or 0

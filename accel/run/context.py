@@ -20,6 +20,8 @@ if TYPE_CHECKING:
     from accel.plan import Plan
     from accel.plan.contract import State
 
+__all__ = ["Context", "Decisions", "placement"]
+
 
 @dataclass
 class Decisions:

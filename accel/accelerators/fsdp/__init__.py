@@ -64,6 +64,8 @@ from accel.errors import Problem, StaleWarning
 from accel.hardware import is_accelerator
 from accel.modules import listed, outermost, repeated_blocks
 
+__all__ = ["FSDP", "FSDPOptions", "FSDPState"]
+
 
 @register
 class FSDP(DataParallel):
