@@ -5,14 +5,11 @@
 
 The layout (docs/contract.md has the contract): ``api`` (accelerate, decide); ``plan/`` (the plan and the
 accelerator contract); ``run/`` (the run and its checkpoints); ``accelerators/`` (one module or folder each);
-``hardware/`` (the machine and the launch); ``measure/``; ``search/`` (tune, plan="auto"); ``workloads/``;
-``testing/``; ``cli/``. Paths that moved in 0.3 still import, with a warning (accel/_moved.py).
+``hardware/`` (the machine, and where this process sits in a launched job); ``distributed/`` (the process group,
+the base of ddp and fsdp, helpers for scripts); ``measure/``; ``search/`` (tune, plan="auto", the plan cache);
+``workloads/``; ``testing/``; ``cli/``.
 """
-from accel import _moved
-
-_moved.install()
-
-from accel.plan.contract import Accelerator, Capability, Keeps, Stage, State, register, unregister  # noqa: E402
+from accel.plan.contract import Accelerator, Capability, Keeps, Stage, State, register, unregister
 from accel.search import Auto, TuneResult, accelerate, tune
 from accel.api import decide
 from accel.errors import (AccelerateError, AccelError, BypassWarning, CheckpointError, LoopError, LoopWarning,
@@ -22,12 +19,11 @@ from accel.plan.options import Option, Options, option
 from accel.plan import Plan
 from accel.run.report import Report
 from accel.run import Run
+from accel.version import __version__
 
 import accel.accelerators  # noqa: E402,F401  (registers the built-in accelerators)
 import accel.run.checkpoint  # noqa: E402,F401
-import accel.hardware.launch  # noqa: E402,F401
 
 __all__ = ["AccelError", "AccelerateError", "Accelerator", "Auto", "Capability", "BypassWarning", "CheckpointError", "LoopError", "LoopWarning", "Keeps", "MeasureError", "Option", "Options", "Plan",
            "PlanError", "Problem", "Report", "Run", "Skip", "Stage", "State", "StaleWarning", "TuneResult", "accelerate", "decide", "probe",
            "option", "register", "tune", "unregister"]
-__version__ = "0.3.0"

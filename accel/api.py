@@ -28,6 +28,7 @@ from accel.plan import Plan, PlanSpec
 from accel.run.report import Report, Row
 from accel.run import Run, open_run
 from accel.run.thread_warnings import captured
+from accel.run.run import _OPEN
 
 __all__ = ["AccelerateError", "accelerate", "decide"]
 
@@ -234,8 +235,6 @@ def accelerate(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None =
 def _roll_back(journal: Journal, earlier: Run | None, model: torch.nn.Module) -> None:
     """Undo a plan that failed or was interrupted before its run was returned; the run open on the model before is
     open again."""
-    from accel.run.run import _OPEN
-
     try:
         journal.rollback()
     except RuntimeError as undo_error:  # said, never hiding why the plan failed

@@ -2,7 +2,7 @@
 
 Why one place: a search's verdicts are ratios of measured step times. Installing another clock for a block
 (``use``) lets tests, and users replaying recorded step times, feed times the search cannot misread; under a clock
-that moves only when told (accel.testing.VirtualClock) the load on the machine cannot flip a verdict.
+that moves only when told (the project's tests/virtual_clock.py) the load on the machine cannot flip a verdict.
 
     with accel.clock.use(clock):   # any callable returning seconds; the previous clock is back after the block
         ...

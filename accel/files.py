@@ -16,7 +16,7 @@ import secrets
 import shutil
 import socket
 from pathlib import Path
-from typing import BinaryIO, Callable
+from typing import Any, BinaryIO, Callable
 
 PREFIX = ".accel-"
 SUFFIX = ".tmp"
@@ -130,3 +130,15 @@ def _size(count: int) -> str:
             return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
         count /= 1024
     return ""
+
+
+def cache_dir(where: Any = True) -> Path:
+    """accel's cache folder: ``where`` when it is a path, else $ACCEL_CACHE_DIR, else
+    $XDG_CACHE_HOME/accel/plans, else ~/.cache/accel/plans (the plan cache's entries; compile's artifacts in
+    ``compile/``)."""
+    if where not in (True, None) and not isinstance(where, bool):
+        return Path(where)
+    if os.environ.get("ACCEL_CACHE_DIR"):
+        return Path(os.environ["ACCEL_CACHE_DIR"])
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return base / "accel" / "plans"

@@ -4,6 +4,7 @@ and compile work on) and whether it checkpoints itself."""
 from __future__ import annotations
 
 import collections
+import hashlib
 import sys
 
 from torch import nn
@@ -163,3 +164,14 @@ def outermost(model: nn.Module, classes: set[str]) -> list[nn.Module]:
 
     walk(model)
     return found
+
+
+def fingerprint(model: nn.Module) -> str:
+    """A digest of the model's structure: its modules' classes, its parameters' and buffers' names, shapes, dtypes
+    and which train (not their values): what the plan cache and compile's markers key a model by."""
+    digest = hashlib.sha256()
+    for name, module in model.named_modules():
+        digest.update(f"{name}:{type(module).__module__}.{type(module).__qualname__};".encode())
+    for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+        digest.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype}:{tensor.requires_grad};".encode())
+    return digest.hexdigest()[:16]

@@ -115,7 +115,7 @@ def peak_rss_mib() -> float:
 def memory(budget: float) -> dict:
     from torch.utils.data import DataLoader
 
-    from accel.testing.models import TinyGPT
+    from accel.workloads import TinyGPT
 
     torch.manual_seed(0)
     model = TinyGPT(vocab=8192, width=512, layers=8, heads=8, context=128)

@@ -25,7 +25,8 @@ def worker(args, device: str = "cpu") -> dict | None:
     import torch
 
     import accel
-    from accel.hardware.launch import all_reduce_mean, barrier, is_main_process, launcher_environment, world_size
+    from accel.distributed import all_reduce_mean, barrier, is_main_process, world_size
+    from accel.hardware.launcher import launcher_environment
 
     plan = json.loads(args.plan)
     train_set, test_set = digits(args.seed, 128 if args.quick else None)

@@ -28,7 +28,7 @@ def main(argv=None) -> int:
     args = args_parser.parse_args(argv)
     import torch
 
-    from accel.hardware.launch import launcher_environment
+    from accel.hardware.launcher import launcher_environment
 
     gpu = args.device.startswith("cuda") or (args.device == "auto" and torch.cuda.is_available())
     args.plan = args.plan or ('["amp", "ddp"]' if gpu else '["threads", "ddp"]')

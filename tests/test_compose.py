@@ -18,10 +18,11 @@ from torch.utils.data import DataLoader, TensorDataset
 import accel
 from accel.plan.contract import Accelerator, Stage
 from accel.accelerators.threads import openmp_variables
-from accel.hardware.launch import CORE_MAP_VARIABLE
+from accel.hardware.launcher import CORE_MAP_VARIABLE
 from accel.errors import AccelerateError, MeasureError, PlanError
 from accel.hardware import format_cpu_list, probe
-from accel.run.journal import Journal, pin_process, set_by_runs
+from accel.run.journal import Journal, pin_process
+from accel.run.shared_settings import set_by_runs
 from scripts.launching import one_rank_env
 
 HAS_AFFINITY = hasattr(os, "sched_getaffinity")

@@ -23,10 +23,10 @@ import accel
 import accel.plan.compat as compat
 from accel.plan.contract import REGISTRY, Accelerator, Capability, Option, Options, Stage, State, register, unregister
 from accel.errors import PlanError
-from test_lifecycle import accelerators, imported, module_of  # the layout rules read the source the same way
+from test_layout import accelerators, imported, module_of  # the layout rules read the source the same way
 from accel.hardware import package_version
 from accel.testing import process_state_restored, tiny_loader, tiny_model, tiny_optimizer, train_steps
-from accel.testing.zoo import MODELS, Net
+from zoo import MODELS, Net
 from scripts.launching import one_rank_env
 
 PACKAGE = Path(accel.__file__).parent
@@ -294,9 +294,9 @@ def imports_of_others(tree: ast.AST, path: Path, own: str | None) -> list[str]:
 
 @pytest.mark.parametrize("name", list(accelerators()) + ["data_parallel"])
 def test_no_accelerator_reads_another(name):
-    """Static, over accel/accelerators/**/*.py (and accel/data_parallel.py, the base ddp and fsdp share): what one
+    """Static, over accel/accelerators/**/*.py (and accel/distributed/data_parallel.py, the base ddp and fsdp share): what one
     accelerator offers another goes through the run's services, a decision or a capability, never a read."""
-    paths = [PACKAGE / "data_parallel.py"] if name == "data_parallel" else files_of(name)
+    paths = [PACKAGE / "distributed" / "data_parallel.py"] if name == "data_parallel" else files_of(name)
     own = None if name == "data_parallel" else name
     found = []
     for path in paths:

@@ -8,11 +8,11 @@ import accel
 from accel.accelerators.amp import Amp, auto_dtype, emulated
 from accel.accelerators.loader import Loader
 from accel.search import generate_candidates
-from accel.hardware.launch import cores_for_rank
+from accel.hardware.launcher import cores_for_rank
 from accel.hardware import resolve_device
 from accel.measure import peak_dtypes
 from accel.testing import tiny_loader, tiny_model, tiny_optimizer
-from accel.testing.hardware import CPU_KINDS, simulated
+from simulated_hardware import CPU_KINDS, simulated
 
 CPU = torch.device("cpu")
 # kind -> (bf16 autocast chosen by amp=auto on the CPU, fp16 native, physical cores, logical CPUs)

@@ -1,4 +1,4 @@
-"""The ddp accelerator and accel.hardware.launch: launcher variables, validation, and real 2-process gloo runs."""
+"""The ddp accelerator, accel.hardware.launcher and accel.distributed: launcher variables, validation, and real 2-process gloo runs."""
 import json
 
 import pytest
@@ -7,8 +7,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import accel
-from accel.hardware.launch import Launch, all_reduce_mean, barrier, is_main_process, launcher_environment
-from accel.hardware.launch import slurm_tasks_on_node
+from accel.distributed import all_reduce_mean, barrier, is_main_process
+from accel.hardware.launcher import Launch, launcher_environment
+from accel.hardware.launcher import slurm_tasks_on_node
 from accel.testing import tiny_loader, tiny_model
 from scripts.launching import LAUNCHER_VARIABLES, output, torchrun
 
@@ -221,7 +222,7 @@ def test_a_layer_unfrozen_under_ddp_is_named_and_accelerate_again_syncs_it():
 
 def test_gloo_workers_are_read_from_proc_running_or_parked(tmp_path):
     """The exit drain counts gloo's worker threads in state R (running, or waiting for the CPU) and no others."""
-    from accel.hardware.launch import gloo_workers_busy
+    from accel.distributed.group import gloo_workers_busy
 
     for tid, (name, state) in enumerate([("pt_gloo_runloop", "R"), ("pt_gloo_runloop", "S"), ("python", "R"),
                                          ("gloo_tcp_loop", "R"), ("pt_gloo_runloop", "R")]):
@@ -243,7 +244,7 @@ import torch
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 import accel
-from accel.hardware.launch import rank
+from accel.hardware.launcher import rank
 from accel.testing import tiny_loader, tiny_model
 
 torch.manual_seed(0)

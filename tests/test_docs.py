@@ -16,7 +16,7 @@ LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^()\s]+)\)")
 WORDS_LIMIT, OUR_PAGES_LIMIT = 20_000, 13_000  # all docs with the cards; the pages outside docs/accelerators/
 CITING_NOTES_TODAY = {  # their owners remove the citation (issue 39): docstrings and cards cite docs/machines.md
     "accel/accelerators/amp.py", "accel/accelerators/channels_last.py", "accel/accelerators/ddp.py",
-    "accel/accelerators/fused_optimizer.py", "accel/accelerators/ipex.py", "accel/testing/hardware.py",
+    "accel/accelerators/fused_optimizer.py", "accel/accelerators/ipex.py", "tests/simulated_hardware.py",
     "docs/accelerators/amp.md", "docs/accelerators/channels_last.md", "docs/accelerators/compile.md",
     "docs/accelerators/fused_optimizer.md", "docs/accelerators/ipex.md", "docs/accelerators/loader.md"}
 

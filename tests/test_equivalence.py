@@ -14,8 +14,8 @@ from accel.plan.contract import REGISTRY
 from accel.hardware import ipex_problem, package_version
 from accel.testing import check_equivalence
 from accel.testing.harness import LEVELS, combined
-from accel.testing.loops import LOOPS
-from accel.testing.zoo import BATCHES, EXTRAS, LOADERS, MODELS, OPTIMIZERS, Case
+from zoo.loops import LOOPS
+from zoo import BATCHES, EXTRAS, LOADERS, MODELS, OPTIMIZERS, Case
 from scripts.launching import one_rank_env
 
 OPTIONS = {  # a few configurations of each built-in, every one valid for every zoo case

@@ -16,9 +16,9 @@ from accel.plan.contract import Accelerator, Stage, register, unregister
 from accel.errors import CheckpointError, StaleWarning
 from accel.testing import check_equivalence, snapshot, tiny_loader, tiny_model
 from accel.testing.harness import process_state
-from accel.testing.loops import LOOPS, Loop, layer
+from zoo.loops import LOOPS, Loop, layer
 from accel.workloads import TinyGPT
-from accel.testing.zoo import Case
+from zoo import Case
 from scripts.launching import LAUNCHER_VARIABLES, SCRIPTS, one_rank_env, output, run, torchrun
 
 NOT_LIVE = {"hooks": "a gradient hook on a sharded parameter: named by a StaleWarning (test below)",

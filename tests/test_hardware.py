@@ -2,12 +2,14 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from accel.hardware import format_cpu_list, loaded_openmp, parse_cpu_list, probe, resolve_device
+from accel.hardware import format_cpu_list, install_hint, loaded_openmp, parse_cpu_list, probe, resolve_device
+from accel.hardware.packages import EXTRAS
 
 
 @given(st.sets(st.integers(0, 512), min_size=1))
@@ -69,3 +71,18 @@ def test_an_optional_package_that_breaks_on_import_is_named_with_its_error_and_t
     assert "NameError" in problem and "MoeModelOutputWithPast" in problem and "transformers<5" in problem
     assert "exit code 127" in import_problem("exits_on_import")
     assert import_problem("imports_fine") is None
+
+
+def test_an_optional_package_is_installed_through_the_extra_that_pins_it():
+    """install_hint names the extra of pyproject.toml that holds the package, and the package's own name
+    elsewhere."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+    extras = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]
+    for distribution, extra in EXTRAS.items():
+        assert any(pin.split("=")[0].split("<")[0].split(">")[0] == distribution for pin in extras[extra]), distribution
+        assert install_hint(distribution) == f"pip install 'accel[{extra}]'"
+    assert install_hint("oneccl_bind_pt") == "pip install oneccl_bind_pt"

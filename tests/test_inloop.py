@@ -1,6 +1,6 @@
 """plan="auto" in your own loop (accel/search/inloop.py, turns.py): every step a real step of your objects, plans
 taking turns between chunks, nothing copied, the report true to what was and was not measured, the cache, the
-budget. The verdicts are judged on the virtual clock (accel.testing.VirtualClock): no load on the machine flips them."""
+budget. The verdicts are judged on the virtual clock (tests/virtual_clock.py): no load on the machine flips them."""
 import itertools
 from dataclasses import dataclass
 
@@ -20,10 +20,11 @@ from accel.search import inloop
 from accel.search import turns as turn_taking
 from accel.search.inloop import InLoopSearch
 from accel.errors import Problem
-from accel.testing import TinyCNN, VirtualClock, check_equivalence, tiny_loader, tiny_model, train_steps
+from accel.testing import TinyCNN, check_equivalence, tiny_loader, tiny_model, train_steps
 from accel.testing.harness import process_state
-from accel.testing.loops import LOOPS
-from accel.testing.zoo import BATCHES, EXTRAS, LOADERS, MODELS, OPTIMIZERS, Case
+from zoo.loops import LOOPS
+from zoo import BATCHES, EXTRAS, LOADERS, MODELS, OPTIMIZERS, Case
+from virtual_clock import VirtualClock
 
 SLOW = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 STEPS = 24  # chunks of 2 timed steps (and 1 after each switch): the plan switches every few steps
@@ -387,7 +388,7 @@ def test_compiles_measured_warm_up_is_remembered_and_decides_the_next_search(tmp
     the warm-up measured on this setup, both ways (a long one is not started; a short one fits a short budget)."""
     import json
 
-    import accel.plan.cache as plancache
+    import accel.search.cache as plancache
 
     def search(budget_s, expected_steps=None):
         torch._dynamo.reset()

@@ -8,8 +8,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from accel.hardware.launch import CORE_MAP_VARIABLE
-from accel.cli import launch, main
+from accel.hardware.launcher import CORE_MAP_VARIABLE
+from accel.cli import main
+from accel.distributed import rank_start
 from accel.cli.launch import CORE_MAP, LaunchError, environment, rank_layout
 from accel.hardware import package_version, probe
 from scripts.launching import accel_launch, output
@@ -62,7 +63,7 @@ def test_dry_run_prints_the_layout_and_the_command(capsys, monkeypatch):
     command = shlex.split(out.split("command: ")[1].strip())
     assert command[:3] == [sys.executable, "-m", "torch.distributed.run"]
     assert command[command.index("--master-addr") + 1] == "127.0.0.1" and "29555" in command
-    assert command[-4:] == [str(Path(launch.__file__).resolve()), "train.py", "--lr", "0.1"]
+    assert command[-4:] == [str(Path(rank_start.__file__).resolve()), "train.py", "--lr", "0.1"]
 
 
 def test_too_many_cores_asked_is_refused(capsys):

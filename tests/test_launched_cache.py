@@ -7,9 +7,10 @@ import sys
 import pytest
 import torch
 
-import accel.plan.cache as plancache
+import accel.accelerators.compile.cache as compile_cache
+import accel.search.cache as plancache
 from accel.cli import main
-from accel.hardware.launch import NODE_CPUS_VARIABLE, node_cores
+from accel.hardware.launcher import NODE_CPUS_VARIABLE, node_cores
 from accel.hardware import probe
 from accel.measure import TrainStep
 from accel.testing import tiny_loader, tiny_model
@@ -73,7 +74,7 @@ def test_cache_clear_removes_compiles_artifacts_and_says_how_many(tmp_path, monk
     said = capsys.readouterr().out
     assert "removed 0 entries" in said and "removed compile's artifacts: 3 files (3.0 KiB)" in said, said
     assert not compiled.exists()
-    assert plancache.clear_compile(tmp_path) == (0, 0)  # nothing left, nothing to say
+    assert compile_cache.clear_compile(tmp_path) == (0, 0)  # nothing left, nothing to say
 
 
 @pytest.mark.slow

@@ -1,21 +1,17 @@
-"""The accelerator lifecycle: decisions before any stage, order from declarations, rollback, hooks, per-run state,
-and the architecture's own rules (no accelerator names another, no import circles)."""
-import ast
+"""The accelerator lifecycle: decisions before any stage, order from declarations, rollback, hooks, per-run state.
+The architecture's own rules are tests/test_layout.py's."""
 import dataclasses
 import os
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 import torch
 
 import accel
 from accel import Accelerator, Capability, Options, PlanError, Skip, Stage, State, option
-from accel.plan.contract import REGISTRY, register, unregister
+from accel.plan.contract import register, unregister
 from accel.hardware import probe
 from accel.testing import snapshot, tiny_loader, tiny_model, tiny_optimizer, train_steps
-
-PACKAGE = Path(accel.__file__).parent
 
 
 def user_accelerator(name, stage, **attributes):
@@ -286,173 +282,6 @@ def test_each_run_has_its_own_accelerator_state_and_run_save_keeps_it(registered
     first.save(tmp_path / "ckpt.pt")
     second.load(tmp_path / "ckpt.pt")
     assert second.state("counter").count == 8
-
-
-# --- the architecture's rules ------------------------------------------------------------------------------------
-
-ACCELERATORS = PACKAGE / "accelerators"
-
-
-def accelerators() -> dict[str, Path]:
-    """{name: the file holding its card}: an accelerator is a module accel/accelerators/<name>.py, or a package
-    accel/accelerators/<name>/__init__.py whose other modules are its parts."""
-    found = {p.stem: p for p in ACCELERATORS.glob("*.py") if p.stem != "__init__"}
-    found.update({p.parent.name: p for p in ACCELERATORS.glob("*/__init__.py")})
-    return dict(sorted(found.items()))
-
-
-def module_of(path: Path) -> str:
-    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-def accelerator_files() -> list[tuple[str, Path]]:
-    """(accelerator, file) for every file of every accelerator: its card's file, then its package's parts."""
-    files = []
-    for name, card in accelerators().items():
-        parts = sorted(p for p in card.parent.rglob("*.py") if p != card) if card.name == "__init__.py" else []
-        files += [(name, path) for path in [card, *parts]]
-    return files
-
-
-def imported(node: ast.Import | ast.ImportFrom, path: Path) -> list[str]:
-    """The dotted names an import statement brings in, relative imports made absolute."""
-    if isinstance(node, ast.Import):
-        return [a.name for a in node.names]
-    base = node.module or ""
-    if node.level:
-        package = module_of(path).split(".") if path.name == "__init__.py" else module_of(path).split(".")[:-1]
-        base = ".".join(package[:len(package) - node.level + 1] + ([node.module] if node.module else []))
-    return [base] + [f"{base}.{a.name}" for a in node.names]
-
-
-def test_no_accelerator_module_names_another_accelerator():
-    """Accelerators read decisions and declare capabilities; no code of theirs names another one. An accelerator
-    in a package imports its own parts, by their modules (never the package: its __init__ is the accelerator)."""
-    builtin = set(accelerators())
-    for own, path in accelerator_files():
-        where = path.relative_to(ACCELERATORS)
-        tree = ast.parse(path.read_text())
-        docstrings = {id(node.body[0].value) for node in ast.walk(tree)
-                      if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef)) and node.body
-                      and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
-        parts = f"accel.accelerators.{own}." if accelerators()[own].name == "__init__.py" else None
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
-                assert node.value not in builtin - {own}, f"{where} names {node.value!r}"
-            if isinstance(node, (ast.Import, ast.ImportFrom)):
-                names = imported(node, path)
-                bad = [n for n in names if (n == "accel.accelerators" or n.startswith("accel.accelerators."))
-                       and not (parts and n.startswith(parts))]
-                assert not bad, f"{where} imports {bad}"
-
-
-def test_an_accelerators_parts_are_not_accelerators():
-    """The modules inside an accelerator's package each do one job, said in their docstring; none registers an
-    accelerator or holds a card. Each accelerator is registered from its own module, under its own name."""
-    cards = accelerators()
-    for own, path in accelerator_files():
-        if path == cards[own]:
-            continue
-        tree = ast.parse(path.read_text())
-        doc = ast.get_docstring(tree)
-        assert doc and "\n" not in doc and "What it does" not in doc, \
-            f"{path.relative_to(ACCELERATORS)}: a part says its job in a one-line docstring, and holds no card"
-        for node in ast.walk(tree):
-            callee = node.func if isinstance(node, ast.Call) else None
-            decorators = node.decorator_list if isinstance(node, ast.ClassDef) else []
-            for named in [callee, *decorators]:
-                assert getattr(named, "id", getattr(named, "attr", None)) != "register", \
-                    f"{path.relative_to(ACCELERATORS)} registers an accelerator"
-    builtin = {name: cls.__module__ for name, cls in REGISTRY.items() if cls.__module__.startswith("accel.")}
-    assert builtin == {name: f"accel.accelerators.{name}" for name in cards}, "an accelerator registered elsewhere"
-
-
-def import_graph():
-    graph = {}
-    for path in PACKAGE.rglob("*.py"):
-        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
-        module = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-        found = set()
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and (node.level or node.module.startswith("accel")):
-                found |= set(imported(node, path))
-            elif isinstance(node, ast.Import):
-                found |= {a.name for a in node.names if a.name.startswith("accel")}
-        graph[module] = found
-    return {m: {d for d in deps if d in graph and d != m} for m, deps in graph.items()}
-
-
-def test_the_import_graph_has_no_circles_and_the_core_imports_no_measurement():
-    graph = import_graph()
-    facade = {"accel", "accel.accelerators", "accel.cli", "accel.search"}  # packages that import their parts to register them
-
-    def reach(start):
-        seen, todo = set(), [start]
-        while todo:
-            for dep in graph.get(todo.pop(), ()):
-                if dep not in seen and dep not in facade:
-                    seen.add(dep)
-                    todo.append(dep)
-        return seen
-
-    circles = [m for m in graph if m not in facade and m in reach(m)]
-    assert circles == [], f"modules on an import circle: {circles}"
-    measurement = {"accel.measure", "accel.search", "accel.bench", "accel.plan.cache", "accel.testing"}
-    core = [m for m in graph if (m == "accel.api" or m.startswith(("accel.plan", "accel.run")))
-            and m not in measurement]  # the entry point, the plan and its contract, the run and its checkpoints
-    assert {"accel.api", "accel.plan", "accel.plan.contract", "accel.run", "accel.run.context",
-            "accel.run.journal"} <= set(core)
-    for module in core:
-        reached = {m for m in reach(module) if m in measurement or m.startswith(tuple(f"{p}." for p in measurement))}
-        assert not reached, f"{module} reaches {reached}"
-    for module in graph:
-        if not module.startswith("accel.testing"):
-            assert "accel.testing" not in graph[module], f"{module} imports accel.testing"
-
-
-# The layout's floors, from the ground up: a module imports only modules of its own floor or below (never one
-# back up). ``accel`` itself (the package's face, for ``accel.__version__``) is not a floor.
-FLOORS = [
-    ("accel._moved", "accel.errors", "accel.clock", "accel.batches", "accel.modules", "accel.randomness",
-     "accel.optim", "accel.files"),                  # leaves every floor shares
-    ("accel.hardware",),                             # the machine and the launch
-    ("accel.plan",),                                 # the plan and its contract
-    ("accel.run",),                                  # the run and its checkpoints
-    ("accel.data_parallel", "accel.accelerators"),   # the accelerators (no accelerator imports the entry point)
-    ("accel.api",),                                  # accelerate(), decide()
-    ("accel.measure", "accel.workloads"),            # measurement; what accel trains
-    ("accel.search",),                               # tune, plan="auto": above the run, the api and measurement
-    ("accel.testing", "accel.bench"),
-    ("accel.cli", "accel.__main__"),
-]
-
-
-def floor_of(module: str) -> int | None:
-    for number, prefixes in enumerate(FLOORS):
-        if any(module == p or module.startswith(p + ".") for p in prefixes):
-            return number
-    return None
-
-
-def test_the_layout_has_floors_and_no_import_runs_back_up():
-    graph = import_graph()
-    unplaced = [m for m in graph if m != "accel" and floor_of(m) is None]
-    assert unplaced == [], f"modules on no floor of the layout: {unplaced}"
-    up = [f"{m} -> {d}" for m, deps in graph.items() if m != "accel"
-          for d in deps if d != "accel" and floor_of(d) > floor_of(m)]
-    assert up == [], "imports that run back up:\n" + "\n".join(sorted(up))
-
-
-def test_each_built_in_accelerator_file_reads_as_its_card():
-    for name, path in accelerators().items():
-        where = path.relative_to(ACCELERATORS)
-        card = ast.get_docstring(ast.parse(path.read_text()))
-        assert card and card.startswith(f"{name}:"), where
-        for part in ("What it does", "When it helps", "What it keeps"):
-            assert part in card, f"{where}'s card has no '{part}'"
-    for name, cls in REGISTRY.items():
-        assert cls.keeps.weights in ("exact", "float", "tolerance", "changed"), name
 
 
 @pytest.mark.parametrize("target", [torch.float64, "meta"], ids=["dtype", "meta"])

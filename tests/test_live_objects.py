@@ -1,4 +1,4 @@
-"""What the user holds stays live after accelerate(): every loop behaviour of accel.testing.loops drives the
+"""What the user holds stays live after accelerate(): every loop behaviour of zoo.loops drives the
 accelerated training exactly as the plain loop, with every built-in alone here (plans of up to three over the
 whole zoo: tests/test_equivalence.py), or the report names what went stale. Each test below also names the bug it
 guards against, as it was before the objects were kept live."""
@@ -14,8 +14,8 @@ from accel.run.checkpoint import read
 from accel.errors import CheckpointError, StaleWarning
 from accel.hardware import package_version
 from accel.testing import check_equivalence, tiny_loader, tiny_model, train_steps
-from accel.testing.loops import LOOPS
-from accel.testing.zoo import Case
+from zoo.loops import LOOPS
+from zoo import Case
 
 SINGLES = {"fused_optimizer": {}, "channels_last": {}, "activation_checkpointing": {"modules": ["Conv2d"]},
            "amp": {"dtype": "bfloat16"}, "compile": {"backend": "eager"}, "threads": {"threads": 1},

@@ -13,8 +13,8 @@ from accel.api import prepare
 from accel.errors import PlanError, Skip
 from accel.run.loaders import STREAM_BATCHES
 from accel.testing import check_equivalence, process_state_restored, tiny_model
-from accel.testing.hardware import simulated
-from accel.testing.zoo import Case, Samples, ShardedStream, Stream
+from simulated_hardware import simulated
+from zoo import Case, Samples, ShardedStream, Stream
 
 SHARDS = "this IterableDataset shards its stream by worker and each worker batches its own shard"
 REPEATS = "this IterableDataset does not shard its stream by worker: every worker would yield every sample"

@@ -5,7 +5,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from accel.accelerators.threads import Threads
-from accel.hardware.launch import CORE_MAP_VARIABLE, cores_for_rank, launcher_environment, rank_cores
+from accel.hardware.launcher import CORE_MAP_VARIABLE, cores_for_rank, launcher_environment, rank_cores
 from accel.hardware import probe
 from accel.testing import apply_one, process_state_restored
 

@@ -17,8 +17,9 @@ from accel.search import TuneResult, generate_candidates
 from accel.hardware import ISA_FLAGS, probe
 from accel.measure import Lab, Ratio, Trial
 from accel.run.report import Report
-from accel.testing import VirtualClock, snapshot, tiny_loader, tiny_model, tiny_optimizer
+from accel.testing import snapshot, tiny_loader, tiny_model, tiny_optimizer
 from accel.testing.harness import process_state
+from virtual_clock import VirtualClock
 
 CLOCK = VirtualClock()  # the step times of the tests that judge verdicts: only the test's models move it
 BASE_S = 0.01  # a forward of the plain model, on that clock
@@ -282,7 +283,7 @@ def test_the_cache_answers_the_same_setup_at_once_and_measures_again_after_any_c
     assert not other_batch.from_cache and other_batch.key != first.key
     other_optimizer = accel.tune(model, torch.optim.SGD(model.parameters(), lr=0.1), loader, **kwargs)
     assert not other_optimizer.from_cache
-    import accel.plan.cache as plancache
+    import accel.search.cache as plancache
 
     assert {e["key"] for e in plancache.entries(tmp_path)} == {first.key, other_batch.key, other_optimizer.key}
     assert plancache.clear(tmp_path, key=first.key[:6]) == 1 and len(plancache.entries(tmp_path)) == 2
@@ -291,7 +292,7 @@ def test_the_cache_answers_the_same_setup_at_once_and_measures_again_after_any_c
 def test_a_noisy_or_cut_short_answer_is_not_remembered(tmp_path):
     cut = accel.tune(*objects(), device="cpu", candidates=[["channels_last"]], budget_s=0, cache=tmp_path)
     assert cut.row("channels_last").status == "not measured" and cut.key == ""
-    import accel.plan.cache as plancache
+    import accel.search.cache as plancache
 
     assert plancache.entries(tmp_path) == []
 
@@ -397,7 +398,7 @@ def test_rounds_stop_once_every_challenger_failed():
 
 
 def test_the_cache_key_holds_the_loaders_workers_but_not_the_device_index():
-    import accel.plan.cache as plancache
+    import accel.search.cache as plancache
     from accel.measure import TrainStep
 
     model, optimizer, loader = objects()

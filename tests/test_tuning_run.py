@@ -23,8 +23,9 @@ from accel.plan.contract import REGISTRY, Accelerator, Capability, Stage, regist
 from accel.run import Run, open_run
 from accel.search import inloop
 from accel.search.inloop import InLoopSearch
-from accel.testing import VirtualClock, tiny_loader, tiny_model
+from accel.testing import tiny_loader, tiny_model
 from accel.testing.harness import process_state
+from virtual_clock import VirtualClock
 
 CLOCK = VirtualClock()
 SEARCH = Path(accel.__file__).parent / "search"

@@ -7,5 +7,7 @@ Optional packages (nni, ipex) are imported inside apply(), never at module impor
 import importlib
 import pkgutil
 
+__all__: list[str] = []  # nothing: each accelerator is imported from its own module
+
 for _module in pkgutil.iter_modules(__path__):
     importlib.import_module(f"{__name__}.{_module.name}")

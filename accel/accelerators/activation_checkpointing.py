@@ -49,6 +49,8 @@ from accel.errors import Problem, Skip
 from accel.modules import (checkpoints_itself, class_names, compiled_problem, hands_blocks_a_cache, listed, of_class,
                            outermost, qualified, repeated_blocks, rerun_hooks)
 
+__all__ = ["ActivationCheckpointing", "ActivationCheckpointingOptions"]
+
 ATOMS = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device, torch.Size, torch.layout,
          torch.memory_format, enum.Enum, slice, type(Ellipsis), types.FunctionType, types.BuiltinFunctionType)
 COPIES: WeakIdKeyDictionary = WeakIdKeyDictionary()  # a tensor handed to blocks -> (its version, weakref to the copy)

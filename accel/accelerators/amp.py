@@ -34,6 +34,8 @@ from accel.plan.contract import Accelerator, Capability, Keeps, Stage, State, dt
 from accel.plan.options import Options, option
 from accel.errors import Problem, Skip
 
+__all__ = ["Amp", "AmpOptions", "AmpState"]
+
 DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
 
 

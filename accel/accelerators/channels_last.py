@@ -26,6 +26,8 @@ from accel.plan.contract import SAME_MATH, Accelerator, Capability, Stage, regis
 from accel.errors import Problem, Skip
 from accel.modules import compiled_problem, recomputable
 
+__all__ = ["ChannelsLast"]
+
 
 @recomputable
 def to_channels_last(module: torch.nn.Module, args: tuple) -> tuple | None:

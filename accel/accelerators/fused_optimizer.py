@@ -32,6 +32,8 @@ from accel.plan.contract import SAME_MATH, Accelerator, Capability, Stage, State
 from accel.errors import Skip
 from accel.optim import describe_optimizer
 
+__all__ = ["FusedOptimizer", "FusedOptimizerState"]
+
 FUSABLE = (torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD, torch.optim.Adagrad)
 
 

@@ -29,6 +29,8 @@ from accel.plan.contract import Accelerator, Capability, Keeps, Stage, State, re
 from accel.errors import Skip
 from accel.plan.options import Options, at_least, option
 
+__all__ = ["GradAccumulation", "GradAccumulationOptions", "GradAccumulationState"]
+
 
 @dataclass(frozen=True, kw_only=True)
 class GradAccumulationOptions(Options):

@@ -24,6 +24,8 @@ from accel.plan.contract import Accelerator, Capability, Keeps, Stage, State, re
 from accel.errors import Problem
 from accel.plan.options import Options, option, positive
 
+__all__ = ["GradClipping", "GradClippingOptions", "GradClippingState"]
+
 
 def norm_type_problem(value) -> str | None:
     return None if value == "inf" or (not isinstance(value, str) and value > 0) else "must be > 0 or 'inf'"

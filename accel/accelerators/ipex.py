@@ -26,6 +26,8 @@ from accel.errors import Problem
 from accel.hardware import ipex_problem
 from accel.optim import copy_with_optimizer, foreign_tensors
 
+__all__ = ["Ipex", "IpexOptions"]
+
 IPEX_DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
                "float32": torch.float32, "fp32": torch.float32}
 

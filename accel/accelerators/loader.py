@@ -38,11 +38,13 @@ import torch
 
 from accel.plan.contract import Accelerator, Capability, Stage, register
 from accel.plan.options import Options, at_least, option
-from accel.hardware.launch import cores_for_rank, rank_cores
+from accel.hardware.launcher import cores_for_rank, rank_cores
 from accel.errors import Problem, Skip
 from accel.hardware import format_cpu_list, hyperthread_siblings, is_accelerator
 from accel.run.loaders import (STREAM_BATCHES, PinWorkers, draws_random_numbers, rebuild_loader, rebuild_problem,
                                settings, workers_change_batches)
+
+__all__ = ["Loader", "LoaderOptions"]
 
 
 def worker_cpus(ctx) -> tuple[tuple[int, ...] | None, str]:

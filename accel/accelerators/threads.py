@@ -25,9 +25,11 @@ from dataclasses import dataclass
 
 from accel.plan.contract import SAME_MATH, Accelerator, Capability, Stage, register
 from accel.plan.options import Options, at_least, option
-from accel.hardware.launch import rank_cores
+from accel.hardware.launcher import rank_cores
 from accel.hardware import format_cpu_list, loaded_openmp
-from accel.run.journal import set_by_runs
+from accel.run.shared_settings import set_by_runs
+
+__all__ = ["Threads", "ThreadsOptions"]
 
 
 def openmp_variables(runtime: str, cpus: tuple[int, ...], threads: int) -> dict[str, str]:

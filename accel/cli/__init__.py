@@ -12,6 +12,9 @@ import pkgutil
 import sys
 
 from accel import __version__
+from accel.errors import AccelError
+
+__all__ = ["main"]
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -38,8 +41,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from accel.errors import AccelError
-
     args = build_parser().parse_args(argv)
     try:
         return args.handler(args) or 0

@@ -1,9 +1,13 @@
-"""accel cache: the plans plan="auto" remembered (accel.plan.cache): list them, or clear them (clearing all clears
+"""accel cache: the plans plan="auto" remembered (accel.search.cache): list them, or clear them (clearing all clears
 compile's artifacts too, accel.accelerators.compile.cache: the next compile of every setup is cold)."""
 from __future__ import annotations
 
 import argparse
 import json
+
+import accel.accelerators.compile.cache as compile_cache
+import accel.search.cache as plancache
+from accel.files import cache_dir
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -16,26 +20,24 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args) -> int:
-    import accel.plan.cache as plancache
-
-    folder = plancache.cache_dir()
+    folder = cache_dir()
     if args.action == "clear":
-        ours = plancache.owns_compile_folder()
-        compiled = plancache.clear_compile() if args.key is None else (0, 0)
+        ours = compile_cache.owns_compile_folder()
+        compiled = compile_cache.clear_compile() if args.key is None else (0, 0)
         removed = plancache.clear(key=args.key)
         print(f"accel cache: removed {removed} entr{'y' if removed == 1 else 'ies'} from {folder} (only accel's "
               "own files there)")
         if args.key is None and ours:
             print(f"accel cache: removed compile's artifacts: {_files(*compiled)} from {folder / 'compile'}")
         elif args.key is None and (folder / "compile").exists():
-            print(f"accel cache: left {folder / 'compile'} as it is: accel did not make it (no {plancache.TAG})")
+            print(f"accel cache: left {folder / 'compile'} as it is: accel did not make it (no {compile_cache.TAG})")
         return 0
     entries = plancache.entries()
     if args.json:
         print(json.dumps(entries, indent=2, default=str))
         return 0
     print(f"accel cache: {len(entries)} remembered plan(s) in {folder}")
-    print(f"accel cache: compile's artifacts: {_files(*plancache.compile_usage())} in {folder / 'compile'} "
+    print(f"accel cache: compile's artifacts: {_files(*compile_cache.compile_usage())} in {folder / 'compile'} "
           "(accel cache clear removes them too)")
     for entry in entries:
         facts = entry["facts"]

@@ -13,19 +13,18 @@ import argparse
 import contextlib
 import glob
 import os
-import runpy
 import shlex
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
-if __name__ == "__main__":  # a rank's start: this file's folder must not shadow standard modules
-    del sys.path[0]
+from accel.distributed import rank_start
+from accel.hardware import format_cpu_list, probe
+from accel.hardware.launcher import CORE_MAP_VARIABLE as CORE_MAP
+from accel.hardware.launcher import NODE_CPUS_VARIABLE as NODE_CPUS  # the node's cores, for the plan cache's key
+from accel.hardware.launcher import cores_for_rank
 
-from pathlib import Path  # noqa: E402
-
-CORE_MAP = "ACCEL_CORE_MAP"  # = accel.hardware.launch.CORE_MAP_VARIABLE (not imported: see rank_main)
-NODE_CPUS = "ACCEL_NODE_CPUS"  # = accel.hardware.launch.NODE_CPUS_VARIABLE: the node's cores, for the plan cache's key
 ALLOCATORS = {"jemalloc": "libjemalloc.so*", "tcmalloc": "libtcmalloc*.so*"}
 JEMALLOC_CONF = "oversize_threshold:1,background_thread:true,metadata_thp:auto"  # torch's run_cpu uses these
 LIBRARY_DIRS = ("{prefix}/lib", "/usr/local/lib", "/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib")
@@ -71,8 +70,6 @@ def find_library(pattern: str, prefix: str = sys.prefix) -> str | None:
 
 def rank_layout(physical_cpus: tuple[int, ...], nproc: int, cores_per_proc: int | None, node_rank: int = 0):
     """[(global rank, local rank, cpus)] on this node: disjoint shares of its physical cores."""
-    from accel.hardware.launch import cores_for_rank
-
     per = cores_per_proc or max(1, len(physical_cpus) // nproc)
     if per * nproc > len(physical_cpus):
         raise LaunchError(f"{nproc} processes x {per} cores need {per * nproc} physical cores; this node has "
@@ -84,8 +81,6 @@ def rank_layout(physical_cpus: tuple[int, ...], nproc: int, cores_per_proc: int 
 def environment(layout, iomp: bool, allocator: str, environ, prefix: str = sys.prefix, node_cpus: tuple = ()):
     """(variables to set, user values kept): OpenMP threads, the core map, the node's cores (a pinned rank sees
     only its share; plan="auto"'s cache counts the node's, as a single process does), preloads."""
-    from accel.hardware import format_cpu_list
-
     wanted = {"OMP_NUM_THREADS": str(len(layout[0][2])),
               CORE_MAP: ";".join(",".join(map(str, cpus)) for _, _, cpus in layout),
               **({NODE_CPUS: format_cpu_list(node_cpus)} if node_cpus else {})}
@@ -123,7 +118,7 @@ def torchrun_command(args, master_addr: str, master_port: int) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(args.nnodes),
             "--node-rank", str(args.node_rank), "--master-addr", master_addr, "--master-port", str(master_port),
             "--nproc-per-node", str(args.nproc_per_node), "--max-restarts", str(args.max_restarts),
-            str(Path(__file__).resolve()), args.script, *args.script_args]
+            str(Path(rank_start.__file__).resolve()), args.script, *args.script_args]
 
 
 def check_numbers(args, environ=os.environ) -> int:
@@ -150,8 +145,6 @@ def check_numbers(args, environ=os.environ) -> int:
 
 
 def run(args) -> int:
-    from accel.hardware import format_cpu_list, probe
-
     master_addr = args.master_addr or os.environ.get("MASTER_ADDR", "127.0.0.1")
     physical = probe().physical_cpus
     try:
@@ -217,21 +210,3 @@ def _own_group_ended_with_parent() -> None:
         import ctypes
 
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
-def rank_main(argv: list[str]) -> None:
-    """One rank's start (torchrun runs this file): pin to this rank's cores, then run the user's script.
-
-    Only the standard library is used here, so the OpenMP runtime that torch loads sees the pinned mask.
-    """
-    shares = os.environ.get(CORE_MAP, "").split(";")
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    if local_rank < len(shares) and shares[local_rank]:
-        os.sched_setaffinity(0, {int(cpu) for cpu in shares[local_rank].split(",")})
-    sys.argv = list(argv)
-    sys.path.insert(0, os.path.dirname(os.path.abspath(argv[0])))
-    runpy.run_path(argv[0], run_name="__main__")
-
-
-if __name__ == "__main__":
-    rank_main(sys.argv[1:])

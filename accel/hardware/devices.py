@@ -40,3 +40,11 @@ def device_problem(device: torch.device, hardware: Hardware) -> str | None:
 def is_accelerator(device: torch.device) -> bool:
     """True for devices with their own memory (batches cross a bus to reach them)."""
     return device.type not in ("cpu", "meta")
+
+
+def device_model(device: torch.device) -> str:
+    """The device's type, and its model where torch names it (an H100's answer is not an A100's)."""
+    module = getattr(torch, device.type, None)
+    if device.type == "cpu" or not hasattr(module, "get_device_name"):
+        return device.type
+    return f"{device.type} {module.get_device_name(device)}"

@@ -1,5 +1,5 @@
 """Hardware: what accel knows about the machine and the runtime, as plain facts (probe() finds them; a test or
-``accel.decide(..., hardware=...)`` may make them up: accel.testing.hardware.simulated)."""
+``accel.decide(..., hardware=...)`` may make them up, as the project's tests do: tests/simulated_hardware.py)."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass

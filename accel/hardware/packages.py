@@ -25,6 +25,15 @@ def package_version(distribution: str) -> str | None:
         return None
 
 
+EXTRAS = {"nni": "prune", "intel-extension-for-pytorch": "ipex", "intel-openmp": "openmp"}  # pyproject.toml's
+
+
+def install_hint(distribution: str) -> str:
+    """The command that installs an optional package as accel pins it (its extra), else by its own name."""
+    extra = EXTRAS.get(distribution)
+    return f"pip install 'accel[{extra}]'" if extra else f"pip install {distribution}"
+
+
 def importable(module: str) -> bool:
     """Whether a module could be imported, found without importing it."""
     try:

@@ -10,10 +10,13 @@ from typing import Any
 import torch
 
 from accel import clock, randomness
-from accel.errors import MeasureError
+from accel.errors import MeasureError, PlanError
 from accel.measure.labels import plan_label
 from accel.measure.stats import Ratio, paired, round_order
 from accel.measure.steps import SETTLE_BELOW_S, TrainStep, chunk_steps, endless, timed_steps
+from accel.optim import rebuild_optimizer, same_params
+from accel.api import accelerate
+from accel.plan import Plan
 
 
 @dataclass
@@ -85,8 +88,6 @@ class Lab:
     def copies(self) -> tuple[torch.nn.Module, Any]:
         import copy
 
-        from accel.optim import rebuild_optimizer, same_params
-
         try:
             model = copy.deepcopy(self.model)
         except Exception as error:
@@ -98,10 +99,6 @@ class Lab:
 
     def trial(self, plan: Any) -> Trial:
         """Apply the plan to fresh copies and take its first steps from the common start (timed apart)."""
-        from accel.api import accelerate
-        from accel.errors import PlanError
-        from accel.plan import Plan
-
         try:
             trial = Trial(Plan(plan).to_dict())
         except PlanError as error:

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from accel.plan import Plan
+
 
 def plan_label(plan: Any) -> str:
     """'eager' for the empty plan, 'auto', or the accelerator names in plan order joined by '+'."""
@@ -10,7 +12,5 @@ def plan_label(plan: Any) -> str:
         return "auto"
     if hasattr(plan, "resolve") and not hasattr(plan, "names"):
         return "auto"
-    from accel.plan import Plan
-
     names = Plan(plan).names()
     return "+".join(names) if names else "eager"

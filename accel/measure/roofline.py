@@ -8,6 +8,7 @@ import torch
 
 from accel import clock
 from accel.measure.steps import call_model, synchronize
+from accel.batches import map_tensors
 
 
 PEAK_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -60,8 +61,6 @@ def training_flops(model: torch.nn.Module, inputs: Any) -> float:
     import copy
 
     from torch.utils.flop_counter import FlopCounterMode
-
-    from accel.batches import map_tensors
 
     meta = copy.deepcopy(model).to("meta")
     meta_inputs = map_tensors(lambda t: torch.empty_like(t, device="meta"), inputs)

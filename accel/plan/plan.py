@@ -9,6 +9,7 @@ from typing import Any
 
 from accel.plan.contract import REGISTRY, Accelerator
 from accel.errors import PlanError, Problem
+from accel.plan.untrusted import unfolding
 
 PlanSpec = Any  # Plan | list[str | dict | Accelerator] | dict[str, dict] | str | Path | None
 PLAN_FILE_SUFFIXES = (".toml", ".yaml", ".yml")
@@ -19,8 +20,6 @@ def _load_file(path: Path) -> Any:
     """The file's plan data. TOML refuses a key given twice; YAML is read so that it refuses one too (PyYAML keeps
     the last, so a plan naming an accelerator twice lost the first silently); either must unfold to a plan's size
     (accel.plan.untrusted: YAML aliases can make a few hundred bytes unfold to billions of values)."""
-    from accel.plan.untrusted import unfolding
-
     text = path.read_text()
     if path.suffix == ".toml":
         try:

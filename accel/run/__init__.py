@@ -3,7 +3,6 @@ the undo ``journal`` and its ``shared_settings``), its loader (``device_loader``
 DataLoader), what it notices (``watch``) and reports (``report``), and what it saves: its state (``state``) in one
 file (``checkpoint``) or sharded per rank (``sharded_checkpoint``), each rank's part shared by both
 (``checkpoint_fit``)."""
-from accel.run.checkpoint_fit import unprefixed
 from accel.run.run import Run, open_run
 
-__all__ = ["Run", "open_run", "unprefixed"]
+__all__ = ["Run", "open_run"]

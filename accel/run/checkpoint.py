@@ -24,10 +24,12 @@ from typing import Any, Callable
 
 import torch
 
-from accel.errors import CheckpointError
+from accel.errors import CheckpointError, PlanError
 from accel.files import disk_full, space, write_atomically
-from accel.hardware.launch import barrier, rank
+from accel.hardware.launcher import barrier, rank
 from accel.run.checkpoint_fit import gathered, layout_problems, rank_problems, this_rank
+from accel.plan import Plan, same_options
+from accel.plan.untrusted import code_problems
 
 FORMAT = 2
 CALLABLE = "__callable__"
@@ -208,10 +210,6 @@ def saved_plan(path):
     The file is data: the plan it holds is built only from what a plan file could say, with functions found as
     ``decode_plan`` finds them, and refused (a CheckpointError) where an option would run a program or import
     (accel.plan.untrusted)."""
-    from accel.errors import PlanError
-    from accel.plan import Plan
-    from accel.plan.untrusted import code_problems
-
     options = decode_plan(read(path)["plan"], path)
     refused = code_problems(options)
     if refused:
@@ -228,8 +226,6 @@ def load(run, path) -> dict[str, Any]:
 
     Nothing changes unless everything fits; if restoring fails half-way the run is put back as it was.
     """
-    from accel.plan import same_options
-
     state = read(path)
     mine = encode_plan(run.plan.to_dict())
     if not same_options(state["plan"], mine):

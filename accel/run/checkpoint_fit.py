@@ -13,7 +13,8 @@ from typing import Any
 
 import torch
 
-from accel.hardware.launch import rank, world_size
+from accel.hardware.launcher import rank, world_size
+from accel.plan.untrusted import unfolding
 
 
 def gather_from_ranks(obj: Any) -> list[Any]:
@@ -52,8 +53,6 @@ def layout_problems(saved: dict[str, Any]) -> list[str]:
     """What in a checkpoint's state is not of the kind run.save writes (a damaged or crafted file whose checksum
     matches): each part is checked here, before any other check reads it, so that no file can make those raise
     anything but a CheckpointError."""
-    from accel.plan.untrusted import unfolding
-
     huge = unfolding(saved)
     if huge:
         return [f"it {huge}"]

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
-from accel.hardware.launch import Launch, launcher_environment
+from accel.hardware.launcher import Launch, launcher_environment
 from accel.errors import Problem
 from accel.hardware import Hardware, device_problem, resolve_device
 from accel.run.journal import Journal
@@ -19,6 +19,8 @@ from accel.run.journal import Journal
 if TYPE_CHECKING:
     from accel.plan import Plan
     from accel.plan.contract import State
+
+__all__ = ["Context", "Decisions", "placement"]
 
 
 @dataclass

@@ -26,7 +26,7 @@ from typing import Any, Callable, Hashable
 import torch
 
 from accel.run.interrupts import deferred
-from accel.run.shared_settings import Layer, set_by_runs  # noqa: F401  (accel.run.journal.set_by_runs, as before)
+from accel.run.shared_settings import Layer
 
 _MISSING = object()
 

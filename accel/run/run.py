@@ -25,7 +25,6 @@ import torch
 from accel import clock
 import accel.plan.compat as compat
 from accel.plan.contract import Accelerator, Capability, State
-from accel.run.checkpoint_fit import unprefixed  # noqa: F401  (accel.run.unprefixed, as in 0.2)
 from accel.run.context import Context
 from accel.errors import LoopError
 from accel.run.device_loader import DeviceLoader

@@ -36,9 +36,11 @@ from accel.run.checkpoint import brief, checksum, encode_plan, write_error
 from accel.run.checkpoint_fit import (gather_from_ranks, gathered, layout_problems, model_problems,
                                       optimizer_problems, rank_problems, stray_problems, this_rank)
 from accel.run.interrupts import held
-from accel.hardware.launch import rank, world_size
+from accel.hardware.launcher import rank, world_size
 from accel.run.thread_warnings import thread_filter
 from accel.errors import CheckpointError
+from accel.plan.contract import REGISTRY, Stage
+from accel.plan import same_options
 
 FORMAT = 1
 META = "accel.pt"
@@ -248,8 +250,6 @@ def _fit_problems(where: Path, model_state: dict, optimizer_state: dict, meta: d
 
 def training_plan(plan: dict[str, dict]) -> dict[str, dict]:
     """The plan without its distribution accelerators (ddp, fsdp): what decides the model and the training."""
-    from accel.plan.contract import REGISTRY, Stage
-
     return {name: options for name, options in plan.items()
             if name not in REGISTRY or REGISTRY[name].stage is not Stage.DISTRIBUTION}
 
@@ -272,8 +272,6 @@ def _set(run, model_state: dict, optimizer_state: dict, progress: dict) -> None:
 def load(run, path) -> dict[str, Any]:
     """Restore a sharded checkpoint into a run with the same plan, at any world size; {"step", "epoch", "path"}."""
     import torch.distributed.checkpoint as dcp
-
-    from accel.plan import same_options
 
     where, meta = read(path)
     saved, mine = training_plan(meta["plan"]), training_plan(encode_plan(run.plan.to_dict()))

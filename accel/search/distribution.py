@@ -13,6 +13,8 @@ from pathlib import Path
 import torch
 
 from accel.plan.contract import REGISTRY, Capability
+from accel.plan import Plan
+from accel.search.results import TuneRow
 
 FIT = 0.5  # the training state may take this fraction of a rank's memory
 # tensors of optimizer state per trainable parameter element, for optimizers whose state is not there yet
@@ -92,9 +94,6 @@ def choose(model, optimizer, device: torch.device, world_size: int, local_world_
 def distribute(result, model, optimizer, device: torch.device, launch, memory: int | None = None):
     """A result (a TuneResult) for a launched job of several ranks: its plan plus the wrapper by memory fit, a row
     and the why saying so, and where a cached rest of the plan came from. Unchanged in a single process; once."""
-    from accel.plan import Plan
-    from accel.search.results import TuneRow
-
     if launch is None or launch.world_size <= 1:
         return result
     if not any(r.status == "memory fit" for r in result.rows):

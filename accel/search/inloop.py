@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from accel import clock
-import accel.plan.cache as plancache
+import accel.search.cache as plancache
 from accel.api import accelerate
 from accel.errors import AccelerateError, BypassWarning, CheckpointError, MeasureError, PlanError
 from accel.hardware import probe

@@ -7,7 +7,7 @@ import dataclasses
 from typing import Any
 
 from accel import clock
-import accel.plan.cache as plancache
+import accel.search.cache as plancache
 from accel.errors import MeasureError, PlanError, Problem
 from accel.hardware import probe
 from accel.measure import Lab, TrainStep, Trial

@@ -14,8 +14,9 @@ from typing import Any, TypeVar
 
 import torch
 
-from accel.data_parallel import DEVICE_BACKEND, join_group
-from accel.hardware.launch import BACKEND_DEVICE, launcher_environment
+from accel.distributed.data_parallel import DEVICE_BACKEND
+from accel.distributed.group import BACKEND_DEVICE, join_group
+from accel.hardware.launcher import launcher_environment
 from accel.measure import plan_label
 from accel.run.journal import Journal
 from accel.search import distribution
@@ -94,7 +95,7 @@ class RankAgreement:
 
 class GroupHold:
     """Holds the launcher's process group across a search's plan switches, through the same layered setting ddp and
-    fsdp join it by (accel.data_parallel.join_group); ``release`` lets go, and the group leaves if accel joined it
+    fsdp join it by (accel.distributed.group.join_group); ``release`` lets go, and the group leaves if accel joined it
     and no open run has it. A group your script joined is yours: not held, and it stays."""
 
     def __init__(self, backend: str = "gloo", timeout_s: float = 600):

@@ -1,5 +1,5 @@
 """What a search found (a row per candidate, measured or not and why, and the result with its plan: one table for
-the search in your loop and apart) and what it remembers through accel.plan.cache: the answer for a setup, kept once
+the search in your loop and apart) and what it remembers through accel.search.cache: the answer for a setup, kept once
 established, and a costly candidate's warm-up as last measured there (a search decides by it whether it fits)."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from accel import clock
-import accel.plan.cache as plancache
+import accel.search.cache as plancache
 from accel.measure import Ratio
 from accel.plan import Plan
 from accel.run.report import render_table

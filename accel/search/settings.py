@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from accel.plan.contract import REGISTRY, Capability
+from accel.plan import Plan
 
 MARGIN = 0.02  # a plan must be faster than the one it replaces by more than this fraction
 MIN_BUDGET_S, BUDGET_STEPS = 90.0, 100  # the default budget: the larger of 90 s and 100 plain steps
@@ -48,9 +49,7 @@ class Auto:
         return not (self.step_fn is None and self.loss_fn is None and self.split is None)
 
     def key(self) -> dict[str, Any]:
-        """What changes the answer (accel.plan.cache.KEY_SETTINGS)."""
-        from accel.plan import Plan
-
+        """What changes the answer (accel.search.cache.KEY_SETTINGS)."""
         given = [Plan(c).to_dict() for c in self.candidates] if self.candidates is not None else "generated"
         return {"tolerance": self.tolerance, "margin": self.margin, "expected_steps": self.expected_steps,
                 "accelerators": self.accelerators, "candidates": given}
@@ -79,8 +78,6 @@ def candidates_of(settings: Auto, hardware, model, optimizer, loader, in_loop: b
     """The candidates to measure (none that distributes: a launcher decides that), by what they provide: "costly" (a
     long first step: last, on top), and in your loop "copies" (never switched in) and "epochwise" (a rebuilt loader:
     by the loop's wait for data); the rest "stepwise"; and whether they were "given"."""
-    from accel.plan import Plan
-
     given = settings.candidates is not None
     plans = ([Plan(c).to_dict() for c in settings.candidates] if given else
              generate_candidates(hardware, model, optimizer, loader, settings.accelerators))

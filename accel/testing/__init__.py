@@ -16,21 +16,23 @@ from typing import Iterator
 
 import torch
 from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
 
 from accel.plan.contract import Accelerator
 from accel.api import accelerate
 from accel.run.journal import pin_process
 from accel.run.report import Row
 from accel.run import Run
-from accel.testing.clock import VirtualClock  # noqa: F401  (public)
-from accel.testing.harness import Equivalence, Setup, check_equivalence  # noqa: F401  (public)
+from accel.testing.harness import Equivalence, check_equivalence  # noqa: F401  (public)
+from accel.testing.setup import Held, Loop, Setup  # noqa: F401  (public)
 from accel.testing.snapshots import Snapshot, snapshot  # noqa: F401  (public)
 from accel.workloads.book import BookCNN, TinyCNN, accuracy, cifar_shaped, digits_datasets  # noqa: F401  (re-exported)
+from accel.workloads.miniatures import NormCNN
 from accel.workloads.tiny import tiny_loader, tiny_model, tiny_optimizer  # noqa: F401  (re-exported)
 
-__all__ = ["Applied", "BookCNN", "Equivalence", "Setup", "Snapshot", "TinyCNN", "VirtualClock", "accuracy",
+__all__ = ["Applied", "BookCNN", "Equivalence", "Held", "Loop", "Setup", "Snapshot", "TinyCNN", "accuracy",
            "apply_one", "check_equivalence", "cifar_shaped", "digits_datasets", "process_state_restored", "snapshot",
-           "tiny_loader", "tiny_model", "tiny_optimizer", "train_steps"]
+           "tiny_loader", "tiny_model", "tiny_optimizer", "tiny_setup", "train_steps"]
 
 
 def train_steps(run: Run, epochs: int = 1, loss_fn=nn.functional.cross_entropy) -> list[float]:
@@ -45,6 +47,16 @@ def train_steps(run: Run, epochs: int = 1, loss_fn=nn.functional.cross_entropy) 
             run.step()
             losses.append(loss.item())
     return losses
+
+
+def tiny_setup(seed: int = 0) -> Setup:
+    """A user's code in miniature, for check_equivalence(plan, tiny_setup): a CNN with BatchNorm, Adam, and 96 of
+    sklearn's real digits in batches of 16, built the same from the same seed every time."""
+    torch.manual_seed(seed)
+    model = NormCNN()
+    images, labels = digits_datasets(seed=0)[0].tensors
+    loader = DataLoader(TensorDataset(images[:96], labels[:96]), batch_size=16)
+    return Setup(model, torch.optim.Adam(model.parameters(), lr=0.01), loader)
 
 
 @dataclass

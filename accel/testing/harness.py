@@ -1,6 +1,6 @@
 """check_equivalence: train the same user code with and without a plan and compare what was trained.
 
-The user code is a model, an optimizer, a loader, a step, and a loop (``accel.workloads.loops``): what the loop
+The user code is a model, an optimizer, a loader, a step, and a loop (``accel.testing.Loop``): what the loop
 does with the objects it holds (schedulers, learning-rate writes, unfreezing, its own checkpoints, validation,
 hooks, an EMA, accelerate() again). The objects stay live: the loop drives the accelerated training exactly
 as the plain one, or the report names what went stale.
@@ -23,7 +23,7 @@ losses, bit for bit ("exact"), to float precision ("float"), within a tolerance 
 ("changed", e.g. pruning).
 
 The parts: what one training records (accel/testing/trace.py), how two trainings compare under a card
-(accel/testing/comparison.py), and the user's code (``Setup``, accel/workloads/setup.py).
+(accel/testing/comparison.py), and the user's code (``Setup``, accel/testing/setup.py).
 """
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ from accel.plan import Plan
 from accel.testing.comparison import LEVELS, combined, compare, compare_tensors  # noqa: F401  (tests import them here)
 from accel.testing.snapshots import snapshot
 from accel.testing.trace import Trace, process_state, trained  # noqa: F401  (tests import them here)
-from accel.workloads.setup import Setup  # noqa: F401  (accel.testing.harness.Setup)
+from accel.testing.setup import Setup  # noqa: F401  (accel.testing.harness.Setup)
 
 
 @dataclass

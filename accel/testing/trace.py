@@ -15,7 +15,7 @@ from accel.measure import TrainStep, endless
 from accel.modules import tied_groups
 from accel.run import Run
 from accel.testing.snapshots import snapshot, whole
-from accel.workloads.setup import Setup
+from accel.testing.setup import Setup
 
 
 def fingerprint(batch: Any) -> str:

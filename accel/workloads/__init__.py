@@ -1,7 +1,5 @@
 """What accel trains, in one place: the book's CNNs on real digits, the workloads people train today (Hugging Face,
-timm, torchvision, an LSTM), small models shaped like GPT-2 and ResNet, the tiny objects of tests, and the zoo of
-ordinary user code with its loops (accel.workloads.zoo, accel.workloads.loops: imported on their own, as they
-build on accelerate()).
+timm, torchvision, an LSTM), small models shaped like GPT-2 and ResNet, and the tiny objects of tests.
 
     model, optimizer, loader = WORKLOADS["bert"].build("tiny")
 """

@@ -4,7 +4,7 @@ through every plan it admits (test_corpus.py).
 
 Each module ports one upstream loop, named with its file in the module's docstring, and defines ``build()``: the
 model, optimizer and loader as the upstream code builds them (from configs, tiny, with real digits or random
-tokens: nothing is downloaded), and the loop's own body as an ``accel.workloads.loops.Loop`` whose ``step`` is the
+tokens: nothing is downloaded), and the loop's own body as an ``accel.testing.Loop`` whose ``step`` is the
 upstream body with the run's calls (run.model, run.autocast(), run.backward(), run.step()); and ``REFUSES``, the
 refusals it expects, by accelerator, as words of the PlanError.
 """
@@ -16,7 +16,7 @@ import torch
 from torch.nn import functional as F
 
 from accel.workloads.book import digits_datasets
-from accel.workloads.loops import Loop
+from accel.testing import Loop
 
 
 @functools.lru_cache(maxsize=8)

@@ -16,8 +16,7 @@ from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 from torch.utils.data import DataLoader
 
-from accel.testing import Setup
-from accel.workloads.loops import Loop
+from accel.testing import Loop, Setup
 
 from . import digits
 

@@ -12,8 +12,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from accel.api import accelerate
 from accel.errors import PlanError
 from accel.plan.contract import REGISTRY
-from accel.testing import Setup
-from accel.workloads.loops import Loop
+from accel.testing import Loop, Setup
 
 from . import digits
 

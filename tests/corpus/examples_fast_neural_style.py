@@ -25,7 +25,7 @@ from torch.optim import Adam
 from torch.utils.data import DataLoader, TensorDataset
 
 from accel.testing import Setup
-from accel.workloads.loops import Loop
+from accel.testing import Loop
 
 from . import digits
 

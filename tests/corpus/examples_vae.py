@@ -8,8 +8,7 @@ import torch.nn.functional as F
 import torch.optim as optim
 from torch.utils.data import DataLoader, TensorDataset
 
-from accel.testing import Setup
-from accel.workloads.loops import Loop
+from accel.testing import Loop, Setup
 
 from . import digits
 

@@ -10,8 +10,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset
 
-from accel.testing import Setup
-from accel.workloads.loops import Loop
+from accel.testing import Loop, Setup
 
 from . import tokens
 

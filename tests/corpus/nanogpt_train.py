@@ -15,8 +15,7 @@ import torch.nn as nn
 from torch.nn import functional as F
 from torch.utils.data import DataLoader, Dataset, RandomSampler
 
-from accel.testing import Setup
-from accel.workloads.loops import Loop
+from accel.testing import Loop, Setup
 
 from . import tokens
 

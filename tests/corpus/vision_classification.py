@@ -13,8 +13,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.dataloader import default_collate
 
-from accel.testing import Setup
-from accel.workloads.loops import Loop
+from accel.testing import Loop, Setup
 
 from . import digits
 

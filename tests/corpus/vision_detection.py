@@ -22,7 +22,7 @@ from torchvision.models.detection.faster_rcnn import FastRCNNPredictor, TwoMLPHe
 from torchvision.models.detection.rpn import AnchorGenerator
 
 from accel.testing import Setup
-from accel.workloads.loops import Loop
+from accel.testing import Loop
 
 from . import digits
 

@@ -42,8 +42,8 @@ def on_gpu(case):
 
 
 def evaluate_on_device(model: torch.nn.Module, masked: bool) -> torch.Tensor:
-    """accel.workloads.zoo.evaluate, with the held-out digits moved to the model's device."""
-    from accel.workloads import zoo
+    """zoo.evaluate, with the held-out digits moved to the model's device."""
+    import zoo
 
     images, _, mask, _ = zoo.digits(samples=128)
     device = next(model.parameters()).device

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from accel.testing import check_equivalence
-from accel.testing.zoo import Case
+from zoo import Case
 from gpu_helpers import DEVICE, ON_GPU, limit, on_gpu
 
 pytestmark = [*ON_GPU, pytest.mark.usefixtures("reproducible")]

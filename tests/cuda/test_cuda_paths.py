@@ -180,7 +180,7 @@ def test_the_loader_pins_memory_and_copies_without_blocking():
 @pytest.mark.parametrize("optimizer", ["adam", "adamw", "sgd"])
 def test_fused_optimizers_step_on_the_gpu_as_the_plain_loop(optimizer):
     from accel.testing import check_equivalence
-    from accel.testing.zoo import Case
+    from zoo import Case
 
     result = check_equivalence(["fused_optimizer"], on_gpu(Case("batchnorm", optimizer={"sgd": "momentum"}.get(
         optimizer, optimizer))), device=DEVICE)
@@ -190,7 +190,7 @@ def test_fused_optimizers_step_on_the_gpu_as_the_plain_loop(optimizer):
 @pytest.mark.usefixtures("reproducible")
 def test_activation_checkpointing_recomputes_the_blocks_on_the_gpu_bit_for_bit():
     from accel.testing import check_equivalence
-    from accel.testing.zoo import Case
+    from zoo import Case
 
     result = check_equivalence(["activation_checkpointing"], on_gpu(Case("blocks", "dict", optimizer="adam")),
                                device=DEVICE)

@@ -1,4 +1,4 @@
-"""The preservation contract on the GPU: zoo cases (accel.workloads.zoo, drawn as tests/test_equivalence.py draws
+"""The preservation contract on the GPU: zoo cases (zoo, drawn as tests/test_equivalence.py draws
 them) trained on the GPU plainly and through a plan, held to each plan's cards (docs/contract.md). Every built-in
 that runs in one process, in each of its configurations; plans of up to three drawn by hypothesis; ddp and fsdp in
 a one-rank nccl group. The counts follow ACCEL_CUDA_ZOO_EXAMPLES (drawn plans; ddp and fsdp a third each, at least 3)."""
@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings
 
 from accel.testing import check_equivalence
-from accel.testing.zoo import BATCHES, EXTRAS, LOADERS, MODELS, OPTIMIZERS, Case
+from zoo import BATCHES, EXTRAS, LOADERS, MODELS, OPTIMIZERS, Case
 from gpu_helpers import DEVICE, ON_GPU, limit, on_gpu
 from scripts.launching import one_rank_env
 from test_equivalence import COMMON, LOADER_REFUSES, OPTIONS, SLOW, cases, expect_kept, plans, sharded_cases

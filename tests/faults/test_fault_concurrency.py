@@ -11,7 +11,8 @@ import pytest
 import torch
 
 import accel
-import accel.plan.cache as plancache
+import accel.accelerators.compile.cache as compile_cache
+import accel.search.cache as plancache
 from accel.cli import main
 from accel.plan.contract import Accelerator, Stage
 from injectors import in_thread, objects, process_state, warm_up
@@ -59,7 +60,7 @@ def test_accel_cache_clear_removes_only_what_accel_wrote(tmp_path, monkeypatch, 
     assert sorted(p.name for p in tmp_path.rglob("*")) == ["compile", "notes.txt", "settings.json", "warmups"]
     assert "left" in capsys.readouterr().out
     (tmp_path / "compile" / "notes.txt").unlink()
-    (tmp_path / "compile" / plancache.TAG).write_text(plancache.TAG_TEXT)  # accel's own (compile's apply tags it)
+    (tmp_path / "compile" / compile_cache.TAG).write_text(compile_cache.TAG_TEXT)  # accel's own (compile's apply tags it)
     (tmp_path / "compile" / "fxgraph").mkdir()
     assert main(["cache", "clear"]) == 0
     assert not (tmp_path / "compile").exists() and (tmp_path / "settings.json").exists()

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import accel
-import accel.plan.cache as plancache
+import accel.search.cache as plancache
 from accel.errors import CheckpointError
 from accel.files import PREFIX
 from injectors import fill, objects, tmpfs, train

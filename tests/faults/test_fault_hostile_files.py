@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import accel
-import accel.plan.cache as plancache
+import accel.search.cache as plancache
 from accel.errors import CheckpointError, PlanError
 from accel.run.checkpoint import checksum, saved_plan
 from accel.testing import snapshot

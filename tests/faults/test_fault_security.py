@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import accel
-import accel.plan.cache as plancache
+import accel.search.cache as plancache
 from accel.errors import CheckpointError
 from accel.run.checkpoint import checksum, resolve, saved_plan
 from injectors import objects

@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 
 import accel
 from accel.errors import CheckpointError
-from accel.testing import VirtualClock, tiny_loader, tiny_model
+from accel.testing import tiny_loader, tiny_model
+from virtual_clock import VirtualClock
 from injectors import count_calls, process_state, signal_at, train, warm_up
 
 STEP_S = 0.25  # a forward on the test's clock: chunks of 2 timed steps

@@ -16,8 +16,8 @@ from torch.nn.functional import cross_entropy
 from torch.utils.data import DataLoader, TensorDataset
 
 import accel
-from accel.hardware.launch import rank
-from accel.testing.models import TinyGPT
+from accel.distributed import rank
+from accel.workloads import TinyGPT
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--out", required=True)

@@ -15,7 +15,8 @@ import torch
 import accel
 import accel.clock
 from accel.plan.contract import Accelerator, Stage, register
-from accel.testing import VirtualClock, tiny_loader, tiny_model
+from accel.testing import tiny_loader, tiny_model
+from virtual_clock import VirtualClock
 
 CLOCK = VirtualClock()
 COST = types.SimpleNamespace(forward_s=0.02)

@@ -23,8 +23,11 @@ def one_rank_env() -> dict:
 
 
 def clean_env() -> dict:
+    """The caller's variables without a launcher's; tests/ on the path, so scripts import the project's test
+    helpers (the virtual clock, the zoo) as the tests do."""
     env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARIABLES}
-    return {**env, "GLOO_SOCKET_IFNAME": "lo"}
+    path = os.pathsep.join(p for p in (str(SCRIPTS.parent), env.get("PYTHONPATH")) if p)
+    return {**env, "GLOO_SOCKET_IFNAME": "lo", "PYTHONPATH": path}
 
 
 def run(command: list, timeout: float = 120) -> subprocess.CompletedProcess:

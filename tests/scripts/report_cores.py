@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 
 import accel
-from accel.hardware.launch import all_reduce_mean, rank
+from accel.distributed import all_reduce_mean, rank
 from accel.hardware import loaded_openmp
 from accel.testing import tiny_loader, tiny_model, tiny_optimizer
 

@@ -6,7 +6,7 @@ from pathlib import Path
 import torch
 
 import accel
-from accel.hardware.launch import rank
+from accel.distributed import rank
 from accel.testing import tiny_loader, tiny_model, tiny_optimizer
 
 model = tiny_model()

@@ -13,7 +13,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 import accel
-from accel.hardware.launch import all_reduce_mean, is_main_process, rank
+from accel.distributed import all_reduce_mean, is_main_process, rank
 from accel.testing import TinyCNN, digits_datasets
 
 parser = argparse.ArgumentParser()

@@ -20,9 +20,9 @@ from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
 import accel
-from accel.hardware.launch import all_reduce_mean, rank
+from accel.distributed import all_reduce_mean, rank
 from accel.testing import digits_datasets
-from accel.testing.models import NormCNN, TinyGPT
+from accel.workloads import NormCNN, TinyGPT
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--out", required=True)

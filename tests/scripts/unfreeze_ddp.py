@@ -7,7 +7,7 @@ import warnings
 
 @atexit.register  # registered before accel (and its drain) is imported, so it runs after the drain: the last word
 def parked():    # before the interpreter finalizes
-    from accel.hardware.launch import gloo_workers_busy
+    from accel.distributed.group import gloo_workers_busy
 
     if not gloo_workers_busy():
         print("gloo workers parked at exit", flush=True)

@@ -48,6 +48,8 @@ from accel.hardware import PACKAGE_BACKENDS, compile_backend_problem, import_com
 from accel.modules import (checkpoints_itself, compile_seconds, compiled, hands_blocks_a_cache, listed, outermost,
                            repeated_blocks, running_statistics, trainable)
 
+__all__ = ["Compile", "CompileOptions", "CompileState"]
+
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 

@@ -8,7 +8,7 @@
 # local results keep the folder of their first look-up in a process), else ``/tmp/torchinductor_<user>``: a folder
 # the system may clear (tmpfs, tmp cleaners), shared by every torch program of the user, apart from accel's other
 # remembered answers. So for the run accel points that variable at
-# ``compile/`` in its own cache folder (``accel.plan.cache.cache_dir()``), through the run's journal: closing the
+# ``compile/`` in its own cache folder (``accel.files.cache_dir()``), through the run's journal: closing the
 # run, or a plan that fails, puts the variable back as it was. Measured here (benchmarks/bench_compile_warmup.py
 # --warm; docs/accelerators/compile.md): a warm start skips AOTAutograd's tracing, inductor's code generation and
 # the C++ compiler; dynamo still traces the Python code.
@@ -31,13 +31,18 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-import accel.plan.cache as plancache
-from accel.files import write_text
+import torch
+
+from accel.files import cache_dir, write_text
+from accel.hardware.devices import device_model
+from accel.modules import fingerprint
+from accel.run.shared_settings import set_by_runs
 
 ENV = "TORCHINDUCTOR_CACHE_DIR"
 GRAPHS = ("aotautograd", "fxgraph")  # torch's entries: one folder each, fxgraph/ by two-letter prefix
@@ -47,7 +52,7 @@ SLACK_S = 2.0  # file systems that keep modification times to the second or two 
 
 def folder(where: Any = True) -> Path:
     """Where compile's artifacts are kept: ``compile/`` in accel's cache folder."""
-    return plancache.compile_dir(where)
+    return cache_dir(where) / "compile"
 
 
 def caches_off() -> str:
@@ -69,8 +74,6 @@ def users_folder() -> str | None:
     """The folder the user chose for torch's caches, or None: unset, torch's default (torch writes that into the
     environment at its first look-up), or set by an open run."""
     from torch._inductor.runtime.cache_dir_utils import default_cache_dir
-
-    from accel.run.journal import set_by_runs
 
     chosen = os.environ.get(ENV)
     if not chosen or os.path.abspath(chosen) == os.path.abspath(default_cache_dir()) or set_by_runs(("environ", ENV)):
@@ -158,10 +161,8 @@ def setup_facts(ctx, settings: dict[str, Any]) -> dict[str, Any]:
 
 def model_facts(model, device, cpu_model: str, settings: dict[str, Any]) -> dict[str, Any]:
     """setup_facts of a model not yet applied (a search asks before it tries compile)."""
-    import torch
-
-    return {"model": f"{type(model).__qualname__} {plancache._model(model)}", "compile": settings,
-            "device": plancache._device(torch.device(device)), "cpu": cpu_model, "torch": torch.__version__}
+    return {"model": f"{type(model).__qualname__} {fingerprint(model)}", "compile": settings,
+            "device": device_model(torch.device(device)), "cpu": cpu_model, "torch": torch.__version__}
 
 
 def keep_in_accel_cache(ctx, settings: dict[str, Any], where: Any = True) -> dict[str, str]:
@@ -192,12 +193,50 @@ def _unusable(place: Path, where: Any) -> str:
     clear` knows it for accel's) and written to here, where torch would otherwise fail in the middle of a step."""
     try:
         place.mkdir(parents=True, exist_ok=True)
-        if not plancache.owns_compile_folder(where):
+        if not owns_compile_folder(where):
             if any(place.iterdir()):
                 return "holds files accel did not write: it is not accel's to fill"
-            write_text(place / plancache.TAG, plancache.TAG_TEXT)
+            write_text(place / TAG, TAG_TEXT)
         with tempfile.TemporaryFile(dir=place):
             pass
     except OSError as error:
         return f"cannot be written: {error.strerror or error}"
     return ""
+
+
+def compile_usage(where: Any = True) -> tuple[int, int]:
+    """(files, bytes) of compile's artifacts in the cache folder."""
+    files = [p for p in folder(where).rglob("*") if p.is_file() and not p.is_symlink()]
+    return len(files), sum(_size(p) for p in files)
+
+
+TAG = "CACHEDIR.TAG"  # marks compile/ as accel's (and as a cache: backup tools skip it), https://bford.info/cachedir/
+TAG_TEXT = ("Signature: 8a477f597d28d172789f06886806bc55\n"
+            "# accel's folder of torch's compiled graphs: `accel cache clear` removes it\n")
+
+
+def owns_compile_folder(where: Any = True) -> bool:
+    """Whether compile/ is accel's: it holds accel's tag, or the markers of the setups accel compiled there."""
+    place = folder(where)
+    try:
+        return (place / TAG).read_text() == TAG_TEXT or (place / MARKERS).is_dir()
+    except OSError:
+        return (place / MARKERS).is_dir()
+
+
+def clear_compile(where: Any = True) -> tuple[int, int]:
+    """Remove compile's artifacts from the cache folder; returns the (files, bytes) removed. The next compile of
+    any setup is cold. A folder accel did not make (no tag: _unusable writes one) is left
+    as it is, and so is a folder of yours that TORCHINDUCTOR_CACHE_DIR names."""
+    if not owns_compile_folder(where):
+        return 0, 0
+    found = compile_usage(where)
+    shutil.rmtree(folder(where), ignore_errors=True)
+    return found
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:  # removed meanwhile
+        return 0

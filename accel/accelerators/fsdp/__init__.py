@@ -59,10 +59,12 @@ from accel.accelerators.fsdp.config import FSDPOptions, FSDPState
 from accel.accelerators.fsdp.held import held_by_parameter, reduce_into_shards
 from accel.accelerators.fsdp.surgery import (Originals, gather_state, shard_like, shard_model, swap_parameters,
                                              unshard_model)
-from accel.data_parallel import LAUNCHERS, DataParallel
+from accel.distributed.data_parallel import LAUNCHERS, DataParallel
 from accel.errors import Problem, StaleWarning
 from accel.hardware import is_accelerator
 from accel.modules import listed, outermost, repeated_blocks
+
+__all__ = ["FSDP", "FSDPOptions", "FSDPState"]
 
 
 @register

@@ -48,6 +48,8 @@ from accel import randomness
 from accel.randomness import first_batch
 from accel.batches import describe_batch, move
 
+__all__ = ["Prune", "PruneOptions"]
+
 
 def model_input(batch: Any) -> torch.Tensor | None:
     """The model's input in a batch: the batch itself when it is a tensor, or the first item of an (inputs, ...)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from accel.workloads.loops.base import Loop
+from accel.testing.setup import Loop
 
 
 class InplaceInput(Loop):

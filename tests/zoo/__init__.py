@@ -3,7 +3,7 @@
 ``Case(model=..., batch=..., extra=..., loader=..., optimizer=..., loop=...).build()`` returns a ``Setup`` (model,
 optimizer, loader, step function, loop behaviour, evaluation) over sklearn's real digits, built the same way from
 the same seed every time, for ``check_equivalence``. The names of every choice are in MODELS, BATCHES, EXTRAS,
-LOADERS, OPTIMIZERS and LOOPS (accel.workloads.loops).
+LOADERS, OPTIMIZERS and LOOPS (zoo.loops).
 """
 from __future__ import annotations
 
@@ -18,9 +18,9 @@ from torch.utils.data import (BatchSampler, DataLoader, Dataset, IterableDataset
                               SubsetRandomSampler, default_collate)
 
 from accel.workloads.book import digits_datasets
-from accel.workloads.loops import BY_HAND, LOOPS, SelfSharding
-from accel.workloads.setup import Setup
-from accel.workloads.zoo_models import MODELS, DenseLayer, Net, Residual  # noqa: F401  (the zoo's names)
+from zoo.loops import BY_HAND, LOOPS, SelfSharding
+from accel.testing.setup import Setup
+from zoo.models import MODELS, DenseLayer, Net, Residual  # noqa: F401  (the zoo's names)
 
 Pair = collections.namedtuple("Pair", "image label")
 
@@ -38,7 +38,7 @@ EXTRAS = ("none", "mask", "soft_targets")
 LOADERS = ("plain", "shuffled", "no_batching", "subclass", "stream", "sharded_stream", "sampler", "batch_sampler",
            "collate", "workers")
 OPTIMIZERS = ("sgd", "momentum", "adam", "adamw", "adagrad", "rmsprop", "groups", "extra_tensor")  # and "none",
-# for a loop that updates the weights by hand (accel.workloads.loops.BY_HAND)
+# for a loop that updates the weights by hand (zoo.loops.BY_HAND)
 
 
 # --- data --------------------------------------------------------------------------------------------------------
@@ -189,7 +189,7 @@ def optimizer_for(kind: str, model: nn.Module, temperature: torch.Tensor):
 
 def step_fn(run, batch: Any, extra: str, masked: bool, temperature: torch.Tensor, inplace: bool = False) -> torch.Tensor:
     """The user's loss: the mask beside the image weighs it (viewed flat), soft targets replace labels. ``inplace``:
-    then the mask is normalised in place (accel.workloads.loops.InplaceInput), unless it is a view of the data."""
+    then the mask is normalised in place (zoo.loops.InplaceInput), unless it is a view of the data."""
     fields = unpack(batch, extra)
     image, label, mask, soft = fields["image"], fields["label"], fields.get("mask"), fields.get("soft")
     output = run.model(image, mask) if masked else run.model(image)

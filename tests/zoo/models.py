@@ -1,4 +1,4 @@
-"""The zoo's model (accel.workloads.zoo): a small CNN on 1x8x8 digits whose variants hold what ordinary models hold,
+"""The zoo's model (zoo): a small CNN on 1x8x8 digits whose variants hold what ordinary models hold,
 and the patterns of real code that trip accelerators up: a list handed to each layer and appended to afterwards
 (torchvision's DenseNet), a weight computed by a parametrization that updates its buffers in every forward
 (spectral_norm, a GAN discriminator's), and a model that checkpoints its own blocks (timm's

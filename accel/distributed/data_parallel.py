@@ -17,10 +17,9 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, RandomSampler, SequentialSampler
 
 from accel.plan.contract import Accelerator
-from accel.hardware.launch import init_process_group, leave_group
+from accel.distributed.group import join_group
 from accel.errors import Problem
 from accel.hardware import importable, is_accelerator
-from accel.run.journal import set_by_runs
 from accel.run.loaders import rebuild_loader, rebuild_problem
 from accel.plan.options import Options, option, positive
 
@@ -39,30 +38,6 @@ def distributed_sampler(loader: DataLoader, world: int, rank: int):
     seed = loader.generator.initial_seed() if loader.generator is not None else 0
     return DistributedSampler(loader.dataset, num_replicas=world, rank=rank,
                               shuffle=isinstance(loader.sampler, RandomSampler), seed=seed)
-
-
-def join_group(journal, launch, backend: str, timeout_s: float) -> None:
-    """Join the process group the launcher describes, as a layered setting of this journal (undone, it leaves).
-
-    The group and the launcher's variables are layered settings (accel/run/journal.py): with one run per model (a GAN's
-    two), or a search holding it across plan switches (accel.search.ranks.GroupHold), the group stays until the
-    last journal that joined it is undone, in any order. A group your script joined is yours: it stays, unlayered.
-    """
-    if torch.distributed.is_initialized() and not set_by_runs("process group"):
-        return
-    for key, value in launch.to_env().items():  # as env:// reads them; yours are kept
-        if key not in os.environ or set_by_runs(("environ", key)):
-            journal.setenv(key, value)
-    journal.layer("process group", f"process group ({backend})", torch.distributed.is_initialized,
-                  lambda joined: _join_or_leave(joined, backend, timeout_s), True)
-
-
-def _join_or_leave(joined: bool, backend: str, timeout_s: float) -> None:
-    """Join the group or leave it (a barrier first: a rank leaving while a peer still talks aborts it)."""
-    if joined and not torch.distributed.is_initialized():
-        init_process_group(backend, timeout_s)
-    elif not joined and torch.distributed.is_initialized():
-        leave_group()
 
 
 @dataclass(frozen=True, kw_only=True)

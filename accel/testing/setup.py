@@ -1,15 +1,16 @@
-"""The loop side of ordinary user code: what a training loop holds and the points where it acts around its steps.
+"""A user's training code as check_equivalence trains it, twice, from the same seed: the objects (``Setup``), what
+the loop holds (``Held``) and the points where it acts around its steps (``Loop``).
 
 Real loops do more than step: a scheduler built before or after ``accelerate()``, learning rates written into
 ``param_groups``, unfreezing, their own checkpoints, validation passes, a frozen BatchNorm, hooks, an EMA, and
-``accelerate()`` once per epoch. Each ``Loop`` subclass in this package is one of those behaviours, a zoo entry
-that ``check_equivalence`` runs in the plain loop and in the accelerated one, with the objects the user holds:
-their own model, optimizer and loader (``Held``), or, where the report names one stale, what it says to use
-instead.
+``accelerate()`` once per epoch. Each ``Loop`` subclass is one of those behaviours (the project's own zoo has one
+each, in tests/zoo/loops), which ``check_equivalence`` runs in the plain loop and in the accelerated one, with the
+objects the user holds: their own model, optimizer and loader (``Held``), or, where the report names one stale,
+what it says to use instead.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar
 
 import torch
@@ -72,3 +73,22 @@ class Loop:
 
     def observed(self) -> dict[str, torch.Tensor]:
         return {}
+
+
+@dataclass
+class Setup:
+    """A user's training objects; step_fn(run, batch) -> loss when batches are not (inputs, targets); the loop's
+    behaviour around the steps; evaluate(model) -> the model's output on held-out data (for validation, EMA)."""
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer | None  # None: the loop updates the weights itself
+    loader: Any
+    step_fn: Callable[[Run, Any], torch.Tensor] | None = None
+    loop: Loop = field(default_factory=Loop)
+    evaluate: Callable[[torch.nn.Module], torch.Tensor] | None = None
+
+    def held(self, run: Run | None = None) -> Held:
+        """What the loop holds: the user's objects, or where the run's report names one stale, the run's."""
+        stale = run.report.stale if run is not None else {}
+        return Held(run.unwrap() if "model" in stale else self.model,
+                    run.optimizer if "optimizer" in stale else self.optimizer, self.loader, self.evaluate)

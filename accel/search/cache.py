@@ -8,7 +8,7 @@ change its answer (KEY_SETTINGS). Any change measures again. It is one key for t
 in-loop search of a single process, the offline one (accel.tune), and each rank of a launched job, which takes the
 single process's answer (the cores counted are the node's, not the rank's share; ddp or fsdp is added by memory fit,
 accel.search.distribution). Entries are JSON files in ``cache_dir()``:
-``$ACCEL_CACHE_DIR``, else ``$XDG_CACHE_HOME/accel/plans``, else ``~/.cache/accel/plans``.
+``$ACCEL_CACHE_DIR``, else ``$XDG_CACHE_HOME/accel/plans``, else ``~/.cache/accel/plans`` (accel.files).
 ``accel cache list`` and ``accel cache clear`` show and remove them (clear: compile's artifacts in ``compile/``
 too, accel.accelerators.compile.cache).
 
@@ -18,49 +18,37 @@ not by a guess whether the warm-up fits its budget.
 """
 from __future__ import annotations
 
+import datetime
+import functools
 import hashlib
 import json
-import os
 import re
-import shutil
+import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from accel.files import PREFIX, is_temporary, write_text
+from accel.accelerators.compile.cache import clear_compile
+from accel.batches import map_tensors
+from accel.files import PREFIX, cache_dir, is_temporary, write_text
+from accel.hardware.devices import device_model
+from accel.hardware.launcher import node_cores
+from accel.modules import fingerprint
 from accel.plan.contract import REGISTRY
+from accel.plan.plan import Plan
+from accel.plan.untrusted import code_problems
+from accel.version import __version__
 
-
-def cache_dir(where: Any = True) -> Path:
-    if where not in (True, None) and not isinstance(where, bool):
-        return Path(where)
-    if os.environ.get("ACCEL_CACHE_DIR"):
-        return Path(os.environ["ACCEL_CACHE_DIR"])
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return base / "accel" / "plans"
 
 
 def _structure(batch: Any) -> Any:
-    from accel.batches import map_tensors
-
     described = map_tensors(lambda t: f"{str(t.dtype).replace('torch.', '')}{list(t.shape)}", batch)
     return repr(described) if not isinstance(described, str) else described
 
 
-def _model(model: torch.nn.Module) -> str:
-    digest = hashlib.sha256()
-    for name, module in model.named_modules():
-        digest.update(f"{name}:{type(module).__module__}.{type(module).__qualname__};".encode())
-    for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
-        digest.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype}:{tensor.requires_grad};".encode())
-    return digest.hexdigest()[:16]
-
-
 def function_key(fn: Any) -> str:
     """Where a function comes from and a digest of its code: two different lambdas are two keys."""
-    import functools
-
     if isinstance(fn, functools.partial):
         return f"partial({function_key(fn.func)}, {len(fn.args)} args, {sorted(fn.keywords)})"
     code = getattr(fn, "__code__", None)
@@ -82,19 +70,16 @@ def setup_key(model, optimizer, loader, batch, device, hardware, step, settings:
     threads accelerator decides a rank's threads from them); the loader by what its candidates read (workers,
     pinning); the settings by KEY_SETTINGS; how a batch becomes a loss by step's functions.
     """
-    import accel
-    from accel.hardware.launch import node_cores
-
     flags = {k: v for k, v in sorted(optimizer.defaults.items()) if isinstance(v, (bool, str)) or v is None}
     functions = {name: function_key(fn) for name, fn in
                  (("step_fn", step.step_fn), ("loss_fn", step.loss_fn), ("split", step.split)) if fn is not None}
     return {
-        "model": f"{type(model).__qualname__} {_model(model)}",
+        "model": f"{type(model).__qualname__} {fingerprint(model)}",
         "batch": _structure(batch),
         "optimizer": f"{type(optimizer).__name__} {flags} {len(optimizer.param_groups)} group(s)",
-        "device": _device(torch.device(device)),
+        "device": device_model(torch.device(device)),
         "cpu": f"{hardware.cpu_model} [{','.join(hardware.isa)}] {node_cores(hardware.physical_cores)} cores",
-        "versions": f"torch {torch.__version__}, accel {accel.__version__}",
+        "versions": f"torch {torch.__version__}, accel {__version__}",
         "accelerators": sorted(REGISTRY),
         "loader": f"{type(loader).__name__} workers={getattr(loader, 'num_workers', 0)} "
                   f"pin_memory={getattr(loader, 'pin_memory', False)}",
@@ -108,14 +93,6 @@ def key_parts(model, optimizer, loader, batch, device, hardware, settings: dict,
     return setup_key(model, optimizer, loader, batch, device, hardware, step, settings)
 
 
-def _device(device: torch.device) -> str:
-    """The device's type, and its model where torch names it (an H100's answer is not an A100's)."""
-    module = getattr(torch, device.type, None)
-    if device.type == "cpu" or not hasattr(module, "get_device_name"):
-        return device.type
-    return f"{device.type} {module.get_device_name(device)}"
-
-
 def key_of(parts: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:24]
 
@@ -126,9 +103,6 @@ ENTRY = re.compile(r"[0-9a-f]{24}\.json")  # the names store() gives entries: no
 def _entry(path: Path) -> dict[str, Any] | None:
     """An entry as store() writes it ({"key": facts, "result": {"plan": {name: options}, ...}}), or None: a file
     damaged, or of another shape, or crafted (a plan that would run code: accel.plan.untrusted), is not one."""
-    from accel.plan.plan import Plan
-    from accel.plan.untrusted import code_problems
-
     try:
         entry = json.loads(path.read_text())
     except (OSError, ValueError, UnicodeError, RecursionError):
@@ -153,8 +127,6 @@ def store(parts: dict[str, Any], result: dict[str, Any], where: Any = True, what
     """Remember a choice (TuneResult.to_dict()); returns its key, or "" when it is not kept: a plan holding
     tensors or functions (it would not come back as it was) or a cache that cannot be written (said). Written
     whole or not at all, by any number of processes at once (accel.files)."""
-    import warnings
-
     key = key_of(parts)
     try:
         json.dumps(result["plan"])
@@ -190,8 +162,6 @@ def known_warmup(parts: dict[str, Any], where: Any = True) -> float | None:
 
 def remember_warmup(parts: dict[str, Any], seconds: float, where: Any = True) -> None:
     """Keep a measured warm-up (the candidate's first steps beyond as many steady steps)."""
-    import datetime
-
     store(parts, {"plan": parts["candidate"], "seconds": round(max(seconds, 0.0), 3),
                   "measured_at": datetime.datetime.now().isoformat(timespec="seconds")}, cache_dir(where) / "warmups")
 
@@ -235,46 +205,3 @@ def _remove(folder: Path, key: str | None) -> int:
             if is_temporary(path):
                 path.unlink(missing_ok=True)
     return removed
-
-
-def compile_dir(where: Any = True) -> Path:
-    """Where compile's artifacts are kept (accel.accelerators.compile.cache): ``compile/`` in accel's cache folder."""
-    return cache_dir(where) / "compile"
-
-
-def compile_usage(where: Any = True) -> tuple[int, int]:
-    """(files, bytes) of compile's artifacts in the cache folder."""
-    files = [p for p in compile_dir(where).rglob("*") if p.is_file() and not p.is_symlink()]
-    return len(files), sum(_size(p) for p in files)
-
-
-TAG = "CACHEDIR.TAG"  # marks compile/ as accel's (and as a cache: backup tools skip it), https://bford.info/cachedir/
-TAG_TEXT = ("Signature: 8a477f597d28d172789f06886806bc55\n"
-            "# accel's folder of torch's compiled graphs: `accel cache clear` removes it\n")
-
-
-def owns_compile_folder(where: Any = True) -> bool:
-    """Whether compile/ is accel's: it holds accel's tag, or the markers of the setups accel compiled there."""
-    folder = compile_dir(where)
-    try:
-        return (folder / TAG).read_text() == TAG_TEXT or (folder / "accel-setups").is_dir()
-    except OSError:
-        return (folder / "accel-setups").is_dir()
-
-
-def clear_compile(where: Any = True) -> tuple[int, int]:
-    """Remove compile's artifacts from the cache folder; returns the (files, bytes) removed. The next compile of
-    any setup is cold. A folder accel did not make (no tag: accel.accelerators.compile.cache writes one) is left
-    as it is, and so is a folder of yours that TORCHINDUCTOR_CACHE_DIR names."""
-    if not owns_compile_folder(where):
-        return 0, 0
-    found = compile_usage(where)
-    shutil.rmtree(compile_dir(where), ignore_errors=True)
-    return found
-
-
-def _size(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except OSError:  # removed meanwhile
-        return 0

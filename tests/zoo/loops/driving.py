@@ -9,7 +9,7 @@ import torch
 from accel.plan.contract import REGISTRY
 from accel.api import accelerate
 from accel.errors import PlanError
-from accel.workloads.loops.base import Loop
+from accel.testing.setup import Loop
 
 
 class Again(Loop):

@@ -4,13 +4,13 @@
 """
 from __future__ import annotations
 
-from accel.workloads.loops.base import Held, Loop
-from accel.workloads.loops.between_steps import Ema, FrozenNorm, Hooks, OwnCheckpoint, Swa, Validation
-from accel.workloads.loops.driving import Again, HalfMigrated, OwnAccumulation, TwoModels
-from accel.workloads.loops.habits import InplaceInput, ManualUpdate
-from accel.workloads.loops.schedules import LambdaDecay, LrWrites, OneCycle, Plateau, Scheduler, Warmup
-from accel.workloads.loops.unfreezing import AddGroup, LateGroup, Unfreeze, layer
-from accel.workloads.loops.wrapping import Precompiled, SelfSharding, Stream
+from accel.testing.setup import Held, Loop
+from zoo.loops.between_steps import Ema, FrozenNorm, Hooks, OwnCheckpoint, Swa, Validation
+from zoo.loops.driving import Again, HalfMigrated, OwnAccumulation, TwoModels
+from zoo.loops.habits import InplaceInput, ManualUpdate
+from zoo.loops.schedules import LambdaDecay, LrWrites, OneCycle, Plateau, Scheduler, Warmup
+from zoo.loops.unfreezing import AddGroup, LateGroup, Unfreeze, layer
+from zoo.loops.wrapping import Precompiled, SelfSharding, Stream
 
 __all__ = ["BY_HAND", "LOOPS", "AddGroup", "Again", "Ema", "FrozenNorm", "HalfMigrated", "Held", "Hooks", "InplaceInput", "LambdaDecay",
            "LateGroup", "Loop", "LrWrites", "ManualUpdate", "OneCycle", "OwnAccumulation", "OwnCheckpoint", "Plateau", "Precompiled",

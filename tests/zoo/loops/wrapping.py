@@ -8,7 +8,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from accel.modules import checkpoints_itself, running_statistics
-from accel.workloads.loops.base import Loop
+from accel.testing.setup import Loop
 
 
 class SelfSharding(IterableDataset):

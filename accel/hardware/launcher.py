@@ -1,0 +1,125 @@
+"""Where this process sits in a launched job: the launcher's environment read, each rank's cores, rank and world.
+
+torchrun, Open MPI, Intel MPI / MPICH and SLURM each name rank and world size differently; they are mapped to
+the RANK / WORLD_SIZE / LOCAL_RANK / LOCAL_WORLD_SIZE that torch's env:// initialisation reads. rank(),
+world_size() and barrier() also work in a single process (rank 0 of 1, nothing to wait for). The process group
+itself is joined and left by accel.distributed.group.
+"""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from typing import Mapping
+
+import torch
+
+from accel.hardware import parse_cpu_list
+
+__all__ = ["CORE_MAP_VARIABLE", "LAUNCHERS", "Launch", "NODE_CPUS_VARIABLE", "barrier", "cores_for_rank",
+           "launcher_environment", "node_cores", "rank", "rank_cores", "slurm_tasks_on_node", "world_size"]
+
+CORE_MAP_VARIABLE = "ACCEL_CORE_MAP"  # `accel launch`'s cores per local rank: "0,1;2,3" (rank 0: 0,1; rank 1: 2,3)
+NODE_CPUS_VARIABLE = "ACCEL_NODE_CPUS"  # `accel launch`'s node: the physical CPUs it shared out, "0-3"
+
+# launcher -> (rank, world size, local rank, local world size) variable names, in order of precedence:
+# torchrun comes first, because `srun torchrun ...` and `mpirun torchrun ...` leave the outer variables set.
+LAUNCHERS = {
+    "torchrun": ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"),
+    "openmpi": ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+                "OMPI_COMM_WORLD_LOCAL_SIZE"),
+    "intel-mpi/mpich": ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"),
+    "slurm": ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_TASKS_PER_NODE"),
+}
+
+
+@dataclass(frozen=True)
+class Launch:
+    """Where this process sits in a launched job."""
+
+    launcher: str
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+
+    def to_env(self) -> dict[str, str]:
+        return {"RANK": str(self.rank), "WORLD_SIZE": str(self.world_size), "LOCAL_RANK": str(self.local_rank),
+                "LOCAL_WORLD_SIZE": str(self.local_world_size)}
+
+
+def slurm_tasks_on_node(tasks_per_node: str, node_id: int) -> int:
+    """SLURM's compressed per-node task counts: '4,2(x3)' with node 2 -> 2."""
+    counts: list[int] = []
+    for count, repeat in re.findall(r"(\d+)(?:\(x(\d+)\))?", tasks_per_node):
+        counts += [int(count)] * int(repeat or 1)
+    return counts[min(node_id, len(counts) - 1)]
+
+
+def launcher_environment(environ: Mapping[str, str] = os.environ) -> Launch | None:
+    """This process's rank and world from the first launcher whose rank and size variables are set; None alone.
+
+    A missing local size (a hand-set RANK/WORLD_SIZE, an MPI without it) means one node: local = global.
+    """
+    for launcher, (rank_key, size_key, local_key, local_size_key) in LAUNCHERS.items():
+        if rank_key not in environ or size_key not in environ:
+            continue
+        rank, world = int(environ[rank_key]), int(environ[size_key])
+        local_rank = int(environ.get(local_key, rank))
+        local_size = environ.get(local_size_key, "")
+        if launcher == "slurm" and local_size:
+            local_world = slurm_tasks_on_node(local_size, int(environ.get("SLURM_NODEID", 0)))
+        else:
+            local_world = int(local_size) if local_size else world
+        return Launch(launcher, rank, world, local_rank, local_world)
+    return None
+
+
+def cores_for_rank(physical_cpus: tuple[int, ...], local_rank: int, local_world: int,
+                   per_rank: int | None = None) -> tuple[int, ...]:
+    """The book's CPU allocation map: local ranks get disjoint, contiguous, equal shares of physical cores.
+
+    With more ranks than cores, ranks share cores round-robin (oversubscribed, never empty).
+    """
+    share = per_rank or max(1, len(physical_cpus) // local_world)
+    start = (local_rank * share) % max(1, len(physical_cpus))
+    return tuple(physical_cpus[start:start + share])
+
+
+def rank_cores(physical_cpus: tuple[int, ...], launch: Launch | None,
+               environ: Mapping[str, str] = os.environ) -> tuple[tuple[int, ...], str]:
+    """This rank's cores and where they came from: `accel launch`'s map, else the local-rank partition."""
+    local_rank, local_world = (launch.local_rank, launch.local_world_size) if launch else (0, 1)
+    shares = environ.get(CORE_MAP_VARIABLE, "").split(";")
+    if local_rank < len(shares) and shares[local_rank]:
+        return parse_cpu_list(shares[local_rank]), "accel launch"
+    return cores_for_rank(physical_cpus, local_rank, local_world), f"partition of {len(physical_cpus)} physical cores"
+
+
+def node_cores(physical_cores: int, environ: Mapping[str, str] = os.environ) -> int:
+    """The node's physical cores, which a rank pinned by `accel launch` no longer sees (its affinity is its
+    share): what a single process on the same node counts. Elsewhere (a single process, torchrun, which pins
+    nothing) the cores this process sees."""
+    node = environ.get(NODE_CPUS_VARIABLE, "")
+    try:
+        return len(parse_cpu_list(node)) if node else physical_cores
+    except ValueError:
+        return physical_cores
+
+
+def _initialized() -> bool:
+    return torch.distributed.is_available() and torch.distributed.is_initialized()
+
+
+def rank() -> int:
+    return torch.distributed.get_rank() if _initialized() else 0
+
+
+def world_size() -> int:
+    return torch.distributed.get_world_size() if _initialized() else 1
+
+
+def barrier() -> None:
+    """Wait for every rank (nothing to wait for in a single process)."""
+    if _initialized():
+        torch.distributed.barrier()
