@@ -9,21 +9,31 @@ accelerator contract); ``run/`` (the run and its checkpoints); ``accelerators/``
 the base of ddp and fsdp, helpers for scripts); ``measure/``; ``search/`` (tune, plan="auto", the plan cache);
 ``workloads/``; ``testing/``; ``cli/``.
 """
-from accel.plan.contract import Accelerator, Capability, Keeps, Stage, State, register, unregister
-from accel.search import Auto, TuneResult, accelerate, tune
-from accel.api import decide
-from accel.errors import (AccelerateError, AccelError, BypassWarning, CheckpointError, LoopError, LoopWarning,
-                          MeasureError, PlanError, Problem, Skip, StaleWarning)
-from accel.hardware import probe
-from accel.plan.options import Option, Options, option
-from accel.plan import Plan
-from accel.run.report import Report
-from accel.run import Run
-from accel.version import __version__
-
 import accel.accelerators  # noqa: E402,F401  (registers the built-in accelerators)
 import accel.run.checkpoint  # noqa: E402,F401
+from accel.api import decide
+from accel.errors import (
+                          AccelerateError,
+                          AccelError,
+                          BypassWarning,
+                          CheckpointError,
+                          LoopError,
+                          LoopWarning,
+                          MeasureError,
+                          PlanError,
+                          Problem,
+                          Skip,
+                          StaleWarning,
+)
+from accel.hardware import probe
+from accel.plan import Plan
+from accel.plan.contract import Accelerator, Capability, Keeps, Stage, State, register, unregister
+from accel.plan.options import Option, Options, option
+from accel.run import Run
+from accel.run.report import Report
+from accel.search import Auto, TuneResult, accelerate, tune
+from accel.version import __version__
 
-__all__ = ["AccelError", "AccelerateError", "Accelerator", "Auto", "Capability", "BypassWarning", "CheckpointError", "LoopError", "LoopWarning", "Keeps", "MeasureError", "Option", "Options", "Plan",
+__all__ = ["__version__", "AccelError", "AccelerateError", "Accelerator", "Auto", "Capability", "BypassWarning", "CheckpointError", "LoopError", "LoopWarning", "Keeps", "MeasureError", "Option", "Options", "Plan",
            "PlanError", "Problem", "Report", "Run", "Skip", "Stage", "State", "StaleWarning", "TuneResult", "accelerate", "decide", "probe",
            "option", "register", "tune", "unregister"]

@@ -13,22 +13,23 @@ from __future__ import annotations
 import copy
 import warnings
 import weakref
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
 from accel import clock
-from accel.plan.contract import Accelerator, Capability, State
-from accel.run.context import Context, Decisions, HandedOver, placement
 from accel.errors import AccelerateError, PlanError, Problem, Skip, StaleWarning
 from accel.hardware import Hardware, package_version, probe
-from accel.run.journal import Journal
 from accel.modules import compiled
 from accel.plan import Plan, PlanSpec
-from accel.run.report import Report, Row
+from accel.plan.contract import Accelerator, Capability, State
 from accel.run import Run, open_run
-from accel.run.thread_warnings import captured
+from accel.run.context import Context, Decisions, HandedOver, placement
+from accel.run.journal import Journal
+from accel.run.report import Report, Row
 from accel.run.run import _OPEN
+from accel.run.thread_warnings import captured
 
 __all__ = ["AccelerateError", "accelerate", "decide"]
 

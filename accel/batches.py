@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import Mapping, MutableMapping, MutableSequence
-from typing import Any, Callable
+from collections.abc import Callable, Mapping, MutableMapping, MutableSequence
+from typing import Any
 
 import torch
 

@@ -15,13 +15,13 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from accel import clock
-from accel.search import tune
-from accel.run.context import placement
 from accel.errors import PlanError
 from accel.hardware import probe
 from accel.measure import Lab, Ratio, TrainStep, matmul_peaks, peak_dtype, plan_label, summarize, training_flops
 from accel.plan import Plan
+from accel.run.context import placement
 from accel.run.report import render_table
+from accel.search import tune
 from accel.workloads import WORKLOADS, TinyCNN
 
 MODELS = ("alexnet", "resnet18", "resnet50", "vgg16", "mobilenet_v2", "mobilenet_v3_large")

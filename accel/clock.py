@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 _source: Callable[[], float] = time.perf_counter
 

@@ -15,8 +15,9 @@ import os
 import secrets
 import shutil
 import socket
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, BinaryIO, Callable
+from typing import Any, BinaryIO
 
 PREFIX = ".accel-"
 SUFFIX = ".tmp"

@@ -81,7 +81,7 @@ def one_round(plan: str, args) -> dict:
         optimizer.zero_grad(set_to_none=True)
         times.append(time.perf_counter() - start)
     run.close()
-    del run, model, optimizer
+    step = run = model = optimizer = None  # the round's model and optimizer freed before the next round builds its own
     gc.collect()
     return {"memory": memory, "step_s": statistics.median(times)}
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 from common import book_cnn, digits, isolated, loader_for, parser, print_table, train
 
 
-
 def main(argv=None) -> int:
     args_parser = parser(__doc__.splitlines()[0])
     args_parser.add_argument("--epochs", type=int, default=5)

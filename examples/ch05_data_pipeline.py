@@ -13,10 +13,9 @@ from __future__ import annotations
 import warnings
 
 import torch
+from common import isolated, parser, print_table, train
 from torch import nn
 from torch.utils.data import DataLoader
-
-from common import isolated, parser, print_table, train
 
 
 def heavy_pipeline():

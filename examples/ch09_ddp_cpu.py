@@ -16,8 +16,19 @@ import subprocess
 import sys
 from pathlib import Path
 
-from common import (book_cnn, collect, digits, emit, environ_with, free_port, loader_for, parser, print_table, train,
-                    worker_flag)
+from common import (
+    book_cnn,
+    collect,
+    digits,
+    emit,
+    environ_with,
+    free_port,
+    loader_for,
+    parser,
+    print_table,
+    train,
+    worker_flag,
+)
 
 
 def worker(args, device: str = "cpu") -> dict | None:

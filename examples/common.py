@@ -24,8 +24,8 @@ from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 import accel  # noqa: E402
-from accel.workloads import BookCNN, cifar_shaped, digits_datasets  # noqa: E402
 from accel.testing import process_state_restored  # noqa: E402
+from accel.workloads import BookCNN, cifar_shaped, digits_datasets  # noqa: E402
 
 RESULT_MARK = "EXAMPLE-RESULT "  # a child process prints its result as one JSON line after this mark
 

@@ -253,7 +253,6 @@ def test_dropout_under_inductor_draws_the_plain_loops_masks():
     """nanoGPT with dropout 0.1 under inductor: the first losses as the plain loop's (before: inductor's own
     random numbers, 2e-3 off)."""
     import torch._dynamo
-
     from corpus.nanogpt_train import GPT, GPTConfig
 
     torch._dynamo.reset()

@@ -5,10 +5,10 @@ import warnings
 
 import pytest
 import torch
+from corpus.peft_lora import get_peft_model
 from torch import nn
 
 import accel
-from corpus.peft_lora import get_peft_model
 
 
 def trained(model: nn.Module, plan, step, steps: int = 2, lr: float = 0.1):

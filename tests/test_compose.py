@@ -11,19 +11,19 @@ import pytest
 import torch
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+from scripts.launching import one_rank_env
 from sklearn.datasets import load_digits
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import accel
-from accel.plan.contract import Accelerator, Stage
 from accel.accelerators.threads import openmp_variables
-from accel.hardware.launcher import CORE_MAP_VARIABLE
 from accel.errors import AccelerateError, MeasureError, PlanError
 from accel.hardware import format_cpu_list, probe
+from accel.hardware.launcher import CORE_MAP_VARIABLE
+from accel.plan.contract import Accelerator, Stage
 from accel.run.journal import Journal, pin_process
 from accel.run.shared_settings import set_by_runs
-from scripts.launching import one_rank_env
 
 HAS_AFFINITY = hasattr(os, "sched_getaffinity")
 CPUS = tuple(sorted(os.sched_getaffinity(0))) if HAS_AFFINITY else (0,)  # read, never assumed

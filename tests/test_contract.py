@@ -18,16 +18,16 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from scripts.launching import one_rank_env
+from test_layout import accelerators, imported  # the layout rules read the source the same way
+from zoo import MODELS, Net
 
 import accel
 import accel.plan.compat as compat
-from accel.plan.contract import REGISTRY, Accelerator, Capability, Option, Options, Stage, State, register, unregister
 from accel.errors import PlanError
-from test_layout import accelerators, imported, module_of  # the layout rules read the source the same way
 from accel.hardware import package_version
+from accel.plan.contract import REGISTRY, Accelerator, Capability, Option, Options, Stage, State, register, unregister
 from accel.testing import process_state_restored, tiny_loader, tiny_model, tiny_optimizer, train_steps
-from zoo import MODELS, Net
-from scripts.launching import one_rank_env
 
 PACKAGE = Path(accel.__file__).parent
 ACCELERATORS = PACKAGE / "accelerators"

@@ -3,16 +3,16 @@
 2-socket Xeon with hyper-threads. Nothing here reads the CPU this test runs on."""
 import pytest
 import torch
+from simulated_hardware import CPU_KINDS, simulated
 
 import accel
 from accel.accelerators.amp import Amp, auto_dtype, emulated
 from accel.accelerators.loader import Loader
-from accel.search import generate_candidates
-from accel.hardware.launcher import cores_for_rank
 from accel.hardware import resolve_device
+from accel.hardware.launcher import cores_for_rank
 from accel.measure import peak_dtypes
+from accel.search import generate_candidates
 from accel.testing import tiny_loader, tiny_model, tiny_optimizer
-from simulated_hardware import CPU_KINDS, simulated
 
 CPU = torch.device("cpu")
 # kind -> (bf16 autocast chosen by amp=auto on the CPU, fp16 native, physical cores, logical CPUs)

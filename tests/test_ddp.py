@@ -5,13 +5,12 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
+from scripts.launching import LAUNCHER_VARIABLES, output, torchrun
 
 import accel
 from accel.distributed import all_reduce_mean, barrier, is_main_process
-from accel.hardware.launcher import Launch, launcher_environment
-from accel.hardware.launcher import slurm_tasks_on_node
+from accel.hardware.launcher import Launch, launcher_environment, slurm_tasks_on_node
 from accel.testing import tiny_loader, tiny_model
-from scripts.launching import LAUNCHER_VARIABLES, output, torchrun
 
 ALL_LAUNCHER_VARIABLES = LAUNCHER_VARIABLES + (
     "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE",

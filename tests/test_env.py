@@ -3,11 +3,11 @@ import json
 
 import pytest
 
-from accel.plan.contract import REGISTRY, Accelerator, Stage, register, unregister
 from accel.cli import main
 from accel.cli.env import environment, install_hint
 from accel.errors import Problem
 from accel.hardware import ipex_problem, probe
+from accel.plan.contract import REGISTRY, Accelerator, Stage, register, unregister
 
 
 class NeedsPackage(Accelerator):

@@ -8,15 +8,15 @@ import torch
 import torch._dynamo
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from scripts.launching import one_rank_env
+from zoo import BATCHES, EXTRAS, LOADERS, MODELS, OPTIMIZERS, Case
+from zoo.loops import LOOPS
 
 import accel
-from accel.plan.contract import REGISTRY
 from accel.hardware import ipex_problem, package_version
+from accel.plan.contract import REGISTRY
 from accel.testing import check_equivalence
 from accel.testing.harness import LEVELS, combined
-from zoo.loops import LOOPS
-from zoo import BATCHES, EXTRAS, LOADERS, MODELS, OPTIMIZERS, Case
-from scripts.launching import one_rank_env
 
 OPTIONS = {  # a few configurations of each built-in, every one valid for every zoo case
     "threads": [{}, {"threads": 1}, {"affinity": False, "export_env": False}],

@@ -10,16 +10,16 @@ import warnings
 
 import pytest
 import torch
+from scripts.launching import LAUNCHER_VARIABLES, SCRIPTS, one_rank_env, output, run, torchrun
+from zoo import Case
+from zoo.loops import LOOPS, Loop, layer
 
 import accel
-from accel.plan.contract import Accelerator, Stage, register, unregister
 from accel.errors import CheckpointError, StaleWarning
+from accel.plan.contract import Accelerator, Stage, register, unregister
 from accel.testing import check_equivalence, snapshot, tiny_loader, tiny_model
 from accel.testing.harness import process_state
-from zoo.loops import LOOPS, Loop, layer
 from accel.workloads import TinyGPT
-from zoo import Case
-from scripts.launching import LAUNCHER_VARIABLES, SCRIPTS, one_rank_env, output, run, torchrun
 
 NOT_LIVE = {"hooks": "a gradient hook on a sharded parameter: named by a StaleWarning (test below)",
             "ema": "FSDP2 refuses to deep-copy a sharded model (AveragedModel)", "swa": "the same"}

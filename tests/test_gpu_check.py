@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from scripts.launching import clean_env, output
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -12,19 +12,19 @@ from hypothesis import strategies as st
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence
 from torch.utils.data import DataLoader, Dataset
+from virtual_clock import VirtualClock
+from zoo import BATCHES, EXTRAS, LOADERS, MODELS, OPTIMIZERS, Case
+from zoo.loops import LOOPS
 
 import accel
 import accel.clock
+from accel.errors import Problem
 from accel.plan.contract import Accelerator, Capability, Stage, State, register, unregister
 from accel.search import inloop
 from accel.search import turns as turn_taking
 from accel.search.inloop import InLoopSearch
-from accel.errors import Problem
 from accel.testing import TinyCNN, check_equivalence, tiny_loader, tiny_model, train_steps
 from accel.testing.harness import process_state
-from zoo.loops import LOOPS
-from zoo import BATCHES, EXTRAS, LOADERS, MODELS, OPTIMIZERS, Case
-from virtual_clock import VirtualClock
 
 SLOW = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 STEPS = 24  # chunks of 2 timed steps (and 1 after each switch): the plan switches every few steps

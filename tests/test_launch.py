@@ -7,13 +7,13 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-
-from accel.hardware.launcher import CORE_MAP_VARIABLE
-from accel.cli import main
-from accel.distributed import rank_start
-from accel.cli.launch import CORE_MAP, LaunchError, environment, rank_layout
-from accel.hardware import package_version, probe
 from scripts.launching import accel_launch, output
+
+from accel.cli import main
+from accel.cli.launch import CORE_MAP, LaunchError, environment, rank_layout
+from accel.distributed import rank_start
+from accel.hardware import package_version, probe
+from accel.hardware.launcher import CORE_MAP_VARIABLE
 
 
 @given(st.integers(1, 64), st.integers(1, 8), st.integers(0, 8), st.integers(0, 3))

@@ -6,15 +6,15 @@ import sys
 
 import pytest
 import torch
+from scripts.launching import SCRIPTS, accel_launch, output, run
 
 import accel.accelerators.compile.cache as compile_cache
 import accel.search.cache as plancache
 from accel.cli import main
-from accel.hardware.launcher import NODE_CPUS_VARIABLE, node_cores
 from accel.hardware import probe
+from accel.hardware.launcher import NODE_CPUS_VARIABLE, node_cores
 from accel.measure import TrainStep
 from accel.testing import tiny_loader, tiny_model
-from scripts.launching import SCRIPTS, accel_launch, output, run
 
 IN_LOOP = {"search": "your loop", "tolerance": 0.05, "margin": 0.02, "expected_steps": None, "accelerators": None,
            "candidates": "generated"}  # what the in-loop search keys by
@@ -93,6 +93,6 @@ def test_a_launched_job_takes_the_single_process_answer_plus_ddp_and_says_so(tmp
         assert info["plan"] == ["brisk", "ddp"] and info["brisk"] == "applied", info
         assert info["from_cache"] and info["key"] == measured["key"], info
         assert info["why"].startswith("ddp: "), info["why"]
-        assert (f"the answer a single process measured on this setup (your loop, measured " in info["why"]
+        assert ("the answer a single process measured on this setup (your loop, measured " in info["why"]
                 and f"cache key {measured['key'][:12]}" in info["why"]), info["why"]
         assert info["same"], "the ranks train the same weights"

@@ -9,8 +9,8 @@ import torch
 
 import accel
 from accel import Accelerator, Capability, Options, PlanError, Skip, Stage, State, option
-from accel.plan.contract import register, unregister
 from accel.hardware import probe
+from accel.plan.contract import register, unregister
 from accel.testing import snapshot, tiny_loader, tiny_model, tiny_optimizer, train_steps
 
 

@@ -7,15 +7,15 @@ import warnings
 
 import pytest
 import torch
+from zoo import Case
+from zoo.loops import LOOPS
 
 import accel
-from accel.plan.contract import Stage, register, unregister
-from accel.run.checkpoint import read
 from accel.errors import CheckpointError, StaleWarning
 from accel.hardware import package_version
+from accel.plan.contract import Stage, register, unregister
+from accel.run.checkpoint import read
 from accel.testing import check_equivalence, tiny_loader, tiny_model, train_steps
-from zoo.loops import LOOPS
-from zoo import Case
 
 SINGLES = {"fused_optimizer": {}, "channels_last": {}, "activation_checkpointing": {"modules": ["Conv2d"]},
            "amp": {"dtype": "bfloat16"}, "compile": {"backend": "eager"}, "threads": {"threads": 1},

@@ -5,7 +5,9 @@ from dataclasses import replace
 
 import pytest
 import torch
+from simulated_hardware import simulated
 from torch.utils.data import DataLoader
+from zoo import Case, Samples, ShardedStream, Stream
 
 import accel
 from accel.accelerators.loader import Loader
@@ -13,8 +15,6 @@ from accel.api import prepare
 from accel.errors import PlanError, Skip
 from accel.run.loaders import STREAM_BATCHES
 from accel.testing import check_equivalence, process_state_restored, tiny_model
-from simulated_hardware import simulated
-from zoo import Case, Samples, ShardedStream, Stream
 
 SHARDS = "this IterableDataset shards its stream by worker and each worker batches its own shard"
 REPEATS = "this IterableDataset does not shard its stream by worker: every worker would yield every sample"

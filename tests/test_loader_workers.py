@@ -10,8 +10,8 @@ from torch.utils.data import DataLoader, Dataset
 
 import accel
 from accel.accelerators.loader import worker_cpus
-from accel.hardware.launcher import CORE_MAP_VARIABLE, Launch
 from accel.hardware import format_cpu_list, probe
+from accel.hardware.launcher import CORE_MAP_VARIABLE, Launch
 from accel.run.loaders import PinWorkers
 from accel.testing import process_state_restored, tiny_model
 

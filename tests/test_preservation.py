@@ -7,13 +7,13 @@ import zipfile
 import pytest
 import torch
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset
+from zoo import Case, Encoding
 
 import accel
 from accel import CheckpointError, PlanError
 from accel.cli import main
 from accel.cli.launch import LaunchError, check_numbers
 from accel.testing import check_equivalence, snapshot, tiny_loader, tiny_model, tiny_optimizer, train_steps
-from zoo import Case, Encoding
 
 
 def digits(n=48):

@@ -12,11 +12,19 @@ import accel
 from accel.accelerators.prune.config import config_problems, selected
 from accel.accelerators.prune.speedup import retie
 from accel.accelerators.prune.tracing import fx_trace
-from accel.run.checkpoint import saved_plan
 from accel.errors import AccelerateError, CheckpointError, PlanError
 from accel.hardware import torch_version
-from accel.testing import (BookCNN, cifar_shaped, digits_datasets, snapshot, tiny_loader, tiny_model, tiny_optimizer,
-                           train_steps)
+from accel.run.checkpoint import saved_plan
+from accel.testing import (
+    BookCNN,
+    cifar_shaped,
+    digits_datasets,
+    snapshot,
+    tiny_loader,
+    tiny_model,
+    tiny_optimizer,
+    train_steps,
+)
 
 pytest.importorskip("nni")
 
@@ -74,7 +82,7 @@ def test_other_pruners_shrink_the_tiny_cnn(pruner):
     assert row.changes["parameters_after"] < row.changes["parameters_before"] == count(model)
     assert run.model.conv1.out_channels == 4 and run.model.conv2.out_channels == 8
     losses = accel.testing.train_steps(run)
-    assert all(l == l for l in losses)  # finite: the pruned model trains
+    assert all(loss == loss for loss in losses)  # finite: the pruned model trains
 
 
 def test_resnet18_small_input():

@@ -3,9 +3,9 @@ search holds the process group across its plan switches. Real 2-process gloo run
 import json
 
 import pytest
+from scripts.launching import output, torchrun
 
 from accel.search.ranks import ChunkTimes, GroupHold, RankAgreement
-from scripts.launching import output, torchrun
 
 
 def test_a_single_process_agrees_with_itself_without_a_collective():

@@ -7,17 +7,17 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from scripts.launching import one_rank_env
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import accel
 from accel.accelerators.activation_checkpointing import ActivationCheckpointing
-from accel.modules import repeated_blocks
 from accel.accelerators.grad_accumulation import GradAccumulation
 from accel.accelerators.grad_clipping import GradClipping
 from accel.hardware import probe
+from accel.modules import repeated_blocks
 from accel.testing import apply_one, snapshot, tiny_loader, tiny_model, train_steps
-from scripts.launching import one_rank_env
 
 
 def data(samples=64, seed=0):

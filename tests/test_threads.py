@@ -5,8 +5,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from accel.accelerators.threads import Threads
-from accel.hardware.launcher import CORE_MAP_VARIABLE, cores_for_rank, launcher_environment, rank_cores
 from accel.hardware import probe
+from accel.hardware.launcher import CORE_MAP_VARIABLE, cores_for_rank, launcher_environment, rank_cores
 from accel.testing import apply_one, process_state_restored
 
 cpu_sets = st.lists(st.integers(0, 255), min_size=1, max_size=64, unique=True).map(lambda c: tuple(sorted(c)))

@@ -9,17 +9,17 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils.data import DataLoader
+from virtual_clock import VirtualClock
 
 import accel
 import accel.clock
-from accel.plan.contract import REGISTRY, Accelerator, Capability, Stage, register, unregister
-from accel.search import TuneResult, generate_candidates
 from accel.hardware import ISA_FLAGS, probe
 from accel.measure import Lab, Ratio, Trial
+from accel.plan.contract import REGISTRY, Accelerator, Capability, Stage, register, unregister
 from accel.run.report import Report
+from accel.search import TuneResult, generate_candidates
 from accel.testing import snapshot, tiny_loader, tiny_model, tiny_optimizer
 from accel.testing.harness import process_state
-from virtual_clock import VirtualClock
 
 CLOCK = VirtualClock()  # the step times of the tests that judge verdicts: only the test's models move it
 BASE_S = 0.01  # a forward of the plain model, on that clock
@@ -425,8 +425,10 @@ def test_the_one_search_remembers_only_an_answer_it_established_and_drops_nothin
 
     samples = {"faster": [0.5, 0.52, 0.49], "slower": [1.5, 1.6, 1.4], "noisy": [0.3, 2.0, 0.9, 1.4],
                "alike": [1.0, 0.99, 1.01], "one round": [0.99]}
-    outcome = lambda kind: (Outcome("not measured", "the budget ran out") if kind == "not measured" else
-                            Outcome("failed", "broke") if kind == "failed" else Outcome(ratio=Ratio(samples[kind])))
+    def outcome(kind):
+        if kind == "not measured":
+            return Outcome("not measured", "the budget ran out")
+        return Outcome("failed", "broke") if kind == "failed" else Outcome(ratio=Ratio(samples[kind]))
     search = Search([{"threads": {}}, {"channels_last": {}}], [], False, 0.02, None)
     steps = search.comparisons()
     request = next(steps)

@@ -15,6 +15,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch import nn
+from virtual_clock import VirtualClock
 
 import accel
 import accel.api
@@ -25,7 +26,6 @@ from accel.search import inloop
 from accel.search.inloop import InLoopSearch
 from accel.testing import tiny_loader, tiny_model
 from accel.testing.harness import process_state
-from virtual_clock import VirtualClock
 
 CLOCK = VirtualClock()
 SEARCH = Path(accel.__file__).parent / "search"

@@ -4,11 +4,10 @@ sequences (accel.workloads; random weights, nothing downloaded)."""
 import math
 
 import pytest
-import torch
 
 import accel
-from accel.search import inloop
 from accel.hardware import importable
+from accel.search import inloop
 from accel.testing.harness import process_state
 from accel.workloads import WORKLOADS
 

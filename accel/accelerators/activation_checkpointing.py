@@ -43,11 +43,21 @@ from torch import nn
 from torch.utils._pytree import tree_flatten, tree_unflatten
 from torch.utils.weak import WeakIdKeyDictionary
 
+from accel.errors import Problem, Skip
+from accel.modules import (
+    checkpoints_itself,
+    class_names,
+    compiled_problem,
+    hands_blocks_a_cache,
+    listed,
+    of_class,
+    outermost,
+    qualified,
+    repeated_blocks,
+    rerun_hooks,
+)
 from accel.plan.contract import EXACT, Accelerator, Capability, Stage, register
 from accel.plan.options import Options, option
-from accel.errors import Problem, Skip
-from accel.modules import (checkpoints_itself, class_names, compiled_problem, hands_blocks_a_cache, listed, of_class,
-                           outermost, qualified, repeated_blocks, rerun_hooks)
 
 __all__ = ["ActivationCheckpointing", "ActivationCheckpointingOptions"]
 

@@ -30,9 +30,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from accel.errors import Problem, Skip
 from accel.plan.contract import Accelerator, Capability, Keeps, Stage, State, dtype_name, register
 from accel.plan.options import Options, option
-from accel.errors import Problem, Skip
 
 __all__ = ["Amp", "AmpOptions", "AmpState"]
 

@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import torch
 
-from accel.plan.contract import SAME_MATH, Accelerator, Capability, Stage, register
 from accel.errors import Problem, Skip
 from accel.modules import compiled_problem, recomputable
+from accel.plan.contract import SAME_MATH, Accelerator, Capability, Stage, register
 
 __all__ = ["ChannelsLast"]
 

@@ -31,11 +31,11 @@ from dataclasses import dataclass
 
 import torch
 
-from accel.plan.contract import SAME_MATH, Capability, Stage, State, register
 from accel.distributed.data_parallel import LAUNCHERS, DataParallel, DataParallelOptions
 from accel.errors import Skip, StaleWarning
 from accel.hardware import is_accelerator
 from accel.modules import trainable
+from accel.plan.contract import SAME_MATH, Capability, Stage, State, register
 from accel.plan.options import option, positive
 
 __all__ = ["DDP", "DDPOptions", "DDPState"]

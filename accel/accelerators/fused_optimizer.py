@@ -28,9 +28,9 @@ from dataclasses import dataclass
 
 import torch
 
-from accel.plan.contract import SAME_MATH, Accelerator, Capability, Stage, State, register
 from accel.errors import Skip
 from accel.optim import describe_optimizer
+from accel.plan.contract import SAME_MATH, Accelerator, Capability, Stage, State, register
 
 __all__ = ["FusedOptimizer", "FusedOptimizerState"]
 

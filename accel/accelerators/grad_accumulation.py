@@ -25,8 +25,8 @@ from dataclasses import dataclass
 
 import torch
 
-from accel.plan.contract import Accelerator, Capability, Keeps, Stage, State, register
 from accel.errors import Skip
+from accel.plan.contract import Accelerator, Capability, Keeps, Stage, State, register
 from accel.plan.options import Options, at_least, option
 
 __all__ = ["GradAccumulation", "GradAccumulationOptions", "GradAccumulationState"]

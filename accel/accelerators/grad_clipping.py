@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
-from accel.plan.contract import Accelerator, Capability, Keeps, Stage, State, register
 from accel.errors import Problem
+from accel.plan.contract import Accelerator, Capability, Keeps, Stage, State, register
 from accel.plan.options import Options, option, positive
 
 __all__ = ["GradClipping", "GradClippingOptions", "GradClippingState"]

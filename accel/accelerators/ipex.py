@@ -20,11 +20,11 @@ from dataclasses import dataclass
 
 import torch
 
-from accel.plan.contract import SAME_MATH, Accelerator, Capability, Stage, dtype_name, register
-from accel.plan.options import Options, option
 from accel.errors import Problem
 from accel.hardware import ipex_problem
 from accel.optim import copy_with_optimizer, foreign_tensors
+from accel.plan.contract import SAME_MATH, Accelerator, Capability, Stage, dtype_name, register
+from accel.plan.options import Options, option
 
 __all__ = ["Ipex", "IpexOptions"]
 

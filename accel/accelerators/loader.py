@@ -36,13 +36,20 @@ from dataclasses import dataclass
 
 import torch
 
-from accel.plan.contract import Accelerator, Capability, Stage, register
-from accel.plan.options import Options, at_least, option
-from accel.hardware.launcher import cores_for_rank, rank_cores
 from accel.errors import Problem, Skip
 from accel.hardware import format_cpu_list, hyperthread_siblings, is_accelerator
-from accel.run.loaders import (STREAM_BATCHES, PinWorkers, draws_random_numbers, rebuild_loader, rebuild_problem,
-                               settings, workers_change_batches)
+from accel.hardware.launcher import cores_for_rank, rank_cores
+from accel.plan.contract import Accelerator, Capability, Stage, register
+from accel.plan.options import Options, at_least, option
+from accel.run.loaders import (
+    STREAM_BATCHES,
+    PinWorkers,
+    draws_random_numbers,
+    rebuild_loader,
+    rebuild_problem,
+    settings,
+    workers_change_batches,
+)
 
 __all__ = ["Loader", "LoaderOptions"]
 
@@ -201,7 +208,7 @@ class Loader(Accelerator):
                        f"pin_memory={pin}{where}); nothing to change")
         if workers != loader.num_workers and draws_random_numbers(loader):
             changes["random_draws"] = (
-                f"your dataset or collate_fn draws random numbers (augmentation): "
+                "your dataset or collate_fn draws random numbers (augmentation): "
                 + (f"every worker ({workers}) draws them from a seed of its own, as in any DataLoader with workers"
                    if workers else f"drawn here in this process, not in your {loader.num_workers} workers")
                 + ", so the same samples in the same order are augmented with other draws (the same distribution)")

@@ -22,11 +22,10 @@ import os
 import warnings
 from dataclasses import dataclass
 
-
+from accel.hardware import format_cpu_list, loaded_openmp
+from accel.hardware.launcher import rank_cores
 from accel.plan.contract import SAME_MATH, Accelerator, Capability, Stage, register
 from accel.plan.options import Options, at_least, option
-from accel.hardware.launcher import rank_cores
-from accel.hardware import format_cpu_list, loaded_openmp
 from accel.run.shared_settings import set_by_runs
 
 __all__ = ["Threads", "ThreadsOptions"]

@@ -11,10 +11,10 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 import accel
-from accel.plan.contract import REGISTRY
 from accel.api import prepare
 from accel.errors import PlanError
 from accel.hardware import ipex_problem, package_version, probe
+from accel.plan.contract import REGISTRY
 from accel.workloads import TinyCNN
 
 

@@ -16,12 +16,12 @@ from dataclasses import dataclass
 import torch
 from torch.utils.data import DataLoader, IterableDataset, RandomSampler, SequentialSampler
 
-from accel.plan.contract import Accelerator
 from accel.distributed.group import join_group
 from accel.errors import Problem
 from accel.hardware import importable, is_accelerator
-from accel.run.loaders import rebuild_loader, rebuild_problem
+from accel.plan.contract import Accelerator
 from accel.plan.options import Options, option, positive
+from accel.run.loaders import rebuild_loader, rebuild_problem
 
 BACKENDS = ("auto", "gloo", "nccl", "xccl", "ccl", "mpi")
 DEVICE_BACKEND = {"cuda": "nccl", "xpu": "xccl"}  # every other device: gloo

@@ -10,12 +10,22 @@ loop), labels (plan names), roofline (peaks and FLOPs), lab (trials side by side
 """
 from __future__ import annotations
 
-from accel.measure.stats import T95, Ratio, paired, round_order, summarize, t95
-from accel.measure.steps import (CHUNK_S, MAX_CHUNK, SETTLE_BELOW_S, TrainStep, call_model, chunk_steps, endless,
-                                 split_pair, synchronize, timed_steps)
+from accel.measure.lab import Lab, Trial
 from accel.measure.labels import plan_label
 from accel.measure.roofline import PEAK_DTYPES, matmul_peak, matmul_peaks, peak_dtype, peak_dtypes, training_flops
-from accel.measure.lab import Lab, Trial
+from accel.measure.stats import T95, Ratio, paired, round_order, summarize, t95
+from accel.measure.steps import (
+                                 CHUNK_S,
+                                 MAX_CHUNK,
+                                 SETTLE_BELOW_S,
+                                 TrainStep,
+                                 call_model,
+                                 chunk_steps,
+                                 endless,
+                                 split_pair,
+                                 synchronize,
+                                 timed_steps,
+)
 
 __all__ = [
     "T95", "t95", "Ratio", "paired", "round_order", "summarize",

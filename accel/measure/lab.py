@@ -10,12 +10,12 @@ from typing import Any
 import torch
 
 from accel import clock, randomness
+from accel.api import accelerate
 from accel.errors import MeasureError, PlanError
 from accel.measure.labels import plan_label
 from accel.measure.stats import Ratio, paired, round_order
 from accel.measure.steps import SETTLE_BELOW_S, TrainStep, chunk_steps, endless, timed_steps
 from accel.optim import rebuild_optimizer, same_params
-from accel.api import accelerate
 from accel.plan import Plan
 
 

@@ -7,9 +7,8 @@ from typing import Any
 import torch
 
 from accel import clock
-from accel.measure.steps import call_model, synchronize
 from accel.batches import map_tensors
-
+from accel.measure.steps import call_model, synchronize
 
 PEAK_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 

@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import torch
 

@@ -29,14 +29,15 @@ still works for one release, with a DeprecationWarning (accel/plan/compat.py).
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar
+from typing import Any, ClassVar
 
 import torch
 
 import accel.plan.compat as compat
-from accel.plan.declarations import EXACT, SAME_MATH, Capability, Keeps, Stage  # noqa: F401  (accel.plan.contract's names)
 from accel.errors import PlanError, Problem
+from accel.plan.declarations import EXACT, SAME_MATH, Capability, Keeps, Stage  # noqa: F401  (accel.plan.contract's names)
 from accel.plan.options import Option, Options, at_least, positive  # noqa: F401  (re-exported)
 
 # The hooks' arguments are an accel.run.context.Context, an accel.run.Run and an accel.hardware.Hardware; this module

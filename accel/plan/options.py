@@ -9,8 +9,9 @@ from __future__ import annotations
 import copy
 import dataclasses
 import difflib
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar
+from typing import Any, ClassVar
 
 from accel.errors import Problem
 

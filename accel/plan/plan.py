@@ -7,8 +7,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from accel.plan.contract import REGISTRY, Accelerator
 from accel.errors import PlanError, Problem
+from accel.plan.contract import REGISTRY, Accelerator
 from accel.plan.untrusted import unfolding
 
 PlanSpec = Any  # Plan | list[str | dict | Accelerator] | dict[str, dict] | str | Path | None

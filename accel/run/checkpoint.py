@@ -19,17 +19,18 @@ import reprlib
 import sys
 import types
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
 from accel.errors import CheckpointError, PlanError
 from accel.files import disk_full, space, write_atomically
 from accel.hardware.launcher import barrier, rank
-from accel.run.checkpoint_fit import gathered, layout_problems, rank_problems, this_rank
 from accel.plan import Plan, same_options
 from accel.plan.untrusted import code_problems
+from accel.run.checkpoint_fit import gathered, layout_problems, rank_problems, this_rank
 
 FORMAT = 2
 CALLABLE = "__callable__"

@@ -6,14 +6,15 @@ so an accelerator of an early stage can follow what a later one decided.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from accel.hardware.launcher import Launch, launcher_environment
 from accel.errors import Problem
 from accel.hardware import Hardware, device_problem, resolve_device
+from accel.hardware.launcher import Launch, launcher_environment
 from accel.run.journal import Journal
 
 if TYPE_CHECKING:

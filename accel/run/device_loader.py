@@ -1,7 +1,8 @@
 """The run's loader: the user's batches (or a loader an accelerator rebuilt) moved to the run's device."""
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import threading
-from typing import Iterator
+from collections.abc import Iterator
 
 HELD = (signal.SIGINT, signal.SIGTERM)
 _depth = 0  # sections open in the main thread (they nest: a rollback inside a load)

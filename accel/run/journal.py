@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
-from typing import Any, Callable, Hashable
+from typing import Any
 
 import torch
 
@@ -75,7 +76,7 @@ def _affinity() -> Affinity | None:
     return Affinity(tuple(sorted(os.sched_getaffinity(0))), threads)
 
 
-def _pin(value: "Affinity | tuple[int, ...]") -> None:
+def _pin(value: Affinity | tuple[int, ...]) -> None:
     """Pin every thread to these CPUs, or put back each thread's own affinity."""
     if not isinstance(value, Affinity):
         pin_process(value)
@@ -237,7 +238,7 @@ class Journal:
         and object changes stay recorded, for run.close()."""
         self.entries = [e for e in self.entries if e.kind != "setup"]
 
-    def detach(self) -> "Journal":
+    def detach(self) -> Journal:
         """A journal that owns these changes (made, still recorded), leaving this one empty: a run hands its
         changes over to the journal of the run that replaces it, which can put them back if its plan fails."""
         moved = Journal()
@@ -245,7 +246,7 @@ class Journal:
         self.entries, self.active = [], True
         return moved
 
-    def attach(self, moved: "Journal") -> None:
+    def attach(self, moved: Journal) -> None:
         """Take back the changes ``detach`` handed over (an earlier run put back when the next plan failed)."""
         self.entries, self.active = moved.entries + self.entries, moved.active
 

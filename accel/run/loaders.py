@@ -8,7 +8,8 @@ or an object that is not a DataLoader. The user's loader itself is never changed
 from __future__ import annotations
 
 import os
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, IterableDataset

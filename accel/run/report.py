@@ -4,8 +4,9 @@ from __future__ import annotations
 import json
 import statistics
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 
 def render_table(header: Sequence[str], rows: Sequence[Sequence[Any]], right: Sequence[int] = ()) -> list[str]:

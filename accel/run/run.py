@@ -18,18 +18,19 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 
-from accel import clock
 import accel.plan.compat as compat
+from accel import clock
+from accel.errors import LoopError
+from accel.modules import compile_seconds, compiled
 from accel.plan.contract import Accelerator, Capability, State
 from accel.run.context import Context
-from accel.errors import LoopError
 from accel.run.device_loader import DeviceLoader
 from accel.run.loaders import release_workers
-from accel.modules import compile_seconds, compiled
 from accel.run.report import Report
 from accel.run.state import RunState
 from accel.run.watch import Watch
@@ -37,7 +38,7 @@ from accel.run.watch import Watch
 _OPEN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # the user's model -> weakref to its open Run
 
 
-def open_run(model: torch.nn.Module) -> "Run | None":
+def open_run(model: torch.nn.Module) -> Run | None:
     """The run that trains this model now (made by accelerate() and not closed), or None."""
     ref = _OPEN.get(model)
     run = ref() if ref is not None else None
@@ -234,7 +235,7 @@ class Run(RunState):
 
     # --- lifetime ------------------------------------------------------------------------------------------------
 
-    def hand_over(self, successor: "Run") -> None:
+    def hand_over(self, successor: Run) -> None:
         """This run is replaced by another on the same model (accelerate() again, once per epoch or with another
         plan): the successor continues its counters, the loader's epoch and the state of every accelerator both
         plans apply; this run is closed (accelerate() already undid its changes)."""

@@ -31,16 +31,24 @@ from typing import Any
 import torch
 
 from accel.batches import map_tensors
-from accel.files import write_atomically, write_text
-from accel.run.checkpoint import brief, checksum, encode_plan, write_error
-from accel.run.checkpoint_fit import (gather_from_ranks, gathered, layout_problems, model_problems,
-                                      optimizer_problems, rank_problems, stray_problems, this_rank)
-from accel.run.interrupts import held
-from accel.hardware.launcher import rank, world_size
-from accel.run.thread_warnings import thread_filter
 from accel.errors import CheckpointError
-from accel.plan.contract import REGISTRY, Stage
+from accel.files import write_atomically, write_text
+from accel.hardware.launcher import rank, world_size
 from accel.plan import same_options
+from accel.plan.contract import REGISTRY, Stage
+from accel.run.checkpoint import brief, checksum, encode_plan, write_error
+from accel.run.checkpoint_fit import (
+    gather_from_ranks,
+    gathered,
+    layout_problems,
+    model_problems,
+    optimizer_problems,
+    rank_problems,
+    stray_problems,
+    this_rank,
+)
+from accel.run.interrupts import held
+from accel.run.thread_warnings import thread_filter
 
 FORMAT = 1
 META = "accel.pt"

@@ -17,8 +17,9 @@ import bisect
 import contextlib
 import itertools
 import threading
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Hashable
+from typing import Any
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -36,7 +37,7 @@ class Setting:
     read: Callable[[], Any]
     write: Callable[[Any], None]
     base: Any  # the value under every layer: before the first run, or the user's own last write
-    layers: list["Layer"] = field(default_factory=list)  # oldest first (by Layer.order)
+    layers: list[Layer] = field(default_factory=list)  # oldest first (by Layer.order)
 
     def live(self) -> Any:
         """The value the layers say it has."""

@@ -11,12 +11,12 @@ from typing import Any
 import torch
 
 import accel.run.sharded_checkpoint as sharded_checkpoint
+from accel.errors import CheckpointError
+from accel.randomness import loader_generators, rng_state, set_rng_state
 from accel.run.checkpoint import load as load_checkpoint
 from accel.run.checkpoint import save as save_checkpoint
 from accel.run.checkpoint_fit import model_problems, optimizer_problems, stray_problems, unprefixed
-from accel.errors import CheckpointError
 from accel.run.interrupts import autograd_kept, held
-from accel.randomness import loader_generators, rng_state, set_rng_state
 
 
 class RunState:

@@ -13,12 +13,13 @@ import contextlib
 import re
 import threading
 import warnings
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from accel.run.interrupts import deferred
 
 _LOCK = threading.RLock()
-_active: dict[tuple[str, str], "_ThreadMatch"] = {}  # (action, pattern) -> its entry's matcher while a block uses it
+_active: dict[tuple[str, str], _ThreadMatch] = {}  # (action, pattern) -> its entry's matcher while a block uses it
 _captures: dict[int, list[list[warnings.WarningMessage]]] = {}  # thread -> its open captures, innermost last
 _shown_before: Any = None  # warnings._showwarnmsg before the first capture hooked it
 

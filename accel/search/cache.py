@@ -41,7 +41,6 @@ from accel.plan.untrusted import code_problems
 from accel.version import __version__
 
 
-
 def _structure(batch: Any) -> Any:
     described = map_tensors(lambda t: f"{str(t.dtype).replace('torch.', '')}{list(t.shape)}", batch)
     return repr(described) if not isinstance(described, str) else described

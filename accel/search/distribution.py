@@ -12,8 +12,8 @@ from pathlib import Path
 
 import torch
 
-from accel.plan.contract import REGISTRY, Capability
 from accel.plan import Plan
+from accel.plan.contract import REGISTRY, Capability
 from accel.search.results import TuneRow
 
 FIT = 0.5  # the training state may take this fraction of a rank's memory

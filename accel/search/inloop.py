@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
-from accel import clock
 import accel.search.cache as plancache
+from accel import clock
 from accel.api import accelerate
 from accel.errors import AccelerateError, BypassWarning, CheckpointError, MeasureError, PlanError
 from accel.hardware import probe

@@ -6,15 +6,14 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from accel import clock
 import accel.search.cache as plancache
+from accel import clock
 from accel.errors import MeasureError, PlanError, Problem
 from accel.hardware import probe
 from accel.measure import Lab, TrainStep, Trial
 from accel.run.context import placement
 from accel.search.distribution import distribute
-from accel.search.results import (TuneResult, cached_answer, expected_warmup, keep_answer, remember_warmup,
-                                  timing_fields)
+from accel.search.results import TuneResult, cached_answer, expected_warmup, keep_answer, remember_warmup, timing_fields
 from accel.search.settings import BUDGET_STEPS, MIN_BUDGET_S, SLOW_STOP, Auto, candidates_of, for_device
 from accel.search.strategy import Comparison, Outcome, Search
 from accel.search.verdicts import run_ahead_s, warmup_fit

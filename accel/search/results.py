@@ -7,8 +7,8 @@ import datetime as _dt
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from accel import clock
 import accel.search.cache as plancache
+from accel import clock
 from accel.measure import Ratio
 from accel.plan import Plan
 from accel.run.report import render_table

@@ -3,11 +3,12 @@ candidates, sorted by what their accelerators provide (never by their names)."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
-from accel.plan.contract import REGISTRY, Capability
 from accel.plan import Plan
+from accel.plan.contract import REGISTRY, Capability
 
 MARGIN = 0.02  # a plan must be faster than the one it replaces by more than this fraction
 MIN_BUDGET_S, BUDGET_STEPS = 90.0, 100  # the default budget: the larger of 90 s and 100 plain steps

@@ -10,13 +10,14 @@ answers a comparison it has no budget for with outcomes "not measured", so the s
 """
 from __future__ import annotations
 
+from collections.abc import Generator
 from dataclasses import dataclass, field
-from typing import Any, Generator
+from typing import Any
 
 from accel.measure import Ratio, paired, plan_label
 from accel.plan import Plan
 from accel.search.results import TuneRow
-from accel.search.verdicts import established, pays, payback, words
+from accel.search.verdicts import established, payback, pays, words
 
 
 @dataclass

@@ -11,18 +11,18 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from accel.plan.contract import Accelerator
 from accel.api import accelerate
+from accel.plan.contract import Accelerator
+from accel.run import Run
 from accel.run.journal import pin_process
 from accel.run.report import Row
-from accel.run import Run
 from accel.testing.harness import Equivalence, check_equivalence  # noqa: F401  (public)
 from accel.testing.setup import Held, Loop, Setup  # noqa: F401  (public)
 from accel.testing.snapshots import Snapshot, snapshot  # noqa: F401  (public)

@@ -27,21 +27,22 @@ The parts: what one training records (accel/testing/trace.py), how two trainings
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from torch.utils.data import DataLoader
 
-from accel.plan.contract import EXACT, REGISTRY, Keeps
 from accel.api import decide
-from accel.search import accelerate
 from accel.errors import AccelerateError, PlanError
-from accel.run.loaders import draws_random_numbers, release_workers
 from accel.plan import Plan
+from accel.plan.contract import EXACT, REGISTRY, Keeps
+from accel.run.loaders import draws_random_numbers, release_workers
+from accel.search import accelerate
 from accel.testing.comparison import LEVELS, combined, compare, compare_tensors  # noqa: F401  (tests import them here)
+from accel.testing.setup import Setup  # noqa: F401  (accel.testing.harness.Setup)
 from accel.testing.snapshots import snapshot
 from accel.testing.trace import Trace, process_state, trained  # noqa: F401  (tests import them here)
-from accel.testing.setup import Setup  # noqa: F401  (accel.testing.harness.Setup)
 
 
 @dataclass

@@ -10,12 +10,12 @@ from typing import Any
 import torch
 
 from accel.batches import map_tensors
-from accel.run.loaders import release_workers
 from accel.measure import TrainStep, endless
 from accel.modules import tied_groups
 from accel.run import Run
-from accel.testing.snapshots import snapshot, whole
+from accel.run.loaders import release_workers
 from accel.testing.setup import Setup
+from accel.testing.snapshots import snapshot, whole
 
 
 def fingerprint(batch: Any) -> str:

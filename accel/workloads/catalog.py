@@ -16,8 +16,9 @@ imported only when its workload is built. `accel bench --suite` measures them al
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn

@@ -39,7 +39,7 @@ class TinyGPT(nn.Module):
             nn.init.normal_(embedding.weight, std=0.02)  # GPT-2's initialisation
 
     @classmethod
-    def gpt2_small(cls) -> "TinyGPT":
+    def gpt2_small(cls) -> TinyGPT:
         """GPT-2 small's shape: 12 layers, width 768, 12 heads, vocabulary 50257, context 1024 (124M parameters)."""
         return cls(vocab=50257, width=768, layers=12, heads=12, context=1024)
 

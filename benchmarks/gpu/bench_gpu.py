@@ -111,7 +111,9 @@ def resnet50(tiny: bool):
         images, labels = data
         return torch.nn.functional.cross_entropy(model(images), labels)
 
-    optimizer = lambda model: torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4)
+    def optimizer(model):
+        return torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4)
+
     return build, optimizer, batches, loss, batch, "images"
 
 
@@ -128,7 +130,9 @@ def gpt2(tiny: bool):
     def loss(model, data):
         return model(**data).loss  # what Hugging Face users write
 
-    optimizer = lambda model: torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
+    def optimizer(model):
+        return torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
+
     return (lambda: GPT2LMHeadModel(config)), optimizer, batches, loss, batch * length, "tokens"
 
 

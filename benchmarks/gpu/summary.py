@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 import re
 import sys
-from xml.etree import ElementTree
 from pathlib import Path
+from xml.etree import ElementTree
 
 TESTS_LOG, TESTS_XML, BENCH_JSON = "2-tests.log", "2-tests.xml", "3-bench.json"
 

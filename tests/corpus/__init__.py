@@ -15,8 +15,8 @@ import functools
 import torch
 from torch.nn import functional as F
 
-from accel.workloads.book import digits_datasets
 from accel.testing import Loop
+from accel.workloads.book import digits_datasets
 
 
 @functools.lru_cache(maxsize=8)

@@ -24,8 +24,7 @@ import torchvision.models as models
 from torch.optim import Adam
 from torch.utils.data import DataLoader, TensorDataset
 
-from accel.testing import Setup
-from accel.testing import Loop
+from accel.testing import Loop, Setup
 
 from . import digits
 
@@ -35,7 +34,7 @@ IMAGE_SIZE, BATCH_SIZE, CONTENT_WEIGHT, STYLE_WEIGHT, LR = 16, 4, 1e5, 1e10, 1e-
 
 class TransformerNet(torch.nn.Module):
     def __init__(self):
-        super(TransformerNet, self).__init__()
+        super().__init__()
         # Initial convolution layers
         self.conv1 = ConvLayer(3, 32, kernel_size=9, stride=1)
         self.in1 = torch.nn.InstanceNorm2d(32, affine=True)
@@ -75,7 +74,7 @@ class TransformerNet(torch.nn.Module):
 
 class ConvLayer(torch.nn.Module):
     def __init__(self, in_channels, out_channels, kernel_size, stride):
-        super(ConvLayer, self).__init__()
+        super().__init__()
         reflection_padding = kernel_size // 2
         self.reflection_pad = torch.nn.ReflectionPad2d(reflection_padding)
         self.conv2d = torch.nn.Conv2d(in_channels, out_channels, kernel_size, stride)
@@ -88,7 +87,7 @@ class ConvLayer(torch.nn.Module):
 
 class ResidualBlock(torch.nn.Module):
     def __init__(self, channels):
-        super(ResidualBlock, self).__init__()
+        super().__init__()
         self.conv1 = ConvLayer(channels, channels, kernel_size=3, stride=1)
         self.in1 = torch.nn.InstanceNorm2d(channels, affine=True)
         self.conv2 = ConvLayer(channels, channels, kernel_size=3, stride=1)
@@ -105,7 +104,7 @@ class ResidualBlock(torch.nn.Module):
 
 class UpsampleConvLayer(torch.nn.Module):
     def __init__(self, in_channels, out_channels, kernel_size, stride, upsample=None):
-        super(UpsampleConvLayer, self).__init__()
+        super().__init__()
         self.upsample = upsample
         reflection_padding = kernel_size // 2
         self.reflection_pad = torch.nn.ReflectionPad2d(reflection_padding)
@@ -122,7 +121,7 @@ class UpsampleConvLayer(torch.nn.Module):
 
 class Vgg16(torch.nn.Module):
     def __init__(self, requires_grad=False):
-        super(Vgg16, self).__init__()
+        super().__init__()
         vgg_pretrained_features = models.vgg16(weights=None).features  # (upstream: IMAGENET1K_V1)
         self.slice1 = torch.nn.Sequential()
         self.slice2 = torch.nn.Sequential()

@@ -21,8 +21,7 @@ from torchvision.models.detection import FasterRCNN
 from torchvision.models.detection.faster_rcnn import FastRCNNPredictor, TwoMLPHead
 from torchvision.models.detection.rpn import AnchorGenerator
 
-from accel.testing import Setup
-from accel.testing import Loop
+from accel.testing import Loop, Setup
 
 from . import digits
 

@@ -8,7 +8,6 @@ import os
 import signal
 
 import pytest
-
 from gpu_helpers import LIMIT_S, reproducible  # noqa: F401  (a fixture of the GPU tests)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the GPU machine has no network: models are built from configs

@@ -6,11 +6,11 @@ import os
 import time
 
 import pytest
+from gpu_helpers import DEVICE, ON_GPU, REHEARSAL, limit
 
 import accel
 from accel.search import generate_candidates
 from accel.workloads import WORKLOADS
-from gpu_helpers import DEVICE, ON_GPU, REHEARSAL, limit
 
 pytestmark = ON_GPU
 BUDGET_S = float(os.environ.get("ACCEL_CUDA_AUTO_BUDGET_S", "15"))

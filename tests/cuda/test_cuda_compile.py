@@ -2,10 +2,10 @@
 the usual GPU stack channels_last + amp + compile, each training what the plain loop trains within its cards."""
 import pytest
 import torch
+from gpu_helpers import DEVICE, ON_GPU, limit, on_gpu
+from zoo import Case
 
 from accel.testing import check_equivalence
-from zoo import Case
-from gpu_helpers import DEVICE, ON_GPU, limit, on_gpu
 
 pytestmark = [*ON_GPU, pytest.mark.usefixtures("reproducible")]
 

@@ -8,10 +8,10 @@ import sys
 
 import pytest
 import torch
-
-from accel.testing.comparison import distance
 from gpu_helpers import DEVICE, ON_GPU, limit
 from scripts.launching import free_port, output, run
+
+from accel.testing.comparison import distance
 
 pytestmark = ON_GPU
 SCRIPT = os.path.join(os.path.dirname(__file__), "launched_cuda.py")

@@ -6,11 +6,11 @@ import math
 
 import pytest
 import torch
+from gpu_helpers import DEVICE, ON_GPU, limit, on_gpu
 from torch.nn.functional import cross_entropy
 
 import accel
 from accel.testing import tiny_loader, tiny_model, tiny_optimizer, train_steps
-from gpu_helpers import DEVICE, ON_GPU, limit, on_gpu
 
 pytestmark = ON_GPU
 
@@ -179,8 +179,9 @@ def test_the_loader_pins_memory_and_copies_without_blocking():
 @pytest.mark.usefixtures("reproducible")
 @pytest.mark.parametrize("optimizer", ["adam", "adamw", "sgd"])
 def test_fused_optimizers_step_on_the_gpu_as_the_plain_loop(optimizer):
-    from accel.testing import check_equivalence
     from zoo import Case
+
+    from accel.testing import check_equivalence
 
     result = check_equivalence(["fused_optimizer"], on_gpu(Case("batchnorm", optimizer={"sgd": "momentum"}.get(
         optimizer, optimizer))), device=DEVICE)
@@ -189,8 +190,9 @@ def test_fused_optimizers_step_on_the_gpu_as_the_plain_loop(optimizer):
 
 @pytest.mark.usefixtures("reproducible")
 def test_activation_checkpointing_recomputes_the_blocks_on_the_gpu_bit_for_bit():
-    from accel.testing import check_equivalence
     from zoo import Case
+
+    from accel.testing import check_equivalence
 
     result = check_equivalence(["activation_checkpointing"], on_gpu(Case("blocks", "dict", optimizer="adam")),
                                device=DEVICE)

@@ -6,13 +6,13 @@ import os
 
 import pytest
 import torch
-from hypothesis import given, settings
-
-from accel.testing import check_equivalence
-from zoo import BATCHES, EXTRAS, LOADERS, MODELS, OPTIMIZERS, Case
 from gpu_helpers import DEVICE, ON_GPU, limit, on_gpu
+from hypothesis import given, settings
 from scripts.launching import one_rank_env
 from test_equivalence import COMMON, LOADER_REFUSES, OPTIONS, SLOW, cases, expect_kept, plans, sharded_cases
+from zoo import BATCHES, EXTRAS, LOADERS, MODELS, OPTIMIZERS, Case
+
+from accel.testing import check_equivalence
 
 pytestmark = [*ON_GPU, pytest.mark.usefixtures("reproducible")]
 DRAWN = int(os.environ.get("ACCEL_CUDA_ZOO_EXAMPLES", "8"))

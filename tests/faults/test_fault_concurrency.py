@@ -9,13 +9,13 @@ import warnings
 
 import pytest
 import torch
+from injectors import in_thread, objects, process_state, warm_up
 
 import accel
 import accel.accelerators.compile.cache as compile_cache
 import accel.search.cache as plancache
 from accel.cli import main
 from accel.plan.contract import Accelerator, Stage
-from injectors import in_thread, objects, process_state, warm_up
 
 FACTS = {"model": "the same setup", "settings": {}}
 

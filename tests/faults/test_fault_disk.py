@@ -9,13 +9,13 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from injectors import fill, objects, tmpfs, train
+from scripts.launching import one_rank_env
 
 import accel
 import accel.search.cache as plancache
 from accel.errors import CheckpointError
 from accel.files import PREFIX
-from injectors import fill, objects, tmpfs, train
-from scripts.launching import one_rank_env
 
 
 def leftovers(folder):

@@ -12,13 +12,13 @@ import torch
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from injectors import objects, train
 
 import accel
 import accel.search.cache as plancache
 from accel.errors import CheckpointError, PlanError
 from accel.run.checkpoint import checksum, saved_plan
 from accel.testing import snapshot
-from injectors import objects, train
 
 KEYS = ("plan", "model", "optimizer", "optimizer_class", "accelerators", "step", "optimizer_steps", "epoch", "sampler",
         "loader_generators", "rng", "world_size", "accelerators_per_rank", "format")

@@ -8,7 +8,6 @@ import sys
 import time
 
 import pytest
-
 from scripts.launching import clean_env, free_port
 
 RANK = """import os, pathlib, sys, time

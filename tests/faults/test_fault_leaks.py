@@ -8,11 +8,11 @@ import tracemalloc
 import warnings
 
 import torch
+from injectors import objects, process_state, warm_up
 
 import accel
 from accel.run.report import StepTimes
 from accel.run.shared_settings import _SETTINGS
-from injectors import objects, process_state, warm_up
 
 
 def test_step_statistics_stay_bounded_and_keep_the_first_step_apart(monkeypatch):

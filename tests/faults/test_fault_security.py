@@ -8,12 +8,12 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from injectors import objects
 
 import accel
 import accel.search.cache as plancache
 from accel.errors import CheckpointError
 from accel.run.checkpoint import checksum, resolve, saved_plan
-from injectors import objects
 
 NOT_IMPORTED_STDLIB = ("this", "turtledemo.minimal_hanoi", "idlelib.idle_test.mock_tk")  # print or touch when imported
 

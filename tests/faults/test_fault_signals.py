@@ -12,13 +12,13 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from injectors import count_calls, objects, process_state, signal_at, train, warm_up
 
 import accel
 from accel.files import PREFIX
 from accel.randomness import first_batch, kept
 from accel.run import open_run
 from accel.testing import tiny_loader
-from injectors import count_calls, objects, process_state, signal_at, train, warm_up
 
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 PLAN = {"threads": {}, "channels_last": {}, "grad_clipping": {"max_norm": 1.0}}  # the process, hooks, state

@@ -12,12 +12,12 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from injectors import count_calls, process_state, signal_at, train, warm_up
+from virtual_clock import VirtualClock
 
 import accel
 from accel.errors import CheckpointError
 from accel.testing import tiny_loader, tiny_model
-from virtual_clock import VirtualClock
-from injectors import count_calls, process_state, signal_at, train, warm_up
 
 STEP_S = 0.25  # a forward on the test's clock: chunks of 2 timed steps
 

@@ -11,12 +11,12 @@ import sys
 import types
 
 import torch
+from virtual_clock import VirtualClock
 
 import accel
 import accel.clock
 from accel.plan.contract import Accelerator, Stage, register
 from accel.testing import tiny_loader, tiny_model
-from virtual_clock import VirtualClock
 
 CLOCK = VirtualClock()
 COST = types.SimpleNamespace(forward_s=0.02)

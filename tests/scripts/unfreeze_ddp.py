@@ -4,7 +4,6 @@ import atexit
 import warnings
 
 
-
 @atexit.register  # registered before accel (and its drain) is imported, so it runs after the drain: the last word
 def parked():    # before the interpreter finalizes
     from accel.distributed.group import gloo_workers_busy

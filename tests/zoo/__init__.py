@@ -14,12 +14,19 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils.data import (BatchSampler, DataLoader, Dataset, IterableDataset, SequentialSampler,
-                              SubsetRandomSampler, default_collate)
+from torch.utils.data import (
+    BatchSampler,
+    DataLoader,
+    Dataset,
+    IterableDataset,
+    SequentialSampler,
+    SubsetRandomSampler,
+    default_collate,
+)
 
+from accel.testing.setup import Setup
 from accel.workloads.book import digits_datasets
 from zoo.loops import BY_HAND, LOOPS, SelfSharding
-from accel.testing.setup import Setup
 from zoo.models import MODELS, DenseLayer, Net, Residual  # noqa: F401  (the zoo's names)
 
 Pair = collections.namedtuple("Pair", "image label")

@@ -39,14 +39,22 @@ from dataclasses import dataclass, field
 
 import torch
 
-
 import accel.accelerators.compile.cache as compile_cache
-from accel.plan.contract import SAME_MATH, Accelerator, Capability, Stage, State, register
-from accel.plan.options import Options, option
 from accel.errors import LoopError, Problem, Skip
 from accel.hardware import PACKAGE_BACKENDS, compile_backend_problem, import_compile_backend, torch_version
-from accel.modules import (checkpoints_itself, compile_seconds, compiled, hands_blocks_a_cache, listed, outermost,
-                           repeated_blocks, running_statistics, trainable)
+from accel.modules import (
+    checkpoints_itself,
+    compile_seconds,
+    compiled,
+    hands_blocks_a_cache,
+    listed,
+    outermost,
+    repeated_blocks,
+    running_statistics,
+    trainable,
+)
+from accel.plan.contract import SAME_MATH, Accelerator, Capability, Stage, State, register
+from accel.plan.options import Options, option
 
 __all__ = ["Compile", "CompileOptions", "CompileState"]
 

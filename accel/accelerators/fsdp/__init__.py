@@ -53,16 +53,22 @@ import warnings
 import torch
 from torch import nn
 
-from accel.plan.contract import SAME_MATH, Capability, Stage, dtype_name, register
 from accel.accelerators.fsdp.checks import foreign_parameter_problems, fsdp_available, is_sharded
 from accel.accelerators.fsdp.config import FSDPOptions, FSDPState
 from accel.accelerators.fsdp.held import held_by_parameter, reduce_into_shards
-from accel.accelerators.fsdp.surgery import (Originals, gather_state, shard_like, shard_model, swap_parameters,
-                                             unshard_model)
+from accel.accelerators.fsdp.surgery import (
+    Originals,
+    gather_state,
+    shard_like,
+    shard_model,
+    swap_parameters,
+    unshard_model,
+)
 from accel.distributed.data_parallel import LAUNCHERS, DataParallel
 from accel.errors import Problem, StaleWarning
 from accel.hardware import is_accelerator
 from accel.modules import listed, outermost, repeated_blocks
+from accel.plan.contract import SAME_MATH, Capability, Stage, dtype_name, register
 
 __all__ = ["FSDP", "FSDPOptions", "FSDPState"]
 

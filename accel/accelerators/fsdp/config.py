@@ -5,9 +5,9 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
-from accel.plan.contract import State
 from accel.accelerators.fsdp.surgery import Originals, Sharding
 from accel.distributed.data_parallel import DataParallelOptions
+from accel.plan.contract import State
 from accel.plan.options import option
 
 REDUCE_DTYPES = ("float32", "compute")

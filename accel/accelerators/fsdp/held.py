@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 # torch.distributed's DTensor is imported where it is used: accel imports on a torch without it
-
 from collections.abc import Iterator
 from typing import Any
 

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 # torch.distributed's FSDP2 and DTensor are imported where they are used: accel imports on a torch without them
 # (fsdp's check says why it cannot run there).
-
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any

@@ -29,24 +29,32 @@ from __future__ import annotations
 
 import contextlib
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn
 
-from accel.plan.contract import Accelerator, Capability, Keeps, Stage, register
-from accel.plan.options import Options, at_least, option
+from accel import randomness
 from accel.accelerators.prune.config import DEFAULT_CONFIG, PRUNERS, config_problems
 from accel.accelerators.prune.diagnosis import empty_message, same_for_every_input
-from accel.accelerators.prune.speedup import (QUIET, count, nni_quiet, output_shapes, shape_changes, speedup_class,
-                                             surgery)
+from accel.accelerators.prune.speedup import (
+    QUIET,
+    count,
+    nni_quiet,
+    output_shapes,
+    shape_changes,
+    speedup_class,
+    surgery,
+)
 from accel.accelerators.prune.tracing import fx_trace, keep_outputs, structure_problems
+from accel.batches import describe_batch, move
 from accel.errors import Problem
 from accel.optim import copy_with_optimizer, describe_optimizer, init_kwargs, rebuild_optimizer, same_params
-from accel import randomness
+from accel.plan.contract import Accelerator, Capability, Keeps, Stage, register
+from accel.plan.options import Options, at_least, option
 from accel.randomness import first_batch
-from accel.batches import describe_batch, move
 
 __all__ = ["Prune", "PruneOptions"]
 

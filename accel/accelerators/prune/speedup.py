@@ -89,7 +89,7 @@ def surgery(model: nn.Module, dummy: Any, masks: dict, speedup: Any) -> None:
                 buffer.copy_(buffers[name])
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def speedup_class() -> type:
     """NNI's ModelSpeedup, checking the masks it inferred before it rebuilds anything: a layer it would empty is a
     ValueError naming the layer and why, and any failure to rebuild a layer names the layer. With dry_run it infers

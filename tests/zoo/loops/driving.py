@@ -6,9 +6,9 @@ import copy
 
 import torch
 
-from accel.plan.contract import REGISTRY
 from accel.api import accelerate
 from accel.errors import PlanError
+from accel.plan.contract import REGISTRY
 from accel.testing.setup import Loop
 
 

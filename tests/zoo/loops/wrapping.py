@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from accel.modules import checkpoints_itself, running_statistics
