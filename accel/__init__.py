@@ -34,6 +34,8 @@ from accel.run.report import Report
 from accel.search import Auto, TuneResult, accelerate, tune
 from accel.version import __version__
 
-__all__ = ["__version__", "AccelError", "AccelerateError", "Accelerator", "Auto", "Capability", "BypassWarning", "CheckpointError", "LoopError", "LoopWarning", "Keeps", "MeasureError", "Option", "Options", "Plan",
-           "PlanError", "Problem", "Report", "Run", "Skip", "Stage", "State", "StaleWarning", "TuneResult", "accelerate", "decide", "probe",
+__all__ = ["__version__", "AccelError", "AccelerateError", "Accelerator", "Auto", "Capability", "BypassWarning",
+           "CheckpointError", "LoopError", "LoopWarning", "Keeps", "MeasureError", "Option", "Options", "Plan",
+           "PlanError", "Problem", "Report", "Run", "Skip", "Stage", "State", "StaleWarning", "TuneResult",
+           "accelerate", "decide", "probe",
            "option", "register", "tune", "unregister"]

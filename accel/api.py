@@ -204,7 +204,8 @@ def accelerate(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None =
                 row.warnings.append(str(warning.message))
                 warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
             state = states.get(accelerator.name)
-            if state is not None and accelerator.unwrap(state, ctx.model) is not model_before:  # a wrapper keeps it live
+            # a wrapper keeps it live
+            if state is not None and accelerator.unwrap(state, ctx.model) is not model_before:
                 replaced.setdefault("model", accelerator.name)
             if ctx.optimizer is not optimizer_before:
                 replaced.setdefault("optimizer", accelerator.name)

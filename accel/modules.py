@@ -87,7 +87,8 @@ def of_class(module: nn.Module, classes: set[str]) -> bool:
 SELF_CHECKPOINTING = {"grad_checkpointing": "timm's set_grad_checkpointing()",
                       "gradient_checkpointing": "Hugging Face's gradient_checkpointing_enable() (diffusers' "
                                                 "enable_gradient_checkpointing())",
-                      "use_checkpoint": "use_checkpoint=True", "memory_efficient": "torchvision's memory_efficient=True"}
+                      "use_checkpoint": "use_checkpoint=True",
+                      "memory_efficient": "torchvision's memory_efficient=True"}
 
 
 def checkpoints_itself(model: nn.Module) -> list[str]:

@@ -7,8 +7,8 @@ eager, compile and compile with regional=True; the variants run in turn, `--repe
 the median and the min-max.
 
 --warm: each compile variant runs twice, in two fresh processes sharing one empty accel cache folder
-(ACCEL_CACHE_DIR; compile keeps inductor's artifacts in its compile/ folder, accel/accelerators/compile/cache.py): the first
-compiles cold and writes the folder, the second starts warm. Every repeat starts from a new empty folder.
+(ACCEL_CACHE_DIR; compile keeps inductor's artifacts in its compile/ folder, accel/accelerators/compile/cache.py): the
+first compiles cold and writes the folder, the second starts warm. Every repeat starts from a new empty folder.
 
     python benchmarks/bench_compile_warmup.py                          # a 12-layer GPT-style model (width 256)
     python benchmarks/bench_compile_warmup.py --model resnet18 --repeats 1

@@ -176,7 +176,8 @@ def main() -> None:
           f"through accel {accel_us:.1f} us/step: accel adds {added:.1f} us = {added / (step_ms * 1e3):.4%} "
           f"of this {step_ms:.0f} ms step")
     watch, low, high = watch_cost_us()
-    print(f"watching the loop (accel/run/watch.py), per step on the trivial model: {watch:+.2f} us (rounds {low:+.2f} to "
+    print(f"watching the loop (accel/run/watch.py), per step on the trivial model: {watch:+.2f} us "
+          f"(rounds {low:+.2f} to "
           f"{high:+.2f}) = {watch / (step_ms * 1e3):.4%} of this {step_ms:.0f} ms step")
 
 

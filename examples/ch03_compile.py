@@ -14,7 +14,8 @@ def main(argv=None) -> int:
     args_parser = parser(__doc__.splitlines()[0])
     args_parser.add_argument("--epochs", type=int, default=5)
     args_parser.add_argument("--batch-size", type=int, default=64)
-    args_parser.add_argument("--max-autotune", action="store_true", help="also try mode=max-autotune-no-cudagraphs (slow to compile)")
+    args_parser.add_argument("--max-autotune", action="store_true",
+                             help="also try mode=max-autotune-no-cudagraphs (slow to compile)")
     args_parser.add_argument("--backend", default=None, help="compile backend (default inductor; eager in --quick)")
     args = args_parser.parse_args(argv)
     epochs, limit = (1, 64) if args.quick else (args.epochs, None)
@@ -31,7 +32,8 @@ def main(argv=None) -> int:
         rows.append({"variant": name, **result})
         last = result["report"]
     print(last)
-    print_table(f"torch.compile, the book's CNN, {len(train_set)} real digits x {epochs} epochs, batch {args.batch_size}",
+    print_table(f"torch.compile, the book's CNN, {len(train_set)} real digits x {epochs} epochs, "
+                f"batch {args.batch_size}",
                 [("variant", "variant", "s"), ("seconds", "train s", ".2f"), ("first_step_s", "1st step s", ".2f"),
                  ("step_ms", "ms/step", ".2f"), ("accuracy", "test acc", ".3f")],
                 rows, baseline=rows[0], json_out=args.json)

@@ -52,7 +52,8 @@ def variant(name: str, command: list[str], env: dict[str, str]) -> dict:
         why = (done.stderr.strip() or done.stdout.strip()).splitlines()[-1:] or [f"exit {done.returncode}"]
         print(f"--- {name}: failed ---\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
         return {"variant": name, "openmp": "n/a: " + why[0][:100]}
-    print(f"--- {name} ---\n" + "\n".join(line for line in done.stdout.splitlines() if line.startswith(("accel", "steps", "thr"))))
+    print(f"--- {name} ---\n" + "\n".join(line for line in done.stdout.splitlines()
+                                         if line.startswith(("accel", "steps", "thr"))))
     return {"variant": name, **results[0]}
 
 

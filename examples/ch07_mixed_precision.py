@@ -36,7 +36,8 @@ def main(argv=None) -> int:
         rows.append({"variant": name, "dtype": dtype, **result})
         if amp:
             print(result["report"])
-    print_table(f"Mixed precision, the book's CNN, {len(train_set)} real digits x {epochs} epochs, batch {args.batch_size}",
+    print_table(f"Mixed precision, the book's CNN, {len(train_set)} real digits x {epochs} epochs, "
+                f"batch {args.batch_size}",
                 [("variant", "variant", "s"), ("dtype", "computes in", "s"), ("seconds", "train s", ".2f"),
                  ("step_ms", "ms/step", ".1f"), ("accuracy", "test acc", ".3f")],
                 rows, baseline=rows[0], json_out=args.json)

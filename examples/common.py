@@ -106,7 +106,8 @@ def isolated():
 def parser(description: str) -> argparse.ArgumentParser:
     """The arguments every example takes: --quick (seconds, for the smoke test) and --seed."""
     p = argparse.ArgumentParser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="a few steps on a few samples: checks it runs, numbers mean nothing")
+    p.add_argument("--quick", action="store_true",
+                   help="a few steps on a few samples: checks it runs, numbers mean nothing")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="also print the table's rows as one JSON line")
     return p

@@ -1,5 +1,6 @@
-"""compile keeps what inductor compiled in accel's cache folder (accel/accelerators/compile/cache.py): a second process compiling
-the same model starts warm, and the run puts the process's TORCHINDUCTOR_CACHE_DIR back when it closes or fails."""
+"""compile keeps what inductor compiled in accel's cache folder (accel/accelerators/compile/cache.py): a second process
+compiling the same model starts warm, and the run puts the process's TORCHINDUCTOR_CACHE_DIR back when it closes or
+fails."""
 import json
 import os
 import subprocess

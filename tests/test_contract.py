@@ -294,8 +294,8 @@ def imports_of_others(tree: ast.AST, path: Path, own: str | None) -> list[str]:
 
 @pytest.mark.parametrize("name", list(accelerators()) + ["data_parallel"])
 def test_no_accelerator_reads_another(name):
-    """Static, over accel/accelerators/**/*.py (and accel/distributed/data_parallel.py, the base ddp and fsdp share): what one
-    accelerator offers another goes through the run's services, a decision or a capability, never a read."""
+    """Static, over accel/accelerators/**/*.py (and accel/distributed/data_parallel.py, the base ddp and fsdp share):
+    what one accelerator offers another goes through the run's services, a decision or a capability, never a read."""
     paths = [PACKAGE / "distributed" / "data_parallel.py"] if name == "data_parallel" else files_of(name)
     own = None if name == "data_parallel" else name
     found = []

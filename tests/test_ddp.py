@@ -1,4 +1,5 @@
-"""The ddp accelerator, accel.hardware.launcher and accel.distributed: launcher variables, validation, and real 2-process gloo runs."""
+"""The ddp accelerator, accel.hardware.launcher and accel.distributed: launcher variables, validation, and real
+2-process gloo runs."""
 import json
 
 import pytest
@@ -104,7 +105,8 @@ def test_backend_must_serve_the_device_and_options_are_checked(single_process, m
     assert "backend 'nccl' does not serve device cpu" in str(error.value)
     with pytest.raises(accel.PlanError) as error:
         accel.Plan({"ddp": {"comm_hook": "fp8", "timeout_s": 0}})
-    assert "ddp.comm_hook: 'fp8': not allowed" in str(error.value) and "ddp.timeout_s: 0: must be > 0" in str(error.value)
+    assert ("ddp.comm_hook: 'fp8': not allowed" in str(error.value)
+            and "ddp.timeout_s: 0: must be > 0" in str(error.value))
 
 
 # --- real 2-process gloo runs on loopback ---------------------------------------------------------------------

@@ -173,7 +173,8 @@ def test_fsdp_in_a_launched_job_with_up_to_two_others(one_rank_group, case, plan
     result = equivalence(plan, case, steps=3)
     if result.refused:  # the extra_tensor optimizer trains a tensor outside the model: fsdp cannot shard it
         assert any(r in result.refused for r in (*LOADER_REFUSES, "that are not the model's",
-                                                     "in the middle of accumulating gradients under fsdp")), f"{case}\n{result}"
+                                                     "in the middle of accumulating gradients under fsdp")), \
+            f"{case}\n{result}"
     else:
         assert "fsdp" in result.applied, f"{case}\n{result}"
     expect_kept(result, case, plan)
@@ -207,7 +208,8 @@ def test_ipex_refused_here_leaves_everything_as_it_was():
 
 @pytest.mark.slow
 def test_inductor_compile_keeps_the_same_math():
-    result = check_equivalence(["compile", "channels_last"], Case("batchnorm", "dict", "mask", "shuffled", "adam").build)
+    result = check_equivalence(["compile", "channels_last"],
+                               Case("batchnorm", "dict", "mask", "shuffled", "adam").build)
     assert result.applied == ["channels_last", "compile"]
     expect_kept(result, None, None)
 
@@ -324,7 +326,8 @@ def test_every_comparison_of_the_harness_can_fail(change, levels, word, level):
         assert any(d.startswith(word) for d in found), found
 
 
-@pytest.mark.parametrize("step_accelerator", [{"grad_clipping": {"max_norm": 1e9}}, {"grad_accumulation": {"steps": 2}}],
+@pytest.mark.parametrize("step_accelerator",
+                         [{"grad_clipping": {"max_norm": 1e9}}, {"grad_accumulation": {"steps": 2}}],
                          ids=["grad_clipping", "grad_accumulation"])
 def test_a_step_accelerator_in_the_plan_does_not_hide_what_another_changes(step_accelerator):
     """grad_clipping and grad_accumulation change the training by their cards; they run in the reference too, so

@@ -14,7 +14,8 @@ import torch
 from scripts.launching import clean_env, output
 
 ROOT = Path(__file__).resolve().parent.parent
-GPU = pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is here: benchmarks/gpu/run.sh runs the check for real")
+GPU = pytest.mark.skipif(torch.cuda.is_available(),
+                         reason="a GPU is here: benchmarks/gpu/run.sh runs the check for real")
 
 
 def run(command: list, out: Path, **env) -> subprocess.CompletedProcess:
@@ -73,7 +74,8 @@ def test_amp_sets_tf32_for_the_run_after_a_program_chose_it_through_torchs_newer
 
     if not hasattr(torch.backends, "fp32_precision"):
         pytest.skip(f"torch {torch.__version__} has no torch.backends.fp32_precision (torch >= 2.9)")
-    pairs = ((torch.backends.cuda.matmul, torch.backends.cuda.matmul), (torch.backends.cudnn, torch.backends.cudnn.conv))
+    pairs = ((torch.backends.cuda.matmul, torch.backends.cuda.matmul),
+             (torch.backends.cudnn, torch.backends.cudnn.conv))
     legacy = [flags.allow_tf32 for flags, _ in pairs]
     torch.backends.fp32_precision = "tf32"
     try:
@@ -108,7 +110,8 @@ def test_fsdp_offloading_to_the_cpu_starts_its_group_with_gloo_beside_nccl():
 def test_the_settings_docs_gpu_md_names_are_the_ones_the_check_reads():
     text = (ROOT / "docs" / "gpu.md").read_text()
     named = set(re.findall(r"\b(ACCEL_(?:GPU_CHECK|CUDA)_[A-Z_]+)\b", text))
-    read = "".join(p.read_text() for p in [ROOT / "benchmarks" / "gpu" / "run.sh", *(ROOT / "tests" / "cuda").glob("*.py")])
+    read = "".join(p.read_text()
+                   for p in [ROOT / "benchmarks" / "gpu" / "run.sh", *(ROOT / "tests" / "cuda").glob("*.py")])
     assert named and all(name in read for name in named), sorted(n for n in named if n not in read)
     assert all(len(line) < 2000 for line in re.findall(r"run\(command=.*\)", text))
 

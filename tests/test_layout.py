@@ -121,7 +121,8 @@ def import_graph():
 
 def test_the_import_graph_has_no_circles_and_the_core_imports_no_measurement():
     graph = import_graph()
-    facade = {"accel", "accel.accelerators", "accel.cli", "accel.search"}  # packages that import their parts to register them
+    # packages that import their parts to register them
+    facade = {"accel", "accel.accelerators", "accel.cli", "accel.search"}
 
     def reach(start):
         seen, todo = set(), [start]

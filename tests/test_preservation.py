@@ -343,7 +343,8 @@ def test_a_few_adaptive_steps_on_a_small_tensor_pass_the_float_card_a_systematic
     from accel.testing.harness import compare_tensors
 
     generator = torch.Generator().manual_seed(0)
-    reference = {"conv1.weight": torch.randn(72, generator=generator), "fc.weight": torch.randn(4000, generator=generator)}
+    reference = {"conv1.weight": torch.randn(72, generator=generator),
+                 "fc.weight": torch.randn(4000, generator=generator)}
     card = Keeps("float", rtol=1e-3, atol=1e-4)
     stepped = {k: v.clone() for k, v in reference.items()}
     stepped["conv1.weight"][:3] += 1.6e-3

@@ -196,7 +196,8 @@ def test_under_the_grad_scaler_it_unscales_first():
         warnings.simplefilter("always")
         run = accel.accelerate(clipped, torch.optim.SGD(clipped.parameters(), lr=0.5), tiny_loader(),
                                [{"amp": {"dtype": "fp16"}}, {"grad_clipping": {"max_norm": 0.05}}], device="cpu")
-    assert any("emulated" in str(w.message) for w in caught) is not probe().native_fp16, [str(w.message) for w in caught]
+    assert any("emulated" in str(w.message) for w in caught) is not probe().native_fp16, \
+        [str(w.message) for w in caught]
     assert run.report.row("grad_clipping").changes["under_grad_scaler"] == "unscaled first"
     train_steps(run)
     hand_loop(reference, torch.optim.SGD(reference.parameters(), lr=0.5), tiny_loader(),

@@ -211,7 +211,8 @@ def test_a_costly_accelerator_is_kept_only_when_its_warmup_pays_back_within_the_
 def test_the_budget_bounds_the_search_and_says_what_was_not_measured():
     result = accel.tune(*objects(), device="cpu", candidates=[["channels_last"], ["threads"]], budget_s=0)
     assert result.rows[0].status == "measured"  # the baseline is always measured
-    assert {r.status for r in result.rows[1:]} == {"not measured"} and all("budget" in r.reason for r in result.rows[1:])
+    assert ({r.status for r in result.rows[1:]} == {"not measured"}
+            and all("budget" in r.reason for r in result.rows[1:]))
     assert result.plan.names() == []
 
 
@@ -272,7 +273,8 @@ def test_tune_takes_any_batch_through_a_step_function_and_explains_what_it_needs
 
 
 def test_the_cache_answers_the_same_setup_at_once_and_measures_again_after_any_change(tmp_path, custom, virtual):
-    model, optimizer, loader = objects(step_s=BASE_S)  # 'slow' is clearly not faster: a decided answer, kept even on a busy machine
+    # 'slow' is clearly not faster: a decided answer, kept even on a busy machine
+    model, optimizer, loader = objects(step_s=BASE_S)
     kwargs = dict(device="cpu", candidates=[["slow"]], budget_s=20, cache=tmp_path)
     first = accel.tune(model, optimizer, loader, **kwargs)
     assert not first.from_cache and first.key

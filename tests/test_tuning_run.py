@@ -63,7 +63,8 @@ def test_auto_is_a_controller_owning_a_run_and_every_name_of_run_answers_with_ru
     with accel.clock.use(CLOCK):
         model = tiny_model()
         plain = accel.accelerate(model, torch.optim.SGD(model.parameters(), lr=0.05), tiny_loader(), device="cpu")
-        names = sorted({n for n in dir(Run) if not n.startswith("_")} | {n for n in vars(plain) if not n.startswith("_")})
+        names = sorted({n for n in dir(Run) if not n.startswith("_")}
+                       | {n for n in vars(plain) if not n.startswith("_")})
         _, run = auto_run()
         assert InLoopSearch.__bases__ == (object,) and not isinstance(run, Run) and isinstance(run.current, Run)
         with pytest.raises(AttributeError):

@@ -326,7 +326,8 @@ class ActivationCheckpointing(Accelerator):
     def apply(self, ctx):
         classes, _ = self.chosen_classes(ctx.user_model)  # what decide() chose, on the model it saw
         chosen = [ctx.model] if of_class(ctx.model, classes) else outermost(ctx.model, classes)  # (the whole model,
-        if not chosen:  # when its class is named: it recomputes everything from your batch)  # e.g. IPEX replaced the named classes with its own
+        if not chosen:  # when its class is named: it recomputes everything from your batch)
+            # e.g. IPEX replaced the named classes with its own
             raise Skip(f"no module of class {sorted(classes)} left in the model to checkpoint "
                        f"(found: {sorted({type(m).__name__ for m in ctx.model.modules()})[:6]})")
         names = {id(m): name or "(the whole model)" for name, m in ctx.model.named_modules()}

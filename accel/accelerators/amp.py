@@ -180,7 +180,8 @@ class Amp(Accelerator):
         outside = outside_optimizer(ctx.model, ctx.optimizer) if scaler is not None else []
         if outside:  # a second optimizer of the loop's would step them on gradients the scaler scaled
             warnings.warn(f"amp: parameters that train are not in the optimizer ({', '.join(outside[:4])}"
-                          f"{', ...' if len(outside) > 4 else ''}): their gradients stay multiplied by the GradScaler's "
+                          f"{', ...' if len(outside) > 4 else ''}): their gradients stay multiplied by the "
+                          "GradScaler's "
                           "scale (65536 at first); step an optimizer of yours that holds them with run.scaler.step(it) "
                           "(it unscales them, and skips a step whose gradients overflowed; run.unscale_gradients(it) "
                           "first to read them), or pass one optimizer holding every parameter that trains",

@@ -75,7 +75,8 @@ class ChannelsLast(Accelerator):
             if to_channels_last not in conv._forward_pre_hooks.values():  # once, whatever runs came before
                 ctx.journal.hook(f"channels_last pre-hook on {name}",
                                  lambda conv=conv: conv.register_forward_pre_hook(to_channels_last))
-        drops = [(name, m) for name, m in ctx.model.named_modules() if isinstance(m, torch.nn.modules.dropout._DropoutNd)]
+        drops = [(name, m) for name, m in ctx.model.named_modules()
+                 if isinstance(m, torch.nn.modules.dropout._DropoutNd)]
         for name, drop in drops:
             if to_contiguous not in drop._forward_pre_hooks.values():
                 ctx.journal.hook(f"channels_last: {name} draws its mask in your memory order",

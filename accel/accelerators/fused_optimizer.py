@@ -116,7 +116,8 @@ class FusedOptimizer(Accelerator):
 
     @classmethod
     def candidates(cls, hardware, model, optimizer=None, loader=None):
-        return [{}] if optimizer is not None and not optimizer.defaults.get("fused") and not fused_problem(optimizer) else []
+        return ([{}] if optimizer is not None and not optimizer.defaults.get("fused") and not fused_problem(optimizer)
+                else [])
 
     def apply(self, ctx):
         optimizer = ctx.optimizer

@@ -60,7 +60,8 @@ class Ipex(Accelerator):
         decided = ctx.decisions.compute_dtype
         if decided is None:
             return torch.float32, "no compute dtype decided in the plan"
-        return decided, f"the plan's compute dtype ({ctx.decisions.by['compute_dtype']}: {ctx.decisions.why['compute_dtype']})"
+        return decided, (f"the plan's compute dtype ({ctx.decisions.by['compute_dtype']}: "
+                         f"{ctx.decisions.why['compute_dtype']})")
 
     def check(self, ctx):
         problems = []

@@ -142,7 +142,8 @@ class Loader(Accelerator):
         elif config.num_workers != "auto":
             workers, why = config.num_workers, "asked for"
         else:
-            share = f"this rank's {allowed} of {len(ctx.hardware.cpus_allowed)} CPUs" if ranks > 1 else f"{allowed} CPUs"
+            share = (f"this rank's {allowed} of {len(ctx.hardware.cpus_allowed)} CPUs" if ranks > 1
+                     else f"{allowed} CPUs")
             workers, why = max(0, allowed - threads), f"{share} - {threads} compute threads"
             if workers == 0 and loader.persistent_workers:
                 workers, why = loader.num_workers, f"kept ({why} = 0): {PERSISTENT}"

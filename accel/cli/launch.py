@@ -73,7 +73,8 @@ def rank_layout(physical_cpus: tuple[int, ...], nproc: int, cores_per_proc: int 
     per = cores_per_proc or max(1, len(physical_cpus) // nproc)
     if per * nproc > len(physical_cpus):
         raise LaunchError(f"{nproc} processes x {per} cores need {per * nproc} physical cores; this node has "
-                          f"{len(physical_cpus)} (allowed: --nproc-per-node x --cores-per-proc <= {len(physical_cpus)})")
+                          f"{len(physical_cpus)} (allowed: --nproc-per-node x --cores-per-proc <= "
+                          f"{len(physical_cpus)})")
     return [(node_rank * nproc + local, local, cores_for_rank(physical_cpus, local, nproc, per_rank=per))
             for local in range(nproc)]
 
@@ -129,7 +130,8 @@ def check_numbers(args, environ=os.environ) -> int:
     if args.cores_per_proc is not None and args.cores_per_proc < 1:
         raise LaunchError(f"--cores-per-proc must be >= 1, got {args.cores_per_proc}")
     if not 0 <= args.node_rank < args.nnodes:
-        raise LaunchError(f"--node-rank must be in 0..{args.nnodes - 1} for --nnodes {args.nnodes}, got {args.node_rank}")
+        raise LaunchError(f"--node-rank must be in 0..{args.nnodes - 1} for --nnodes {args.nnodes}, "
+                          f"got {args.node_rank}")
     if args.max_restarts < 0:
         raise LaunchError(f"--max-restarts must be >= 0, got {args.max_restarts}")
     if args.master_port is not None:

@@ -93,7 +93,8 @@ def drain_gloo_workers(limit_s: float = DRAIN_LIMIT_S, calm_polls: int = 3, poll
     row), at most ``limit_s``; True when they were.
 
     Why: DDP keeps its process group alive past ``destroy_process_group()`` (on torch 2.15 the first DDP wrapper in
-    a process leaves 10 references to its group that outlive the wrapper), so the group's worker threads outlive it. A worker that finished a collective still drops its
+    a process leaves 10 references to its group that outlive the wrapper), so the group's worker threads outlive it.
+    A worker that finished a collective still drops its
     last reference to that work, and so to the tensors in it; a tensor whose Python object outlived the Python side
     needs the GIL to be freed. If the interpreter is finalizing by then, Python ends that thread with a forced
     unwind through torch's noexcept frames: std::terminate, "terminate called without an active exception",

@@ -51,8 +51,9 @@ def adapt(cls: type, base: type) -> None:
         specs = {**parent.specs(), **cls.__dict__["options"]}
         specs.pop("optional", None)
         cls.Options = options_from_specs(f"{cls.__name__}Options", specs)
-        broken(cls, "declares options as a dict, not an Options dataclass") or deprecated(cls, "declares options as a dict; declare a frozen dataclass: class Options(accel.Options): "
-                        "steps: int = accel.option(1)  (read as self.config.steps)")
+        broken(cls, "declares options as a dict, not an Options dataclass") or deprecated(
+            cls, "declares options as a dict; declare a frozen dataclass: class Options(accel.Options): "
+                 "steps: int = accel.option(1)  (read as self.config.steps)")
     legacy = set(getattr(cls, "legacy_hooks", ()))
     for hook, arguments in HOOKS.items():
         method = cls.__dict__.get(hook)

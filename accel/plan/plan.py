@@ -72,7 +72,8 @@ def _entries(spec: PlanSpec, problems: list[Problem]) -> list[tuple[str, Any]]:
         path = Path(spec)
         if not path.is_file():
             if isinstance(spec, Path) or path.suffix in PLAN_FILE_SUFFIXES or "/" in str(spec):
-                problems.append(Problem("plan", "plan file not found" + (" (it is a directory)" if path.is_dir() else ""),
+                problems.append(Problem("plan",
+                                        "plan file not found" + (" (it is a directory)" if path.is_dir() else ""),
                                         value=str(spec), allowed="an existing .toml, .yaml or .yml file",
                                         kind="missing"))
                 return []
@@ -82,7 +83,8 @@ def _entries(spec: PlanSpec, problems: list[Problem]) -> list[tuple[str, Any]]:
                 return []
             known = ", ".join(sorted(REGISTRY))
             problems.append(Problem("plan", f"is neither a plan file nor a plan; a one-accelerator plan is written "
-                                    f"[{str(spec)!r}]", value=str(spec), allowed=f"a .toml/.yaml path, or a list of: {known}",
+                                    f"[{str(spec)!r}]", value=str(spec),
+                                    allowed=f"a .toml/.yaml path, or a list of: {known}",
                                     kind="unknown"))
             return []
         try:
@@ -105,7 +107,8 @@ def _entries(spec: PlanSpec, problems: list[Problem]) -> list[tuple[str, Any]]:
         return [(spec, None)]
     if not isinstance(spec, Iterable):
         problems.append(Problem("plan", "is not a plan", value=spec,
-                                allowed="a list of names / {name: options} / Accelerator objects, a dict, or a file path"))
+                                allowed="a list of names / {name: options} / Accelerator objects, a dict, "
+                                        "or a file path"))
         return []
     pairs: list[tuple[str, Any]] = []
     for item in spec:

@@ -56,7 +56,8 @@ def decode_plan(encoded: dict[str, dict], path: Any = "") -> dict[str, dict]:
     """Back to options, each function found where it was saved from. A checkpoint is data anyone may have
     written, so nothing it names is imported (importing runs a module's code): a function is found only in a
     module this process has already imported, outside the standard library and accel, as the plain function
-    defined there under that name (``resolve``). One that cannot be found is an error naming it: only you can pass it again."""
+    defined there under that name (``resolve``). One that cannot be found is an error naming it: only you can pass
+    it again."""
     def decode(value: Any, where: str) -> Any:
         if isinstance(value, dict) and set(value) == {CALLABLE}:
             reference = value[CALLABLE]

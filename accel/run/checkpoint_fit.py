@@ -109,7 +109,8 @@ def model_problems(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
     if missing:
         problems.append(f"the model's {missing[:5]}{' ...' if len(missing) > 5 else ''} are not in the checkpoint")
     if unexpected:
-        problems.append(f"the checkpoint's {unexpected[:5]}{' ...' if len(unexpected) > 5 else ''} are not in the model")
+        problems.append(f"the checkpoint's {unexpected[:5]}{' ...' if len(unexpected) > 5 else ''} "
+                        "are not in the model")
     shapes = [f"{k} {shape(saved[k])} vs {tuple(v.shape)}" for k, v in current.items()
               if k in saved and isinstance(v, torch.Tensor) and shape(saved[k]) is not None
               and shape(saved[k]) != tuple(v.shape)]

@@ -86,7 +86,8 @@ def choose(model, optimizer, device: torch.device, world_size: int, local_world_
         return {sharded: {}}, f"{sharded}: {whole}: it does not fit whole; {over} {_gib(shard)}"
     if device.type != "cpu":
         return ({sharded: {"cpu_offload": True}}, (f"{sharded} with cpu_offload: {whole}: even {over} ({_gib(shard)}) "
-                                                   "it does not fit, so parameters and optimizer state live in host memory"))
+                                                   "it does not fit, so parameters and optimizer state live in "
+                                                   "host memory"))
     return {sharded: {}}, (f"{sharded}: {whole}: even {over} ({_gib(shard)}) it may not fit: more ranks or "
                            "activation_checkpointing would help")
 

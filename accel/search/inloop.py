@@ -3,9 +3,10 @@
 ``InLoopSearch`` is a controller that owns the run of the plan in place (``run.current``: an accel.Run made by
 accelerate() on your own objects) and switches its plan between chunks of your steps as the one search decides
 (strategy.py; turns.py times your steps). Nothing is copied: a switch is accelerate() again, the earlier run undone and
-its counters and accelerators' state handed over, so each plan keeps its card. It answers what the loop calls (run.loader:
-loader.py, run.backward, run.step, run.load, run.close); every other name is the run's of the plan in place (read
-run.model inside the loop: compile, when chosen, wraps it). ``run.search`` (words.py) says what auto does, at every moment.
+its counters and accelerators' state handed over, so each plan keeps its card. It answers what the loop calls
+(run.loader: loader.py, run.backward, run.step, run.load, run.close); every other name is the run's of the plan in
+place (read run.model inside the loop: compile, when chosen, wraps it). ``run.search`` (words.py) says what auto
+does, at every moment.
 """
 from __future__ import annotations
 
@@ -48,22 +49,26 @@ class InLoopSearch:
 
     def __init__(self, settings: Auto, model, optimizer, loader, device: Any = "auto"):
         if optimizer is None or loader is None:
-            missing = " and ".join(w for w, given in (("an optimizer", optimizer), ("a loader", loader)) if given is None)
+            missing = " and ".join(w for w, given in (("an optimizer", optimizer), ("a loader", loader))
+                                   if given is None)
             raise MeasureError(f"plan='auto' measures your training steps: it needs {missing}. A model with no loader "
                                "of its own (a GAN's generator) can be given the loader that paces its steps (the "
                                "discriminator's): its turns are timed between your run.step() calls; or give it a "
                                "plan (docs/two_models.md)")
-        self.settings, self.started, self.chunk_s, self.objects = settings, clock.now(), CHUNK_S, (model, optimizer, loader)
+        self.settings, self.started, self.chunk_s, self.objects = (settings, clock.now(), CHUNK_S,
+                                                                   (model, optimizer, loader))
         hardware, problems = probe(), []
         decided = placement(device, hardware, problems)
         if decided is None:
             raise PlanError(problems)
         self.device, self.launch, self.hardware = decided.device, decided.launch, for_device(hardware, decided.device)
         self.notes: list[str] = []
-        self.distributed, self.hold, self.ranks = in_step(self.launch, model, optimizer, self.device, settings, self.notes)
+        self.distributed, self.hold, self.ranks = in_step(self.launch, model, optimizer, self.device, settings,
+                                                          self.notes)
         kinds = candidates_of(settings, self.hardware, model, optimizer, loader, in_loop=True)
         self.copies, self.epochwise = kinds["copies"], kinds["epochwise"]
-        self.strategy = Search(kinds["stepwise"], kinds["costly"], kinds["given"], settings.margin, settings.expected_steps)
+        self.strategy = Search(kinds["stepwise"], kinds["costly"], kinds["given"], settings.margin,
+                               settings.expected_steps)
         try:
             self.current = accelerate(model, optimizer, loader, plan=dict(self.distributed), device=device)
         except BaseException:
@@ -254,7 +259,8 @@ class InLoopSearch:
         """The first verdict is in: the choice is said and remembered at once; what budget is left measures on."""
         self.phase, self.chosen_at = "chosen", self.current.steps
         self.result = self.current.report.tuning = self._result()
-        keep_answer(self.result, self.cache_key, self.settings.cache, self.strategy.established and not self.distributed)
+        keep_answer(self.result, self.cache_key, self.settings.cache,
+                    self.strategy.established and not self.distributed)
         say(self)
 
     def finish(self) -> None:
@@ -300,7 +306,8 @@ class InLoopSearch:
         nothing = not strategy.candidates and not strategy.costly and not self.epochwise
         why = why or ("nothing to measure: no accelerator offers a candidate for this model on this hardware" if
                       nothing else strategy.why(f", at step {self.current.steps} of your loop"))
-        record = {**self.settings.key(), "search": "your loop", "budget_s": round(self.turns.deadline - self.started, 1),
+        record = {**self.settings.key(), "search": "your loop",
+                  "budget_s": round(self.turns.deadline - self.started, 1),
                   "chosen_at_step": self.chosen_at, "settled_at_step": self.current.steps,
                   "switch_s": round(self.switch_s, 3)}
         return self._for_ranks(TuneResult.measured(chosen, rows, why + "".join(f"; {n}" for n in notes),

@@ -76,7 +76,8 @@ class Apart:
         base = self.base = self.trial({})
         if base.status != "ready":
             raise (PlanError([Problem("tune", f"the baseline (empty plan) is refused: {base.error}")])
-                   if base.status == "refused" else MeasureError(f"the baseline (empty plan) cannot train: {base.error}"))
+                   if base.status == "refused"
+                   else MeasureError(f"the baseline (empty plan) cannot train: {base.error}"))
         self.lab.pace(base.settled_step_s, self.settings.chunk_steps)
         budget = self.settings.budget_s
         self.deadline += budget if budget is not None else max(MIN_BUDGET_S, BUDGET_STEPS * base.settled_step_s)
@@ -126,7 +127,8 @@ class Apart:
             if trial.status == "failed" and out.status == "measured":  # broke in a later round
                 out.status, out.reason = "failed", trial.error
             out.ratio, out.rounds, out.note = ratios.get(id(trial), out.ratio), dict(trial.rounds), note
-            out.fields.update(timing_fields(trial.median_s), warmup_s=round(trial.warmup_s, 4) if trial.first_s else None)
+            out.fields.update(timing_fields(trial.median_s),
+                              warmup_s=round(trial.warmup_s, 4) if trial.first_s else None)
             out.warmup_s, out.reference_s = trial.warmup_s - reference.warmup_s, reference.median_s
         if request.costly and outcomes[0].status == "measured":
             remember_warmup(candidate, self.facts, self.settings.cache, outcomes[0].warmup_s)
@@ -149,5 +151,6 @@ class Apart:
                                                   f"steps: outside the {self.settings.tolerance:.0%} tolerance")
         elif len(trial.first_s) > 1 and fastest > max(SLOW_STOP * base_step, 0.5):
             out.status = "stopped early"
-            out.reason = f"each first step took over {fastest:.2f} s, over {SLOW_STOP:g}x the baseline's {base_step:.3f} s"
+            out.reason = (f"each first step took over {fastest:.2f} s, over {SLOW_STOP:g}x the baseline's "
+                          f"{base_step:.3f} s")
         return out

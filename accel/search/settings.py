@@ -84,7 +84,8 @@ def candidates_of(settings: Auto, hardware, model, optimizer, loader, in_loop: b
              generate_candidates(hardware, model, optimizer, loader, settings.accelerators))
     plans = [p for p in plans if p and not provides(p, Capability.MODEL_DISTRIBUTED)]
     kinds = {"copies": [p for p in plans if in_loop and provides(p, Capability.MODEL_COPY)]}
-    kinds["epochwise"] = [p for p in plans if in_loop and p not in kinds["copies"] and provides(p, Capability.DATA_LOADER)]
+    kinds["epochwise"] = [p for p in plans
+                          if in_loop and p not in kinds["copies"] and provides(p, Capability.DATA_LOADER)]
     rest = [p for p in plans if p not in kinds["copies"] and p not in kinds["epochwise"]]
     kinds["costly"] = [p for p in rest if provides(p, Capability.SETUP_COSTLY) and not (given and not in_loop)]
     return {**kinds, "stepwise": [p for p in rest if p not in kinds["costly"]], "given": given}

@@ -1,4 +1,5 @@
-"""The stop rule of plan="auto" in your loop: a candidate hopelessly slower than its reference beside it stops mid-chunk.
+"""The stop rule of plan="auto" in your loop: a candidate hopelessly slower than its reference beside it stops
+mid-chunk.
 
 Why: bf16 emulated on a CPU without it was 14x slower, and a short run cannot afford the turns a verdict needs. Why
 paired: against the plain loop's fastest round ever, a step time that grows (a curriculum) or a machine that gets busy

@@ -176,7 +176,8 @@ class Turns:
         self.round += 1
         if self.round - self.first_round >= MIN_ROUNDS:
             for arm in self._live():
-                arm.status = "measured" if decided(arm.ratio_to(self.reference), self.request.thresholds) else arm.status
+                arm.status = ("measured" if decided(arm.ratio_to(self.reference), self.request.thresholds)
+                              else arm.status)
         if not self._live() or self.round - self.first_round >= MAX_ROUNDS:
             return self._end_comparison()
         self._next_round()
@@ -280,4 +281,5 @@ class Turns:
         return "the plain loop" if arm is self.plain else arm.name
 
     def _stop_reason(self, timed: int, against: Arm, elapsed: float | None = None) -> str:
-        return stop_reason(self._fastest(timed, elapsed), timed, beside(against.rounds, self.round), self._name(against))
+        return stop_reason(self._fastest(timed, elapsed), timed, beside(against.rounds, self.round),
+                           self._name(against))

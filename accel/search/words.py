@@ -78,10 +78,12 @@ class SearchState:
             return (f"ended at step {self.step} while measuring, before any verdict: nothing chosen, nothing cached"
                     + (f"; measured so far: {so_far}" if so_far else ""))
         if self.chosen is None:
-            return f"measuring since step {self.since_step} (now step {self.step}): {self.measuring}; nothing chosen yet"
+            return (f"measuring since step {self.since_step} (now step {self.step}): {self.measuring}; "
+                    "nothing chosen yet")
         if self.how == "from the cache":
             return f"chose {label(self.chosen)} at step {self.settled_at} {self.chosen_why}"
-        head = f"chose {label(self.chosen)}{' so far' if self.phase == 'chosen' else ''}: {self.chosen_why}; {self.cached}"
+        head = (f"chose {label(self.chosen)}{' so far' if self.phase == 'chosen' else ''}: {self.chosen_why}; "
+                f"{self.cached}")
         if self.phase == "chosen":
             place = "the choice" if self.in_place == self.chosen else f"{label(self.in_place)}, a candidate"
             return (f"{head}; first verdict at step {self.chosen_at}; with the budget left, now measuring "

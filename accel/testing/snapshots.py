@@ -115,7 +115,8 @@ def snapshot(model: nn.Module, optimizer: torch.optim.Optimizer | None = None, l
     loader_attrs = {}
     if loader is not None:
         loader_attrs = {k: getattr(loader, k, None) for k in
-                        ("num_workers", "pin_memory", "persistent_workers", "prefetch_factor", "batch_size", "drop_last",
+                        ("num_workers", "pin_memory", "persistent_workers", "prefetch_factor", "batch_size",
+                         "drop_last",
                          "collate_fn", "sampler", "batch_sampler", "dataset", "worker_init_fn", "timeout")}
         loader_attrs["id"] = id(loader)
         generator = getattr(loader, "generator", None)

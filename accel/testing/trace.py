@@ -113,8 +113,8 @@ def train(run: Run, setup: Setup, steps: int, seed: int) -> Trace:
     trace.state = {k: whole(v).detach().cpu().clone() for k, v in model.state_dict().items()}
     trace.user = {f"your model's {k}": whole(v).detach().cpu().clone() for k, v in setup.model.state_dict().items()}
     for index, state in (setup.optimizer.state_dict()["state"] if setup.optimizer is not None else {}).items():
-        trace.user.update({f"your optimizer's {index}.{k}": whole(v).detach().cpu().float().clone() for k, v in state.items()
-                           if isinstance(v, torch.Tensor)})
+        trace.user.update({f"your optimizer's {index}.{k}": whole(v).detach().cpu().float().clone()
+                           for k, v in state.items() if isinstance(v, torch.Tensor)})
     trace.trainable = {n: p.requires_grad for n, p in model.named_parameters()}
     trace.ties = ties(model)
     trace.frozen_moved = [n for n, p in model.named_parameters() if n in frozen and not p.requires_grad and

@@ -454,7 +454,8 @@ def main() -> int:
             torch.cuda.empty_cache()
     result["seconds"] = round(time.perf_counter() - started, 1)
     write()
-    failed = [n for n, m in result["models"].items() if "error" in m or any("error" in v for v in m["variants"].values())]
+    failed = [n for n, m in result["models"].items()
+              if "error" in m or any("error" in v for v in m["variants"].values())]
     return 1 if failed else 0
 
 

@@ -38,7 +38,8 @@ def stack_of(module) -> list:
 SLOW = ("compile", "prune")  # dynamo's tracing, NNI's passes: seconds each
 
 
-@pytest.mark.parametrize("plan", [pytest.param(p, marks=pytest.mark.slow) if p in SLOW else p for p in [*PLANS, "stack"]])
+@pytest.mark.parametrize("plan", [pytest.param(p, marks=pytest.mark.slow) if p in SLOW else p
+                                  for p in [*PLANS, "stack"]])
 @pytest.mark.parametrize("port", PORTS)
 def test_the_loop_trains_as_upstream_through_every_plan_it_admits(port, plan, request):
     if (port, plan) in KNOWN:
@@ -48,7 +49,8 @@ def test_the_loop_trains_as_upstream_through_every_plan_it_admits(port, plan, re
         torch._dynamo.reset()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # (emulated bf16 and fp16 on this CPU, transformers' config notes)
-        result = check_equivalence(stack_of(module) if plan == "stack" else plan_of(plan, module), module.build, steps=2)
+        result = check_equivalence(stack_of(module) if plan == "stack" else plan_of(plan, module), module.build,
+                                   steps=2)
     if result.refused:
         names = [p.split(":")[0].strip(" -").split(".")[0] for p in result.refused.splitlines()[1:]]
         allowed = [reason for name in names for reason in (*module.REFUSES.get(name, ()),

@@ -10,10 +10,10 @@ with torch's generator (BalancedPositiveNegativeSampler's randperm); the first e
 iteration (LinearLR from 1/1000, stepped after every batch).
 
 Small: mobilenet_v2(width_mult=0.25)'s first 8 features (stride 16, 16 channels out; upstream's docstring keeps all
-19, 1280 channels), box head of 128 (TwoMLPHead's representation; fasterrcnn_* builders use 1024), fewer proposals and sampled
-RoIs; images of 64x64 (min_size = max_size = 64) with one real digit each, at a random place, labelled 1-10.
-(Training BatchNorm here, over the last 2x2 feature maps of two images (all 19 features), made the first gradients 10% apart between two
-summation orders of the same math: no card below "changed" could hold it, with or without accel.)"""
+19, 1280 channels), box head of 128 (TwoMLPHead's representation; fasterrcnn_* builders use 1024), fewer proposals and
+sampled RoIs; images of 64x64 (min_size = max_size = 64) with one real digit each, at a random place, labelled 1-10.
+(Training BatchNorm here, over the last 2x2 feature maps of two images (all 19 features), made the first gradients 10%
+apart between two summation orders of the same math: no card below "changed" could hold it, with or without accel.)"""
 import torch
 import torchvision
 from torch.utils.data import DataLoader, Dataset

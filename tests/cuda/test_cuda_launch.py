@@ -1,6 +1,6 @@
 """ddp and fsdp (with and without cpu_offload, and fsdp beside amp) over nccl, started by `accel launch
---nproc-per-node 1`: one launched rank trains the plain loop and then each plan on its GPU (tests/cuda/launched_cuda.py),
-and each plan trains what the plain loop trained, within its card."""
+--nproc-per-node 1`: one launched rank trains the plain loop and then each plan on its GPU
+(tests/cuda/launched_cuda.py), and each plan trains what the plain loop trained, within its card."""
 import json
 import math
 import os

@@ -1,7 +1,8 @@
 """The preservation contract on the GPU: zoo cases (zoo, drawn as tests/test_equivalence.py draws
 them) trained on the GPU plainly and through a plan, held to each plan's cards (docs/contract.md). Every built-in
 that runs in one process, in each of its configurations; plans of up to three drawn by hypothesis; ddp and fsdp in
-a one-rank nccl group. The counts follow ACCEL_CUDA_ZOO_EXAMPLES (drawn plans; ddp and fsdp a third each, at least 3)."""
+a one-rank nccl group. The counts follow ACCEL_CUDA_ZOO_EXAMPLES (drawn plans; ddp and fsdp a third each, at
+least 3)."""
 import os
 
 import pytest

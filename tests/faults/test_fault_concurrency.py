@@ -60,7 +60,8 @@ def test_accel_cache_clear_removes_only_what_accel_wrote(tmp_path, monkeypatch, 
     assert sorted(p.name for p in tmp_path.rglob("*")) == ["compile", "notes.txt", "settings.json", "warmups"]
     assert "left" in capsys.readouterr().out
     (tmp_path / "compile" / "notes.txt").unlink()
-    (tmp_path / "compile" / compile_cache.TAG).write_text(compile_cache.TAG_TEXT)  # accel's own (compile's apply tags it)
+    # accel's own (compile's apply tags it)
+    (tmp_path / "compile" / compile_cache.TAG).write_text(compile_cache.TAG_TEXT)
     (tmp_path / "compile" / "fxgraph").mkdir()
     assert main(["cache", "clear"]) == 0
     assert not (tmp_path / "compile").exists() and (tmp_path / "settings.json").exists()

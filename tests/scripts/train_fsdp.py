@@ -59,7 +59,8 @@ originals = dict(model.named_parameters())
 
 
 def loss_of(output, target):
-    return cross_entropy(output.flatten(0, -2), target.flatten()) if args.model == "gpt" else cross_entropy(output, target)
+    return (cross_entropy(output.flatten(0, -2), target.flatten()) if args.model == "gpt"
+            else cross_entropy(output, target))
 
 
 def reference() -> dict:
@@ -132,7 +133,8 @@ def accelerated() -> dict:
     mine = dict(model.named_parameters())
     closed = all(mine[n] is p for n, p in originals.items()) and all(
         torch.equal(mine[n].detach(), full[n]) for n in mine)
-    return {"rank": where, "params": full, "losses": losses, "steps": step, "resumed_from": resumed_from, "report": report,
+    return {"rank": where, "params": full, "losses": losses, "steps": step, "resumed_from": resumed_from,
+            "report": report,
             "optimizer": whole["state"], "closed_ok": closed, "lr": lr, "optimizer_holds_originals": all(
                 p is originals[n] for n, p in zip(originals, optimizer.param_groups[0]["params"]))}
 

@@ -194,7 +194,8 @@ def optimizer_for(kind: str, model: nn.Module, temperature: torch.Tensor):
     return torch.optim.Adam([{"params": params}, {"params": [temperature], "lr": 0.05}], lr=0.01)
 
 
-def step_fn(run, batch: Any, extra: str, masked: bool, temperature: torch.Tensor, inplace: bool = False) -> torch.Tensor:
+def step_fn(run, batch: Any, extra: str, masked: bool, temperature: torch.Tensor,
+            inplace: bool = False) -> torch.Tensor:
     """The user's loss: the mask beside the image weighs it (viewed flat), soft targets replace labels. ``inplace``:
     then the mask is normalised in place (zoo.loops.InplaceInput), unless it is a view of the data."""
     fields = unpack(batch, extra)

@@ -18,8 +18,8 @@ resnet18 (1.03x eager on a Zen 3): ``plan="auto"`` with ``expected_steps`` picks
 enough to pay that back.
 
 Where it keeps what it compiled: inductor's compiled graphs and kernels go to ``compile/`` in accel's cache folder
-(accel/accelerators/compile/cache.py: torch's own AOTAutograd and FX graph caches, pointed there for the run and put back by
-close), so a second run of the same script loads them instead of compiling; the report says where, and whether
+(accel/accelerators/compile/cache.py: torch's own AOTAutograd and FX graph caches, pointed there for the run and put
+back by close), so a second run of the same script loads them instead of compiling; the report says where, and whether
 this setup started warm. A ``TORCHINDUCTOR_CACHE_DIR`` of your own is left as it is.
 
 What it keeps: the same math, in generated kernels (``SAME_MATH``: float sums in another order). It compiles
@@ -203,7 +203,8 @@ class Compile(Accelerator):
             return CompileState(changes=changes, compiled_s=compile_seconds())
         state = CompileState(torch.compile(ctx.model, **kwargs), changes=changes, compiled_s=compile_seconds())
         ctx.model = state.wrapper
-        if torch_version() < (2, 15):  # measured: torch 2.8's AOTAutograd kept training a layer unfrozen after compiling
+        if torch_version() < (2, 15):  # measured: torch 2.8's AOTAutograd kept training a layer unfrozen
+            # after compiling
             state.params = list(state.wrapper.parameters())  # with the graph of the frozen one (2.15 recompiles)
             state.trainable = trainable(state.params)
             ctx.journal.hook("compile: recompile after unfreezing", lambda: state.wrapper.register_forward_pre_hook(

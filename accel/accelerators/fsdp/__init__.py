@@ -166,8 +166,9 @@ class FSDP(DataParallel):
                  and any(p is not None for p in m._parameters.values())] if dtype is not None else []
         own = {m: {"mp_policy": MixedPrecisionPolicy()} for m in norms}  # autocast runs BatchNorm in fp32
 
-        # torch 2.8's gloo reduce-scatter summed under ReduceOp.AVG (2 ranks: [3, 3] for [1, 1] and [2, 2]): FSDP2 trained
-        # with 2x the gradients, which Adam's scale invariance all but hid; SUM and a division are right everywhere
+        # torch 2.8's gloo reduce-scatter summed under ReduceOp.AVG (2 ranks: [3, 3] for [1, 1] and [2, 2]): FSDP2
+        # trained with 2x the gradients, which Adam's scale invariance all but hid; SUM and a division are right
+        # everywhere
         sums = torch.distributed.get_backend(mesh.get_group()) == "gloo"
         changes["gradient_reduction"] = ("sum, then divided by the world size (gloo's AVG reduce-scatter is not an "
                                          "average on every torch)" if sums else "average")

@@ -198,7 +198,8 @@ class Prune(Accelerator):
                                     field="dummy_input"))
         for field in trains if not trainable_batch(batch) else ():
             problems.append(Problem(self.name, f"trains with loss_fn(model(batch[0]), batch[1]), but the loader's "
-                                    f"batches are {describe_batch(batch)}: use a loader of (inputs, targets) batches, or "
+                                    f"batches are {describe_batch(batch)}: use a loader of (inputs, targets) "
+                                    "batches, or "
                                     "no warm-up and a pruner that does not train (l1, l2, fpgm)", field=field,
                                     value=getattr(self.config, field)))
         return problems
@@ -217,7 +218,8 @@ class Prune(Accelerator):
             with randomness.kept(None):
                 output_shapes(model, move(dummy, device, False))
         except Exception as error:
-            what = "the dummy_input" if self.config.dummy_input is not None else "the first item of the loader's batches"
+            what = ("the dummy_input" if self.config.dummy_input is not None
+                    else "the first item of the loader's batches")
             return [Problem(self.name, f"the model cannot run on {what} ({type(error).__name__}: {error}): pass "
                             "its inputs as dummy_input=... (a tuple for several)", field="dummy_input")]
         return []

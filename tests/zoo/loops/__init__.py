@@ -12,8 +12,10 @@ from zoo.loops.schedules import LambdaDecay, LrWrites, OneCycle, Plateau, Schedu
 from zoo.loops.unfreezing import AddGroup, LateGroup, Unfreeze, layer
 from zoo.loops.wrapping import Precompiled, SelfSharding, Stream
 
-__all__ = ["BY_HAND", "LOOPS", "AddGroup", "Again", "Ema", "FrozenNorm", "HalfMigrated", "Held", "Hooks", "InplaceInput", "LambdaDecay",
-           "LateGroup", "Loop", "LrWrites", "ManualUpdate", "OneCycle", "OwnAccumulation", "OwnCheckpoint", "Plateau", "Precompiled",
+__all__ = ["BY_HAND", "LOOPS", "AddGroup", "Again", "Ema", "FrozenNorm", "HalfMigrated", "Held", "Hooks",
+           "InplaceInput", "LambdaDecay",
+           "LateGroup", "Loop", "LrWrites", "ManualUpdate", "OneCycle", "OwnAccumulation", "OwnCheckpoint", "Plateau",
+           "Precompiled",
            "Scheduler", "SelfSharding", "Stream", "Swa", "TwoModels", "Unfreeze", "Validation", "Warmup", "layer"]
 
 LOOPS: dict[str, type[Loop]] = {loop.name: loop for loop in (

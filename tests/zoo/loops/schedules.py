@@ -49,7 +49,8 @@ class Warmup(Scheduler):
     def start(self, held, run):
         optimizer = run.optimizer
         self.scheduler = lr_scheduler.SequentialLR(optimizer, [lr_scheduler.LinearLR(optimizer, 0.25, total_iters=2),
-                                                               lr_scheduler.ExponentialLR(optimizer, 0.7)], milestones=[2])
+                                                               lr_scheduler.ExponentialLR(optimizer, 0.7)],
+                                                   milestones=[2])
 
 
 class LrWrites(Loop):
