@@ -7,6 +7,7 @@ import collections
 import hashlib
 import sys
 
+import torch
 from torch import nn
 
 
@@ -102,6 +103,23 @@ def running_statistics(model: nn.Module) -> list[str]:
     """Modules whose forward updates buffers in training: BatchNorm's (and InstanceNorm's) running statistics."""
     return [name for name, m in model.named_modules()
             if isinstance(m, nn.modules.batchnorm._NormBase) and m.track_running_stats]
+
+
+def buffer_values(model: nn.Module) -> dict[str, torch.Tensor]:
+    """A copy of every buffer of the model, by name: for `put_back_buffers` once a tool has set the model up."""
+    return {name: buffer.detach().clone() for name, buffer in model.named_buffers()}
+
+
+def put_back_buffers(model: nn.Module, values: dict[str, torch.Tensor]) -> None:
+    """Put back the buffers a tool changed while it set the model up, where the model still has them in that shape.
+
+    Tools run the model's code while they set it up (IPEX reads a spectral_norm weight, whose power iteration
+    updates its `_u` and `_v`; NNI traces forwards that update BatchNorm's statistics): setting up must not train.
+    The model may be the tool's copy, with new modules: buffers are matched by name and shape."""
+    with torch.no_grad():
+        for name, buffer in model.named_buffers():
+            if name in values and values[name].shape == buffer.shape:
+                buffer.copy_(values[name])
 
 
 def hands_blocks_a_cache(model: nn.Module) -> bool:

@@ -111,3 +111,18 @@ def test_ipex_follows_amp_bf16():
     losses = train_steps(run)
     assert all(loss == loss for loss in losses)
     assert any(not torch.equal(a, b) for a, b in zip(before, run.model.parameters()))
+
+
+@pytest.mark.ipex
+@pytest.mark.skipif(ipex_problem() is not None, reason=str(ipex_problem()))
+@pytest.mark.parametrize("model", ["spectral", "batchnorm"])
+def test_setting_up_ipex_trains_nothing(model):
+    """ipex.optimize reads each conv's weight: a spectral_norm weight ran its power iteration (its _u and _v moved a
+    step ahead of the plain loop's, found by CI's generated cases). The buffers are put back after setting up."""
+    from zoo import Case
+
+    from accel.testing import check_equivalence
+
+    case = Case(model=model, batch="tuple", extra="none", loader="plain", optimizer="sgd", loop="add_group")
+    result = check_equivalence([{"ipex": {}}], case.build, steps=2)
+    assert result.failed is None and not result.differences, result

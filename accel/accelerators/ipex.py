@@ -22,6 +22,7 @@ import torch
 
 from accel.errors import Problem
 from accel.hardware import ipex_problem
+from accel.modules import buffer_values, put_back_buffers
 from accel.optim import copy_with_optimizer, foreign_tensors
 from accel.plan.contract import SAME_MATH, Accelerator, Capability, Stage, dtype_name, register
 from accel.plan.options import Options, option
@@ -92,7 +93,9 @@ class Ipex(Accelerator):
         dtype, why = self.followed(ctx) if config.dtype == "auto" else (IPEX_DTYPES[config.dtype], "asked for")
         model, optimizer = copy_with_optimizer(ctx.model, ctx.optimizer)  # IPEX trains in place: spare the user's
         model.train()
+        buffers = buffer_values(model)
         ctx.model, ctx.optimizer = ipex.optimize(model, optimizer=optimizer, dtype=dtype, level=config.level)
+        put_back_buffers(ctx.model, buffers)  # optimize reads parametrized weights: spectral_norm's iteration ran
         return {"dtype": dtype_name(dtype), "why": why, "level": config.level, "version": ipex.__version__,
                 "model": "replaced by IPEX's (prepacked weights, fused ops)",
                 "optimizer": f"replaced by IPEX's {type(ctx.optimizer).__name__} (fused step)"}

@@ -12,7 +12,7 @@ from torch import nn
 from accel.accelerators.prune.diagnosis import empty_layers, empty_message, same_for_every_input
 from accel.accelerators.prune.tracing import fx_trace
 from accel.batches import map_tensors
-from accel.modules import tied_groups
+from accel.modules import buffer_values, put_back_buffers, tied_groups
 
 QUIET = logging.getLogger("accel.prune.nni")  # ModelSpeedup logs every node at INFO by default
 QUIET.setLevel(logging.WARNING)
@@ -72,7 +72,7 @@ def surgery(model: nn.Module, dummy: Any, masks: dict, speedup: Any) -> None:
     tied = tied_groups(model)
     shapes = {n: p.shape for n, p in model.named_parameters(remove_duplicate=False)}
     trainable = {n: p.requires_grad for n, p in model.named_parameters(remove_duplicate=False)}
-    buffers = {n: b.detach().clone() for n, b in model.named_buffers()}
+    buffers = buffer_values(model)
     model.eval()
     expected = output_shapes(model, dummy)
     speedup(model, dummy, masks, graph_module=fx_trace(model), logger=QUIET).speedup_model()
@@ -83,10 +83,7 @@ def surgery(model: nn.Module, dummy: Any, masks: dict, speedup: Any) -> None:
     retie(model, tied, shapes)
     for name, flag in trainable.items():
         model.get_parameter(name).requires_grad_(flag)
-    with torch.no_grad():
-        for name, buffer in model.named_buffers():
-            if name in buffers and buffers[name].shape == buffer.shape:
-                buffer.copy_(buffers[name])
+    put_back_buffers(model, buffers)
 
 
 @functools.cache
