@@ -1,7 +1,7 @@
 """The machines accel is run on, simulated: decisions tested for every CPU kind on whichever machine runs the test.
 
-The kinds are the ones this project's machines come as (NOTES.md): a Zen 3 (AVX2 and FMA only: bf16 is emulated,
-13.9x slower on resnet18), a Zen 4 (avx512_bf16, no AMX, no native fp16), an Intel Xeon with AMX and avx512_fp16
+The kinds are the ones this project's machines come as (docs/machines.md): a Zen 3 (AVX2 and FMA only: bf16 is
+emulated), a Zen 4 (avx512_bf16, no AMX, no native fp16), an Intel Xeon with AMX and avx512_fp16
 (Sapphire Rapids or later), a GPU host, a 1-core container, and a 2-socket Xeon with hyper-threads and 2 NUMA
 nodes. Pass one to ``accel.decide(..., hardware=simulated("zen3"))`` to see what a plan decides there.
 """

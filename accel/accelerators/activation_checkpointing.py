@@ -1,30 +1,12 @@
 """activation_checkpointing: recompute the activations of chosen blocks in backward instead of keeping them.
 
-What it does: the forward of each chosen module of your model runs under ``torch.utils.checkpoint``
-(non-reentrant): its inner activations are freed after the forward and recomputed during backward. The
-checkpointed forward is a method bound to the module (recorded in the run's journal; ``run.close()`` takes it
-away), so your ``train()``/``eval()``, hooks and a deep copy of the model (an EMA, ``AveragedModel``) keep
-working: a copy's forward is bound to the copy. ``modules="auto"`` picks the repeated blocks (a class with
-child layers that occurs at least twice and is not a container, such as resnet's BasicBlock or mobilenet's
-InvertedResidual; a parametrized layer is one layer), outermost first; or name the classes
-(``modules=["Bottleneck"]``). Classes are told apart by class, not by name (peft's ``lora.Linear`` is not
-torch's ``Linear``). Outside training with gradients (eval, no_grad) the forward runs as it is.
+What it does: each chosen module (``modules="auto"``: the repeated blocks, outermost first) runs its forward under
+non-reentrant ``torch.utils.checkpoint``, bound to the module through the run's journal. A model that checkpoints
+itself is skipped, a decoder handing its blocks the KV cache refused. When it helps: memory limits the batch or
+the model. When it hurts: speed, every checkpointed block runs its forward twice.
 
-When it helps: memory. Peak memory falls with the activations of the checkpointed blocks, which lets a larger
-batch or model fit (benchmarks/bench_activation_checkpointing.py measures the peak saved and the time paid).
-When it hurts: speed; every checkpointed block runs its forward twice, about a third more compute a step.
-
-What it keeps: exactly the plain loop's training. The recomputation runs on what the first pass saw (the
-``FirstPass``): a copy of every tensor the block was handed (your loop may change the batch in place after
-the forward), the containers as they were (torchvision's DenseNet appends to the list it handed each layer),
-the block's buffers as they were (spectral_norm's power iteration reads what it updates; BatchNorm is counted
-once) and what its modules keep in attributes (a counter, a tensor, a list, a generator of their own), its
-train/eval modes, and the random states (dropout's masks; Python's and numpy's generators). What it refuses, said
-before anything changes: a model that checkpoints itself (timm's ``set_grad_checkpointing()``, Hugging Face's
-``gradient_checkpointing_enable()``: skipped, with where), and a Hugging Face decoder that hands its blocks the KV
-cache (``config.use_cache``; a PlanError). A block handed another object (not a tensor, number or container of
-them), which its forward might change, or holding forward hooks on its layers, which a recomputation would run
-again, runs that call without checkpointing, with a warning.
+What it keeps: the plain loop's training exactly; the recomputation runs on what the first pass saw (a call it
+cannot replay runs unchecked, with a warning). Its card: docs/accelerators/activation_checkpointing.md.
 """
 from __future__ import annotations
 

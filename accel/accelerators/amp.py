@@ -1,26 +1,12 @@
-"""amp: autocast in the dtype the device computes natively, a GradScaler only for fp16, the book's backend flags.
+"""amp: autocast in the dtype the device computes natively, a GradScaler only for fp16.
 
-What it does: decides the compute dtype (``auto``: bf16 on GPUs that have it, fp16 with a GradScaler on those
-that do not, bf16 on Intel GPUs, fp16 on mps, bf16 on CPUs with avx512_bf16 or AMX, and nothing on CPUs
-without native bf16); ``run.autocast()`` enters ``torch.autocast`` in it. With fp16 it owns a GradScaler,
-through its hooks alone: ``backward`` scales the loss, ``optimizer_step`` steps through the scaler (a step with
-inf/NaN gradients is skipped and ``run.step()`` says so), and ``unscale_gradients`` gives true gradients to
-whoever reads them (grad_clipping, or you: ``run.unscale_gradients()``). On CUDA it sets cudnn.benchmark and
-TF32, recorded in the journal.
+What it does: decides the compute dtype (``auto``: bf16 where the device computes it, fp16 with a GradScaler on
+GPUs without bf16, nothing where it would be emulated) and owns the scaler through its hooks: ``backward`` scales
+the loss, ``optimizer_step`` steps through it (skipping inf/NaN steps), ``unscale_gradients`` gives true gradients.
+On CUDA it sets cudnn.benchmark and TF32, through the journal. When it helps: tensor-core GPUs, CPUs with native
+bf16. When it hurts: badly, where bf16 or fp16 is emulated (``auto`` skips it there; a forced dtype warns).
 
-When it helps: tensor-core GPUs; CPUs with AMX; CPUs with avx512_bf16, like this repository's Zen 4, where it
-took 0.55 (resnet18), 0.50 (resnet50), 0.56 (vgg16), 0.74 (mobilenet_v2) and 0.87 (alexnet) of the fp32 step
-(Adam, batch 16, 224x224). When it hurts: a CPU without native bf16 emulates it: 13.9x slower on resnet18 on
-the Zen 3 of NOTES.md (``auto`` skips it there, a forced dtype warns); fp16 on a CPU without avx512_fp16 was
-14x slower on the book's CNN.
-
-What it keeps, within a declared tolerance: the mean loss of the first steps within 5% of fp32 training's, and
-the whole model's weights within 50% of their fp32 values by relative distance (measured over 3 steps of the test zoo:
-0.03% with SGD, 3% with Adam, 20% with Adagrad and RMSprop, whose first steps divide bf16 rounding by tiny
-accumulators; over 24 steps of OneCycle's high rates on the zoo's two-headed CNN, 28% and 22% with amp throughout,
-46% and 38% with plan="auto" switching it on and off every 3 steps; the losses stayed within 5%:
-docs/accelerators/amp.md). Parameters stay fp32; the outputs are bf16/fp16 tensors of the
-same shapes; every other promise (batches, structure, the user's objects) is kept exactly.
+What it keeps: a declared tolerance, parameters in fp32. Its card: docs/accelerators/amp.md.
 """
 from __future__ import annotations
 

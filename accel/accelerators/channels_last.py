@@ -1,22 +1,12 @@
 """channels_last: NHWC memory format for the inputs of a model's 2-D convolutions.
 
-What it does: a forward pre-hook on every Conv2d of your model turns the tensor entering it into
-channels_last (recorded in the run's journal: ``run.close()`` removes the hooks). From the first convolution on,
-activations stay NHWC and oneDNN/cuDNN use their NHWC kernels. The run trains your model itself, so its
-``train()``/``eval()``, your hooks and an EMA of it stay live. Only what enters a convolution is converted:
-masks, soft targets and other 4-D tensors of the batch that a loss may ``view`` are left as they are, and so
-are your parameters (measured here: converting the inputs alone is as fast as converting the weights too:
-resnet18 0.76 vs 0.80 of eager, mobilenet_v2 0.55 vs 0.62, fp32, benchmarks/bench_overhead.py).
+What it does: a forward pre-hook on every Conv2d (through the run's journal) turns the tensor entering it into
+channels_last, so oneDNN and cuDNN run their NHWC kernels; the rest of the batch and the parameters stay as they
+are. When it helps, and when it hurts, depends on the model and the CPU (large dense convolutions can lose on
+AVX2-only CPUs), which is why tune and ``plan="auto"`` measure it; a model without Conv2d is skipped.
 
-When it helps: convolution models on CPUs with AVX-512 and on GPUs with tensor cores. Here (Zen 4, Adam,
-batch 16, 224x224) it took 0.77 (mobilenet_v2), 0.80 (resnet50), 0.89 (resnet18), 0.93 (alexnet) and 0.78
-(vgg16) of eager's step time. When it hurts: on the AVX2-only Zen 3 of NOTES.md alexnet ran 1.09x and vgg16
-1.06x slower; a model without Conv2d is skipped with that reason.
-
-What it keeps: the same math in another memory order (``SAME_MATH``): parameters, gradients and outputs
-equal to float precision; the user's modules, tensors and batches unchanged. Dropout draws its mask in memory
-order, so each dropout layer gets its input back in the plain loop's order (the same masks: pytorch/examples' MNIST
-drops after a convolution); a functional ``F.dropout`` on an NHWC activation would draw others.
+What it keeps: the same math in another memory order (``SAME_MATH``); each dropout layer gets its input back in
+the plain loop's order, so it draws the plain loop's masks. Its card: docs/accelerators/channels_last.md.
 """
 from __future__ import annotations
 

@@ -1,28 +1,12 @@
 """ddp: DistributedDataParallel over the process group the launcher describes, with a sharded loader.
 
-What it does: joins the process group from torchrun, Open MPI, Intel MPI/MPICH or SLURM variables (backend:
-nccl on cuda, xccl on xpu, gloo on cpu; ccl when asked for and importable), wraps the run's model in DDP on
-this rank's device (decided before any stage, so each rank's model goes straight to its own device), and
-gives each rank a DistributedSampler shard of the loader that keeps the user's shuffle and generator seed;
-``run.loader`` calls ``set_epoch`` every epoch. In a single process (no launcher) it is skipped with the
-reason. Applied after surgery, kernels and precision, before compile (which then wraps the DDP module). While
-a step schedule accumulates (grad_accumulation's first N-1 micro-batches) the run turns its gradient reduction
-off through ``gradient_sync``: the wrapper's ``require_backward_grad_sync``, the flag ``DDP.no_sync()`` sets, read
-in forward, so it holds whether or not the loop enters ``run.autocast()``.
+What it does: joins the group from torchrun, MPI or SLURM variables (data_parallel.py), wraps the model in DDP on
+this rank's device after surgery, kernels and precision, before compile, and turns gradient sync off while
+grad_accumulation holds the update. In a single process it is skipped, so one plan serves both. When it helps:
+several devices or machines. When it hurts: on one small CPU, where an all-reduce a step can cost more than it saves.
 
-When it helps: more devices or machines. When it hurts: on one 2-core CPU, 2 gloo ranks x 1 core ran the
-book's CNN at 0.60x the speed of 1 process x 2 threads here (the all-reduce of 8.5 MB a step costs more than
-it saves); NOTES.md found the two equal on a Zen 3.
-
-Live objects: DDP wraps your model (``run.unwrap()`` is it), so its modes, hooks and state stay live. One
-thing DDP cannot follow: it registers the parameters that require gradients when it wraps the model, so a
-layer unfrozen later (``requires_grad_(True)``) would train on each rank's own gradients. With more than one
-rank, accel warns (``StaleWarning``) at the first step after such a change: call ``accel.accelerate()`` again
-after unfreezing, which wraps the model anew and continues the run.
-
-What it keeps: the same math as one process training on the global batch (2 ranks x 32 samples matched
-1 process x 64 to 1e-5 in loss); with world size 1, exactly the plain loop, the user's sampler kept. DDP
-broadcasts rank 0's weights and registers gradient hooks on the parameters, as PyTorch's DDP always does.
+What it keeps: the same math as one process on the global batch (``SAME_MATH``); a layer unfrozen after wrapping
+is named with a ``StaleWarning``. Its card: docs/accelerators/ddp.md.
 """
 from __future__ import annotations
 

@@ -1,25 +1,12 @@
-"""fused_optimizer: rebuild Adam, AdamW, SGD or Adagrad with ``fused=True``, one kernel for the whole update.
+"""fused_optimizer: step your own Adam, AdamW, SGD or Adagrad with ``fused=True``, one kernel for the update.
 
-What it does: sets ``fused=True`` (and ``foreach`` off, which torch refuses beside it) in the param groups of
-**your own optimizer**, which the run steps: torch reads both per group at every step. Nothing else changes, so
-everything you do to the optimizer stays live: schedulers built before or after ``accelerate()``, learning rates
-written into ``param_groups``, ``add_param_group`` (a new group takes the fused default), your own
-``state_dict()``/``load_state_dict()``. Your checkpoints save your own ``fused``/``foreach`` values (a state-dict
-hook), and loading one keeps the run fused. ``run.close()`` (or a failed plan) puts the values back. It is
-skipped with the reason for other classes, an already fused optimizer, and parameters whose device or dtype has
-no fused kernel. It declares ``optimizer.update``: another accelerator that replaces the update (IPEX's fused
-step) conflicts with it.
+What it does: sets ``fused=True`` (and ``foreach`` off) in the param groups of the optimizer you hold, so
+schedulers, writes to ``param_groups`` and your checkpoints (they save your own values) stay live; ``run.close()``
+puts them back. Other classes, and parameters without a fused kernel, are skipped with the reason. It declares
+``optimizer.update``, so IPEX's fused step conflicts with it. When it helps: the update is a large share of the
+step. When it does nothing: the step is mostly convolutions.
 
-When it helps: the update is a large part of the step (big models, small batches). An Adam step on resnet18's
-parameters took 4.7x less time fused here (7.9 ms against 36.8 ms foreach, benchmarks/bench_fused_optimizer.py
-on the Zen 4; 3.0x, 6.6 against 20 ms, on the Zen 3 of NOTES.md); in a whole training step, alexnet ran 0.78
-and vgg16 0.85 of eager. When it does nothing: on resnet18 alone 1.01 (its step is mostly convolutions), and
-on top of channels_last + bf16 it read 0.47 -> 0.46 in one run and 0.45 -> 0.46 in the seed-model run
-(docs/measurement.md): within the noise; resnet50 read 1.17 in one fresh-process run,
-inside that measurement's noise. ``run.optimizer`` is your optimizer.
-
-What it keeps: the same update math in one kernel (``SAME_MATH``): weights and optimizer state equal to
-float precision.
+What it keeps: the same update (``SAME_MATH``). Its card: docs/accelerators/fused_optimizer.md.
 """
 from __future__ import annotations
 

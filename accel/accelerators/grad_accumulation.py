@@ -1,23 +1,12 @@
 """grad_accumulation: N batches per optimizer step, their gradients averaged: a batch N times larger.
 
-What it does: ``run.backward`` divides each micro-batch's loss by N, so the N gradients add up to their mean;
-``run.step()`` steps the optimizer (and zeroes the gradients) only on every N-th call and returns True
-("not stepped") on the others, so a learning-rate scheduler steps with the optimizer. While the step in
-progress only accumulates (its ``accumulating`` service: the first N-1 micro-batches), the run turns the
-distribution wrappers' gradient reduction off for their forward and backward (DDP's ``require_backward_grad_sync``,
-as its ``no_sync()`` does; FSDP's ``set_requires_gradient_sync(False)``), whether or not the loop enters
-``run.autocast()``, so gradients are reduced once per optimizer step. ``run.save`` keeps the micro-step and the
-gradients accumulated so far, each rank's own (they differ while unreduced): a run resumed mid-accumulation
-continues exactly. Its state is ``run.state("grad_accumulation")`` (``micro``: micro-batches since the last
-optimizer step).
+What it does: ``run.backward`` divides each loss by N; ``run.step()`` steps the optimizer only on every N-th call
+and returns True ("not stepped") on the others. While it accumulates (its ``accumulating`` service) the run turns
+DDP's and FSDP's gradient reduction off; ``run.save`` keeps the micro-step and the gradients held so far.
+When it helps: the batch you want does not fit, or an all-reduce per batch costs too much; no step gets faster.
 
-When it helps: the batch you want does not fit in memory, or an all-reduce per batch costs too much.
-It does not make a step faster by itself: the same work, fewer optimizer updates.
-
-What it keeps: not the plain loop's training: that is its purpose. Declared: one optimizer step every N
-batches on the mean of their gradients, the same update as one batch of N x B samples for models without
-batch statistics (BatchNorm sees micro-batches of B). Everything else (batches, structure, the user's
-objects) is kept exactly.
+What it keeps: everything but its declared change (one update every N batches on the mean of their gradients).
+Its card: docs/accelerators/grad_accumulation.md.
 """
 from __future__ import annotations
 

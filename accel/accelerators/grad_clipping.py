@@ -1,18 +1,12 @@
 """grad_clipping: clip the gradients' total norm (or each value) before every optimizer step.
 
-What it does: on each real optimizer step (not on accumulation's micro-steps: it is declared after
-``step.schedule``), it first asks for true gradients (``run.unscale_gradients()``: amp with fp16 unscales
-them; a no-op otherwise), then applies
-``torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type)`` or ``clip_grad_value_(params, value)`` to the
-optimizer's parameters. Under DDP the gradients are already averaged over ranks, so every rank clips the
-same global gradient. ``run.state("grad_clipping").last_norm`` is the norm before clipping.
+What it does: on each real optimizer step (after ``step.schedule``, never on accumulation's micro-steps) it asks
+for true gradients (``run.unscale_gradients()``) and applies ``clip_grad_norm_`` or ``clip_grad_value_`` to the
+optimizer's parameters; ``run.state("grad_clipping").last_norm`` is the norm before clipping. When it helps:
+stability, not speed.
 
-When it helps: stability (exploding gradients in RNNs and transformers, large learning rates), not speed: it
-adds a pass over the gradients (a norm and a scale), small next to a step.
-
-What it keeps: not the plain loop's update when it clips: that is its purpose. Declared: gradients whose total
-norm exceeds max_norm are scaled down to it (or clamped to +-value); below the limit the update is the
-plain loop's exactly. Everything else is kept exactly.
+What it keeps: everything but its declared change (gradients above the limit scaled down); below the limit the
+update is the plain loop's exactly. Its card: docs/accelerators/grad_clipping.md.
 """
 from __future__ import annotations
 

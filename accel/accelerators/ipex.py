@@ -1,18 +1,11 @@
 """ipex: ``ipex.optimize(model, optimizer=..., dtype=..., level=...)`` for training on cpu and xpu.
 
-What it does: IPEX returns a new model and optimizer (prepacked weights, fused ops, its own fused optimizer
-step), made from copies so the user's objects are untouched, and the run uses them. Its dtype follows the
-plan's decided compute dtype (bf16 training = autocast in bf16 plus IPEX's bf16 kernels); an explicit dtype
-that contradicts it is a plan error. IPEX kills the process on import when its major.minor differs from
-torch's, so it is imported only after ``accel.hardware.ipex_problem()`` says it is safe; Intel retired it
-after 2.8 (it needs torch 2.8.*). It declares ``optimizer.update``, so a second fused update conflicts.
+What it does: IPEX returns a new model and optimizer (prepacked weights, fused ops, its own fused step) made from
+copies, so the user's objects are untouched; its dtype follows the plan's. IPEX kills the process on import when
+its version does not match torch's, so it is imported only after ``accel.hardware.ipex_problem()`` says it is safe.
+When it helps: CPUs with AVX-512 or AMX, most with bf16. When it hurts: AVX2-only CPUs, where it adds little.
 
-When it helps: here (Zen 4, torch 2.8, resnet18 at 112x112, SGD) ipex fp32 took 0.94 of eager's step and
-ipex + bf16 0.45 (bf16 alone 0.56); on the book's CNN bf16 + ipex ran 3.40x faster. When it hurts: on the
-Zen 3 of NOTES.md it made resnet18 14% slower.
-
-What it keeps: a copy of the model trained by IPEX's kernels: the same math to float precision in fp32
-(``SAME_MATH``); with bf16, amp's tolerance applies. Train and save ``run.model`` / ``run.unwrap()``.
+What it keeps: the same math in fp32 (``SAME_MATH``), amp's tolerance with bf16. Its card: docs/accelerators/ipex.md.
 """
 from __future__ import annotations
 

@@ -1,31 +1,12 @@
 """loader: rebuild the user's DataLoader with workers, pinned memory and prefetching chosen for the hardware.
 
-What it does: decides the workers (the CPUs this process may use minus the compute threads decided for the
-plan), pinned memory (only when batches cross a bus to an accelerator) and non-blocking copies, and gives the
-run a new DataLoader over the same dataset, sampler or batch sampler, batch size (``None`` included),
-collate_fn, generator, worker_init_fn, timeout, prefetch factor, multiprocessing context and order. When the
-threads accelerator pins the compute threads to some CPUs (``decisions.cpus``), the workers, which would inherit
-that pin, are pinned to the spare CPUs instead (the allowed ones minus the compute ones, hyper-threads of the
-compute cores included) by a worker_init_fn (``accel.run.loaders.PinWorkers``) that then calls the user's own; with no
-spare CPU they stay where they are, and the row says so.
+What it does: gives the run a new DataLoader over the same dataset, sampler and every other argument; workers come
+from the CPUs the compute threads leave, pinned to them when ``threads`` pins the compute ones. A subclass, another
+iterable, or a loader with nothing to change is left alone, with the reason. When it helps: loading is part of the
+step, and GPUs (pinned, non-blocking copies). When it does nothing: tensors already in memory.
 
-When it helps: when loading is part of the step (decoding and augmenting images: 2 workers ran the book's
-chapter 5 pipeline 1.13x faster here), and on GPUs, where pinned memory and non-blocking copies overlap the
-transfer with compute. When it does nothing: tensors already in memory; 2 cores that both compute.
-
-What it keeps: exactly the batches the plain loop sees, in the same order (workers preserve the sampler's
-order), epoch after epoch, except the draws of random augmentation: a worker draws from a seed of its own, so
-where the dataset or collate_fn draws random numbers and the number of workers changes, the same samples are
-augmented with other draws, and the row says so (``random_draws``). It keeps the loader's persistent_workers,
-since a DataLoader draws one number from its generator per iterator and persistent workers make one iterator
-for the whole run. It leaves the loader
-alone, and says why, when it cannot rebuild it faithfully (a DataLoader subclass, another iterable) or when
-nothing would change. It never changes the number of workers of an IterableDataset
-(``accel.run.loaders.workers_change_batches``): a stream is batched inside each worker, so another number of
-workers changes which samples share a batch (a stream that shards itself by worker interleaves the workers'
-shards, one that does not is repeated by every worker). ``auto`` keeps the loader's own number and says why
-(pinned memory and non-blocking copies, which keep the batches, still apply); an explicit other
-``num_workers`` is a PlanError.
+What it keeps: the plain loop's batches exactly (random augmentation draws differ with the workers: the row says
+so); an IterableDataset keeps its number of workers. Its card: docs/accelerators/loader.md.
 """
 from __future__ import annotations
 

@@ -1,20 +1,12 @@
-"""threads: compute threads = this rank's physical cores, pinned to them, with the book's OpenMP variables.
+"""threads: compute threads = this rank's physical cores, pinned to them.
 
-What it does: decides this rank's cores (``accel launch``'s core map, else an equal share of the physical cores
-per local rank) and as many intra-op threads; sets them, pins every thread of the process to those cores, and
-exports the OpenMP variables (chapter 4) for child processes. OpenMP reads its variables when the runtime loads
-(at ``import torch``), so in this process only the thread count and the affinity take effect.
+What it does: decides this rank's cores (``accel launch``'s core map, else an equal share of the physical cores per
+local rank) and as many intra-op threads, and pins every thread of the process to them. It exports no OpenMP
+binding variable (``openmp_variables`` says why): children inherit the process's CPUs. When it helps: several ranks
+on one machine, and where the default counts hyper-threads. Alone on a small machine it changes little.
 
-When it helps: several ranks on one machine (each keeps to its own cores instead of fighting over all of them),
-and machines whose default thread count counts hyper-threads. When it hurts or does nothing: alone on 2
-cores, torch already runs 2 threads; here the book CNN's steps moved by less than the noise (about 5%).
-It exports no binding variable (``openmp_variables`` says why): children inherit the process's CPUs instead.
-
-What it keeps: the same math; the thread count changes only the order of float sums (``SAME_MATH``).
-Every change goes through the journal: a failed plan, or ``run.close()``, puts threads, affinity and
-variables back. Several open runs (one per model: a GAN's generator and discriminator) each lay their values over
-the others' (accel/run/journal.py): the newest open run's are live, and closing them in any order restores the
-process; a variable the user set is kept, one another open run set is not the user's and is layered over.
+What it keeps: the same math (``SAME_MATH``); every change goes through the journal, layered over other open runs'.
+Its card: docs/accelerators/threads.md.
 """
 from __future__ import annotations
 

@@ -1,34 +1,12 @@
 """compile: torch.compile, applied last and outermost, so it sees every wrapper other accelerators added.
 
-What it does: wraps the run's model in ``torch.compile(backend, mode, fullgraph, dynamic, options)``;
-compilation happens on the first step, and the report keeps that step (compile and warm-up) apart from the
-steady step time. ``regional=True`` compiles each repeated block in place instead (``module.compile()`` on every
-transformer layer or ResNet stage; the rest runs eagerly): blocks of one class share their compiled code, so the
-warm-up is one block's, not the whole model's. Under ``fsdp`` it compiles the blocks fsdp sharded, one by one, as
-FSDP2 expects (its hooks run between them). ``run.unwrap()`` peels the wrapper off. A model you compiled
-yourself is peeled by accelerate() first: the plan's compile replaces your wrapper. A double backward (a gradient
-penalty) does not run under AOTAutograd: ``run.backward`` raises ``LoopError`` naming the plans that run it.
+What it does: compiles the run's model (with ``regional``, each repeated block in place: one warm-up per block
+class; per block under fsdp), reports the compiling steps apart from the steady ones, and keeps inductor's code in
+accel's cache folder (cache.py), so a second run starts warm. When it helps: GPUs, models with many small
+element-wise ops. When it hurts: CPU convolution training gains little for a long warm-up, which ``plan="auto"``
+weighs against the run's length.
 
-When it helps: GPUs, and models with many small element-wise ops to fuse. On top of channels_last + bf16 +
-fused Adam on resnet18 here (Zen 4) it read 0.43 against 0.46 of eager's step in one run and 0.49 against 0.46
-in the seed-model run of docs/measurement.md: within the noise, and the search dropped it on every seed model.
-When it hurts: its warm-up is
-long on 2 cores (24-41 s for resnet18, about 27 s for a tiny CNN), and alone, in fp32, it gained nothing on
-resnet18 (1.03x eager on a Zen 3): ``plan="auto"`` with ``expected_steps`` picks it only when the run is long
-enough to pay that back.
-
-Where it keeps what it compiled: inductor's compiled graphs and kernels go to ``compile/`` in accel's cache folder
-(accel/accelerators/compile/cache.py: torch's own AOTAutograd and FX graph caches, pointed there for the run and put
-back by close), so a second run of the same script loads them instead of compiling; the report says where, and whether
-this setup started warm. A ``TORCHINDUCTOR_CACHE_DIR`` of your own is left as it is.
-
-What it keeps: the same math, in generated kernels (``SAME_MATH``: float sums in another order). It compiles
-your model itself (wrapped, not copied), so its ``train()``/``eval()``, ``requires_grad_()`` and your hooks stay
-live: dynamo guards on them and recompiles when they change (accel turns on the hook guards that dynamo skips by
-default; without them a forward hook registered after compiling never ran here).
-On torch 2.8, a process that compiled many instances of one model class past dynamo's recompile limit (8)
-trained a later instance differently (loss 0.3% off by the third step; pytorch/pytorch#128954: dynamo then
-compiles the inner frames one by one). One run compiles one model; torch 2.15 never showed it in 1,000 zoo cases.
+What it keeps: the same math (``SAME_MATH``), the plain loop's dropout masks: docs/accelerators/compile.md.
 """
 from __future__ import annotations
 

@@ -1,50 +1,12 @@
 """fsdp: shard the parameters, gradients and optimizer state over the ranks with PyTorch's FSDP2 (``fully_shard``).
 
-What it does: joins the process group as ``ddp`` does (any launcher accel reads; gloo on CPU, nccl on cuda, xccl
-on xpu) and shards the loader per rank the same way. Then ``fully_shard`` goes on each repeated block of your
-model (the transformer layers, the ResNet stages: found as ``activation_checkpointing`` finds them, or named with
-``blocks=[...]``), then on the root. Each rank keeps 1/N of every parameter (a DTensor shard); a block's full
-weights are gathered for its forward and backward and dropped after (``reshard_after_forward``), and its
-gradients are reduce-scattered, so each rank holds only its shard of gradients and optimizer state.
+What it does: joins the group and shards the loader as ``ddp`` does (data_parallel.py), ``fully_shard``s each
+repeated block and the root, and puts the shards into the optimizer you hold, with its state; with ``amp``, FSDP's
+MixedPrecisionPolicy computes in the plan's dtype; ``run.save`` writes sharded checkpoints. When it helps: a model
+with its optimizer state does not fit one rank. When it hurts: where it fits, ``ddp`` is faster (fewer bytes).
 
-With ``amp`` in the plan, FSDP's ``MixedPrecisionPolicy`` computes in the plan's compute dtype (bf16/fp16) and
-reduces gradients in fp32 (``reduce_dtype="compute"`` reduces in the compute dtype: less traffic, less precise);
-amp's card still holds. ``cpu_offload=True`` keeps the shards and the optimizer state in host memory and steps
-there (``CPUOffloadPolicy``), for a model that does not fit the devices' memory even sharded; only where the
-device is an accelerator. At world size 1 (a launcher with one rank) it shards nothing, says so, and still
-writes sharded checkpoints, which load at any world size.
-
-Live objects: FSDP2 works on your model in place, so your ``train()``/``eval()``, hooks, scheduler and writes to
-``param_groups`` stay live. It replaces every parameter with its shard (a new ``nn.Parameter`` holding a
-DTensor); accel puts the shards into your own optimizer's param groups, in place, with any state it already has
-sharded the same way, so the optimizer you hold (and a scheduler built on it) trains them. A parameter you took
-from the model before ``accelerate()`` (``w = model.fc.weight``) holds the values it had until ``run.close()``,
-which gathers the trained weights back into your own parameters and optimizer state (a collective: every rank
-closes), but it stays live: ``w.requires_grad_()`` reaches its shard before the next forward, and a group added
-later with ``add_param_group`` over such parameters (a backbone unfrozen mid-run) trains their shards, swapped in
-before the next forward or step with any state, as the first groups were; a tensor that is not the model's, or
-one the optimizer then holds twice, is refused by name (``LoopError``), the weights and optimizer as they were.
-A deep copy of a sharded model raises in FSDP2 (an EMA by ``copy.deepcopy``/``AveragedModel`` must be built
-before ``accelerate()`` or from ``run.save``). An optimizer over parameters that are not the model's is refused
-before anything changes.
-
-Composes with ``grad_accumulation`` (no gradient reduction on the non-final micro-steps: while a step schedule
-accumulates, the run turns it off through ``gradient_sync``, ``set_requires_gradient_sync(False)`` on the root;
-the unreduced gradients are kept unsharded until the last one, as in FSDP2, and named by ``held_gradients``),
-``grad_clipping`` (``clip_grad_norm_`` over the DTensor gradients gives the global norm),
-``activation_checkpointing`` (applied before sharding), ``compile`` (per block, see its card) and ``amp``.
-
-Checkpoints: ``run.save(path)`` writes a ``torch.distributed.checkpoint`` (DCP) directory, each rank its own
-shards, and ``run.load(path)`` loads it at this or another world size, or in a single process (docs/distributed.md).
-
-When it helps: a model whose parameters, gradients and Adam state (16 bytes a parameter in fp32) do not fit one
-rank, or leave no room for the batch: at 2 ranks, 0.50x ddp's bytes per rank for them on GPT-2 small's shape. When
-it hurts: it gathers every block's weights in forward and again in backward (reshard_after_forward) and
-reduce-scatters gradients, 1.5x the bytes of ddp's all-reduce; on 2 gloo CPU ranks its step took 1.48-1.57x ddp's
-(benchmarks/bench_fsdp.py, the two alternated in the same ranks).
-
-What it keeps: the same math as one process on the global batch (``SAME_MATH``: the reduce sums in another
-order); BatchNorm's running statistics stay per rank (FSDP2 does not synchronise buffers; rank 0's are saved).
+What it keeps: the same math as one process on the global batch (``SAME_MATH``; BatchNorm statistics per rank);
+your model, optimizer and parameters stay live. Its card: docs/accelerators/fsdp.md.
 """
 from __future__ import annotations
 

@@ -1,29 +1,12 @@
 """prune: structured pruning with NNI 3.0, made real: NNI's masks become a smaller model (ModelSpeedup).
 
-What it does: on a deep copy of the model, swapped in only when everything worked, optional warm-up or Taylor
-steps train the copy on the loader, an NNI pruner (L1, L2, FPGM, Taylor) chooses whole channels of the layers
-the config list selects, and ModelSpeedup rebuilds the layers without them: fewer parameters and FLOPs, not
-zeros. The optimizer is rebuilt on the new parameters (same class and hyperparameters, state reset). NNI's own
-tracer fails on torch >= 2.2 (microsoft/nni#5768), so ModelSpeedup gets a torch.fx graph; a model fx cannot
-trace is refused at plan time, naming the module that failed. ModelSpeedup takes every value that is the same
-for all the samples of its random batch for pruned, so the constants of a fresh initialization (a ViT's zero
-head, ConvNeXt's LayerNorm2d weights and layer_scale) would empty layers: a layer it would leave with no channel
-is named with the values that caused it, at plan time when nothing trains before pruning (its mask inference
-runs on a copy, only for models holding such constants), else while applying, before NNI rebuilds anything.
+What it does: on a deep copy, an NNI pruner chooses whole channels of the layers the config list selects and
+ModelSpeedup (on a torch.fx graph) rebuilds them without; the optimizer is rebuilt, its state reset. What NNI
+would break (an emptied layer, a tie, a computed weight) is refused by name first. When it helps: a model wider
+than its task, whose time goes into the pruned layers. When it hurts: accuracy at a high ratio; setup time.
 
-When it helps: a model wider than its task, whose time goes into the pruned layers. Here (Zen 4, 2 cores,
-Adam, batch 64, 3x32x32, L1 at 0.5 on every Conv2d) the book's CNN went from 2,122,186 to 1,059,306 parameters
-and took 0.34 of the unpruned step time, resnet18 0.54 (docs/accelerators/prune.md). When it hurts: accuracy,
-when the ratio is too high (it removes capacity: fine-tune after it); setup time (NNI runs the model several
-times to propagate masks); and little gain where the time is spent outside the pruned layers.
-
-What it keeps exactly: parameter names; which parameters are frozen; tied parameters (one tensor: a tie that
-pruning would reshape is refused at plan time); the shape of the model's output (the layers producing it are
-never pruned unless named in op_names); the weights and BatchNorm statistics of the channels kept; each
-module's train/eval mode; tensors the optimizer trains beside the model; the user's objects and random states
-(taking a batch from the loader advances neither the loader's generator nor torch's). What it changes, as
-declared: the channels it removes and the shapes of the layers they fed, the copy's weights trained by warm-up
-or Taylor steps, and the optimizer's state (reset).
+What it keeps: everything but its declared change (the channels removed): names, frozen flags, ties, the output's
+shape, BatchNorm statistics, random states. Its card: docs/accelerators/prune.md.
 """
 from __future__ import annotations
 
