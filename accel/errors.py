@@ -31,11 +31,8 @@ class LoopWarning(UserWarning):
 
 @dataclass(frozen=True)
 class Problem:
-    """One thing wrong with a plan.
-
-    kind is one of: "unknown" (name or option), "value", "conflict", "missing" (package or device).
-    Only "missing" problems turn into skips when the accelerator is marked optional.
-    """
+    """One thing wrong with a plan. kind: "unknown" (name or option), "value", "conflict", or "missing" (package or
+    device: only these turn into skips when the accelerator is marked optional)."""
 
     accelerator: str
     message: str

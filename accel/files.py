@@ -1,11 +1,8 @@
 """Files accel writes whole or not at all: checkpoints, the plan cache's entries, compile's markers.
 
-Each is written to a temporary file in the same folder, flushed to the disk, and renamed over its name, so a
-reader sees the old file or the new one, never a part (a crash, a full disk, SIGKILL). The temporary name is
-short whatever the file's name (a name the OS accepts is never refused because ``.name.tmp`` would be too long)
-and unique to its writer: two processes, or two threads, writing the same file never write into one temporary
-(they did: the cache's readers got broken JSON). It names the writer's host and process id, so a later write of
-the same file removes what a killed writer left (up to a whole checkpoint), and never a live writer's.
+Each is written to a temporary file in the same folder, flushed, and renamed over its name: a reader sees the old
+file or the new one (a crash, a full disk, SIGKILL). The temporary name is short, unique to its writer (two writers
+never share one) and names the writer's host and process, so a later write removes what a killed writer left.
 """
 from __future__ import annotations
 
@@ -134,9 +131,8 @@ def _size(count: int) -> str:
 
 
 def cache_dir(where: Any = True) -> Path:
-    """accel's cache folder: ``where`` when it is a path, else $ACCEL_CACHE_DIR, else
-    $XDG_CACHE_HOME/accel/plans, else ~/.cache/accel/plans (the plan cache's entries; compile's artifacts in
-    ``compile/``)."""
+    """accel's cache folder: ``where`` when it is a path, else $ACCEL_CACHE_DIR, else $XDG_CACHE_HOME/accel/plans,
+    else ~/.cache/accel/plans (compile's artifacts in its ``compile/``)."""
     if where not in (True, None) and not isinstance(where, bool):
         return Path(where)
     if os.environ.get("ACCEL_CACHE_DIR"):

@@ -1,11 +1,8 @@
 """accel demo: torchvision's resnet18 on sklearn's real digits, the plain loop against plan="auto", side by side.
 
-Measured the way auto measures: both trainings live in one process and take turns (a few steps each, the order
-reversed every round), so a change in the machine's load hits both alike; the speed-up is the ratio of their paired
-turns with its 90% interval, auto's measuring included (those were training steps). Beside it: each training's total
-time and test accuracy, the report with the search's table, and a chart when matplotlib is installed. The same
-model, data, seed and epochs both ways; the accelerated run's process settings (threads, affinity) are put aside
-while the plain one takes its turn.
+Both trainings live in one process and take turns (the order reversed every round), so a change in the machine's
+load hits both alike; the speed-up is the ratio of their paired turns with its 90% interval, auto's measuring
+included. The accelerated run's process settings (threads, affinity) are put aside while the plain one takes its turn.
 """
 from __future__ import annotations
 

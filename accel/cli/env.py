@@ -2,9 +2,7 @@
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import json
-import re
 from typing import Any
 
 import torch
@@ -13,6 +11,7 @@ from torch.utils.data import DataLoader, TensorDataset
 import accel
 from accel.api import prepare
 from accel.errors import PlanError
+from accel.hardware import install_hint as packages_install_hint
 from accel.hardware import ipex_problem, package_version, probe
 from accel.plan.contract import REGISTRY
 from accel.workloads import TinyCNN
@@ -57,18 +56,9 @@ def accelerator_availability() -> dict[str, dict[str, Any]]:
 
 
 def install_hint(command: str) -> str:
-    """The install command of a missing package as accel's extra that brings it ("pip install nni" is
-    "pip install 'accel[prune]'"), read from accel's installed metadata so pyproject.toml stays the one list."""
-    package = command.removeprefix("pip install").strip()
-    try:
-        requirements = importlib.metadata.requires("accel") or []
-    except importlib.metadata.PackageNotFoundError:  # run from a checkout that was never installed
-        requirements = []
-    for requirement in requirements:
-        found = re.fullmatch(r"([A-Za-z0-9_.-]+)[^;]*;\s*extra\s*==\s*['\"](\w+)['\"]", requirement)
-        if found and found[1].lower() == package.lower() and found[2] != "test":
-            return f"pip install 'accel[{found[2]}]'"
-    return command
+    """A missing package's install command as accel's extra that pins it ("pip install nni" is
+    "pip install 'accel[prune]'")."""
+    return packages_install_hint(command.removeprefix("pip install").strip())
 
 
 def environment() -> dict[str, Any]:

@@ -39,13 +39,8 @@ def init_process_group(backend: str, timeout_s: float, environ=os.environ) -> La
 
 
 def leave_group() -> None:
-    """At exit, and when run.close() takes back the group accel started: wait (briefly) for the other ranks, then
-    tear the group down together.
-
-    A rank that tears down while its peers still talk to it can abort them ("terminate called without an
-    active exception", seen in about 1 of 10 two-rank gloo launches here); a rank that crashed is not waited for
-    longer than EXIT_BARRIER_S.
-    """
+    """At exit, and when run.close() gives back the group accel joined: wait for the other ranks (a crashed one at
+    most EXIT_BARRIER_S), then tear down together: a rank leaving while its peers still talk to it can abort them."""
     if not _initialized():
         return
     dist = torch.distributed
@@ -69,7 +64,6 @@ def _task_comms(task_dir: str = "/proc/self/task") -> list[str]:
 
 
 def _read_text(path: str) -> str:
-    """A /proc file's text, or '' where the thread ended meanwhile."""
     try:
         with open(path) as comm:
             return comm.read()
@@ -89,19 +83,10 @@ def gloo_workers_busy(task_dir: str = "/proc/self/task") -> int:
 
 
 def drain_gloo_workers(limit_s: float = DRAIN_LIMIT_S, calm_polls: int = 3, poll_s: float = 0.005) -> bool:
-    """Give gloo's worker threads the GIL and the CPU until each is parked (seen idle `calm_polls` times in a
-    row), at most ``limit_s``; True when they were.
-
-    Why: DDP keeps its process group alive past ``destroy_process_group()`` (on torch 2.15 the first DDP wrapper in
-    a process leaves 10 references to its group that outlive the wrapper), so the group's worker threads outlive it.
-    A worker that finished a collective still drops its
-    last reference to that work, and so to the tensors in it; a tensor whose Python object outlived the Python side
-    needs the GIL to be freed. If the interpreter is finalizing by then, Python ends that thread with a forced
-    unwind through torch's noexcept frames: std::terminate, "terminate called without an active exception",
-    SIGABRT after the script's last line (seen in 1 of 10 two-rank gloo runs on a busy 2-core machine; gdb showed
-    the worker in ~AsyncAllgatherWork -> THPVariable_clear -> take_gil -> pthread_exit). Waiting here, while
-    the interpreter still runs and the GIL is free, lets that worker finish first.
-    """
+    """Give gloo's worker threads the GIL and the CPU until each is parked (idle `calm_polls` times in a row), at most
+    ``limit_s``; True when they were. DDP keeps its group, and so its workers, alive past destroy_process_group(); a
+    worker dropping its last tensor needs the GIL, and one that takes it while the interpreter finalizes is ended
+    through torch's noexcept frames: "terminate called without an active exception" after the script's last line."""
     if not any(_read_text(path).startswith(GLOO_WORKER) for path in _task_comms()):
         return True  # no gloo group was ever made here: nothing to wait for
     deadline, calm = time.monotonic() + limit_s, 0
@@ -119,11 +104,8 @@ atexit.register(drain_gloo_workers)
 
 
 def _attempt_store(launch: Launch, environ, timeout: timedelta):
-    """torchrun's agent store under a prefix per restart, or None outside torchrun.
-
-    Its static rendezvous (the default) keeps one store across --max-restarts, so restarted ranks could read
-    the killed attempt's gloo addresses and fail with "connection refused" (cf. pytorch/pytorch#135712).
-    """
+    """torchrun's agent store under a prefix per restart (its static rendezvous keeps one store across restarts, whose
+    ranks would read the killed attempt's addresses: pytorch/pytorch#135712), or None outside torchrun."""
     if environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return None
     from torch.distributed import PrefixStore, TCPStore
@@ -134,12 +116,8 @@ def _attempt_store(launch: Launch, environ, timeout: timedelta):
 
 
 def join_group(journal, launch, backend: str, timeout_s: float) -> None:
-    """Join the process group the launcher describes, as a layered setting of this journal (undone, it leaves).
-
-    The group and the launcher's variables are layered settings (accel/run/journal.py): with one run per model (a GAN's
-    two), or a search holding it across plan switches (accel.search.ranks.GroupHold), the group stays until the
-    last journal that joined it is undone, in any order. A group your script joined is yours: it stays, unlayered.
-    """
+    """Join the launcher's process group as a layered setting of this journal (accel.run.shared_settings): it stays
+    until the last journal that joined it is undone, in any order. A group your script joined stays yours."""
     if torch.distributed.is_initialized() and not set_by_runs("process group"):
         return
     for key, value in launch.to_env().items():  # as env:// reads them; yours are kept

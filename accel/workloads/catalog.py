@@ -1,18 +1,8 @@
-"""A workload zoo of what people train today, each with the loop its users write: the five seed CNNs of the book's
-benchmark, Hugging Face BERT, GPT-2 and ViT built from configs, a timm CNN, a torchvision detector and an LSTM on
-packed sequences. Random weights and random data of the right shapes: nothing is downloaded.
+"""A workload zoo of what people train today, each with its users' loss: the book's five seed CNNs, Hugging Face
+BERT, GPT-2 and ViT built from configs, a timm CNN, a torchvision detector, an LSTM on packed sequences. Random
+weights and data of the right shapes; transformers and timm are imported only when their workload is built.
 
-    workload = WORKLOADS["bert"]
-    model, optimizer, loader = workload.build("tiny")          # "tiny" for tests, "real" for benchmarks
-    run = accel.accelerate(model, optimizer, loader, plan="auto")
-    for batch in run.loader:
-        with run.autocast():
-            loss = workload.loss(run.model, batch)              # what its users write: outputs.loss, a loss dict...
-        run.backward(loss)
-        run.step()
-
-transformers and timm are test and benchmark dependencies (pip install '.[test]'), never the library's: each is
-imported only when its workload is built. `accel bench --suite` measures them all.
+    model, optimizer, loader = WORKLOADS["bert"].build("tiny")   # "tiny" for tests, "real" for benchmarks
 """
 from __future__ import annotations
 
