@@ -6,6 +6,7 @@ never share one) and names the writer's host and process, so a later write remov
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import os
@@ -66,10 +67,8 @@ def is_temporary(path: Path) -> bool:
 def write_atomically(path, write: Callable[[BinaryIO], None]) -> None:
     """Write path whole through ``write(file)``, or leave it as it was (raising why)."""
     path = Path(path)
-    try:
+    with contextlib.suppress(OSError):  # an unreadable folder: the write says why
         remove_leftovers(path)
-    except OSError:  # an unreadable folder: the write says why
-        pass
     temporary = temporary_name(path)
     _WRITING.add(temporary)
     try:
@@ -93,16 +92,12 @@ def write_text(path, text: str) -> None:
 
 def _sync_folder(folder: Path) -> None:
     """The rename itself on the disk (a power cut could otherwise lose it)."""
-    try:
+    with contextlib.suppress(OSError):  # some file systems cannot sync a folder
         handle = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(handle)
-    except OSError:  # some file systems cannot sync a folder
-        pass
-    finally:
-        os.close(handle)
+        try:
+            os.fsync(handle)
+        finally:
+            os.close(handle)
 
 
 def disk_full(error: BaseException) -> bool:

@@ -15,11 +15,9 @@ import torch
 def rng_state() -> dict[str, Any]:
     """This process's random states, as tensors and plain types (loadable with weights_only=True)."""
     state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
-    try:
+    with contextlib.suppress(ImportError):
         import numpy as np
-    except ImportError:
-        np = None
-    if np is not None:
+
         kind, keys, pos, has_gauss, gauss = np.random.get_state()
         state["numpy"] = (kind, torch.from_numpy(keys.astype("int64")), pos, has_gauss, gauss)
     for kind in ("cuda", "xpu"):

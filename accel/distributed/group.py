@@ -5,6 +5,7 @@ scripts (is_main_process, all_reduce_mean), which also work in a single process,
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import time
 from datetime import timedelta
@@ -43,43 +44,37 @@ def leave_group() -> None:
     most EXIT_BARRIER_S), then tear down together: a rank leaving while its peers still talk to it can abort them."""
     if not _initialized():
         return
-    dist = torch.distributed
-    try:
-        if dist.get_backend() == "gloo":
-            dist.monitored_barrier(timeout=timedelta(seconds=EXIT_BARRIER_S))
-    except Exception:  # at exit, a peer that is gone is not our failure
-        pass
-    dist.destroy_process_group()
+    with contextlib.suppress(Exception):  # at exit, a peer that is gone is not our failure
+        if torch.distributed.get_backend() == "gloo":
+            torch.distributed.monitored_barrier(timeout=timedelta(seconds=EXIT_BARRIER_S))
+    torch.distributed.destroy_process_group()
 
 
 GLOO_WORKER = "pt_gloo_runloop"  # the name torch gives ProcessGroupGloo's worker threads
 DRAIN_LIMIT_S = 5.0
 
 
-def _task_comms(task_dir: str = "/proc/self/task") -> list[str]:
+def _gloo_states(task_dir: str = "/proc/self/task") -> list[str]:
+    """The state of each of this process's gloo worker threads, from /proc: R runs or waits for the CPU, S is parked."""
     try:
-        return [f"{task_dir}/{tid}/comm" for tid in os.listdir(task_dir)]
+        tasks = os.listdir(task_dir)
     except OSError:
         return []
-
-
-def _read_text(path: str) -> str:
-    try:
-        with open(path) as comm:
-            return comm.read()
-    except OSError:  # the thread ended meanwhile
-        return ""
+    states = []
+    for task in tasks:
+        try:
+            with open(f"{task_dir}/{task}/stat") as stat:
+                name, _, fields = stat.read().partition("(")[2].rpartition(")")
+        except OSError:  # the thread ended meanwhile
+            continue
+        if name.startswith(GLOO_WORKER):
+            states += fields.split()[:1]
+    return states
 
 
 def gloo_workers_busy(task_dir: str = "/proc/self/task") -> int:
-    """How many of this process's gloo worker threads are running or runnable (state R), from /proc; 0 where
-    there is none or /proc is absent. A parked worker (waiting for work) sleeps in S."""
-    busy = 0
-    for path in _task_comms(task_dir):
-        if _read_text(path).startswith(GLOO_WORKER):
-            stat = _read_text(path[:-len("comm")] + "stat")
-            busy += stat.rsplit(")", 1)[-1].split()[:1] == ["R"]
-    return busy
+    """How many of this process's gloo worker threads are running or runnable (0 where /proc is absent)."""
+    return _gloo_states(task_dir).count("R")
 
 
 def drain_gloo_workers(limit_s: float = DRAIN_LIMIT_S, calm_polls: int = 3, poll_s: float = 0.005) -> bool:
@@ -87,7 +82,7 @@ def drain_gloo_workers(limit_s: float = DRAIN_LIMIT_S, calm_polls: int = 3, poll
     ``limit_s``; True when they were. DDP keeps its group, and so its workers, alive past destroy_process_group(); a
     worker dropping its last tensor needs the GIL, and one that takes it while the interpreter finalizes is ended
     through torch's noexcept frames: "terminate called without an active exception" after the script's last line."""
-    if not any(_read_text(path).startswith(GLOO_WORKER) for path in _task_comms()):
+    if not _gloo_states():
         return True  # no gloo group was ever made here: nothing to wait for
     deadline, calm = time.monotonic() + limit_s, 0
     while calm < calm_polls:

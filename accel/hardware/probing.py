@@ -70,16 +70,8 @@ def format_cpu_list(cpus: tuple[int, ...] | list[int]) -> str:
     return ",".join(parts)
 
 
-OPTIONAL_PACKAGES = {
-    # distribution name -> import name
-    "torchvision": "torchvision",
-    "nni": "nni",
-    "intel-extension-for-pytorch": "intel_extension_for_pytorch",
-    "intel-openmp": None,  # ships libiomp5.so only
-    "oneccl_bind_pt": "oneccl_bindings_for_pytorch",
-    "scikit-learn": "sklearn",
-    "matplotlib": "matplotlib",
-}
+OPTIONAL_PACKAGES = ("torchvision", "nni", "intel-extension-for-pytorch", "intel-openmp", "oneccl_bind_pt",
+                     "scikit-learn", "matplotlib")  # distribution names: their versions are reported
 
 ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_fp16")
 OPENMP_LIBRARIES = {"libgomp": "gnu", "libiomp5": "intel", "libomp.": "llvm"}

@@ -84,7 +84,7 @@ def constructor_arguments(loader: DataLoader) -> dict[str, Any]:
         pin_memory=loader.pin_memory, timeout=loader.timeout, worker_init_fn=loader.worker_init_fn,
         multiprocessing_context=loader.multiprocessing_context, generator=loader.generator,
         prefetch_factor=loader.prefetch_factor, persistent_workers=loader.persistent_workers,
-        pin_memory_device=loader.pin_memory_device, in_order=getattr(loader, "in_order", True),
+        pin_memory_device=loader.pin_memory_device, in_order=loader.in_order,
     )
     if isinstance(loader.dataset, IterableDataset):
         kwargs.update(batch_size=loader.batch_size, drop_last=loader.drop_last)
@@ -94,8 +94,6 @@ def constructor_arguments(loader: DataLoader) -> dict[str, Any]:
         kwargs.update(batch_sampler=loader.batch_sampler)
     else:  # batch_size=None: no automatic batching, one sample at a time
         kwargs.update(sampler=loader.sampler, batch_size=None)
-    if "in_order" not in DataLoader.__init__.__code__.co_varnames:
-        kwargs.pop("in_order")  # torch < 2.6
     return kwargs
 
 
