@@ -45,16 +45,17 @@ class Problem:
         where = self.accelerator + (f".{self.field}" if self.field else "")
         text = f"{where}: "
         if self.value is not _UNSET:
-            text += f"{_short(self.value)}: "
+            text += f"{brief(self.value)}: "
         text += self.message
         if self.allowed:
             text += f" (allowed: {self.allowed})"
         return text
 
 
-def _short(value: Any) -> str:
-    text = _BOUNDED.repr(value)  # never the whole of a huge value: a YAML alias bomb unfolds to billions of items
-    return text if len(text) <= 80 else text[:77] + "..."
+def brief(value: Any, most: int = 80) -> str:
+    """A short repr of any value, however large or deep (a YAML alias bomb, a hostile checkpoint's contents)."""
+    text = _BOUNDED.repr(value)
+    return text if len(text) <= most else text[:most - 3] + "..."
 
 
 _BOUNDED = reprlib.Repr()

@@ -39,11 +39,6 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     return parser
 
 
-def batches_per_epoch(batch_size: int, seed: int = 0) -> int:
-    """Batches in one epoch of the demo's loader: the digits' training split in full batches (drop_last)."""
-    return len(digits_datasets(seed)[0]) // batch_size
-
-
 def next_run(tuning) -> str:
     """What a second run of the demo will do, as the cache says: only an established answer is kept."""
     if tuning is None:
@@ -122,12 +117,6 @@ class Training:
         return result
 
 
-def paired(plain: dict, accelerated: dict, counts: list[int]) -> Ratio:
-    """The speed-up of each round: the plain loop's step over the accelerated one's, in the turns they took side by
-    side (a change in load between rounds hits both)."""
-    return Ratio([(p / n) / (a / n) for p, a, n in zip(plain["turn_s"], accelerated["turn_s"], counts) if a > 0])
-
-
 def run(args) -> int:
     from tqdm import tqdm
 
@@ -135,7 +124,7 @@ def run(args) -> int:
         print("accel demo trains on scikit-learn's bundled digits: pip install 'accel[demo]'", file=sys.stderr)
         return 2
     plan = parse_plan_argument(args.plan)
-    per_epoch = batches_per_epoch(args.batch_size)
+    per_epoch = len(digits_datasets()[0]) // args.batch_size  # the loader drops the last, partial batch
     total = args.epochs * per_epoch
     if plan == "auto":  # the run's length: compile (or another costly accelerator) must pay back within it
         plan = accel.Auto(budget_s=args.budget, expected_steps=total or None)
@@ -162,7 +151,8 @@ def run(args) -> int:
                 side.turn(steps, bar)
         bar.close()
         plain, accelerated = (side.finish() for side in sides)
-    ratio, wall_s = paired(plain, accelerated, counts), time.perf_counter() - began
+    wall_s = time.perf_counter() - began  # the speed-up of each turn both took side by side: their step times' ratio
+    ratio = Ratio([p / a for p, a in zip(plain["turn_s"], accelerated["turn_s"]) if a > 0])
     tuning = accelerated["report"].tuning
     told = tuning.settings.get("expected_steps") if tuning is not None else getattr(plan, "expected_steps", None)
     speedup = {"estimate": ratio.estimate, "low": ratio.low, "high": ratio.high, "turns": ratio.rounds,
@@ -181,7 +171,7 @@ def run(args) -> int:
     for name, result in (("plain", plain), ("accelerated", accelerated)):
         print(f"{name:12} {result['seconds']:8.2f} {1000 * result['seconds'] / result['steps']:8.1f} "
               f"{result['accuracy']:9.3f}")
-    print(headline(ratio, accelerated, args.model))
+    print(headline(ratio))
     if told is not None:
         print(f"plan='auto' was told the run's length: expected_steps={told} ({args.epochs} epoch"
               f"{'s' if args.epochs != 1 else ''} x {per_epoch} batches), so a costly accelerator (compile) is kept "
@@ -197,7 +187,7 @@ def run(args) -> int:
     return 0
 
 
-def headline(ratio: Ratio, accelerated: dict, model: str) -> str:
+def headline(ratio: Ratio) -> str:
     """The speed-up with its interval, or plainly that the machine was too noisy to tell."""
     words = (f"{ratio.estimate:.2f}x ({ratio.low:.2f}-{ratio.high:.2f}, 90% interval over {ratio.rounds} paired "
              "turns)")

@@ -8,7 +8,6 @@ and fits this run; every refusal is a CheckpointError naming the file and what i
 from __future__ import annotations
 
 import hashlib
-import reprlib
 import shutil
 import sys
 import types
@@ -19,7 +18,7 @@ from typing import Any
 
 import torch
 
-from accel.errors import CheckpointError, PlanError
+from accel.errors import CheckpointError, PlanError, brief
 from accel.files import disk_full, space, write_atomically
 from accel.hardware.launcher import rank
 from accel.plan import Plan, same_options
@@ -58,7 +57,7 @@ def decode_plan(encoded: dict[str, dict], path: Any = "") -> dict[str, dict]:
                 why = (f"its module {module!r} is not imported, and accel imports nothing a checkpoint names: import "
                        "it yourself first, or" if module and module not in sys.modules and "<" not in reference
                        else "which cannot be imported (a lambda or a local function, or not a function of yours):")
-                named = reference if isinstance(reference, str) and len(reference) < 300 else brief(reference)
+                named = reference if isinstance(reference, str) and len(reference) < 300 else brief(reference, 300)
                 raise CheckpointError(f"{path}: the plan's {where} was {named}, {why} build the plan "
                                       "yourself with the same function and pass it to accelerate()")
             return found
@@ -88,15 +87,6 @@ def resolve(reference: str) -> Callable | None:
             and found.__qualname__ == qualname):
         return found
     return None
-
-
-def brief(value: Any) -> str:
-    """A short repr of a value read from a file, however large or deep (a hostile file may hold anything)."""
-    return _BRIEF.repr(value)
-
-
-_BRIEF = reprlib.Repr()
-_BRIEF.maxlevel, _BRIEF.maxstring, _BRIEF.maxother, _BRIEF.maxdict, _BRIEF.maxlist = 3, 60, 60, 8, 8
 
 
 # --- integrity -----------------------------------------------------------------------------------------------
@@ -237,8 +227,9 @@ def load(run, path) -> dict[str, Any]:
     state = read(path)
     mine = encode_plan(run.plan.to_dict())
     if not same_options(state["plan"], mine):
-        raise CheckpointError(f"{path} was saved with the plan {brief(state['plan'])}, but this run has {brief(mine)}; "
-                              f"create the run with plan=accel.run.checkpoint.saved_plan({str(path)!r})")
+        raise CheckpointError(f"{path} was saved with the plan {brief(state['plan'], 300)}, but this run has "
+                              f"{brief(mine, 300)}; create the run with plan=accel.run.checkpoint.saved_plan("
+                              f"{str(path)!r})")
     problems = rank_problems(state)
     state = {**state, **this_rank(state)}  # before the fit checks: it warns when the world size changed
     problems += run.state_problems(state)

@@ -15,11 +15,11 @@ from typing import Any
 import torch
 
 from accel.batches import map_tensors
-from accel.errors import CheckpointError
+from accel.errors import CheckpointError, brief
 from accel.files import write_atomically, write_text
 from accel.hardware.launcher import rank, world_size
 from accel.plan import same_options
-from accel.run.checkpoint import brief, check_contents, checksum, encode_plan, load_file, on_rank_zero, write_error
+from accel.run.checkpoint import check_contents, checksum, encode_plan, load_file, on_rank_zero, write_error
 from accel.run.checkpoint_fit import gather_from_ranks, gathered, sharded_problems, this_rank, training_plan
 from accel.run.interrupts import held
 from accel.run.thread_warnings import thread_filter
@@ -194,9 +194,9 @@ def load(run, path) -> dict[str, Any]:
     where, meta = read(path)
     mine = encode_plan(run.plan.to_dict())
     if not same_options(training_plan(meta["plan"]), training_plan(mine)):
-        raise CheckpointError(f"{where} was saved with the plan {brief(meta['plan'])}, but this run has {brief(mine)}; "
-                              "create the run with the same plan (ddp and fsdp may differ: the shards load at any "
-                              "world size, or in one process)")
+        raise CheckpointError(f"{where} was saved with the plan {brief(meta['plan'], 300)}, but this run has "
+                              f"{brief(mine, 300)}; create the run with the same plan (ddp and fsdp may differ: "
+                              "the shards load at any world size, or in one process)")
     model, optimizer = _states(run)
     problems = sharded_problems(where, model, meta, run)
     if problems:

@@ -108,13 +108,8 @@ def _vit(size: str):
     config = ViTConfig(image_size=32 if tiny else 224, patch_size=8 if tiny else 16, hidden_size=32 if tiny else 768,
                        num_hidden_layers=2 if tiny else 12, num_attention_heads=2 if tiny else 12,
                        intermediate_size=64 if tiny else 3072, num_labels=10)
-
-    def make(count: int) -> list:
-        generator = torch.Generator().manual_seed(1)
-        images = torch.randn(count, 3, config.image_size, config.image_size, generator=generator)
-        labels = torch.randint(0, 10, (count,), generator=generator)
-        return [{"pixel_values": images[i], "labels": labels[i]} for i in range(count)]
-    return ViTForImageClassification(config), make
+    images = _images(3, config.image_size, 10)
+    return ViTForImageClassification(config), lambda count: [{"pixel_values": x, "labels": y} for x, y in images(count)]
 
 
 def _hf_loss(model: nn.Module, batch: dict) -> torch.Tensor:
