@@ -143,10 +143,8 @@ def all_reduce_mean(value: float | torch.Tensor) -> float | torch.Tensor:
     if not _initialized():
         return value
     device = BACKEND_DEVICE.get(torch.distributed.get_backend(), "cpu")
-    if isinstance(value, torch.Tensor):
-        tensor = value.detach().to(device=device, dtype=torch.float64 if device == "cpu" else torch.float32).clone()
-    else:
-        tensor = torch.tensor(float(value), dtype=torch.float64 if device == "cpu" else torch.float32, device=device)
+    dtype = torch.float64 if device == "cpu" else torch.float32
+    tensor = torch.as_tensor(value, dtype=dtype, device=device).detach().clone()  # never the caller's own tensor
     torch.distributed.all_reduce(tensor)
     tensor /= torch.distributed.get_world_size()
     if isinstance(value, torch.Tensor):

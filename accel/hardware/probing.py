@@ -113,10 +113,8 @@ def _physical_cpus(allowed: tuple[int, ...]) -> tuple[int, ...]:
 
 
 def _numa_nodes() -> dict[int, tuple[int, ...]]:
-    nodes = {}
-    for path in sorted(Path("/sys/devices/system/node").glob("node[0-9]*")):
-        nodes[int(path.name[4:])] = parse_cpu_list(_read(path / "cpulist"))
-    return nodes
+    nodes = sorted(Path("/sys/devices/system/node").glob("node[0-9]*"))
+    return {int(node.name[4:]): parse_cpu_list(_read(node / "cpulist")) for node in nodes}
 
 
 def _cpuinfo() -> tuple[tuple[str, ...], str]:
@@ -140,11 +138,9 @@ def _devices() -> dict[str, int]:
     devices = {"cpu": 1}
     if torch.cuda.is_available():
         devices["cuda"] = torch.cuda.device_count()
-    xpu = getattr(torch, "xpu", None)
-    if xpu is not None and xpu.is_available():
-        devices["xpu"] = xpu.device_count()
-    mps = getattr(torch.backends, "mps", None)
-    if mps is not None and mps.is_available():
+    if torch.xpu.is_available():
+        devices["xpu"] = torch.xpu.device_count()
+    if torch.backends.mps.is_available():
         devices["mps"] = 1
     custom = torch._C._get_privateuse1_backend_name()
     module = getattr(torch, custom, None)
@@ -161,16 +157,6 @@ def probe() -> Hardware:
     isa, model = _cpuinfo()
     versions = {"python": platform.python_version(), "torch": torch.__version__}
     versions.update({name: package_version(name) for name in OPTIONAL_PACKAGES})
-    return Hardware(
-        logical_cpus=os.cpu_count() or 1,
-        physical_cores=len(physical),
-        cpus_allowed=allowed,
-        physical_cpus=physical,
-        numa_nodes=_numa_nodes(),
-        isa=isa,
-        cpu_model=model,
-        openmp=loaded_openmp(),
-        devices=_devices(),
-        versions=versions,
-        torch_cpu_capability=torch.backends.cpu.get_cpu_capability(),
-    )
+    return Hardware(logical_cpus=os.cpu_count() or 1, physical_cores=len(physical), cpus_allowed=allowed,
+                    physical_cpus=physical, numa_nodes=_numa_nodes(), isa=isa, cpu_model=model, openmp=loaded_openmp(),
+                    devices=_devices(), versions=versions, torch_cpu_capability=torch.backends.cpu.get_cpu_capability())

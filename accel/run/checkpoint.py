@@ -29,8 +29,6 @@ FORMAT = 2
 CALLABLE = "__callable__"
 
 
-# --- the plan, as data a checkpoint can hold -----------------------------------------------------------------
-
 def encode_plan(plan_dict: dict[str, dict]) -> dict[str, dict]:
     """The plan's options with functions written as their import path (tensors stay tensors)."""
     def encode(value: Any) -> Any:
@@ -89,8 +87,6 @@ def resolve(reference: str) -> Callable | None:
     return None
 
 
-# --- integrity -----------------------------------------------------------------------------------------------
-
 def _tensors(obj: Any, path: str = ""):
     """(path, tensor) of every tensor in a nested state, in a fixed order."""
     if isinstance(obj, torch.Tensor):
@@ -113,8 +109,6 @@ def checksum(state: dict[str, Any]) -> str:
             digest.update(data.reshape(-1).view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()
 
-
-# --- save ----------------------------------------------------------------------------------------------------
 
 def save(run, path) -> None:
     """Write the run's state to path; a collective when distributed (every rank calls it, rank 0 writes)."""
@@ -156,8 +150,6 @@ def write_error(path: Path, error: BaseException) -> CheckpointError:
 def first_line(error: BaseException) -> str:
     return str(error).strip().splitlines()[0] if str(error).strip() else ""
 
-
-# --- read and check ------------------------------------------------------------------------------------------
 
 def read(path) -> dict[str, Any]:
     """The checkpoint's contents, checked whole: a CheckpointError names the file and what is wrong."""

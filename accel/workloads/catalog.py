@@ -30,7 +30,7 @@ class Workload:
 
     def build(self, size: str = "tiny", seed: int = 0, steps: int = 64, batch: int | None = None):
         """The model, an AdamW over it and a shuffled loader of `steps` batches, all from `seed`. `batch` overrides
-        the size's batch (a real-size BERT step at batch 16 takes 7 s on 2 cores)."""
+        the size's batch (a real-size step takes seconds on a few cores)."""
         if size not in SIZES:
             raise ValueError(f"size {size!r}: one of {SIZES}")
         torch.manual_seed(seed)
