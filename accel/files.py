@@ -114,10 +114,11 @@ def space(folder: Path) -> str:
         usage = shutil.disk_usage(folder)
     except OSError:
         return "its free space unknown"
-    return f"{_size(usage.free)} free of {_size(usage.total)}"
+    return f"{size_text(usage.free)} free of {size_text(usage.total)}"
 
 
-def _size(count: int) -> str:
+def size_text(count: float) -> str:
+    """12582912 -> '12.0 MiB'."""
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if count < 1024 or unit == "TiB":
             return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
