@@ -12,8 +12,6 @@ from typing import Any
 
 import torch
 
-__all__ = ["describe_batch", "map_tensors", "move"]
-
 
 def map_tensors(fn: Callable[[torch.Tensor], Any], batch: Any) -> Any:
     """fn applied to every tensor of a batch, each container (tuples, namedtuples, lists, dicts, defaultdicts,
