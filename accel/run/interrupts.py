@@ -28,30 +28,24 @@ def deferred() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    if _depth:  # inside an outer section: it delivers
-        _depth += 1
-        try:
-            yield
-        finally:
-            _depth -= 1
-        return
     previous = {}
-    for signum in HELD:
+    for signum in HELD if not _depth else ():  # an inner section leaves holding and delivering to the outermost
         handler = signal.getsignal(signum)
         if callable(handler):  # a Python handler: KeyboardInterrupt's, or the user's own
             previous[signum] = handler
             signal.signal(signum, _note)
-    _depth = 1
+    _depth += 1
     try:
         yield
     finally:
-        _depth = 0
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
-        arrived = [s for s in _arrived if s in previous]
-        _arrived.clear()
-        for signum in arrived:  # the first handler that raises ends the section with its exception
-            previous[signum](signum, None)
+        _depth -= 1
+        if not _depth:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+            arrived = [s for s in _arrived if s in previous]
+            _arrived.clear()
+            for signum in arrived:  # the first handler that raises ends the section with its exception
+                previous[signum](signum, None)
 
 
 @contextlib.contextmanager
