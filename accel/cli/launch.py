@@ -118,16 +118,13 @@ def torchrun_command(args, master_addr: str, master_port: int) -> list[str]:
 
 def check_numbers(args, environ=os.environ) -> int:
     """The launch's numbers, checked before anything starts; returns the master port."""
-    for flag, value in (("--nnodes", args.nnodes), ("--nproc-per-node", args.nproc_per_node)):
-        if value < 1:
-            raise LaunchError(f"{flag} must be >= 1, got {value}")
-    if args.cores_per_proc is not None and args.cores_per_proc < 1:
-        raise LaunchError(f"--cores-per-proc must be >= 1, got {args.cores_per_proc}")
+    for flag, value, least in (("--nnodes", args.nnodes, 1), ("--nproc-per-node", args.nproc_per_node, 1),
+                               ("--cores-per-proc", args.cores_per_proc, 1), ("--max-restarts", args.max_restarts, 0)):
+        if value is not None and value < least:  # --cores-per-proc unset: this node's cores / processes
+            raise LaunchError(f"{flag} must be >= {least}, got {value}")
     if not 0 <= args.node_rank < args.nnodes:
         raise LaunchError(f"--node-rank must be in 0..{args.nnodes - 1} for --nnodes {args.nnodes}, "
                           f"got {args.node_rank}")
-    if args.max_restarts < 0:
-        raise LaunchError(f"--max-restarts must be >= 0, got {args.max_restarts}")
     if args.master_port is not None:
         port, source = args.master_port, "--master-port"
     else:
