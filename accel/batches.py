@@ -12,15 +12,10 @@ from typing import Any
 
 import torch
 
-__all__ = ["describe_batch", "map_tensors", "move"]
-
 
 def map_tensors(fn: Callable[[torch.Tensor], Any], batch: Any) -> Any:
-    """fn applied to every tensor of a batch, each container keeping its own type.
-
-    Tuples, namedtuples, lists, dicts, OrderedDicts, defaultdicts, UserDicts (Hugging Face's BatchEncoding,
-    with its attributes) and dataclasses; anything else (strings, numbers) passes unchanged.
-    """
+    """fn applied to every tensor of a batch, each container (tuples, namedtuples, lists, dicts, defaultdicts,
+    UserDicts such as Hugging Face's BatchEncoding, dataclasses) keeping its type; anything else passes unchanged."""
     if isinstance(batch, torch.Tensor):
         return fn(batch)
     if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # namedtuple

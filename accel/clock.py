@@ -1,11 +1,7 @@
 """The clock every measurement in accel reads: ``now()``, by default ``time.perf_counter()``.
 
-Why one place: a search's verdicts are ratios of measured step times. Installing another clock for a block
-(``use``) lets tests, and users replaying recorded step times, feed times the search cannot misread; under a clock
-that moves only when told (the project's tests/virtual_clock.py) the load on the machine cannot flip a verdict.
-
-    with accel.clock.use(clock):   # any callable returning seconds; the previous clock is back after the block
-        ...
+One place, so that tests, and users replaying recorded step times, can install another clock for a block (``use``)
+that the search cannot misread: under a clock that moves only when told, the machine's load cannot flip a verdict.
 """
 from __future__ import annotations
 

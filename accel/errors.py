@@ -31,11 +31,8 @@ class LoopWarning(UserWarning):
 
 @dataclass(frozen=True)
 class Problem:
-    """One thing wrong with a plan.
-
-    kind is one of: "unknown" (name or option), "value", "conflict", "missing" (package or device).
-    Only "missing" problems turn into skips when the accelerator is marked optional.
-    """
+    """One thing wrong with a plan. kind: "unknown" (name or option), "value", "conflict", or "missing" (package or
+    device: only these turn into skips when the accelerator is marked optional)."""
 
     accelerator: str
     message: str
@@ -48,16 +45,17 @@ class Problem:
         where = self.accelerator + (f".{self.field}" if self.field else "")
         text = f"{where}: "
         if self.value is not _UNSET:
-            text += f"{_short(self.value)}: "
+            text += f"{brief(self.value)}: "
         text += self.message
         if self.allowed:
             text += f" (allowed: {self.allowed})"
         return text
 
 
-def _short(value: Any) -> str:
-    text = _BOUNDED.repr(value)  # never the whole of a huge value: a YAML alias bomb unfolds to billions of items
-    return text if len(text) <= 80 else text[:77] + "..."
+def brief(value: Any, most: int = 80) -> str:
+    """A short repr of any value, however large or deep (a YAML alias bomb, a hostile checkpoint's contents)."""
+    text = _BOUNDED.repr(value)
+    return text if len(text) <= most else text[:most - 3] + "..."
 
 
 _BOUNDED = reprlib.Repr()

@@ -1,14 +1,12 @@
 """Files accel writes whole or not at all: checkpoints, the plan cache's entries, compile's markers.
 
-Each is written to a temporary file in the same folder, flushed to the disk, and renamed over its name, so a
-reader sees the old file or the new one, never a part (a crash, a full disk, SIGKILL). The temporary name is
-short whatever the file's name (a name the OS accepts is never refused because ``.name.tmp`` would be too long)
-and unique to its writer: two processes, or two threads, writing the same file never write into one temporary
-(they did: the cache's readers got broken JSON). It names the writer's host and process id, so a later write of
-the same file removes what a killed writer left (up to a whole checkpoint), and never a live writer's.
+Each is written to a temporary file in the same folder, flushed, and renamed over its name: a reader sees the old
+file or the new one (a crash, a full disk, SIGKILL). The temporary name is short, unique to its writer (two writers
+never share one) and names the writer's host and process, so a later write removes what a killed writer left.
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import os
@@ -69,10 +67,8 @@ def is_temporary(path: Path) -> bool:
 def write_atomically(path, write: Callable[[BinaryIO], None]) -> None:
     """Write path whole through ``write(file)``, or leave it as it was (raising why)."""
     path = Path(path)
-    try:
+    with contextlib.suppress(OSError):  # an unreadable folder: the write says why
         remove_leftovers(path)
-    except OSError:  # an unreadable folder: the write says why
-        pass
     temporary = temporary_name(path)
     _WRITING.add(temporary)
     try:
@@ -96,16 +92,12 @@ def write_text(path, text: str) -> None:
 
 def _sync_folder(folder: Path) -> None:
     """The rename itself on the disk (a power cut could otherwise lose it)."""
-    try:
+    with contextlib.suppress(OSError):  # some file systems cannot sync a folder
         handle = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(handle)
-    except OSError:  # some file systems cannot sync a folder
-        pass
-    finally:
-        os.close(handle)
+        try:
+            os.fsync(handle)
+        finally:
+            os.close(handle)
 
 
 def disk_full(error: BaseException) -> bool:
@@ -122,10 +114,11 @@ def space(folder: Path) -> str:
         usage = shutil.disk_usage(folder)
     except OSError:
         return "its free space unknown"
-    return f"{_size(usage.free)} free of {_size(usage.total)}"
+    return f"{size_text(usage.free)} free of {size_text(usage.total)}"
 
 
-def _size(count: int) -> str:
+def size_text(count: float) -> str:
+    """12582912 -> '12.0 MiB'."""
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if count < 1024 or unit == "TiB":
             return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
@@ -134,9 +127,8 @@ def _size(count: int) -> str:
 
 
 def cache_dir(where: Any = True) -> Path:
-    """accel's cache folder: ``where`` when it is a path, else $ACCEL_CACHE_DIR, else
-    $XDG_CACHE_HOME/accel/plans, else ~/.cache/accel/plans (the plan cache's entries; compile's artifacts in
-    ``compile/``)."""
+    """accel's cache folder: ``where`` when it is a path, else $ACCEL_CACHE_DIR, else $XDG_CACHE_HOME/accel/plans,
+    else ~/.cache/accel/plans (compile's artifacts in its ``compile/``)."""
     if where not in (True, None) and not isinstance(where, bool):
         return Path(where)
     if os.environ.get("ACCEL_CACHE_DIR"):

@@ -18,9 +18,8 @@ def compiled(module: nn.Module) -> bool:
 
 
 def compile_seconds() -> float:
-    """The seconds torch.compile has spent compiling in this process so far (dynamo's tracing and the backend's
-    code generation, recompiles included; 0 before anything compiled): the difference between two steps is the
-    compile time inside the step, which must not be taken for its step time."""
+    """The seconds torch.compile has spent compiling in this process so far, recompiles included: the difference
+    between two steps is compile time inside the step, not step time."""
     utils = sys.modules.get("torch._dynamo.utils")
     return sum(utils.compilation_time_metrics.get("_compile.compile_inner", ())) if utils is not None else 0.0
 
@@ -42,9 +41,8 @@ def tied_groups(model: nn.Module) -> list[list[str]]:
 
 
 def trainable(params: list[nn.Parameter]) -> tuple[bool, ...]:
-    """Which of these parameters require gradients now: what DDP registered and a compiled graph was built for; a
-    change of it is unfreezing, which wrappers built earlier do not see by themselves. Checked every step, so it
-    takes a parameter list made once rather than walking model.parameters() each time."""
+    """Which of these parameters require gradients now (what DDP and a compiled graph were built for: a change is an
+    unfreezing they do not see). Checked every step, so over a list made once."""
     return tuple(p.requires_grad for p in params)
 
 
@@ -111,11 +109,8 @@ def buffer_values(model: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def put_back_buffers(model: nn.Module, values: dict[str, torch.Tensor]) -> None:
-    """Put back the buffers a tool changed while it set the model up, where the model still has them in that shape.
-
-    Tools run the model's code while they set it up (IPEX reads a spectral_norm weight, whose power iteration
-    updates its `_u` and `_v`; NNI traces forwards that update BatchNorm's statistics): setting up must not train.
-    The model may be the tool's copy, with new modules: buffers are matched by name and shape."""
+    """Put back the buffers a tool changed while it set the model up (IPEX reading a spectral_norm weight, NNI
+    tracing BatchNorm): setting up must not train. Matched by name and shape: the model may be the tool's copy."""
     with torch.no_grad():
         for name, buffer in model.named_buffers():
             if name in values and values[name].shape == buffer.shape:
@@ -123,9 +118,8 @@ def put_back_buffers(model: nn.Module, values: dict[str, torch.Tensor]) -> None:
 
 
 def hands_blocks_a_cache(model: nn.Module) -> bool:
-    """A Hugging Face model whose config.use_cache is on (GPT-2's default, kept in training): its forward hands every
-    block the KV cache, which each block appends to. An encoder (BERT: ``is_decoder=False``) keeps no cache whatever
-    use_cache says."""
+    """A Hugging Face decoder whose config.use_cache is on (GPT-2's default, kept in training): its forward hands
+    every block the KV cache, which each block appends to (an encoder keeps none whatever use_cache says)."""
     config = getattr(model, "config", None)
     return getattr(config, "use_cache", None) is True and (getattr(config, "is_decoder", None) is not False
                                                             or getattr(config, "is_encoder_decoder", None) is True)
@@ -142,10 +136,8 @@ def recomputable(hook):
 
 
 def rerun_hooks(block: nn.Module) -> list[str]:
-    """The forward hooks a recomputation of ``block`` would run a second time (those of the layers inside it, and the
-    global ones), less those known to compute only from the module's own tensors (marked ``recomputable``; torch's
-    weight reparametrizations: spectral_norm, weight_norm, prune): a hook that collects features or counts calls
-    would see the layer's forward twice."""
+    """The forward hooks a recomputation of ``block`` would run twice (its layers' and the global ones), less those
+    that compute only from the module's tensors (``recomputable``; spectral_norm, weight_norm, prune)."""
     from torch.nn.modules import module as torch_module
     from torch.nn.utils.prune import BasePruningMethod
     from torch.nn.utils.spectral_norm import SpectralNorm

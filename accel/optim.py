@@ -25,13 +25,9 @@ def init_kwargs(optimizer: torch.optim.Optimizer, **overrides: Any) -> dict[str,
 
 def rebuild_optimizer(optimizer: torch.optim.Optimizer, params: Sequence[Sequence[torch.Tensor]] | None = None,
                       keep_state: bool = True, **overrides: Any) -> torch.optim.Optimizer:
-    """A new optimizer of ``type(optimizer)`` with its param groups' hyperparameters, updated by ``overrides``.
-
-    ``params``: one list of tensors per param group, in the same order (e.g. the pruned model's parameters);
-    None keeps the current ones. ``keep_state`` copies the state (Adam's moments, step counts) through
-    ``load_state_dict``, so tensors are cast and placed as the new options want (a fused step count lives on
-    the parameter's device); it needs parameters of the same shapes, so surgery passes keep_state=False.
-    """
+    """A new optimizer of ``type(optimizer)`` with its param groups' hyperparameters updated by ``overrides``, over
+    ``params`` (one list per group; None: the current ones). ``keep_state`` copies the state through load_state_dict
+    (cast and placed as the new options want); it needs the same shapes, so surgery passes False."""
     groups = optimizer.param_groups
     if params is None:
         params = [group["params"] for group in groups]
@@ -66,12 +62,8 @@ def foreign_tensors(optimizer: torch.optim.Optimizer, model: torch.nn.Module) ->
 
 def same_params(optimizer: torch.optim.Optimizer, old: torch.nn.Module,
                 new: torch.nn.Module) -> list[list[torch.Tensor]]:
-    """Each param group's parameters, looked up by name in ``new`` (a copy of ``old``, or old after surgery).
-
-    Tensors the optimizer trains that are not parameters of the model (a learned temperature kept beside it)
-    are carried as they are: the same objects, trained as in the plain loop. Tied parameters (one tensor under
-    two names) map to the one tensor of the copy.
-    """
+    """Each param group's parameters, looked up by name in ``new`` (a copy of ``old``, or old after surgery); tied
+    ones map to the copy's one tensor, tensors that are no parameter of the model stay the same objects."""
     names = {}
     for name, param in old.named_parameters(remove_duplicate=False):
         names.setdefault(id(param), name)

@@ -1,10 +1,6 @@
-"""Random states, taken and put back: this process's (torch, CUDA, XPU, Python, NumPy) and a DataLoader's.
-
-Iterating a DataLoader draws a seed from its generator, or from torch's global RNG when it has none; a sampler
-or batch sampler may hold a generator of its own. Whatever accel does with the user's loader before the
-training loop does (prune taking a dummy batch, tune measuring) must leave all of them as they were, so the
-loop sees the batches the plain loop would see.
-"""
+"""Random states, taken and put back: this process's (torch, CUDA, XPU, Python, NumPy) and a DataLoader's (its
+generator, its sampler's, its batch sampler's). Whatever accel does with the user's loader before the loop does must
+leave them as they were, so the loop sees the batches the plain loop would see."""
 from __future__ import annotations
 
 import contextlib
@@ -19,11 +15,9 @@ import torch
 def rng_state() -> dict[str, Any]:
     """This process's random states, as tensors and plain types (loadable with weights_only=True)."""
     state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
-    try:
+    with contextlib.suppress(ImportError):
         import numpy as np
-    except ImportError:
-        np = None
-    if np is not None:
+
         kind, keys, pos, has_gauss, gauss = np.random.get_state()
         state["numpy"] = (kind, torch.from_numpy(keys.astype("int64")), pos, has_gauss, gauss)
     for kind in ("cuda", "xpu"):

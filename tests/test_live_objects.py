@@ -223,8 +223,11 @@ def test_the_harness_catches_an_accelerator_that_ignores_your_learning_rate_writ
 def test_a_checkpoint_dict_without_accels_keys_is_an_error_naming_the_file(tmp_path):
     """Before: {"format": 1, "plan": ...} raised KeyError."""
     path = tmp_path / "foreign.pt"
-    torch.save({"format": 1, "plan": {}}, path)
+    torch.save({"format": 2, "plan": {}}, path)
     with pytest.raises(CheckpointError, match=r"foreign\.pt: incomplete accel checkpoint .*missing \['model'"):
+        read(path)
+    torch.save({"format": 1, "plan": {}}, path)  # accel 0.1's format is no longer read
+    with pytest.raises(CheckpointError, match=r"foreign\.pt: not an accel checkpoint \(format 1; run.save writes "):
         read(path)
 
 

@@ -51,9 +51,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 class Bar(Progress):
-    """bench's progress on stderr, in phases (each plan set up, auto's search, each interleaved round); a phase moves
-    with its steps, and the search by its time against its budget (unset: the larger of 90 s and 100 of its median
-    steps), so the bar never sits still while something trains."""
+    """bench's progress on stderr, in phases (each plan set up, auto's search, each round); a phase moves with its
+    steps, the search with its time against its budget, so the bar never sits still while something trains."""
 
     def start(self, total: int) -> None:
         from tqdm import tqdm  # a test and benchmark dependency, not the library's

@@ -7,7 +7,7 @@ import json
 
 import accel.accelerators.compile.cache as compile_cache
 import accel.search.cache as plancache
-from accel.files import cache_dir
+from accel.files import cache_dir, size_text
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -50,5 +50,4 @@ def run(args) -> int:
 
 
 def _files(count: int, size: int) -> str:
-    amount = f"{size / 2**20:.1f} MiB" if size >= 2**20 else f"{size / 2**10:.1f} KiB"
-    return f"{count} file{'' if count == 1 else 's'} ({amount})"
+    return f"{count} file{'' if count == 1 else 's'} ({size_text(size)})"

@@ -1,11 +1,8 @@
 """accel demo: torchvision's resnet18 on sklearn's real digits, the plain loop against plan="auto", side by side.
 
-Measured the way auto measures: both trainings live in one process and take turns (a few steps each, the order
-reversed every round), so a change in the machine's load hits both alike; the speed-up is the ratio of their paired
-turns with its 90% interval, auto's measuring included (those were training steps). Beside it: each training's total
-time and test accuracy, the report with the search's table, and a chart when matplotlib is installed. The same
-model, data, seed and epochs both ways; the accelerated run's process settings (threads, affinity) are put aside
-while the plain one takes its turn.
+Both trainings live in one process and take turns (the order reversed every round), so a change in the machine's
+load hits both alike; the speed-up is the ratio of their paired turns with its 90% interval, auto's measuring
+included. The accelerated run's process settings (threads, affinity) are put aside while the plain one takes its turn.
 """
 from __future__ import annotations
 
@@ -40,11 +37,6 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--no-plot", action="store_true", help="write no chart")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     return parser
-
-
-def batches_per_epoch(batch_size: int, seed: int = 0) -> int:
-    """Batches in one epoch of the demo's loader: the digits' training split in full batches (drop_last)."""
-    return len(digits_datasets(seed)[0]) // batch_size
 
 
 def next_run(tuning) -> str:
@@ -125,12 +117,6 @@ class Training:
         return result
 
 
-def paired(plain: dict, accelerated: dict, counts: list[int]) -> Ratio:
-    """The speed-up of each round: the plain loop's step over the accelerated one's, in the turns they took side by
-    side (a change in load between rounds hits both)."""
-    return Ratio([(p / n) / (a / n) for p, a, n in zip(plain["turn_s"], accelerated["turn_s"], counts) if a > 0])
-
-
 def run(args) -> int:
     from tqdm import tqdm
 
@@ -138,7 +124,7 @@ def run(args) -> int:
         print("accel demo trains on scikit-learn's bundled digits: pip install 'accel[demo]'", file=sys.stderr)
         return 2
     plan = parse_plan_argument(args.plan)
-    per_epoch = batches_per_epoch(args.batch_size)
+    per_epoch = len(digits_datasets()[0]) // args.batch_size  # the loader drops the last, partial batch
     total = args.epochs * per_epoch
     if plan == "auto":  # the run's length: compile (or another costly accelerator) must pay back within it
         plan = accel.Auto(budget_s=args.budget, expected_steps=total or None)
@@ -165,7 +151,8 @@ def run(args) -> int:
                 side.turn(steps, bar)
         bar.close()
         plain, accelerated = (side.finish() for side in sides)
-    ratio, wall_s = paired(plain, accelerated, counts), time.perf_counter() - began
+    wall_s = time.perf_counter() - began  # the speed-up of each turn both took side by side: their step times' ratio
+    ratio = Ratio([p / a for p, a in zip(plain["turn_s"], accelerated["turn_s"]) if a > 0])
     tuning = accelerated["report"].tuning
     told = tuning.settings.get("expected_steps") if tuning is not None else getattr(plan, "expected_steps", None)
     speedup = {"estimate": ratio.estimate, "low": ratio.low, "high": ratio.high, "turns": ratio.rounds,
@@ -184,7 +171,7 @@ def run(args) -> int:
     for name, result in (("plain", plain), ("accelerated", accelerated)):
         print(f"{name:12} {result['seconds']:8.2f} {1000 * result['seconds'] / result['steps']:8.1f} "
               f"{result['accuracy']:9.3f}")
-    print(headline(ratio, accelerated, args.model))
+    print(headline(ratio))
     if told is not None:
         print(f"plan='auto' was told the run's length: expected_steps={told} ({args.epochs} epoch"
               f"{'s' if args.epochs != 1 else ''} x {per_epoch} batches), so a costly accelerator (compile) is kept "
@@ -200,7 +187,7 @@ def run(args) -> int:
     return 0
 
 
-def headline(ratio: Ratio, accelerated: dict, model: str) -> str:
+def headline(ratio: Ratio) -> str:
     """The speed-up with its interval, or plainly that the machine was too noisy to tell."""
     words = (f"{ratio.estimate:.2f}x ({ratio.low:.2f}-{ratio.high:.2f}, 90% interval over {ratio.rounds} paired "
              "turns)")

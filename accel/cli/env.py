@@ -2,34 +2,24 @@
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import json
-import re
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, TensorDataset
 
 import accel
 from accel.api import prepare
 from accel.errors import PlanError
+from accel.hardware import install_hint as packages_install_hint
 from accel.hardware import ipex_problem, package_version, probe
 from accel.plan.contract import REGISTRY
-from accel.workloads import TinyCNN
+from accel.workloads import tiny_loader, tiny_model, tiny_optimizer
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     parser = subparsers.add_parser("env", help="hardware, runtime and every accelerator's availability with the reason")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     return parser
-
-
-def tiny_objects():
-    """A tiny real CNN, its Adam and a loader of 1x8x8 images: enough for plan-time checks."""
-    torch.manual_seed(0)
-    model = TinyCNN()
-    data = TensorDataset(torch.randn(32, 1, 8, 8), torch.randint(0, 10, (32,)))
-    return model, torch.optim.Adam(model.parameters()), DataLoader(data, batch_size=16)
 
 
 def accelerator_availability() -> dict[str, dict[str, Any]]:
@@ -41,7 +31,8 @@ def accelerator_availability() -> dict[str, dict[str, Any]]:
         entry: dict[str, Any] = {"stage": cls.stage.name.lower(),
                                  "requires": {pkg: package_version(pkg) for pkg in cls.requires}}
         try:
-            _, _, skips = prepare(*tiny_objects(), plan=[cls(**cls.example)], device="cpu")
+            model = tiny_model()
+            _, _, skips = prepare(model, tiny_optimizer(model), tiny_loader(32), [cls(**cls.example)], device="cpu")
             entry["available"] = True
             entry["reason"] = (f"would be skipped here: {skips[name]}" if name in skips
                                else "its checks pass on cpu with a tiny model")
@@ -57,18 +48,9 @@ def accelerator_availability() -> dict[str, dict[str, Any]]:
 
 
 def install_hint(command: str) -> str:
-    """The install command of a missing package as accel's extra that brings it ("pip install nni" is
-    "pip install 'accel[prune]'"), read from accel's installed metadata so pyproject.toml stays the one list."""
-    package = command.removeprefix("pip install").strip()
-    try:
-        requirements = importlib.metadata.requires("accel") or []
-    except importlib.metadata.PackageNotFoundError:  # run from a checkout that was never installed
-        requirements = []
-    for requirement in requirements:
-        found = re.fullmatch(r"([A-Za-z0-9_.-]+)[^;]*;\s*extra\s*==\s*['\"](\w+)['\"]", requirement)
-        if found and found[1].lower() == package.lower() and found[2] != "test":
-            return f"pip install 'accel[{found[2]}]'"
-    return command
+    """A missing package's install command as accel's extra that pins it ("pip install nni" is
+    "pip install 'accel[prune]'")."""
+    return packages_install_hint(command.removeprefix("pip install").strip())
 
 
 def environment() -> dict[str, Any]:

@@ -1,11 +1,5 @@
-"""accel launch: torchrun with the book's CPU settings: cores per rank, OpenMP threads, library preloads.
-
-Each local rank gets its own physical cores. The ranks start through this file (run as a plain script, so
-nothing imports torch before it): it pins the rank to its cores before the OpenMP runtime loads, then runs the
-training script. It does not set GOMP_CPU_AFFINITY: libgomp would bind the main thread to the first CPU of the
-list, and DataLoader workers forked from it would inherit that single CPU; the process mask confines the
-OpenMP threads already. The threads accelerator reads the same map for its report.
-Variables the user already set are kept; everything set is printed.
+"""accel launch: torchrun with the book's CPU settings: cores per rank (each rank pins itself first:
+accel/distributed/rank_start.py), OpenMP threads, library preloads; variables the user set are kept, and all is printed.
 """
 from __future__ import annotations
 
@@ -124,16 +118,13 @@ def torchrun_command(args, master_addr: str, master_port: int) -> list[str]:
 
 def check_numbers(args, environ=os.environ) -> int:
     """The launch's numbers, checked before anything starts; returns the master port."""
-    for flag, value in (("--nnodes", args.nnodes), ("--nproc-per-node", args.nproc_per_node)):
-        if value < 1:
-            raise LaunchError(f"{flag} must be >= 1, got {value}")
-    if args.cores_per_proc is not None and args.cores_per_proc < 1:
-        raise LaunchError(f"--cores-per-proc must be >= 1, got {args.cores_per_proc}")
+    for flag, value, least in (("--nnodes", args.nnodes, 1), ("--nproc-per-node", args.nproc_per_node, 1),
+                               ("--cores-per-proc", args.cores_per_proc, 1), ("--max-restarts", args.max_restarts, 0)):
+        if value is not None and value < least:  # --cores-per-proc unset: this node's cores / processes
+            raise LaunchError(f"{flag} must be >= {least}, got {value}")
     if not 0 <= args.node_rank < args.nnodes:
         raise LaunchError(f"--node-rank must be in 0..{args.nnodes - 1} for --nnodes {args.nnodes}, "
                           f"got {args.node_rank}")
-    if args.max_restarts < 0:
-        raise LaunchError(f"--max-restarts must be >= 0, got {args.max_restarts}")
     if args.master_port is not None:
         port, source = args.master_port, "--master-port"
     else:
@@ -177,11 +168,9 @@ FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signa
 
 
 def supervise(command: list[str], env: dict[str, str]) -> int:
-    """Run torchrun and pass it every signal that asks the job to stop (Ctrl-C, SIGTERM from scancel, Kubernetes
-    or kill, SIGHUP, SLURM's USR1/USR2 warnings): torchrun stops its ranks. A second Ctrl-C or SIGTERM kills the
-    whole job. torchrun is in a process group of its own, so a signal reaches it once (from here), never twice
-    from the terminal; and it gets SIGTERM should this process die without passing one on (SIGKILL).
-    Returns torchrun's exit status (128 + the signal when a signal ended it)."""
+    """Run torchrun, in a process group of its own, and pass it once every signal that asks the job to stop (Ctrl-C,
+    SIGTERM, SIGHUP, SLURM's USR1/USR2); a second Ctrl-C or SIGTERM kills the job, and torchrun gets SIGTERM should
+    this process die (SIGKILL). Returns torchrun's exit status (128 + the signal when a signal ended it)."""
     process = subprocess.Popen(command, env=env, preexec_fn=_own_group_ended_with_parent)
     received: list[int] = []
 

@@ -5,6 +5,7 @@ scripts (is_main_process, all_reduce_mean), which also work in a single process,
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import time
 from datetime import timedelta
@@ -39,70 +40,49 @@ def init_process_group(backend: str, timeout_s: float, environ=os.environ) -> La
 
 
 def leave_group() -> None:
-    """At exit, and when run.close() takes back the group accel started: wait (briefly) for the other ranks, then
-    tear the group down together.
-
-    A rank that tears down while its peers still talk to it can abort them ("terminate called without an
-    active exception", seen in about 1 of 10 two-rank gloo launches here); a rank that crashed is not waited for
-    longer than EXIT_BARRIER_S.
-    """
+    """At exit, and when run.close() gives back the group accel joined: wait for the other ranks (a crashed one at
+    most EXIT_BARRIER_S), then tear down together: a rank leaving while its peers still talk to it can abort them."""
     if not _initialized():
         return
-    dist = torch.distributed
-    try:
-        if dist.get_backend() == "gloo":
-            dist.monitored_barrier(timeout=timedelta(seconds=EXIT_BARRIER_S))
-    except Exception:  # at exit, a peer that is gone is not our failure
-        pass
-    dist.destroy_process_group()
+    with contextlib.suppress(Exception):  # at exit, a peer that is gone is not our failure
+        if torch.distributed.get_backend() == "gloo":
+            torch.distributed.monitored_barrier(timeout=timedelta(seconds=EXIT_BARRIER_S))
+    torch.distributed.destroy_process_group()
 
 
 GLOO_WORKER = "pt_gloo_runloop"  # the name torch gives ProcessGroupGloo's worker threads
 DRAIN_LIMIT_S = 5.0
 
 
-def _task_comms(task_dir: str = "/proc/self/task") -> list[str]:
+def _gloo_states(task_dir: str = "/proc/self/task") -> list[str]:
+    """The state of each of this process's gloo worker threads, from /proc: R runs or waits for the CPU, S is parked."""
     try:
-        return [f"{task_dir}/{tid}/comm" for tid in os.listdir(task_dir)]
+        tasks = os.listdir(task_dir)
     except OSError:
         return []
-
-
-def _read_text(path: str) -> str:
-    """A /proc file's text, or '' where the thread ended meanwhile."""
-    try:
-        with open(path) as comm:
-            return comm.read()
-    except OSError:  # the thread ended meanwhile
-        return ""
+    states = []
+    for task in tasks:
+        try:
+            with open(f"{task_dir}/{task}/stat") as stat:
+                name, _, fields = stat.read().partition("(")[2].rpartition(")")
+        except OSError:  # the thread ended meanwhile
+            continue
+        if name.startswith(GLOO_WORKER):
+            states += fields.split()[:1]
+    return states
 
 
 def gloo_workers_busy(task_dir: str = "/proc/self/task") -> int:
-    """How many of this process's gloo worker threads are running or runnable (state R), from /proc; 0 where
-    there is none or /proc is absent. A parked worker (waiting for work) sleeps in S."""
-    busy = 0
-    for path in _task_comms(task_dir):
-        if _read_text(path).startswith(GLOO_WORKER):
-            stat = _read_text(path[:-len("comm")] + "stat")
-            busy += stat.rsplit(")", 1)[-1].split()[:1] == ["R"]
-    return busy
+    """How many of this process's gloo worker threads are running or runnable (0 where /proc is absent)."""
+    return _gloo_states(task_dir).count("R")
 
 
 def drain_gloo_workers(limit_s: float = DRAIN_LIMIT_S, calm_polls: int = 3, poll_s: float = 0.005) -> bool:
-    """Give gloo's worker threads the GIL and the CPU until each is parked (seen idle `calm_polls` times in a
-    row), at most ``limit_s``; True when they were.
-
-    Why: DDP keeps its process group alive past ``destroy_process_group()`` (on torch 2.15 the first DDP wrapper in
-    a process leaves 10 references to its group that outlive the wrapper), so the group's worker threads outlive it.
-    A worker that finished a collective still drops its
-    last reference to that work, and so to the tensors in it; a tensor whose Python object outlived the Python side
-    needs the GIL to be freed. If the interpreter is finalizing by then, Python ends that thread with a forced
-    unwind through torch's noexcept frames: std::terminate, "terminate called without an active exception",
-    SIGABRT after the script's last line (seen in 1 of 10 two-rank gloo runs on a busy 2-core machine; gdb showed
-    the worker in ~AsyncAllgatherWork -> THPVariable_clear -> take_gil -> pthread_exit). Waiting here, while
-    the interpreter still runs and the GIL is free, lets that worker finish first.
-    """
-    if not any(_read_text(path).startswith(GLOO_WORKER) for path in _task_comms()):
+    """Give gloo's worker threads the GIL and the CPU until each is parked (idle `calm_polls` times in a row), at most
+    ``limit_s``; True when they were. DDP keeps its group, and so its workers, alive past destroy_process_group(); a
+    worker dropping its last tensor needs the GIL, and one that takes it while the interpreter finalizes is ended
+    through torch's noexcept frames: "terminate called without an active exception" after the script's last line."""
+    if not _gloo_states():
         return True  # no gloo group was ever made here: nothing to wait for
     deadline, calm = time.monotonic() + limit_s, 0
     while calm < calm_polls:
@@ -119,11 +99,8 @@ atexit.register(drain_gloo_workers)
 
 
 def _attempt_store(launch: Launch, environ, timeout: timedelta):
-    """torchrun's agent store under a prefix per restart, or None outside torchrun.
-
-    Its static rendezvous (the default) keeps one store across --max-restarts, so restarted ranks could read
-    the killed attempt's gloo addresses and fail with "connection refused" (cf. pytorch/pytorch#135712).
-    """
+    """torchrun's agent store under a prefix per restart (its static rendezvous keeps one store across restarts, whose
+    ranks would read the killed attempt's addresses: pytorch/pytorch#135712), or None outside torchrun."""
     if environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return None
     from torch.distributed import PrefixStore, TCPStore
@@ -134,12 +111,8 @@ def _attempt_store(launch: Launch, environ, timeout: timedelta):
 
 
 def join_group(journal, launch, backend: str, timeout_s: float) -> None:
-    """Join the process group the launcher describes, as a layered setting of this journal (undone, it leaves).
-
-    The group and the launcher's variables are layered settings (accel/run/journal.py): with one run per model (a GAN's
-    two), or a search holding it across plan switches (accel.search.ranks.GroupHold), the group stays until the
-    last journal that joined it is undone, in any order. A group your script joined is yours: it stays, unlayered.
-    """
+    """Join the launcher's process group as a layered setting of this journal (accel.run.shared_settings): it stays
+    until the last journal that joined it is undone, in any order. A group your script joined stays yours."""
     if torch.distributed.is_initialized() and not set_by_runs("process group"):
         return
     for key, value in launch.to_env().items():  # as env:// reads them; yours are kept
@@ -170,10 +143,8 @@ def all_reduce_mean(value: float | torch.Tensor) -> float | torch.Tensor:
     if not _initialized():
         return value
     device = BACKEND_DEVICE.get(torch.distributed.get_backend(), "cpu")
-    if isinstance(value, torch.Tensor):
-        tensor = value.detach().to(device=device, dtype=torch.float64 if device == "cpu" else torch.float32).clone()
-    else:
-        tensor = torch.tensor(float(value), dtype=torch.float64 if device == "cpu" else torch.float32, device=device)
+    dtype = torch.float64 if device == "cpu" else torch.float32
+    tensor = torch.as_tensor(value, dtype=dtype, device=device).detach().clone()  # never the caller's own tensor
     torch.distributed.all_reduce(tensor)
     tensor /= torch.distributed.get_world_size()
     if isinstance(value, torch.Tensor):

@@ -1,10 +1,7 @@
-"""One rank's start under ``accel launch``: torchrun runs this file by its path, as a plain script, so that nothing
-imports torch before it pins the rank to its cores (the OpenMP runtime torch loads then sees the pinned mask);
-then it runs the training script. It imports nothing of accel or torch: the standard library only.
-
-It does not set GOMP_CPU_AFFINITY: libgomp would bind the main thread to the first CPU of the list, and
-DataLoader workers forked from it would inherit that single CPU; the process mask confines the OpenMP threads
-already. The threads accelerator reads the same map for its report.
+"""One rank's start under ``accel launch``: torchrun runs this file by its path, as a plain script that imports only
+the standard library, so that the rank pins itself to its cores before torch (and its OpenMP runtime) loads; then it
+runs the training script. It sets no GOMP_CPU_AFFINITY: libgomp would bind the main thread, and the DataLoader
+workers forked from it, to one CPU, while the process mask confines the OpenMP threads already.
 """
 from __future__ import annotations
 

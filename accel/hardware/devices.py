@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import torch
 
-from accel.hardware.facts import Hardware
-from accel.hardware.probing import probe
+from accel.hardware.probing import Hardware, probe
 
 
 def resolve_device(device: str | torch.device | None = "auto", local_rank: int = 0,
                    hardware: Hardware | None = None) -> torch.device:
-    """'auto' picks cuda, xpu, mps, else cpu; a device type without an index picks this local rank's device
-    (each rank of a launched job on its own GPU); any torch device string is accepted as is. ``hardware``:
-    the machine to resolve for (default: this one)."""
+    """'auto' picks cuda, xpu, mps, else cpu; a device type without an index picks this local rank's device; any
+    torch device string is taken as is. ``hardware``: the machine to resolve for (default: this one)."""
     if device is None or device == "auto":
         devices = (hardware or probe()).devices
         kind = next((k for k in ("cuda", "xpu", "mps") if devices.get(k)), "cpu")

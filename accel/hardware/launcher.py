@@ -1,9 +1,6 @@
-"""Where this process sits in a launched job: the launcher's environment read, each rank's cores, rank and world.
-
-torchrun, Open MPI, Intel MPI / MPICH and SLURM each name rank and world size differently; they are mapped to
-the RANK / WORLD_SIZE / LOCAL_RANK / LOCAL_WORLD_SIZE that torch's env:// initialisation reads. rank(),
-world_size() and barrier() also work in a single process (rank 0 of 1, nothing to wait for). The process group
-itself is joined and left by accel.distributed.group.
+"""Where this process sits in a launched job: torchrun's, Open MPI's, Intel MPI / MPICH's and SLURM's variables
+mapped to the RANK / WORLD_SIZE / LOCAL_RANK / LOCAL_WORLD_SIZE that torch's env:// reads, each rank's cores, and
+rank(), world_size() and barrier(), which also work in a single process. The group is accel.distributed.group's.
 """
 from __future__ import annotations
 
@@ -57,10 +54,8 @@ def slurm_tasks_on_node(tasks_per_node: str, node_id: int) -> int:
 
 
 def launcher_environment(environ: Mapping[str, str] = os.environ) -> Launch | None:
-    """This process's rank and world from the first launcher whose rank and size variables are set; None alone.
-
-    A missing local size (a hand-set RANK/WORLD_SIZE, an MPI without it) means one node: local = global.
-    """
+    """This process's rank and world from the first launcher whose variables are set; None alone. Without a local
+    size (a hand-set RANK/WORLD_SIZE) it is one node: local = global."""
     for launcher, (rank_key, size_key, local_key, local_size_key) in LAUNCHERS.items():
         if rank_key not in environ or size_key not in environ:
             continue
@@ -77,10 +72,8 @@ def launcher_environment(environ: Mapping[str, str] = os.environ) -> Launch | No
 
 def cores_for_rank(physical_cpus: tuple[int, ...], local_rank: int, local_world: int,
                    per_rank: int | None = None) -> tuple[int, ...]:
-    """The book's CPU allocation map: local ranks get disjoint, contiguous, equal shares of physical cores.
-
-    With more ranks than cores, ranks share cores round-robin (oversubscribed, never empty).
-    """
+    """The book's CPU allocation map: local ranks get disjoint, contiguous, equal shares of physical cores (with
+    more ranks than cores, shared round-robin: never empty)."""
     share = per_rank or max(1, len(physical_cpus) // local_world)
     start = (local_rank * share) % max(1, len(physical_cpus))
     return tuple(physical_cpus[start:start + share])
@@ -97,9 +90,8 @@ def rank_cores(physical_cpus: tuple[int, ...], launch: Launch | None,
 
 
 def node_cores(physical_cores: int, environ: Mapping[str, str] = os.environ) -> int:
-    """The node's physical cores, which a rank pinned by `accel launch` no longer sees (its affinity is its
-    share): what a single process on the same node counts. Elsewhere (a single process, torchrun, which pins
-    nothing) the cores this process sees."""
+    """The node's physical cores, which a rank pinned by `accel launch` no longer sees (its affinity is its share);
+    elsewhere the cores this process sees."""
     node = environ.get(NODE_CPUS_VARIABLE, "")
     try:
         return len(parse_cpu_list(node)) if node else physical_cores

@@ -44,14 +44,9 @@ def importable(module: str) -> bool:
 
 @functools.lru_cache(maxsize=1)
 def ipex_problem() -> str | None:
-    """Why IPEX must not be imported here, or None when it is safe (once per process: the answer does not change).
-
-    Two checks, neither of which imports IPEX into this process: IPEX calls os._exit(127) on import when its
-    major.minor differs from torch's, so the versions are compared first; then a fresh interpreter imports it,
-    because IPEX imports its neighbours at import time and breaks beside some of them (IPEX 2.8 with transformers
-    5: ``NameError: name 'MoeModelOutputWithPast' is not defined``). That import takes seconds, and is paid only
-    where a matching IPEX is installed.
-    """
+    """Why IPEX must not be imported here, or None when it is safe (asked once per process). IPEX calls os._exit
+    on import when its major.minor differs from torch's, so the versions are compared first; then a fresh interpreter
+    imports it, because it breaks beside some of its neighbours (IPEX 2.8 with transformers 5)."""
     ipex = package_version("intel-extension-for-pytorch")
     if ipex is None:
         return "intel-extension-for-pytorch is not installed (pip install 'accel[ipex]' in a torch 2.8 environment)"
@@ -71,9 +66,8 @@ IMPORT_PROBE_TIMEOUT_S = 300
 
 
 def import_problem(module: str, hints: dict[str, str] | None = None) -> str | None:
-    """Why ``import module`` fails in a fresh interpreter of this environment, or None when it imports.
-
-    A subprocess, so that a package that exits or aborts on import takes only the probe with it."""
+    """Why ``import module`` fails in a fresh interpreter of this environment (a package that exits on import takes
+    only the probe with it), or None when it imports."""
     try:
         done = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True, text=True,
                               timeout=IMPORT_PROBE_TIMEOUT_S)
@@ -91,9 +85,8 @@ PACKAGE_BACKENDS = ("ipex",)  # torch.compile backends an optional package regis
 
 
 def compile_backend_problem(backend: str) -> str | None:
-    """Why a torch.compile backend that an optional package registers cannot be used here, or None; a backend of
-    no optional package gives None (torch's own list decides). IPEX registers 'ipex' when imported, which is
-    safe only when ipex_problem() says so."""
+    """Why a torch.compile backend that an optional package registers (IPEX's 'ipex') cannot be used here, or None
+    (for other backends torch's own list decides)."""
     return ipex_problem() if backend == "ipex" else None
 
 

@@ -1,32 +1,81 @@
-"""probe(): the machine as this process sees it. Cores, NUMA nodes and ISA flags come from /sys and /proc; the
-OpenMP runtime from this process's memory maps; package versions from installed metadata."""
+"""The machine as this process sees it: ``Hardware``, the facts (a test or ``accel.decide(..., hardware=...)`` may
+make them up: tests/simulated_hardware.py), and probe(), which finds them: cores, NUMA nodes and ISA flags in /sys
+and /proc, the OpenMP runtime in this process's memory maps, package versions in installed metadata."""
 from __future__ import annotations
 
 import functools
 import os
 import platform
 import re
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
-from accel.hardware.cpu_lists import parse_cpu_list
-from accel.hardware.facts import Hardware
 from accel.hardware.packages import package_version
 
-OPTIONAL_PACKAGES = {
-    # distribution name -> import name
-    "torchvision": "torchvision",
-    "nni": "nni",
-    "intel-extension-for-pytorch": "intel_extension_for_pytorch",
-    "intel-openmp": None,  # ships libiomp5.so only
-    "oneccl_bind_pt": "oneccl_bindings_for_pytorch",
-    "scikit-learn": "sklearn",
-    "matplotlib": "matplotlib",
-}
+
+@dataclass(frozen=True)
+class Hardware:
+    logical_cpus: int
+    physical_cores: int
+    cpus_allowed: tuple[int, ...]  # this process's affinity mask
+    physical_cpus: tuple[int, ...]  # one logical CPU per physical core, among those allowed
+    numa_nodes: dict[int, tuple[int, ...]]
+    isa: tuple[str, ...]
+    cpu_model: str
+    openmp: str  # "gnu", "intel", "llvm", "several: ..." or "none"
+    devices: dict[str, int]  # device type -> count, cpu included
+    versions: dict[str, str | None]
+    torch_cpu_capability: str = ""
+
+    @property
+    def native_bf16(self) -> bool:
+        """True when the CPU computes bf16 in hardware (AVX512-BF16 or AMX); else autocast emulates it slowly."""
+        return "avx512_bf16" in self.isa or "amx_bf16" in self.isa
+
+    @property
+    def native_fp16(self) -> bool:
+        return "avx512_fp16" in self.isa or "amx_fp16" in self.isa
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        data["numa_nodes"] = {str(k): list(v) for k, v in self.numa_nodes.items()}
+        return data
+
+
+def parse_cpu_list(text: str) -> tuple[int, ...]:
+    """A CPU list as Linux writes it, '0-3,8,10-11' -> (0, 1, 2, 3, 8, 10, 11)."""
+    cpus: list[int] = []
+    for part in text.strip().split(","):
+        if not part:
+            continue
+        low, _, high = part.partition("-")
+        cpus.extend(range(int(low), int(high or low) + 1))
+    return tuple(cpus)
+
+
+def format_cpu_list(cpus: tuple[int, ...] | list[int]) -> str:
+    """(0, 1, 2, 5) -> '0-2,5', the form GOMP_CPU_AFFINITY and taskset accept."""
+    parts, cpus = [], sorted(cpus)
+    start = prev = None
+    for cpu in cpus + [None]:
+        if start is None:
+            start = prev = cpu
+        elif cpu is not None and cpu == prev + 1:
+            prev = cpu
+        else:
+            parts.append(str(start) if start == prev else f"{start}-{prev}")
+            start = prev = cpu
+    return ",".join(parts)
+
+
+OPTIONAL_PACKAGES = ("torchvision", "nni", "intel-extension-for-pytorch", "intel-openmp", "oneccl_bind_pt",
+                     "scikit-learn", "matplotlib")  # distribution names: their versions are reported
 
 ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_fp16")
 OPENMP_LIBRARIES = {"libgomp": "gnu", "libiomp5": "intel", "libomp.": "llvm"}
+
 
 def _read(path: str | Path) -> str:
     try:
@@ -64,10 +113,8 @@ def _physical_cpus(allowed: tuple[int, ...]) -> tuple[int, ...]:
 
 
 def _numa_nodes() -> dict[int, tuple[int, ...]]:
-    nodes = {}
-    for path in sorted(Path("/sys/devices/system/node").glob("node[0-9]*")):
-        nodes[int(path.name[4:])] = parse_cpu_list(_read(path / "cpulist"))
-    return nodes
+    nodes = sorted(Path("/sys/devices/system/node").glob("node[0-9]*"))
+    return {int(node.name[4:]): parse_cpu_list(_read(node / "cpulist")) for node in nodes}
 
 
 def _cpuinfo() -> tuple[tuple[str, ...], str]:
@@ -91,11 +138,9 @@ def _devices() -> dict[str, int]:
     devices = {"cpu": 1}
     if torch.cuda.is_available():
         devices["cuda"] = torch.cuda.device_count()
-    xpu = getattr(torch, "xpu", None)
-    if xpu is not None and xpu.is_available():
-        devices["xpu"] = xpu.device_count()
-    mps = getattr(torch.backends, "mps", None)
-    if mps is not None and mps.is_available():
+    if torch.xpu.is_available():
+        devices["xpu"] = torch.xpu.device_count()
+    if torch.backends.mps.is_available():
         devices["mps"] = 1
     custom = torch._C._get_privateuse1_backend_name()
     module = getattr(torch, custom, None)
@@ -112,16 +157,6 @@ def probe() -> Hardware:
     isa, model = _cpuinfo()
     versions = {"python": platform.python_version(), "torch": torch.__version__}
     versions.update({name: package_version(name) for name in OPTIONAL_PACKAGES})
-    return Hardware(
-        logical_cpus=os.cpu_count() or 1,
-        physical_cores=len(physical),
-        cpus_allowed=allowed,
-        physical_cpus=physical,
-        numa_nodes=_numa_nodes(),
-        isa=isa,
-        cpu_model=model,
-        openmp=loaded_openmp(),
-        devices=_devices(),
-        versions=versions,
-        torch_cpu_capability=torch.backends.cpu.get_cpu_capability(),
-    )
+    return Hardware(logical_cpus=os.cpu_count() or 1, physical_cores=len(physical), cpus_allowed=allowed,
+                    physical_cpus=physical, numa_nodes=_numa_nodes(), isa=isa, cpu_model=model, openmp=loaded_openmp(),
+                    devices=_devices(), versions=versions, torch_cpu_capability=torch.backends.cpu.get_cpu_capability())

@@ -1,21 +1,14 @@
-"""Checkpoint files of a Run: the file format and its integrity checks. The run owns what is in them
-(``Run.state_dict()`` / ``Run.load_state_dict()``).
+"""Checkpoint files of a Run (``Run.state_dict()``): the format, its integrity checks, the plan as data.
 
-Call run.save(path) on every rank: the random states and per-rank accelerator states are gathered from all
-ranks, rank 0 writes to a temporary file in the same folder and renames it over the old one (a crash mid-save
-leaves the previous checkpoint whole), and every rank returns once the file is in place. The file holds a
-checksum over its tensors.
-
-run.load(path) checks everything before changing anything: that the file is a whole accel checkpoint
-(empty, truncated, corrupted or foreign files are refused, naming the file and what is wrong), that its
-tensors match their checksum, that it was saved under the same plan (the plan decides the model's shapes),
-and that the state fits this run (``Run.load_state_dict`` checks and restores, or puts the run back). Every
-error is a CheckpointError.
+run.save(path) is called on every rank: rank 0 writes every rank's random and per-rank states to a temporary file
+and renames it over the old one, so a crash mid-save leaves the previous checkpoint whole. run.load(path) changes
+nothing unless the file is a whole accel checkpoint whose tensors match their checksum, saved under the same plan,
+and fits this run; every refusal is a CheckpointError naming the file and what is wrong.
 """
 from __future__ import annotations
 
 import hashlib
-import reprlib
+import shutil
 import sys
 import types
 import zipfile
@@ -25,18 +18,16 @@ from typing import Any
 
 import torch
 
-from accel.errors import CheckpointError, PlanError
+from accel.errors import CheckpointError, PlanError, brief
 from accel.files import disk_full, space, write_atomically
-from accel.hardware.launcher import barrier, rank
+from accel.hardware.launcher import rank
 from accel.plan import Plan, same_options
 from accel.plan.untrusted import code_problems
-from accel.run.checkpoint_fit import gathered, layout_problems, rank_problems, this_rank
+from accel.run.checkpoint_fit import gather_from_ranks, gathered, layout_problems, rank_problems, this_rank
 
 FORMAT = 2
 CALLABLE = "__callable__"
 
-
-# --- the plan, as data a checkpoint can hold -----------------------------------------------------------------
 
 def encode_plan(plan_dict: dict[str, dict]) -> dict[str, dict]:
     """The plan's options with functions written as their import path (tensors stay tensors)."""
@@ -53,11 +44,8 @@ def encode_plan(plan_dict: dict[str, dict]) -> dict[str, dict]:
 
 
 def decode_plan(encoded: dict[str, dict], path: Any = "") -> dict[str, dict]:
-    """Back to options, each function found where it was saved from. A checkpoint is data anyone may have
-    written, so nothing it names is imported (importing runs a module's code): a function is found only in a
-    module this process has already imported, outside the standard library and accel, as the plain function
-    defined there under that name (``resolve``). One that cannot be found is an error naming it: only you can pass
-    it again."""
+    """Back to options, each function found by ``resolve``: a checkpoint is data anyone may have written, so nothing
+    it names is imported. One that cannot be found is a CheckpointError naming it: only you can pass it again."""
     def decode(value: Any, where: str) -> Any:
         if isinstance(value, dict) and set(value) == {CALLABLE}:
             reference = value[CALLABLE]
@@ -67,7 +55,7 @@ def decode_plan(encoded: dict[str, dict], path: Any = "") -> dict[str, dict]:
                 why = (f"its module {module!r} is not imported, and accel imports nothing a checkpoint names: import "
                        "it yourself first, or" if module and module not in sys.modules and "<" not in reference
                        else "which cannot be imported (a lambda or a local function, or not a function of yours):")
-                named = reference if isinstance(reference, str) and len(reference) < 300 else brief(reference)
+                named = reference if isinstance(reference, str) and len(reference) < 300 else brief(reference, 300)
                 raise CheckpointError(f"{path}: the plan's {where} was {named}, {why} build the plan "
                                       "yourself with the same function and pass it to accelerate()")
             return found
@@ -81,10 +69,9 @@ def decode_plan(encoded: dict[str, dict], path: Any = "") -> dict[str, dict]:
 
 
 def resolve(reference: str) -> Callable | None:
-    """The function ``module:qualname`` names, or None: looked up without importing anything and without running
-    any code (a module's own ``__getattr__`` may import: only its ``__dict__`` is read), in a module already
-    imported, neither the standard library's nor accel's; it must be a plain Python function whose own module and
-    qualified name are these (not another object reached through them)."""
+    """The plain function ``module:qualname`` names (its own module and name: not an object reached through them),
+    or None. No code runs: only the ``__dict__`` of a module already imported, neither the standard library's nor
+    accel's, is read (a module's ``__getattr__`` may import)."""
     module_name, _, qualname = reference.partition(":")
     module, top = sys.modules.get(module_name), module_name.partition(".")[0]
     if module is None or top in sys.stdlib_module_names or top == "accel" or not qualname:  # never a plan's option:
@@ -99,17 +86,6 @@ def resolve(reference: str) -> Callable | None:
         return found
     return None
 
-
-def brief(value: Any) -> str:
-    """A short repr of a value read from a file, however large or deep (a hostile file may hold anything)."""
-    return _BRIEF.repr(value)
-
-
-_BRIEF = reprlib.Repr()
-_BRIEF.maxlevel, _BRIEF.maxstring, _BRIEF.maxother, _BRIEF.maxdict, _BRIEF.maxlist = 3, 60, 60, 8, 8
-
-
-# --- integrity -----------------------------------------------------------------------------------------------
 
 def _tensors(obj: Any, path: str = ""):
     """(path, tensor) of every tensor in a nested state, in a fixed order."""
@@ -134,22 +110,34 @@ def checksum(state: dict[str, Any]) -> str:
     return digest.hexdigest()
 
 
-# --- save ----------------------------------------------------------------------------------------------------
-
 def save(run, path) -> None:
     """Write the run's state to path; a collective when distributed (every rank calls it, rank 0 writes)."""
     path = Path(path)
     state = run.state_dict()
-    parts = gathered(run, state)
-    if rank() == 0:
-        state.update(format=FORMAT, plan=encode_plan(state["plan"]), **parts)
+    state.update(format=FORMAT, plan=encode_plan(state["plan"]), **gathered(run, state))
+
+    def write() -> None:
         state["checksum"] = checksum(state)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomically(path, lambda file: torch.save(state, file))
+
+    on_rank_zero(write, path)
+
+
+def on_rank_zero(work: Callable[[], None], path: Path, remove: Path | None = None) -> None:
+    """Rank 0 does its part of a save (``remove`` is its folder to delete should it fail); every rank raises what
+    went wrong there (a collective: none is left waiting)."""
+    failure = ""
+    if rank() == 0:
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            write_atomically(path, lambda file: torch.save(state, file))
+            work()
         except (OSError, RuntimeError) as error:  # torch's writer reports a full disk as a RuntimeError
-            raise write_error(path, error) from error
-    barrier()
+            if remove is not None:
+                shutil.rmtree(remove, ignore_errors=True)
+            failure = str(write_error(path, error))
+    failure = gather_from_ranks(failure)[0]
+    if failure:
+        raise CheckpointError(failure)
 
 
 def write_error(path: Path, error: BaseException) -> CheckpointError:
@@ -163,11 +151,16 @@ def first_line(error: BaseException) -> str:
     return str(error).strip().splitlines()[0] if str(error).strip() else ""
 
 
-# --- read and check ------------------------------------------------------------------------------------------
-
 def read(path) -> dict[str, Any]:
     """The checkpoint's contents, checked whole: a CheckpointError names the file and what is wrong."""
     path = Path(path)
+    state = load_file(path)
+    check_contents(path, state, FORMAT, ("plan", "model", "optimizer", "step", "epoch", "rng"))
+    return state
+
+
+def load_file(path: Path) -> Any:
+    """What torch.save wrote to path, tensors and plain data only; a CheckpointError says why it cannot be read."""
     if not path.exists():
         raise CheckpointError(f"{path}: no such file")
     if path.is_dir():
@@ -178,40 +171,37 @@ def read(path) -> dict[str, Any]:
         raise CheckpointError(f"{path}: not a whole torch checkpoint (truncated or corrupted, or another kind of "
                               "file: torch.save writes a zip archive)")
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        return torch.load(path, map_location="cpu", weights_only=True)
     except (zipfile.BadZipFile, EOFError, RuntimeError, OSError, ValueError) as error:
         raise CheckpointError(f"{path}: not a whole torch checkpoint (truncated or corrupted): "
-                              f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}") from error
+                              f"{type(error).__name__}: {first_line(error)}") from error
     except Exception as error:  # e.g. an UnpicklingError: objects weights_only refuses
         raise CheckpointError(f"{path}: not an accel checkpoint (it holds objects beyond tensors and plain data: "
                               f"{type(error).__name__})") from error
-    if not isinstance(state, dict) or state.get("format") not in (1, FORMAT):
+
+
+def check_contents(path, state: Any, form: int, required: tuple[str, ...]) -> None:
+    """Refuse a state of another format, without a part ``required``, with a part run.save does not write, or
+    whose tensors do not match its checksum (the file or the sharded checkpoint's accel.pt)."""
+    if not isinstance(state, dict) or state.get("format") != form:
         found = f"format {state.get('format')!r}" if isinstance(state, dict) and "format" in state else (
             f"a {type(state).__name__} without accel's format marker")
-        raise CheckpointError(f"{path}: not an accel checkpoint ({found}; run.save writes format {FORMAT})")
-    missing = [k for k in ("plan", "model", "optimizer", "step", "epoch", "rng") if k not in state]
+        raise CheckpointError(f"{path}: not an accel checkpoint ({found}; run.save writes format {form})")
+    missing = [k for k in required if k not in state]
     if missing:
-        raise CheckpointError(f"{path}: incomplete accel checkpoint (format {state['format']}), missing {missing}; "
-                              "nothing was loaded")
+        raise CheckpointError(f"{path}: incomplete accel checkpoint (format {form}), missing {missing}; nothing was "
+                              "loaded")
     wrong = layout_problems(state)
     if wrong:
         raise CheckpointError(f"{path}: not a checkpoint run.save wrote ({wrong[0]}); nothing was loaded")
-    if state["format"] == 1:  # accel 0.1: the GradScaler was saved at the top level
-        scaler = state.pop("scaler", None)
-        state["accelerators"] = {"amp": {"scaler": scaler}} if scaler is not None else {}
-        state.setdefault("optimizer_steps", state["step"])
-    elif state.get("checksum") != checksum(state):
+    if state.get("checksum") != checksum(state):
         raise CheckpointError(f"{path}: its tensors do not match the checksum saved with them: the file was "
                               "corrupted after it was written; nothing was loaded")
-    return state
 
 
 def saved_plan(path):
-    """The plan a checkpoint was saved with: accelerate(model, optimizer, loader, plan=saved_plan(path)).
-
-    The file is data: the plan it holds is built only from what a plan file could say, with functions found as
-    ``decode_plan`` finds them, and refused (a CheckpointError) where an option would run a program or import
-    (accel.plan.untrusted)."""
+    """The plan a checkpoint was saved with: accelerate(model, optimizer, loader, plan=saved_plan(path)). Built
+    only from what a plan file could say; an option that would run a program or import is refused."""
     options = decode_plan(read(path)["plan"], path)
     refused = code_problems(options)
     if refused:
@@ -224,19 +214,16 @@ def saved_plan(path):
 
 
 def load(run, path) -> dict[str, Any]:
-    """Restore a checkpoint into a run created with the same plan; returns {"step", "epoch", "path"}.
-
-    Nothing changes unless everything fits; if restoring fails half-way the run is put back as it was.
-    """
+    """Restore a checkpoint into a run created with the same plan; {"step", "epoch", "path"}. Nothing changes
+    unless everything fits; a restore that fails half-way puts the run back as it was."""
     state = read(path)
     mine = encode_plan(run.plan.to_dict())
     if not same_options(state["plan"], mine):
-        raise CheckpointError(f"{path} was saved with the plan {brief(state['plan'])}, but this run has {brief(mine)}; "
-                              f"create the run with plan=accel.run.checkpoint.saved_plan({str(path)!r})")
+        raise CheckpointError(f"{path} was saved with the plan {brief(state['plan'], 300)}, but this run has "
+                              f"{brief(mine, 300)}; create the run with plan=accel.run.checkpoint.saved_plan("
+                              f"{str(path)!r})")
     problems = rank_problems(state)
-    legacy = [state["loader_generator"]] if state.get("loader_generator") is not None else []  # format 1
-    mine = this_rank(state)  # before the fit checks: it warns when the world size changed
-    state = {**state, **mine, "loader_generators": state.get("loader_generators", legacy)}
+    state = {**state, **this_rank(state)}  # before the fit checks: it warns when the world size changed
     problems += run.state_problems(state)
     if problems:
         raise CheckpointError(f"{path} does not fit this run; nothing was loaded: " + "; ".join(problems))

@@ -1,19 +1,16 @@
-"""What both checkpoint formats share: each rank's part of the state, and whether a saved state fits a run.
-
-run.save gathers every rank's random state and the states of accelerators whose state differs per rank
-(``state_per_rank``: accumulated gradients); run.load hands each rank its own, or rank 0's with a warning when the
-world size changed. The fit checks (model keys and shapes, the optimizer, accelerators the run did not apply)
-answer in words, before anything is loaded, for the single file (accel/run/checkpoint.py) and the shards
-(accel/run/sharded_checkpoint.py) alike.
-"""
+"""What both checkpoint formats share: each rank's part of the state (its random state, and the states of
+accelerators with ``state_per_rank``), and whether a saved state fits a run, said in words before anything is
+loaded, for the single file (checkpoint.py) and the shards (sharded_checkpoint.py) alike."""
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from accel.hardware.launcher import rank, world_size
+from accel.plan.contract import REGISTRY, Stage
 from accel.plan.untrusted import unfolding
 
 
@@ -50,9 +47,8 @@ def this_rank(saved: dict[str, Any]) -> dict[str, Any]:
 
 
 def layout_problems(saved: dict[str, Any]) -> list[str]:
-    """What in a checkpoint's state is not of the kind run.save writes (a damaged or crafted file whose checksum
-    matches): each part is checked here, before any other check reads it, so that no file can make those raise
-    anything but a CheckpointError."""
+    """What in a checkpoint's state is not of the kind run.save writes (a crafted file whose checksum matches),
+    checked before anything else reads it, so that no file can make those raise anything but a CheckpointError."""
     huge = unfolding(saved)
     if huge:
         return [f"it {huge}"]
@@ -74,6 +70,10 @@ def layout_problems(saved: dict[str, Any]) -> list[str]:
                 and isinstance(groups, list) and all(isinstance(g, dict) and isinstance(g.get("params"), list)
                                                      and all(integer(i) for i in g["params"]) for g in groups))
 
+    def files(value):  # a sharded checkpoint's manifest: (size, hash) by the name of a file in its folder
+        return mapping(value, lambda f: isinstance(f, (list, tuple)) and len(f) == 2 and integer(f[0])
+                       and isinstance(f[1], str)) and all(n not in ("", "..") and Path(n).name == n for n in value)
+
     kinds = {"plan": lambda v: mapping(v, lambda o: isinstance(o, dict)), "model": tensors, "optimizer": optimizer,
              "optimizer_class": lambda v: v is None or isinstance(v, str), "step": integer, "epoch": integer,
              "optimizer_steps": integer, "world_size": integer, "sampler": mapping,
@@ -83,8 +83,7 @@ def layout_problems(saved: dict[str, Any]) -> list[str]:
              "accelerators_per_rank": lambda v: isinstance(v, list) and all(mapping(p, lambda a: isinstance(a, dict))
                                                                             for p in v),
              "loader_generators": lambda v: isinstance(v, list) and all(isinstance(g, torch.Tensor) for g in v),
-             "files": lambda v: mapping(v, lambda f: isinstance(f, (list, tuple)) and len(f) == 2 and integer(f[0])
-                                        and isinstance(f[1], str))}
+             "files": files}
     wrong = sorted(name for name, ok in kinds.items() if name in saved and not ok(saved[name]))
     return [f"its {', '.join(wrong)} {'is' if len(wrong) == 1 else 'are'} not what run.save writes"] if wrong else []
 
@@ -138,6 +137,26 @@ def optimizer_problems(optimizer, saved_class: str | None, present: bool, saved:
              for t in saved.get("state", {}).get(i, {}).values()
              if isinstance(t, torch.Tensor) and t.dim() and tuple(t.shape) != tuple(p.shape)]
     return [f"optimizer state of another shape for {wrong[:5]}"] if wrong else []
+
+
+def sharded_problems(where: Path, model_state: dict, meta: dict, run) -> list[str]:
+    """Whether a sharded checkpoint fits the run: names and global shapes (from DCP's metadata), the optimizer's
+    class, the per-rank states, and no state of an accelerator the run did not apply."""
+    import torch.distributed.checkpoint as dcp
+
+    saved = dcp.FileSystemReader(str(where)).read_metadata().state_dict_metadata
+    shapes = {k[len("model."):]: getattr(v, "size", None) for k, v in saved.items() if k.startswith("model.")}
+    saved_class = meta.get("optimizer_class")
+    names = set(meta.get("accelerators", {})) | {n for part in meta.get("accelerators_per_rank", []) for n in part}
+    problems = model_problems(shapes, model_state)
+    problems += optimizer_problems(run.optimizer, saved_class, saved_class is not None) + rank_problems(meta)
+    return problems + stray_problems(set(training_plan(dict.fromkeys(names))), run)
+
+
+def training_plan(plan: dict[str, dict]) -> dict[str, dict]:
+    """The plan without its distribution accelerators (ddp, fsdp): what decides the model and the training."""
+    return {name: options for name, options in plan.items()
+            if name not in REGISTRY or REGISTRY[name].stage is not Stage.DISTRIBUTION}
 
 
 def stray_problems(saved_names: set[str], run) -> list[str]:

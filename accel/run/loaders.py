@@ -1,9 +1,6 @@
-"""Rebuilding a user's DataLoader with other settings (workers, pinning, a sampler) while keeping everything else.
-
-A DataLoader does not keep its constructor arguments, so a rebuild reads them back from its attributes.
-That is exact for torch's own DataLoader in every batching mode (batch_size, a batch_sampler, or no
-automatic batching) and refused for what it cannot be sure of: a subclass (whatever it adds would be lost)
-or an object that is not a DataLoader. The user's loader itself is never changed.
+"""Rebuilding a user's DataLoader with other settings (workers, pinning, a sampler) while keeping everything else:
+its constructor arguments read back from its attributes, exact for torch's own DataLoader in every batching mode,
+refused for a subclass (what it adds would be lost). The user's loader itself is never changed.
 """
 from __future__ import annotations
 
@@ -30,10 +27,8 @@ def rebuild_problem(loader: Any) -> str | None:
 
 
 def draws_random_numbers(loader: DataLoader) -> bool:
-    """Whether the loader's dataset or collate_fn draws random numbers for a batch (augmentation, MixUp): one
-    sample fetched and collated, every random state put back after. Worker processes draw such numbers from
-    seeds of their own (torch seeds each worker), so another number of workers augments the same samples with
-    other draws. False where no sample can be fetched this way (a stream, an empty or key-indexed dataset)."""
+    """Whether the dataset or collate_fn draws random numbers for a sample (augmentation): workers draw from seeds
+    of their own, so another number of workers draws otherwise. One sample is fetched, every random state kept."""
     dataset = loader.dataset
     if isinstance(dataset, IterableDataset):
         return False
@@ -58,11 +53,8 @@ def _same(a: Any, b: Any) -> bool:
 
 
 def shards_by_worker(dataset: Any) -> bool:
-    """Whether an IterableDataset splits its stream between DataLoader workers (else each worker repeats it all).
-
-    True when the dataset says so (``shards_by_worker = True``) or its __iter__ asks torch which worker it is
-    (``torch.utils.data.get_worker_info()``), the documented way to shard.
-    """
+    """Whether an IterableDataset splits its stream between workers: it says so (``shards_by_worker = True``), or its
+    __iter__ calls ``torch.utils.data.get_worker_info()``, the documented way to shard."""
     declared = getattr(dataset, "shards_by_worker", None)
     if declared is not None:
         return bool(declared)
@@ -74,16 +66,9 @@ STREAM_BATCHES = "an IterableDataset's batches depend on the number of workers"
 
 
 def workers_change_batches(dataset: Any) -> str | None:
-    """Why another ``num_workers`` would change the batches of this dataset, or None (a map-style dataset: the
-    sampler makes the batches in the main process, whatever number of workers then loads them, in its order).
-
-    An IterableDataset is batched inside each worker, from what that worker's copy of the stream yields, and the
-    DataLoader takes one batch from each worker in turn. A stream that shards itself by worker therefore makes
-    other batches with another number of workers (two workers sharding by turns: 0, 2, 4, ... and 1, 3, 5, ...
-    where the plain loop has 0, 1, 2, ...), and one that does not shard is repeated by every worker. Batching in
-    the main process instead would not help: how the stream shards (by turns, in blocks, by file) is its own
-    code, so the order in which the workers' samples would have to be merged is not known.
-    """
+    """Why another ``num_workers`` would change this dataset's batches, or None (a map-style dataset: its sampler
+    batches in the main process). A stream is batched inside each worker from its own shard (or all of it), in an
+    order only its own code knows, so no merge in the main process could give the plain loop's batches."""
     if not isinstance(dataset, IterableDataset):
         return None
     if shards_by_worker(dataset):
@@ -99,7 +84,7 @@ def constructor_arguments(loader: DataLoader) -> dict[str, Any]:
         pin_memory=loader.pin_memory, timeout=loader.timeout, worker_init_fn=loader.worker_init_fn,
         multiprocessing_context=loader.multiprocessing_context, generator=loader.generator,
         prefetch_factor=loader.prefetch_factor, persistent_workers=loader.persistent_workers,
-        pin_memory_device=loader.pin_memory_device, in_order=getattr(loader, "in_order", True),
+        pin_memory_device=loader.pin_memory_device, in_order=loader.in_order,
     )
     if isinstance(loader.dataset, IterableDataset):
         kwargs.update(batch_size=loader.batch_size, drop_last=loader.drop_last)
@@ -109,8 +94,6 @@ def constructor_arguments(loader: DataLoader) -> dict[str, Any]:
         kwargs.update(batch_sampler=loader.batch_sampler)
     else:  # batch_size=None: no automatic batching, one sample at a time
         kwargs.update(sampler=loader.sampler, batch_size=None)
-    if "in_order" not in DataLoader.__init__.__code__.co_varnames:
-        kwargs.pop("in_order")  # torch < 2.6
     return kwargs
 
 
@@ -129,14 +112,8 @@ def rebuild_loader(loader: DataLoader, **overrides: Any) -> DataLoader:
 
 
 class PinWorkers:
-    """A DataLoader ``worker_init_fn`` that pins each worker process to ``cpus``, then calls the user's own
-    ``worker_init_fn`` (if there was one) with the worker id, exactly as the DataLoader would have.
-
-    Worker processes start with the main process's CPU affinity (a fork inherits it), so under the threads
-    accelerator they would run on the compute threads' cores. A module-level class, so that the spawn and
-    forkserver contexts can pickle it (the user's function must be picklable there, as before). Wrapping a
-    PinWorkers again replaces its CPUs instead of nesting: the user's function stays the one called.
-    """
+    """A ``worker_init_fn`` that pins each worker to ``cpus`` (a fork inherits the compute threads' cores), then calls
+    the user's own. A module-level class, so spawn can pickle it; wrapping one again replaces its CPUs."""
 
     def __init__(self, cpus, user_fn: Callable[[int], Any] | None = None):
         self.cpus = tuple(sorted(cpus))

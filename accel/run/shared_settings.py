@@ -1,15 +1,9 @@
 """Process-wide values shared by every open run, as layers a journal entry (accel/run/journal.py) puts on and takes off.
 
-Every open run (one run per model: a GAN's generator and discriminator) may set the same value, so a journal
-entry never remembers "the value before me": that would be another run's value, and closing the runs in the
-order they were made would put it back. Each value (an environment variable, torch's thread count, the CPU
-affinity, a module flag, the process group) is instead a ``Setting`` in one process-wide registry: the value
-before the first run (``base``), and one ``Layer`` per journal entry that set it. The live value is the newest
-layer's, or ``base`` once none is left, so runs closed in any order leave the process as it was, and each run
-undoes only what it changed. A value the user set while runs had layers on it wins: those layers give up their
-claim (undoing them changes nothing) and the user's value becomes the base. A write is seen when a run next opens
-or closes, by comparing the value with the newest layer's (no hook sees the write itself): a value set back to
-what the newest layer set is that layer's again.
+Each value (an environment variable, torch's threads, the affinity, the process group) is a ``Setting``: its value
+before the first run (``base``) and one ``Layer`` per journal entry that set it; the live value is the newest layer's.
+So runs (a GAN's two) closed in any order leave the process as it was. A value the user set while runs had layers on
+it wins: those layers give up their claim, seen when a run next opens or closes.
 """
 from __future__ import annotations
 

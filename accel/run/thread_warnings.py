@@ -1,11 +1,8 @@
 """Warnings filters and captures that hold in the calling thread only.
 
-``warnings.catch_warnings`` swaps the process-wide filter list and restores the one it saw on entry: two threads
-whose blocks overlap (two ``accelerate()`` at once) restore each other's lists, leaving a filter of theirs above
-the user's for good, and the record of one catches the other thread's warnings. Here each block instead adds one
-entry to the user's filter list, whose message pattern matches only in the threads inside such a block, and takes
-that entry out again when the last block ends; a capture takes only its own thread's warnings, and everything
-else goes on to wherever it went before.
+``warnings.catch_warnings`` swaps the process-wide filter list and restores the one it saw on entry, so two threads
+in such blocks at once restore each other's lists and catch each other's warnings. Here a block adds one entry to the
+user's list that matches only in the threads inside such a block, and a capture takes only its own thread's warnings.
 """
 from __future__ import annotations
 

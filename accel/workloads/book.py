@@ -1,8 +1,6 @@
-"""The book's models and real data that ships with scikit-learn: what the demo, examples, env and tests train.
-
-No data set can be downloaded at run time on the machines accel is tested on, so the real data is
-sklearn's 1,797 bundled 8x8 digits, optionally upsampled to the book's CIFAR-shaped 3x32x32 (or any size).
-"""
+"""The book's models and real data that ships with scikit-learn (nothing can be downloaded where accel is tested):
+sklearn's bundled 8x8 digits, optionally upsampled to the book's CIFAR-shaped 3x32x32. The demo, env and tests train
+on them."""
 from __future__ import annotations
 
 import contextlib

@@ -1,18 +1,8 @@
-"""A workload zoo of what people train today, each with the loop its users write: the five seed CNNs of the book's
-benchmark, Hugging Face BERT, GPT-2 and ViT built from configs, a timm CNN, a torchvision detector and an LSTM on
-packed sequences. Random weights and random data of the right shapes: nothing is downloaded.
+"""A workload zoo of what people train today, each with its users' loss: the book's five seed CNNs, Hugging Face
+BERT, GPT-2 and ViT built from configs, a timm CNN, a torchvision detector, an LSTM on packed sequences. Random
+weights and data of the right shapes; transformers and timm are imported only when their workload is built.
 
-    workload = WORKLOADS["bert"]
-    model, optimizer, loader = workload.build("tiny")          # "tiny" for tests, "real" for benchmarks
-    run = accel.accelerate(model, optimizer, loader, plan="auto")
-    for batch in run.loader:
-        with run.autocast():
-            loss = workload.loss(run.model, batch)              # what its users write: outputs.loss, a loss dict...
-        run.backward(loss)
-        run.step()
-
-transformers and timm are test and benchmark dependencies (pip install '.[test]'), never the library's: each is
-imported only when its workload is built. `accel bench --suite` measures them all.
+    model, optimizer, loader = WORKLOADS["bert"].build("tiny")   # "tiny" for tests, "real" for benchmarks
 """
 from __future__ import annotations
 
@@ -40,7 +30,7 @@ class Workload:
 
     def build(self, size: str = "tiny", seed: int = 0, steps: int = 64, batch: int | None = None):
         """The model, an AdamW over it and a shuffled loader of `steps` batches, all from `seed`. `batch` overrides
-        the size's batch (a real-size BERT step at batch 16 takes 7 s on 2 cores)."""
+        the size's batch (a real-size step takes seconds on a few cores)."""
         if size not in SIZES:
             raise ValueError(f"size {size!r}: one of {SIZES}")
         torch.manual_seed(seed)
@@ -118,13 +108,8 @@ def _vit(size: str):
     config = ViTConfig(image_size=32 if tiny else 224, patch_size=8 if tiny else 16, hidden_size=32 if tiny else 768,
                        num_hidden_layers=2 if tiny else 12, num_attention_heads=2 if tiny else 12,
                        intermediate_size=64 if tiny else 3072, num_labels=10)
-
-    def make(count: int) -> list:
-        generator = torch.Generator().manual_seed(1)
-        images = torch.randn(count, 3, config.image_size, config.image_size, generator=generator)
-        labels = torch.randint(0, 10, (count,), generator=generator)
-        return [{"pixel_values": images[i], "labels": labels[i]} for i in range(count)]
-    return ViTForImageClassification(config), make
+    images = _images(3, config.image_size, 10)
+    return ViTForImageClassification(config), lambda count: [{"pixel_values": x, "labels": y} for x, y in images(count)]
 
 
 def _hf_loss(model: nn.Module, batch: dict) -> torch.Tensor:
