@@ -13,6 +13,7 @@ import os
 import secrets
 import shutil
 import socket
+import stat
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -84,6 +85,31 @@ def write_atomically(path, write: Callable[[BinaryIO], None]) -> None:
     finally:
         _WRITING.discard(temporary)
     _sync_folder(path.parent)
+
+
+def read_small(path, limit: int = 1 << 20) -> bytes:
+    """The bytes of a small regular file (a pointer, a cache entry, a tag), or an OSError saying why not: a named
+    pipe, a device or a folder under that name is refused without waiting on it, a file over ``limit`` bytes unread."""
+    handle = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a named pipe opens at once, with no writer
+    try:
+        status = os.fstat(handle)
+        if not stat.S_ISREG(status.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        if status.st_size > limit:
+            raise OSError(errno.EFBIG, f"{size_text(status.st_size)}, more than the {size_text(limit)} expected",
+                          str(path))
+        with os.fdopen(handle, "rb", closefd=False) as file:
+            return file.read(limit + 1)[:limit]
+    finally:
+        os.close(handle)
+
+
+def regular_file(path) -> bool:
+    """Whether path is a regular file (following links): what may be opened without waiting on a pipe or device."""
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except OSError:
+        return False
 
 
 def write_text(path, text: str) -> None:

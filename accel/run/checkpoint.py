@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from accel.errors import CheckpointError, PlanError, brief
-from accel.files import disk_full, space, write_atomically
+from accel.files import disk_full, regular_file, space, write_atomically
 from accel.hardware.launcher import rank
 from accel.plan import Plan, same_options
 from accel.plan.untrusted import code_problems
@@ -163,8 +163,9 @@ def load_file(path: Path) -> Any:
     """What torch.save wrote to path, tensors and plain data only; a CheckpointError says why it cannot be read."""
     if not path.exists():
         raise CheckpointError(f"{path}: no such file")
-    if path.is_dir():
-        raise CheckpointError(f"{path}: is a directory, not a checkpoint file")
+    if not regular_file(path):
+        raise CheckpointError(f"{path}: {'is a directory' if path.is_dir() else 'not a regular file'}, not a "
+                              "checkpoint file")
     if path.stat().st_size == 0:
         raise CheckpointError(f"{path}: the file is empty (a save that never wrote, or a truncated copy)")
     if not zipfile.is_zipfile(path):  # torch.save writes a zip archive; its end is missing when truncated

@@ -16,7 +16,7 @@ import torch
 
 from accel.batches import map_tensors
 from accel.errors import CheckpointError, brief
-from accel.files import write_atomically, write_text
+from accel.files import read_small, write_atomically, write_text
 from accel.hardware.launcher import rank, world_size
 from accel.plan import same_options
 from accel.run.checkpoint import check_contents, checksum, encode_plan, load_file, on_rank_zero, write_error
@@ -99,7 +99,7 @@ def save(run, path) -> Path:
     files = {k: v for part in gather_from_ranks(mine) for k, v in part.items()}
     meta = {**state, "format": FORMAT, "plan": encode_plan(state["plan"]), **parts, "files": files}
     on_rank_zero(lambda: _finish(root, partial, name, meta), root, partial)
-    return root / (root / LATEST).read_text().strip()  # every rank, after rank 0 switched it
+    return root / read_small(root / LATEST).decode().strip()  # every rank, after rank 0 switched it
 
 
 def _prepare(root: Path) -> None:
@@ -140,7 +140,11 @@ def read(path) -> tuple[Path, dict[str, Any]]:
     if not where.exists():
         raise CheckpointError(f"{where}: no such checkpoint")
     if (where / LATEST).exists():
-        name = (where / LATEST).read_text(errors="replace")[:300].strip()
+        try:
+            name = read_small(where / LATEST, 300).decode(errors="replace").strip()
+        except OSError as error:
+            raise CheckpointError(f"{where / LATEST}: cannot be read as the name of a checkpoint folder "
+                                  f"({error.strerror})") from error
         if not name.startswith("step-") or Path(name).name != name:
             raise CheckpointError(f"{where / LATEST}: does not name a checkpoint folder ({name[:60]!r})")
         where = where / name
