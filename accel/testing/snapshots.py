@@ -1,9 +1,5 @@
-"""What can be compared of a user's model, optimizer and loader, taken without changing them.
-
-``Snapshot.changes(other, how=False)`` leaves out how the objects run (hooks, replaced forwards, the optimizer's
-fused/foreach flags): accelerators may change those on the user's objects, through the journal, and
-``run.close()`` puts them back; ``how`` compares them too.
-"""
+"""What can be compared of a user's model, optimizer and loader, taken without changing them (``how``: also how they
+run: hooks, forwards, kernel flags, which accelerators may change and run.close() puts back)."""
 from __future__ import annotations
 
 import copy
