@@ -157,12 +157,10 @@ def entries(where: Any = True) -> list[dict[str, Any]]:
 def clear(where: Any = True, key: str | None = None) -> int:
     """Forget every remembered choice (or those of a key prefix) and how many: only what accel wrote goes. Clearing
     all forgets the warm-ups too (counted) and compile's artifacts."""
-    removed = 0
     folder = cache_dir(where)
     if key is None:
-        removed += _remove(folder / "warmups", None)
         clear_compile(where)
-    return removed + _remove(folder, key)
+    return (_remove(folder / "warmups", None) if key is None else 0) + _remove(folder, key)
 
 
 def _remove(folder: Path, key: str | None) -> int:

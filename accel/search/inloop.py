@@ -127,8 +127,7 @@ class InLoopSearch:
             self.hold.release()  # the group leaves with the last run that held it (when accel joined it)
 
     def load(self, path) -> dict:
-        """Resume: the checkpoint's plan is the answer, once its state fits this run (else refused, nothing
-        changed)."""
+        """Resume: the checkpoint's plan is the answer, once its state fits this run (else refused, nothing changed)."""
         if is_sharded_checkpoint(path):
             return self.current.load(path)
         state = read(path)

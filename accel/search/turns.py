@@ -14,7 +14,7 @@ from accel import clock
 from accel.measure import SETTLE_BELOW_S, Ratio, chunk_steps, paired, plan_label, round_order, synchronize
 from accel.plan.contract import Capability
 from accel.search.distribution import ChunkTimes
-from accel.search.results import expected_warmup, remember_warmup
+from accel.search.results import expected_warmup, remember_warmup, timing_fields
 from accel.search.settings import BUDGET_STEPS, MIN_BUDGET_S, provides
 from accel.search.strategy import Comparison, Outcome
 from accel.search.verdicts import beside, decided, run_ahead_s, stop_reason, warmup_fit
@@ -131,9 +131,8 @@ class Turns:
                 arm.first_s = self.run.ranks.slowest(arm.first_s)  # the warm-up every rank waited for
                 remember_warmup({k: v for k, v in arm.plan.items() if k not in reference.plan}, self.run.cache_key,
                                 self.run.settings.cache, arm.first_s - (reference.median_s() or 0.0))
-            fields = {"median_ms": round(arm.median_s() * 1000, 3)} if arm.rounds else {}
-            fields.update({"first_step_s": round(arm.first_s, 4)} if arm.first_s is not None else {})
-            outcomes.append(Outcome(arm.status, arm.reason, ratio, dict(arm.rounds), fields,
+            outcomes.append(Outcome(arm.status, arm.reason, ratio, dict(arm.rounds),
+                                    timing_fields(arm.median_s(), arm.first_s),
                                     (arm.first_s or 0.0) - (reference.median_s() or 0.0), reference.median_s(),
                                     self.note))
         self.challengers = []

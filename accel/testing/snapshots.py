@@ -112,8 +112,7 @@ def snapshot(model: nn.Module, optimizer: torch.optim.Optimizer | None = None, l
     if loader is not None:
         loader_attrs = {k: getattr(loader, k, None) for k in
                         ("num_workers", "pin_memory", "persistent_workers", "prefetch_factor", "batch_size",
-                         "drop_last",
-                         "collate_fn", "sampler", "batch_sampler", "dataset", "worker_init_fn", "timeout")}
+                         "drop_last", "collate_fn", "sampler", "batch_sampler", "dataset", "worker_init_fn", "timeout")}
         loader_attrs["id"] = id(loader)
         generator = getattr(loader, "generator", None)
         loader_attrs["generator_state"] = generator.get_state().tolist() if generator is not None else None
