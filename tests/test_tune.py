@@ -408,8 +408,8 @@ def test_the_cache_key_holds_the_loaders_workers_but_not_the_device_index():
 
     def key(device="cpu", workers=0):
         data = DataLoader(loader.dataset, batch_size=loader.batch_size, num_workers=workers)
-        parts = plancache.key_parts(model, optimizer, data, batch, device, probe(), {"device": str(device)},
-                                    TrainStep())
+        parts = plancache.setup_key(model, optimizer, data, batch, device, probe(), TrainStep(),
+                                    {"device": str(device)})
         return plancache.key_of(parts)
 
     assert key() == key() and key(workers=2) != key()

@@ -264,7 +264,7 @@ def test_a_ctrl_c_at_any_point_of_a_step_leaves_close_to_put_everything_back(whe
     """A real Ctrl-C (SIGINT) at a generated line of a step: in a plan switch (accelerate() on your objects, the
     earlier run undone, the new one made) or anywhere in a step; then close(). Before, a Ctrl-C while compile's
     candidate switched in left its environment variables set (1 of 51 random interrupts in an audit; 4 of 97 here
-    inside switches): a Ctrl-C now waits until the switch is whole (fault.interrupts_held)."""
+    inside switches): a Ctrl-C now waits until the switch is whole (accel.run.interrupts.deferred)."""
     if not SWITCHES:
         SWITCHES.extend(interrupted()[0])
     step = SWITCHES[index % len(SWITCHES)] if where == "in a switch" else index % 34

@@ -12,8 +12,7 @@ import torch
 from accel import clock, randomness
 from accel.api import accelerate
 from accel.errors import MeasureError, PlanError
-from accel.measure.labels import plan_label
-from accel.measure.stats import Ratio, paired, round_order
+from accel.measure.stats import Ratio, paired, plan_label, round_order
 from accel.measure.steps import SETTLE_BELOW_S, TrainStep, chunk_steps, endless, timed_steps
 from accel.optim import rebuild_optimizer, same_params
 from accel.plan import Plan
@@ -22,10 +21,7 @@ from accel.plan import Plan
 @dataclass
 class Trial:
     """One plan applied to copies of the user's model and optimizer (over the user's loader), ready to step.
-
-    ``check_losses`` are the losses of its first steps from the common starting state, on the same batches as
-    every other trial (the baseline's losses are the reference); ``first_s`` their times (compile lands there).
-    """
+    ``check_losses``: its first steps' losses from the common start, on the same batches as every trial."""
 
     plan: dict[str, dict]
     run: Any = None
@@ -47,8 +43,7 @@ class Trial:
 
     @property
     def settled_step_s(self) -> float:
-        """Its quickest first step after the very first (which holds compile and warm-up): what pace() needs
-        before any timed round."""
+        """Its quickest first step after the very first (which holds the warm-up)."""
         return min(self.first_s[1:] or self.first_s)
 
     @property
@@ -59,13 +54,8 @@ class Trial:
 
 
 class Lab:
-    """Measures plans on copies of the user's objects, interleaved, and puts everything back when closed.
-
-    Each trial trains its own deep copy of the model (and an optimizer rebuilt on it, state kept), so the user's
-    model and optimizer are never touched; the loader is the user's, its generator and torch's RNG are restored
-    to the same starting state before every trial's first steps (the same batches for all) and at the end.
-    Trials' process-wide changes (threads, affinity, environment) are switched with their journals.
-    """
+    """Measures plans on deep copies of the user's model and optimizer, interleaved: the loader's generator and
+    torch's RNG restored before every trial's first steps and at the end; process-wide changes switched by journal."""
 
     round = 0  # rounds run so far, over every call of rounds(): a trial's rounds are keyed by it
 
@@ -137,8 +127,7 @@ class Lab:
         self.active = trial
 
     def chunk(self, trial: Trial, limit_s: float = math.inf) -> float:
-        """The trial's next steps, its median step in seconds. After switching trials the first ``settle`` steps
-        are not counted: alternating 1-step chunks read eager resnet18 0.4 of its real ratio to bf16 here."""
+        """The trial's next steps, its median step in seconds (the first ``settle`` after a switch not counted)."""
         self.activate(trial)
         times: list[float] = []
         started = clock.now()
@@ -153,9 +142,8 @@ class Lab:
 
     def rounds(self, trials: list[Trial], reference: Trial, thresholds: tuple[float, ...], min_rounds: int = 3,
                max_rounds: int = 8, deadline: float = math.inf) -> dict[int, Ratio]:
-        """Interleaved rounds over several trials (each round in a rotated order); every trial's step-time ratio
-        to the reference from the same rounds. Stops once every ratio's interval clears every threshold, the
-        rounds run out, or the deadline passes (after at least two rounds)."""
+        """Interleaved rounds, each in a rotated order: every trial's ratio to the reference, until every interval
+        clears every threshold, the rounds run out, or the deadline passes (after two rounds)."""
         arms = [reference] + [t for t in trials if t is not reference]
         ratios = {id(t): Ratio() for t in arms if t is not reference}
         limit = max(2.0, 5 * (self.settle + self.chunk_steps) * (reference.median_s or 0.1))

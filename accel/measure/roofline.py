@@ -52,11 +52,8 @@ def peak_dtype(compute_dtype: torch.dtype | None) -> str:
 
 
 def training_flops(model: torch.nn.Module, inputs: Any) -> float:
-    """FLOPs of one training step: the forward counted by FlopCounterMode on meta tensors (nothing computed), x3.
-
-    Backward costs about twice the forward. It is not counted directly because torch's counter overcounts the
-    backward of grouped (depthwise) convolutions: 62 GFLOP for mobilenet_v3_small at batch 16, not ~5.
-    """
+    """FLOPs of one training step: the forward counted on meta tensors, x3 (torch's counter overcounts the backward
+    of grouped convolutions, so the backward is not counted)."""
     import copy
 
     from torch.utils.flop_counter import FlopCounterMode

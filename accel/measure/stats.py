@@ -1,10 +1,12 @@
-"""Ratios with their uncertainty: a comparison on a busy machine means little without its interval."""
+"""Ratios with their uncertainty (a comparison on a busy machine means little without its interval), and plan labels."""
 from __future__ import annotations
 
 import math
 import statistics
 from dataclasses import dataclass, field
 from typing import Any
+
+from accel.plan import Plan
 
 # one-sided 95% quantiles of Student's t by degrees of freedom (a ratio "clearly below x" has 95% confidence)
 T95 = {1: 6.314, 2: 2.920, 3: 2.353, 4: 2.132, 5: 2.015, 6: 1.943, 7: 1.895, 8: 1.860, 9: 1.833, 10: 1.812,
@@ -17,7 +19,6 @@ def t95(df: int) -> float:
     if df > max(T95):
         return T95[max(T95)]  # never narrower than the table's last entry
     return T95[max(k for k in T95 if k <= df)]  # the nearest smaller df: a slightly wider, never narrower, interval
-
 
 
 def summarize(times_s: list[float]) -> dict[str, float]:
@@ -67,10 +68,8 @@ class Ratio:
         return statistics.median(self.samples) if self.samples else math.nan
 
     def below(self, threshold: float) -> bool:
-        """Confidently below ``threshold`` (95%, one-sided), and so in most rounds. A load spike lands on one side of
-        a round and makes its ratio 0.02 or 50: a few such rounds drawn more on one side can carry the t-interval
-        alone (an A/A test under spiky load established a plan that changes nothing at 0.30 (0.10-0.93), its median
-        round 1.00), never the median."""
+        """Confidently below ``threshold`` (95%, one-sided), and so in most rounds: a few rounds a load spike hit can
+        carry the t-interval alone, never the median (docs/measurement.md)."""
         return self.high < threshold and self.median < threshold
 
     def above(self, threshold: float) -> bool:
@@ -99,8 +98,7 @@ class Ratio:
 
 
 def paired(times: dict[int, float], reference: dict[int, float]) -> Ratio:
-    """times / reference from the rounds both ran (round -> seconds per step): the ratio every comparison uses,
-    the Lab's on copies and plan="auto"'s in your loop."""
+    """times / reference from the rounds both ran (round -> seconds per step): the ratio every comparison uses."""
     return Ratio([times[r] / reference[r] for r in sorted(times.keys() & reference.keys()) if reference[r] > 0])
 
 
@@ -111,3 +109,10 @@ def round_order(arms: list, index: int, rotate: bool = True) -> list:
     order = arms[shift:] + arms[:shift]
     return order[::-1] if index % 2 else order
 
+
+
+def plan_label(plan: Any) -> str:
+    """One name for a plan in every report and table: 'eager', 'auto', or the names in plan order joined by '+'."""
+    if (isinstance(plan, str) and plan == "auto") or (hasattr(plan, "resolve") and not hasattr(plan, "names")):
+        return "auto"
+    return "+".join(Plan(plan).names()) or "eager"

@@ -40,11 +40,8 @@ def call_model(model: torch.nn.Module, inputs: Any) -> Any:
 
 @dataclass
 class TrainStep:
-    """One training step on a Run: the batch's loss under run.autocast(), run.backward(loss), run.step().
-
-    The loss is step_fn(run, batch) when given; else loss_fn(model(inputs), targets) with
-    (inputs, targets) = split(batch), by default the first two items of a tuple or list batch.
-    """
+    """One training step on a Run: the loss under run.autocast() (step_fn(run, batch), else loss_fn(model(inputs),
+    targets) with split(batch), by default a batch's first two items), run.backward(loss), run.step()."""
 
     loss_fn: Callable[[Any, Any], torch.Tensor] | None = None
     split: Callable[[Any], tuple[Any, Any]] | None = None
@@ -77,10 +74,7 @@ def endless(loader) -> Iterator[Any]:
 
 
 def timed_steps(run, batches: Iterator[Any], count: int, step: TrainStep) -> tuple[list[float], list[float]]:
-    """The one timed loop: ``count`` steps, each timed from fetching its batch to the device being done.
-
-    Returns (seconds per step, loss per step).
-    """
+    """The one timed loop: (seconds, loss) of ``count`` steps, each from fetching its batch to the device done."""
     times, losses = [], []
     for _ in range(count):
         start = clock.now()
@@ -93,8 +87,7 @@ def timed_steps(run, batches: Iterator[Any], count: int, step: TrainStep) -> tup
 
 CHUNK_S = 0.5  # a chunk's timed steps take about this long
 MAX_CHUNK = 20  # timed steps per chunk at most
-SETTLE_BELOW_S = 2.0  # steps shorter than this are not timed right after a switch (alternating 1-step chunks read
-# eager resnet18 0.4 of its real ratio to bf16 here); longer ones are: what a switch leaves cold is small beside them
+SETTLE_BELOW_S = 2.0  # steps shorter than this are not timed right after a switch (it leaves them cold)
 
 
 def chunk_steps(step_s: float, least: int = 1, target_s: float = CHUNK_S, most: int = MAX_CHUNK) -> int:

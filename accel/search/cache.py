@@ -1,20 +1,8 @@
 """Remembered plan choices: plan="auto" on the same setup returns at once, saying when it was measured.
 
-The key (``setup_key``) holds everything that decides the answer: the model's structure (module classes, parameter
-and buffer names, shapes, dtypes, which are trainable), the batch's structure (shapes and dtypes), the optimizer's
-class and flags, the device (type and model), the CPU model, ISA and the node's physical cores, the loader's
-workers and pinning, torch's and accel's versions, the registered accelerators, and the search's settings that
-change its answer (KEY_SETTINGS). Any change measures again. It is one key for the setup whichever search asks: the
-in-loop search of a single process, the offline one (accel.tune), and each rank of a launched job, which takes the
-single process's answer (the cores counted are the node's, not the rank's share; ddp or fsdp is added by memory fit,
-accel.search.distribution). Entries are JSON files in ``cache_dir()``:
-``$ACCEL_CACHE_DIR``, else ``$XDG_CACHE_HOME/accel/plans``, else ``~/.cache/accel/plans`` (accel.files).
-``accel cache list`` and ``accel cache clear`` show and remove them (clear: compile's artifacts in ``compile/``
-too, accel.accelerators.compile.cache).
-
-Beside the choices, in ``warmups/``: the warm-up a costly candidate (compile) took on a setup, measured when a
-search tried it, so that the next search on the same model, batch, device, CPU and versions decides by that and
-not by a guess whether the warm-up fits its budget.
+One key (``setup_key``) for every search (in your loop, apart, each rank of a launched job): whatever decides the
+answer, so any change measures again. Entries are JSON files in ``cache_dir()`` (accel.files), written whole by any
+number of processes; beside them, in ``warmups/``, the warm-up a costly candidate (compile) last took on a setup.
 """
 from __future__ import annotations
 
@@ -55,20 +43,12 @@ def function_key(fn: Any) -> str:
     return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__name__)} {digest}".strip()
 
 
-KEY_SETTINGS = ("tolerance", "margin", "expected_steps", "accelerators", "candidates")
-"""The search settings that change its answer. Not: which search measured (in your loop or apart), its budget,
-steps and check steps (how it measures, not what it looks for), the device index."""
+KEY_SETTINGS = ("tolerance", "margin", "expected_steps", "accelerators", "candidates")  # what it looks for, not how
 
 
 def setup_key(model, optimizer, loader, batch, device, hardware, step, settings: dict) -> dict[str, Any]:
-    """The facts that decide a search's answer on this setup, readable (``accel cache list`` shows them): the one
-    key every search stores and looks up under (in your loop, apart, and each rank of a launched job).
-
-    The device counts by type and model (rank 3's cuda:3 takes what a single process measured on cuda:0); the
-    CPU by the node's physical cores, not a rank's share (`accel launch` pins each rank to its own cores; the
-    threads accelerator decides a rank's threads from them); the loader by what its candidates read (workers,
-    pinning); the settings by KEY_SETTINGS; how a batch becomes a loss by step's functions.
-    """
+    """The facts that decide a search's answer here, readable (``accel cache list``): the device by type and model
+    (not its index), the CPU by the node's physical cores (not a rank's share), the loader by workers and pinning."""
     flags = {k: v for k, v in sorted(optimizer.defaults.items()) if isinstance(v, (bool, str)) or v is None}
     functions = {name: function_key(fn) for name, fn in
                  (("step_fn", step.step_fn), ("loss_fn", step.loss_fn), ("split", step.split)) if fn is not None}
@@ -80,16 +60,11 @@ def setup_key(model, optimizer, loader, batch, device, hardware, step, settings:
         "cpu": f"{hardware.cpu_model} [{','.join(hardware.isa)}] {node_cores(hardware.physical_cores)} cores",
         "versions": f"torch {torch.__version__}, accel {__version__}",
         "accelerators": sorted(REGISTRY),
-        "loader": f"{type(loader).__name__} workers={getattr(loader, 'num_workers', 0)} "
+        "data": f"{type(loader).__name__} workers={getattr(loader, 'num_workers', 0)} "
                   f"pin_memory={getattr(loader, 'pin_memory', False)}",
         "settings": {k: settings.get(k) for k in KEY_SETTINGS},
         "functions": functions,
     }
-
-
-def key_parts(model, optimizer, loader, batch, device, hardware, settings: dict, step) -> dict[str, Any]:
-    """setup_key, in the argument order its first callers use."""
-    return setup_key(model, optimizer, loader, batch, device, hardware, step, settings)
 
 
 def key_of(parts: dict[str, Any]) -> str:
@@ -100,8 +75,8 @@ ENTRY = re.compile(r"[0-9a-f]{24}\.json")  # the names store() gives entries: no
 
 
 def _entry(path: Path) -> dict[str, Any] | None:
-    """An entry as store() writes it ({"key": facts, "result": {"plan": {name: options}, ...}}), or None: a file
-    damaged, or of another shape, or crafted (a plan that would run code: accel.plan.untrusted), is not one."""
+    """An entry as store() writes it, or None: a file damaged, of another shape, or crafted (a plan that would run
+    code: accel.plan.untrusted) is not one."""
     try:
         entry = json.loads(path.read_text())
     except (OSError, ValueError, UnicodeError, RecursionError):
@@ -123,9 +98,8 @@ def lookup(parts: dict[str, Any], where: Any = True) -> dict[str, Any] | None:
 
 
 def store(parts: dict[str, Any], result: dict[str, Any], where: Any = True, what: str = "the choice") -> str:
-    """Remember a choice (TuneResult.to_dict()); returns its key, or "" when it is not kept: a plan holding
-    tensors or functions (it would not come back as it was) or a cache that cannot be written (said). Written
-    whole or not at all, by any number of processes at once (accel.files)."""
+    """Remember a choice (TuneResult.to_dict()); its key, or "" when not kept: a plan that would not come back as it
+    was (tensors, functions), or a cache that cannot be written (said)."""
     key = key_of(parts)
     try:
         json.dumps(result["plan"])
@@ -166,8 +140,8 @@ def remember_warmup(parts: dict[str, Any], seconds: float, where: Any = True) ->
 
 
 def entries(where: Any = True) -> list[dict[str, Any]]:
-    """Every remembered choice: key, plan, when it was measured, and the facts it was measured under; a file of
-    accel's name that is not an entry (damaged, another shape) is listed as unreadable."""
+    """Every remembered choice: key, plan, when, why and the facts; a file of accel's name that is not an entry is
+    listed as unreadable."""
     found = []
     for path in sorted(p for p in cache_dir(where).glob("*.json") if ENTRY.fullmatch(p.name)):
         entry = _entry(path)
@@ -181,16 +155,12 @@ def entries(where: Any = True) -> list[dict[str, Any]]:
 
 
 def clear(where: Any = True, key: str | None = None) -> int:
-    """Forget every remembered choice (or the one of this key, or key prefix); returns how many. Only what accel
-    wrote goes (entries by their names, what its killed writers left), so a folder shared with your own files
-    keeps them. Clearing all forgets the measured warm-ups too (counted), and compile's artifacts (clear_compile
-    counts those)."""
-    removed = 0
+    """Forget every remembered choice (or those of a key prefix) and how many: only what accel wrote goes. Clearing
+    all forgets the warm-ups too (counted) and compile's artifacts."""
     folder = cache_dir(where)
     if key is None:
-        removed += _remove(folder / "warmups", None)
         clear_compile(where)
-    return removed + _remove(folder, key)
+    return (_remove(folder / "warmups", None) if key is None else 0) + _remove(folder, key)
 
 
 def _remove(folder: Path, key: str | None) -> int:

@@ -1,19 +1,28 @@
-"""Under a launcher, plan="auto" adds the wrapper every rank runs (``model.distributed``) by memory fit: the one that
-keeps each rank's model whole (ddp) where parameters + gradients + optimizer state fit FIT of a rank's memory (the
-faster: docs/distributed.md measured fsdp's step at 1.5x ddp's on 2 CPU ranks), else the one that shards it
-(``model.sharded``: fsdp). The ranks decide alike without talking: the memory is the device's total (the host's,
-shared by the node's ranks, on a CPU), never what is free now. Apart, the rest of the plan is the answer a single
-process measured on the setup, from the cache; ``distribute`` adds the wrapper and says where the rest came from."""
+"""plan="auto" under a launcher: every rank runs the same plan at every step.
+
+The wrapper every rank runs is chosen by memory fit: ``model.distributed`` whole (ddp) where the training state fits
+FIT of a rank's memory (the device's total, never what is free now: the ranks agree without talking), else
+``model.sharded`` (fsdp); apart, the rest of the plan is a single process's cached answer. In your loop a chunk's
+times are the slowest rank's, any rank's non-finite loss counts, and every decision read from a rank's own clock or
+folder is rank 0's (``RankAgreement``); ``GroupHold`` keeps the process group across the plan switches. In a single
+process nothing makes a collective.
+"""
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
 import torch
 
+from accel.distributed.data_parallel import DEVICE_BACKEND
+from accel.distributed.group import BACKEND_DEVICE, join_group
+from accel.hardware.launcher import launcher_environment
+from accel.measure import plan_label
 from accel.plan import Plan
 from accel.plan.contract import REGISTRY, Capability
+from accel.run.journal import Journal
 from accel.search.results import TuneRow
 
 FIT = 0.5  # the training state may take this fraction of a rank's memory
@@ -25,7 +34,7 @@ SOURCE_WORDS = "the rest of the plan is the answer a single process measured on 
 
 @dataclass
 class Footprint:
-    """Bytes of the training state, and where the optimizer's share comes from (its state, or its class)."""
+    """Bytes of the training state, and where the optimizer's share comes from."""
 
     parameters: int
     gradients: int
@@ -93,8 +102,8 @@ def choose(model, optimizer, device: torch.device, world_size: int, local_world_
 
 
 def distribute(result, model, optimizer, device: torch.device, launch, memory: int | None = None):
-    """A result (a TuneResult) for a launched job of several ranks: its plan plus the wrapper by memory fit, a row
-    and the why saying so, and where a cached rest of the plan came from. Unchanged in a single process; once."""
+    """A TuneResult for a launched job: with the wrapper by memory fit, a row and the why saying so, and where a cached
+    rest of the plan came from (once; unchanged in a single process)."""
     if launch is None or launch.world_size <= 1:
         return result
     if not any(r.status == "memory fit" for r in result.rows):
@@ -115,3 +124,112 @@ def distribute(result, model, optimizer, device: torch.device, launch, memory: i
 
 def _gib(size: int) -> str:
     return f"{size / 2**30:.2f} GiB" if size >= 2**28 else f"{size / 2**20:.1f} MiB"
+
+
+Decision = TypeVar("Decision")
+
+
+class RanksDiverged(RuntimeError):
+    """The ranks did not run the same chunk (a bug in the caller)."""
+
+
+@dataclass(frozen=True)
+class ChunkTimes:
+    """One rank's chunk: its timed seconds, each timed step, whether a loss was not finite."""
+
+    seconds: float
+    step_s: tuple[float, ...] = ()
+    nonfinite: bool = False
+
+
+class RankAgreement:
+    """The collectives that keep a search's ranks in step (``group`` None: a single process, no collective)."""
+
+    def __init__(self, group: Any = None):
+        self.group = group
+        self.world_size = torch.distributed.get_world_size(group) if group is not None else 1
+        self.rank = torch.distributed.get_rank(group) if group is not None else 0
+
+    @classmethod
+    def current(cls) -> RankAgreement:
+        """Over the default group when one of several ranks is initialized; else the single-process one."""
+        dist = torch.distributed
+        several = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+        return cls(dist.group.WORLD if several else None)
+
+    def _device(self) -> torch.device:
+        kind = BACKEND_DEVICE.get(torch.distributed.get_backend(self.group), "cpu")
+        return torch.device("cpu") if kind == "cpu" else torch.device(kind, getattr(torch, kind).current_device())
+
+    def _max(self, values: list[float]) -> list[float]:
+        tensor = torch.tensor(values, dtype=torch.float64, device=self._device())
+        torch.distributed.all_reduce(tensor, op=torch.distributed.ReduceOp.MAX, group=self.group)
+        return tensor.cpu().tolist()
+
+    def chunk(self, times: ChunkTimes) -> ChunkTimes:
+        """The chunk as the slowest rank saw it, step by step, on every rank (RanksDiverged: not the same steps)."""
+        if self.group is None:
+            return times
+        steps = len(times.step_s)
+        if self._max([steps, -steps]) != [steps, -steps]:
+            raise RanksDiverged("the ranks timed different numbers of steps in one chunk: every rank must run the "
+                                "same plan for the same steps")
+        seconds, nonfinite, *step_s = self._max([times.seconds, float(times.nonfinite), *times.step_s])
+        return ChunkTimes(seconds, tuple(step_s), nonfinite > 0)
+
+    def any_true(self, flag: bool) -> bool:
+        return bool(flag) if self.group is None else self._max([float(flag)])[0] > 0
+
+    def slowest(self, seconds: float) -> float:
+        return float(seconds) if self.group is None else self._max([float(seconds)])[0]
+
+    def decide(self, decision: Decision) -> Decision:
+        """Rank 0's decision (any picklable value) on every rank; the others' arguments are ignored."""
+        if self.group is None:
+            return decision
+        box = [decision if self.rank == 0 else None]
+        torch.distributed.broadcast_object_list(box, src=torch.distributed.get_global_rank(self.group, 0),
+                                                group=self.group, device=self._device())
+        return box[0]
+
+    def past(self, deadline: float, now: float) -> bool:
+        """Whether the budget's deadline has passed, by rank 0's clock."""
+        return self.decide(now >= deadline)
+
+
+class GroupHold:
+    """Holds the launcher's process group across plan switches through the layered setting ddp and fsdp join it by;
+    ``release`` lets go (the group leaves if accel joined it and no open run has it; a group you joined stays)."""
+
+    def __init__(self, backend: str = "gloo", timeout_s: float = 600):
+        self.backend, self.timeout_s, self.journal, self.held = backend, timeout_s, Journal(), False
+
+    def acquire(self) -> GroupHold:
+        launch = launcher_environment()
+        if not self.held and launch is not None and launch.world_size > 1:
+            join_group(self.journal, launch, self.backend, self.timeout_s)
+            self.held = True
+        return self
+
+    def release(self) -> None:
+        self.journal.rollback()
+        self.held = False
+
+    def __enter__(self) -> GroupHold:
+        return self.acquire()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.release()
+
+
+def in_step(launch, model, optimizer, device: torch.device, settings, notes: list[str]):
+    """(the wrapper every candidate carries by memory fit, the group held, the agreement); nothing in one process."""
+    if launch is None or launch.world_size <= 1:
+        return {}, GroupHold(), RankAgreement(None)
+    carried, _ = choose(model, optimizer, device, launch.world_size, launch.local_world_size,
+                                     settings.memory_per_rank)
+    hold = GroupHold(DEVICE_BACKEND.get(device.type, "gloo")).acquire()
+    notes.append(f"a launched job of {launch.world_size} ranks: every plan measured ran with {plan_label(carried)} (by "
+                 "memory fit), the same plan on every rank at every step, timed by the slowest rank and decided by "
+                 "rank 0")
+    return carried, hold, RankAgreement.current()

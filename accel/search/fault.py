@@ -1,19 +1,13 @@
 """Who gives a loss that is not finite while plan="auto" measures: the candidate in place, or the plain loop too.
 
-Why: a NaN loss the plain loop also gives (a NaN in the data, labels that make the loss inf, weights already gone)
-once dropped the candidate in place as "loss off". Now the step's forward is replayed under the plain loop first:
-without grad, in the mode your loop had the model in (a BatchNorm keeps the batch's statistics), with torch's RNG
-as it was (dropout draws the same mask), every parameter, buffer and the RNG put back after (your forward hooks see
-that one forward). Not finite there either, or the weights were not: the data's (or the model's) fault. Finite
-there and not under the plan: the plan's. Both finite and the same: the loss your code computes from it and the
-batch is not finite (the data or the loop); both finite but different: the plan's, as it cannot be cleared. The
-forwards come from a pre-hook and a hook on your model (references, no copies), removed when the search ends.
+The step's forwards (kept by hooks on your model: references, no copies) are replayed under the plain loop, without
+grad, in the model's mode, with torch's RNG as it was, everything put back after (docs/measurement.md): not finite
+there either, or the weights were not, is the data's (or the model's) fault; finite there and not under the plan,
+or finite but different, the plan's; the same output, the loss your code computes from it (the data or the loop).
 """
 from __future__ import annotations
 
 import contextlib
-import signal
-import threading
 import weakref
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,6 +16,7 @@ import torch
 from torch.utils._pytree import tree_leaves, tree_map
 
 from accel import clock
+from accel.run.interrupts import deferred
 
 MAX_CALLS = 4  # training forwards kept per step (the last ones: a loop's extra forwards before them are dropped)
 
@@ -37,8 +32,8 @@ class Call:
 
 
 class Capture:
-    """Your model's training forwards since the last backward. The hooks are closures on your model itself (a
-    deepcopy of it, an EMA's, shares them and is ignored), and only forwards with grad count (not validation)."""
+    """Your model's forwards with grad since the last backward (a deepcopy of it, an EMA's, shares the hooks and is
+    ignored)."""
 
     def __init__(self, model: torch.nn.Module):
         self.model, self.calls, self.paused, self.removed, self.handles = model, [], False, False, []
@@ -79,7 +74,7 @@ class Capture:
 @dataclass
 class Fault:
     """A loss that was not finite: the step, the plan in place, its forwards, and the model's state then (None: as
-    it is when judged, on an accelerator where copying every step would wait for the device)."""
+    it is when judged, on an accelerator)."""
 
     step: int
     plan: str
@@ -102,7 +97,7 @@ def snapshot(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in model.state_dict().items() if isinstance(v, torch.Tensor)}
 
 
-def _finite(value: Any) -> bool:
+def finite(value: Any) -> bool:
     return all(bool(torch.isfinite(t).all()) for t in tree_leaves(value)
                if isinstance(t, torch.Tensor) and (t.is_floating_point() or t.is_complex()))
 
@@ -115,8 +110,8 @@ def _same(a: Any, b: Any, tolerance: float) -> bool:
 
 
 def replay(model: torch.nn.Module, calls: list[Call], state: dict | None, capture: Capture | None = None) -> list:
-    """The model's outputs on these forwards' inputs as it runs now (the plain loop), in the state given, in full
-    precision, with nothing it holds changed: parameters, buffers and torch's RNG are put back however it ends."""
+    """The model's outputs on these forwards' inputs under the plain loop, in the state given, in full precision;
+    parameters, buffers and torch's RNG are put back however it ends."""
     kept, rng = snapshot(model), torch.get_rng_state()
     if capture is not None:
         capture.paused = True
@@ -141,28 +136,28 @@ def replay(model: torch.nn.Module, calls: list[Call], state: dict | None, captur
 
 
 def blame(model: torch.nn.Module, fault: Fault, tolerance: float, capture: Capture | None = None) -> Blame:
-    """Judge a fault under the plain loop (the search has switched to it): the module's docstring says how."""
+    """Judge a fault under the plain loop (the search has switched to it)."""
     at, during = f"at step {fault.step}", f"at step {fault.step} ({fault.plan} in place)"
 
     def said(plan: bool, who: str, words: str) -> Blame:
         return Blame(plan, who, f"a loss was not finite {words}", fault.step)
 
-    if fault.state is None and not _finite(list(snapshot(model).values())):  # its own step may have made them so
+    if fault.state is None and not finite(list(snapshot(model).values())):  # its own step may have made them so
         return said(True, "the plan", f"{at} under it, and by the chunk's end your model's weights were not finite "
                                       "either, so it could not be cleared (on an accelerator they are not copied)")
-    if not _finite(list((fault.state or snapshot(model)).values())):
+    if not finite(list((fault.state or snapshot(model)).values())):
         return said(False, "the model", f"{during}, and your model's weights or buffers were already not finite: "
                                          "the plain loop gives it too")
     if not fault.calls:
         return said(True, "the plan", f"{at} under it (no forward of your model was seen to replay under the plain "
                                       "loop, so it could not be cleared)")
     plain = replay(model, fault.calls, fault.state, capture)
-    if not _finite(plain):
-        data = "" if _finite([(c.args, c.kwargs) for c in fault.calls]) else ": the batch holds NaN or inf"
+    if not finite(plain):
+        data = "" if finite([(c.args, c.kwargs) for c in fault.calls]) else ": the batch holds NaN or inf"
         return said(False, "the data", f"{during}, and the plain loop's forward on that batch is not finite either "
                                        f"(the data{data})")
     planned = [c.output for c in fault.calls]
-    if any(o is None for o in planned) or not _finite(planned):
+    if any(o is None for o in planned) or not finite(planned):
         return said(True, "the plan", f"{at} under it: your model's output on that batch was not finite under it (or "
                                       "not seen), and is finite under the plain loop")
     if _same(planned, plain, tolerance):
@@ -174,10 +169,8 @@ def blame(model: torch.nn.Module, fault: Fault, tolerance: float, capture: Captu
 
 
 class Faults:
-    """The losses of the steps the search measures, checked: on a CPU at each step, before its update (reading a loss
-    costs nothing there, and the fault is judged in the weights it happened in: copied, the copy's time left out of the
-    chunk's); on an accelerator at the chunk's end (reading one every step would wait for the device). ``blames``:
-    the faults no plan paid for, the first of each kind with its words, later ones counted."""
+    """The losses of the measured steps, checked: on a CPU at each step before its update (judged in the weights it
+    happened in), on an accelerator at the chunk's end. ``blames``: the faults no plan paid for, each kind once."""
 
     def __init__(self, model: torch.nn.Module, tolerance: float):
         self.model, self.tolerance, self.capture = model, tolerance, Capture(model)
@@ -202,8 +195,7 @@ class Faults:
         return 0.0
 
     def chunk_fault(self, plan: str) -> Fault | None:
-        """The chunk's fault: its CPU step's, or its first step whose loss was not finite (on an accelerator, judged in
-        the weights as they are); the chunk's record is cleared."""
+        """The chunk's fault (a CPU step's, or on an accelerator its first step not finite); the record is cleared."""
         fault, record, self.fault, self.record = self.fault, self.record, None, []
         return fault or next((Fault(step, plan, calls) for step, losses, calls in record if not finite(losses)), None)
 
@@ -214,7 +206,7 @@ class Faults:
                                                           "plain loop itself", fault.step)
         else:
             to_plain()
-            with interrupts_held():  # the replay puts your model's weights back: never half-way
+            with deferred():  # the replay puts your model's weights back: never half-way
                 blamed = blame(self.model, fault, self.tolerance, self.capture)
         same = next((b for b in self.blames if b.who == blamed.who), None) if not blamed.plan else None
         if not blamed.plan:
@@ -222,30 +214,7 @@ class Faults:
         return blamed
 
 
-def finite(losses: list[torch.Tensor]) -> bool:
-    return bool(torch.isfinite(torch.cat([loss.detach().float().reshape(-1) for loss in losses])).all())
-
-
 def summary(blames: list[Blame]) -> list[str]:
     """One line per fault no plan paid for (a plan's own is said in its candidate's reason)."""
     return [f"{b.who}'s fault, nothing dropped: {b.words}" + (f" (again at {len(b.also)} later step(s))" if b.also
                                                              else "") for b in blames]
-
-
-@contextlib.contextmanager
-def interrupts_held():
-    """Ctrl-C (SIGINT) held while the search changes what training and the process hold (a plan switch, a replay,
-    closing), delivered once that is whole: cut half-way, no journal would be whole for close() to put back (a
-    Ctrl-C while compile's candidate switched in left its environment variables set). Signals reach the main thread
-    only: elsewhere nothing is held."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    caught: list = []
-    previous = signal.signal(signal.SIGINT, lambda *args: caught.append(args))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-        if caught and callable(previous):
-            previous(*caught[0])  # Python's own handler raises KeyboardInterrupt here

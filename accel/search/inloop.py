@@ -1,15 +1,12 @@
 """plan="auto" in your loop: the first steps of your real training are the measurement.
 
-``InLoopSearch`` is a controller that owns the run of the plan in place (``run.current``: an accel.Run made by
-accelerate() on your own objects) and switches its plan between chunks of your steps as the one search decides
-(strategy.py; turns.py times your steps). Nothing is copied: a switch is accelerate() again, the earlier run undone and
-its counters and accelerators' state handed over, so each plan keeps its card. It answers what the loop calls
-(run.loader: loader.py, run.backward, run.step, run.load, run.close); every other name is the run's of the plan in
-place (read run.model inside the loop: compile, when chosen, wraps it). ``run.search`` (words.py) says what auto
-does, at every moment.
+``InLoopSearch`` owns the run of the plan in place (``run.current``, made by accelerate() on your own objects) and
+switches its plan between chunks of your steps as the search decides (strategy.py; turns.py times the steps). A
+switch is accelerate() again, nothing copied. Every name the loop does not call here is the current run's.
 """
 from __future__ import annotations
 
+import contextlib
 import warnings
 import weakref
 from typing import Any
@@ -20,20 +17,19 @@ import accel.search.cache as plancache
 from accel import clock
 from accel.api import accelerate
 from accel.errors import AccelerateError, BypassWarning, CheckpointError, MeasureError, PlanError
-from accel.hardware import probe
 from accel.measure import TrainStep, plan_label
+from accel.modules import compiled
 from accel.plan import Plan
 from accel.plan.contract import Capability
 from accel.run import open_run
 from accel.run.checkpoint import decode_plan, read
-from accel.run.context import placement
+from accel.run.interrupts import deferred
 from accel.run.sharded_checkpoint import is_sharded_checkpoint
-from accel.search.distribution import distribute
-from accel.search.fault import Faults, interrupts_held, summary
+from accel.search.distribution import distribute, in_step
+from accel.search.fault import Faults, summary
 from accel.search.loader import SearchLoader
-from accel.search.ranks import in_step
 from accel.search.results import TuneResult, TuneRow, cached_answer, keep_answer
-from accel.search.settings import Auto, candidates_of, for_device, provides
+from accel.search.settings import Auto, placed, provides
 from accel.search.strategy import Search
 from accel.search.turns import Turns
 from accel.search.words import COPY, SearchState, say
@@ -44,31 +40,23 @@ ENDED = "the run ended while it measured what budget was left"
 
 
 class InLoopSearch:
-    """What plan="auto" returns in your loop: a run whose plan auto switches between chunks of your steps while it
-    measures. Use it as any run; ``run.report.tuning`` holds the search's table once it chose."""
+    """What plan="auto" returns in your loop: use it as any run; ``run.report.tuning`` holds the table once chosen."""
 
     def __init__(self, settings: Auto, model, optimizer, loader, device: Any = "auto"):
         if optimizer is None or loader is None:
             missing = " and ".join(w for w, given in (("an optimizer", optimizer), ("a loader", loader))
                                    if given is None)
             raise MeasureError(f"plan='auto' measures your training steps: it needs {missing}. A model with no loader "
-                               "of its own (a GAN's generator) can be given the loader that paces its steps (the "
-                               "discriminator's): its turns are timed between your run.step() calls; or give it a "
-                               "plan (docs/two_models.md)")
+                               "of its own (a GAN's generator) can be given the one that paces its steps; or give it "
+                               "a plan (docs/two_models.md)")
         self.settings, self.started, self.chunk_s, self.objects = (settings, clock.now(), CHUNK_S,
                                                                    (model, optimizer, loader))
-        hardware, problems = probe(), []
-        decided = placement(device, hardware, problems)
-        if decided is None:
-            raise PlanError(problems)
-        self.device, self.launch, self.hardware = decided.device, decided.launch, for_device(hardware, decided.device)
+        self.device, self.launch, self.hardware = placed(device)
         self.notes: list[str] = []
         self.distributed, self.hold, self.ranks = in_step(self.launch, model, optimizer, self.device, settings,
                                                           self.notes)
-        kinds = candidates_of(settings, self.hardware, model, optimizer, loader, in_loop=True)
+        self.strategy, kinds = Search.of(settings, self.hardware, model, optimizer, loader, in_loop=True)
         self.copies, self.epochwise = kinds["copies"], kinds["epochwise"]
-        self.strategy = Search(kinds["stepwise"], kinds["costly"], kinds["given"], settings.margin,
-                               settings.expected_steps)
         try:
             self.current = accelerate(model, optimizer, loader, plan=dict(self.distributed), device=device)
         except BaseException:
@@ -90,7 +78,6 @@ class InLoopSearch:
         self.turns.start()
 
     def __getattr__(self, name: str) -> Any:
-        """Every other name is the run's of the plan in place (an accel.Run)."""
         if "current" not in self.__dict__:
             raise AttributeError(name)
         return getattr(self.current, name)
@@ -102,8 +89,6 @@ class InLoopSearch:
     @property
     def arms(self) -> list:  # every plan that took (or waits for) turns, the plain loop first (turns.Arm)
         return self.turns.arms
-
-    # --- what the loop calls ---------------------------------------------------------------------------------------
 
     def backward(self, loss: torch.Tensor) -> None:
         if self.bypassed and self.measuring:
@@ -126,25 +111,23 @@ class InLoopSearch:
         return skipped
 
     def close(self) -> None:
-        """Close the run; while auto measured, the report says what it chose so far (or that nothing was chosen)."""
+        """Close the run; while auto measured, the report says what it chose so far (or nothing)."""
         if self.phase == "measuring":
             self.phase, self.search.cached = "ended early", "nothing cached"
             say(self)
         elif self.phase == "chosen":
             self._settle(ENDED, switch=False)
-        with interrupts_held():
+        with deferred():
             self.faults.capture.remove()
             self.watching.remove()
-            model = self.objects[0]
-            interrupted = open_run(getattr(model, "_orig_mod", model)) if self.switching else None
+            interrupted = self._open_run() if self.switching else None
             for run in dict.fromkeys(r for r in (interrupted, self.current) if r is not None):  # the newest first
                 if not run.closed:
                     run.close()
             self.hold.release()  # the group leaves with the last run that held it (when accel joined it)
 
     def load(self, path) -> dict:
-        """Resume: the checkpoint's plan is the answer (nothing measured), once its state fits this run; one that
-        does not fit is refused with nothing changed, the search going on as before."""
+        """Resume: the checkpoint's plan is the answer, once its state fits this run (else refused, nothing changed)."""
         if is_sharded_checkpoint(path):
             return self.current.load(path)
         state = read(path)
@@ -165,18 +148,15 @@ class InLoopSearch:
                                                                 "taken as it was saved, nothing measured")
         return info
 
-    # --- switching plans ---------------------------------------------------------------------------------------------
-
     def switch(self, plan: dict[str, dict], arm: Any = None) -> bool | None:
-        """accelerate() on your objects with this plan (the earlier run handed over): True when switched, False when
-        it was in place, None when refused or failed (the arm's status says why). A Ctrl-C waits until the switch
-        is whole; any other exception out of it leaves the run open on your model for close() to put back."""
+        """accelerate() on your objects with this plan: True when switched, False when it was in place, None when
+        refused or failed (the arm's status says why). A Ctrl-C waits until the switch is whole."""
         plan = {**plan, **self.distributed}
         if self.current.plan.to_dict() == plan and not self.current.closed:
             self.switched_at = clock.now()
             return False
         began, leaving = clock.now(), [a.name for a in self.current.accelerators]
-        with interrupts_held():
+        with deferred():
             for name in leaving:  # each plan's state (amp's GradScaler) waits for its next turn
                 self.saved[name] = self.current.accelerator_state_dict(name)
             self.switching = True
@@ -196,10 +176,8 @@ class InLoopSearch:
             self.faults.capture.attach()  # after the plan's own hooks on your model
             for accelerator in run.accelerators:  # those handed over by the run before already have theirs
                 if accelerator.name not in leaving and accelerator.name in self.saved:
-                    try:
+                    with contextlib.suppress(ValueError):  # another configuration of it: it starts afresh
                         run.load_accelerator_state(accelerator.name, self.saved[accelerator.name])
-                    except ValueError:  # another configuration of it (bf16 after fp16): it starts afresh
-                        pass
         return True
 
     def _take(self, plan: dict[str, dict]) -> None:
@@ -214,8 +192,7 @@ class InLoopSearch:
             self.switch(plan)
 
     def on_batch(self, batch: Any) -> None:
-        """Each batch of run.loader: a bypass said before ends the search now; at the first, the cache's answer for
-        this setup, if it was measured before (the key needs the batch)."""
+        """Each batch of run.loader: a bypass said before ends the search; the first looks the setup up in the cache."""
         self.loader_read = True
         if self.bypassed and self.measuring:
             self._end_bypassed()
@@ -231,12 +208,11 @@ class InLoopSearch:
             self._settle("from the cache", result=result)
 
     def _optimizer_steps(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        """An optimizer step that did not come through run.step(): nothing can be timed. The search ends on the plain
-        loop, said at once; the switch waits for the next batch or call (not inside the step)."""
+        """An optimizer step not through run.step(): nothing can be timed, so the search ends on the plain loop, said
+        at once; the switch waits for the next batch or call (not inside the step)."""
         if self.stepping or self.bypassed or not self.measuring:
             return
-        model = self.objects[0]
-        if self.current.closed or open_run(getattr(model, "_orig_mod", model)) is not self.current:
+        if self.current.closed or self._open_run() is not self.current:
             return self._settle("your loop made another run on your model (accelerate() again): auto stopped "
                                 "measuring", switch=False)
         self.bypassed = True
@@ -253,10 +229,8 @@ class InLoopSearch:
             "your loop calls optimizer.step() itself, not run.step(): plan='auto' times the steps between run.step() "
             "calls, so nothing was measured: the plain loop is kept"))
 
-    # --- choosing and settling ---------------------------------------------------------------------------------------
-
     def choose(self) -> None:
-        """The first verdict is in: the choice is said and remembered at once; what budget is left measures on."""
+        """The first verdict is in: said and remembered at once; what budget is left measures on."""
         self.phase, self.chosen_at = "chosen", self.current.steps
         self.result = self.current.report.tuning = self._result()
         keep_answer(self.result, self.cache_key, self.settings.cache,
@@ -282,8 +256,7 @@ class InLoopSearch:
         say(self)
 
     def _result(self, why: str = "", plan: dict | None = None) -> TuneResult:
-        """The table and the answer so far: the search's rows, a rebuilt loader decided by the loop's wait for data,
-        and what trains a copy named."""
+        """The table and the answer so far, with a rebuilt loader decided by the loop's wait for data."""
         strategy, plain, rows = self.strategy, self.turns.plain, list(self.strategy.rows)
         rows[0].median_ms = round(plain.median_s() * 1000, 3) if plain.rounds else None
         rows[0].vs_baseline, rows[0].reason = 1.0, f"{len(plain.rounds)} rounds, {plain.steps} steps"
@@ -315,7 +288,8 @@ class InLoopSearch:
                                                    established=strategy.established))
 
     def _for_ranks(self, result: TuneResult) -> TuneResult:
-        """Under a launcher, the result as the ranks run it: with ddp or fsdp, and where a cached answer came from."""
-        model, optimizer, _ = self.objects
-        return distribute(result, model, optimizer, self.device, self.launch, self.settings.memory_per_rank) \
-            if self.distributed else result
+        return distribute(result, *self.objects[:2], self.device, self.launch, self.settings.memory_per_rank)
+
+    def _open_run(self) -> Any:
+        model = self.objects[0]
+        return open_run(model._orig_mod if compiled(model) else model)

@@ -1,6 +1,5 @@
-"""run.loader of plan="auto" in your loop: one object across the search's plan switches (each switch makes a run with
-a loader of its own, and your loop holds the first): your batches, prepared by the plan in place, the loop's wait for
-each one counted (a rebuilt loader is decided by it), and the first batch handed to the search (the cache's key)."""
+"""run.loader of plan="auto" in your loop: one object across the search's plan switches, your batches prepared by the
+plan in place, the loop's wait for each counted (a rebuilt loader is decided by it)."""
 from __future__ import annotations
 
 from typing import Any
@@ -9,8 +8,7 @@ from accel import clock
 
 
 class SearchLoader:
-    """run.loader of plan="auto": your batches, prepared by the plan in place, the loop's wait for each counted.
-    Every other name is the run.loader's of the plan in place (accel.run.device_loader.DeviceLoader)."""
+    """Every other name is the run.loader's of the plan in place (a DeviceLoader)."""
 
     def __init__(self, run: Any):  # an inloop.InLoopSearch
         self.run = run

@@ -1,6 +1,5 @@
-"""accel.tune: the one search apart (strategy.py), each plan on its own copies of your objects side by side
-(accel.measure.Lab), from the same start on the same batches: a plan's first losses are checked against the plain
-loop's too ("loss off" beyond the tolerance). Your objects, loader and RNG end as they started."""
+"""accel.tune: the one search apart, each plan on its own copies of your objects (accel.measure.Lab), from the same
+start on the same batches, its first losses checked against the plain loop's. Your objects end as they started."""
 from __future__ import annotations
 
 import dataclasses
@@ -9,28 +8,22 @@ from typing import Any
 import accel.search.cache as plancache
 from accel import clock
 from accel.errors import MeasureError, PlanError, Problem
-from accel.hardware import probe
 from accel.measure import Lab, TrainStep, Trial
-from accel.run.context import placement
 from accel.search.distribution import distribute
 from accel.search.results import TuneResult, cached_answer, expected_warmup, keep_answer, remember_warmup, timing_fields
-from accel.search.settings import BUDGET_STEPS, MIN_BUDGET_S, SLOW_STOP, Auto, candidates_of, for_device
+from accel.search.settings import BUDGET_STEPS, MIN_BUDGET_S, SLOW_STOP, Auto, placed
 from accel.search.strategy import Comparison, Outcome, Search
 from accel.search.verdicts import run_ahead_s, warmup_fit
 
 
 def tune(model, optimizer, loader, device: Any = "auto", settings: Auto | None = None, **options: Any) -> TuneResult:
-    """Measure plans on copies of your model, optimizer and loader; return the fastest established plan that keeps
-    the loss. ``options`` are accel.Auto's fields, over ``settings`` (default: no cache). Under a launcher of several
-    ranks the answer comes from the cache, with ddp or fsdp by memory fit (distribution.py)."""
+    """The fastest established plan that keeps the loss, measured on copies. ``options`` are accel.Auto's fields over
+    ``settings`` (default: no cache). Under a launcher: the cached answer, with the wrapper by memory fit."""
     settings = dataclasses.replace(settings or Auto(cache=False), **options)
     if optimizer is None or loader is None:
         raise MeasureError("tune measures training steps: it needs an optimizer and a loader")
-    started, hardware, problems = clock.now(), probe(), []
-    decided = placement(device, hardware, problems)  # the same launch and device accelerate() decides
-    if decided is None:
-        raise PlanError(problems)
-    launch, device, hardware = decided.launch, decided.device, for_device(hardware, decided.device)
+    started = clock.now()
+    device, launch, hardware = placed(device)
     step = TrainStep(loss_fn=settings.loss_fn, split=settings.split, step_fn=settings.step_fn)
     lab = Lab(model, optimizer, loader, device, step, check_steps=max(1, settings.check_steps))
     batch = lab.first_batch()
@@ -49,8 +42,7 @@ def tune(model, optimizer, loader, device: Any = "auto", settings: Auto | None =
     if result is not None:
         lab.close()
         return distribute(result, model, optimizer, device, launch, settings.memory_per_rank)
-    kinds = candidates_of(settings, hardware, model, optimizer, loader, in_loop=False)
-    search = Search(kinds["stepwise"], kinds["costly"], kinds["given"], settings.margin, settings.expected_steps)
+    search = Search.of(settings, hardware, model, optimizer, loader, in_loop=False)[0]
     apart = Apart(lab, search, settings, facts, started)
     try:
         apart.run()
@@ -64,8 +56,7 @@ def tune(model, optimizer, loader, device: Any = "auto", settings: Auto | None =
 
 
 class Apart:
-    """The Lab's rounds for the search's comparisons: a plan's copies kept while it may be compared again (the plain
-    loop's and the reference's), retired otherwise."""
+    """The Lab's rounds for the search's comparisons: a plan's copies kept while it may be compared again."""
 
     def __init__(self, lab: Lab, search: Search, settings: Auto, facts: dict | None, started: float):
         self.lab, self.search, self.settings, self.facts = lab, search, settings, facts
@@ -135,9 +126,8 @@ class Apart:
         return outcomes
 
     def _checked(self, trial: Trial) -> Outcome:
-        """Applied, trained, kept the loss, and not hopelessly slow: when every one of its first steps took over
-        SLOW_STOP plain steps and over 0.5 s (one spike of load is not enough), rounds would only spend the budget
-        (bf16 emulated on a Zen 3 was 14x slower)."""
+        """Applied, trained, kept the loss, and not hopelessly slow (each first step over SLOW_STOP plain steps and
+        over 0.5 s)."""
         if trial.status in ("refused", "failed"):
             return Outcome(trial.status, trial.error)
         base = self.base

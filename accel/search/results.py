@@ -1,6 +1,5 @@
-"""What a search found (a row per candidate, measured or not and why, and the result with its plan: one table for
-the search in your loop and apart) and what it remembers through accel.search.cache: the answer for a setup, kept once
-established, and a costly candidate's warm-up as last measured there (a search decides by it whether it fits)."""
+"""What a search found (a row per candidate and the result with its plan, one table for both searches), and what it
+remembers through accel.search.cache: an established answer, and a costly candidate's warm-up."""
 from __future__ import annotations
 
 import datetime as _dt
@@ -99,7 +98,7 @@ class TuneResult:
 
 
 def cached_answer(facts: dict[str, Any] | None, cache: Any, started: float) -> TuneResult | None:
-    """The remembered answer for these key facts (plancache.setup_key), marked as from the cache, or None."""
+    """The remembered answer for these key facts, marked as from the cache, or None."""
     hit = plancache.lookup(facts, cache) if facts is not None and cache else None
     if hit is None:
         return None

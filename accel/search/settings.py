@@ -1,5 +1,4 @@
-"""The one settings type of a search (``accel.Auto``: plan="auto" in your loop or apart, and accel.tune), and its
-candidates, sorted by what their accelerators provide (never by their names)."""
+"""The one settings type of a search (``accel.Auto``), and its candidates, sorted by what they provide."""
 from __future__ import annotations
 
 import dataclasses
@@ -7,27 +6,26 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from accel.errors import PlanError
+from accel.hardware import probe
 from accel.plan import Plan
 from accel.plan.contract import REGISTRY, Capability
+from accel.run.context import placement
 
 MARGIN = 0.02  # a plan must be faster than the one it replaces by more than this fraction
 MIN_BUDGET_S, BUDGET_STEPS = 90.0, 100  # the default budget: the larger of 90 s and 100 plain steps
 SLOW_STOP = 3.0  # a candidate whose steps take this many plain steps (and over 0.5 s) is not timed further
-COSTLY_GUESS_S = 30.0  # a costly first step before one is measured on the setup (compile, cold: resnet18 24-41 s, a
-# 12-layer GPT 29 s; benchmarks/bench_compile_warmup.py)
+COSTLY_GUESS_S = 30.0  # a costly warm-up (compile's) before one is measured on the setup (docs/measurement.md)
 
 
 @dataclass
 class Auto:
     """plan=accel.Auto(...) chooses the plan by measuring ("auto" is Auto()); accel.tune(**fields) takes the same.
 
-    budget_s: what the search may spend (None: the larger of 90 s and 100 plain steps; with expected_steps at most
-    30% of the plain run). expected_steps: the run's length: a costly accelerator (compile) is kept only if its
-    warm-up pays back within it. step_fn(run, batch) -> loss, or loss_fn(output, targets) with split(batch) ->
-    (inputs, targets): given, the search measures copies apart (accel.tune); else your own loop. candidates: plans to
-    compare with the plain loop instead of the stack the hardware predicts; accelerators: the registered ones that
-    may propose candidates. cache: remember the choice (True: accel's folder; a path; False). Apart only: tolerance
-    (how far a candidate's first losses may stray), check_steps (how many), chunk_steps (timed steps a turn).
+    budget_s: what the search may spend (None: the larger of 90 s and 100 plain steps). expected_steps: the run's
+    length (a costly warm-up must pay back within it). step_fn, or loss_fn with split: the search measures copies
+    apart (accel.tune). candidates: plans to compare instead of the predicted stack; accelerators: those that may
+    propose candidates. cache: True, a path, or False. Apart only: tolerance, check_steps, chunk_steps.
     memory_per_rank: bytes a rank may hold under a launcher (None: its device's).
     """
 
@@ -46,39 +44,43 @@ class Auto:
     memory_per_rank: int | None = None
 
     def apart(self) -> bool:
-        """Whether the search measures copies apart: a step function given (your loop's loss is unknown to it)."""
+        """A step function given: the search measures copies apart."""
         return not (self.step_fn is None and self.loss_fn is None and self.split is None)
 
     def key(self) -> dict[str, Any]:
-        """What changes the answer (accel.search.cache.KEY_SETTINGS)."""
+        """What changes the answer (cache.KEY_SETTINGS)."""
         given = [Plan(c).to_dict() for c in self.candidates] if self.candidates is not None else "generated"
         return {"tolerance": self.tolerance, "margin": self.margin, "expected_steps": self.expected_steps,
                 "accelerators": self.accelerators, "candidates": given}
+
+
+def placed(device: Any) -> tuple[Any, Any, Any]:
+    """The device and launch accelerate() decides, and the hardware as a run there sees it (a CPU run is offered no
+    GPU's candidates)."""
+    hardware, problems = probe(), []
+    decided = placement(device, hardware, problems)
+    if decided is None:
+        raise PlanError(problems)
+    kind = decided.device.type
+    devices = {"cpu": 1, **({kind: hardware.devices.get(kind, 1)} if kind != "cpu" else {})}
+    return decided.device, decided.launch, dataclasses.replace(hardware, devices=devices)
 
 
 def provides(plan: dict[str, dict], capability: Capability) -> bool:
     return any(capability in REGISTRY[name].provides for name in plan)
 
 
-def for_device(hardware: Any, device: Any) -> Any:
-    """The hardware as a run on this device sees it: a CPU run is offered no GPU's candidates."""
-    devices = {"cpu": 1, **({device.type: hardware.devices.get(device.type, 1)} if device.type != "cpu" else {})}
-    return dataclasses.replace(hardware, devices=devices)
-
-
 def generate_candidates(hardware, model, optimizer=None, loader=None, accelerators: list[str] | None = None) -> list:
-    """Every registered accelerator's configurations worth measuring here (of those in ``accelerators``, when
-    given), in plan order: what the hardware predicts (bf16 where native, channels_last for convolutions, fused
-    optimizers, workers where CPUs are spare)."""
+    """Every registered accelerator's configurations the hardware predicts pay here (of ``accelerators``), in plan
+    order."""
     return [{cls.name: dict(options)} for cls in sorted(REGISTRY.values(), key=lambda c: (int(c.stage), c.name))
             if accelerators is None or cls.name in accelerators
             for options in cls.candidates(hardware, model, optimizer, loader)]
 
 
 def candidates_of(settings: Auto, hardware, model, optimizer, loader, in_loop: bool) -> dict[str, Any]:
-    """The candidates to measure (none that distributes: a launcher decides that), by what they provide: "costly" (a
-    long first step: last, on top), and in your loop "copies" (never switched in) and "epochwise" (a rebuilt loader:
-    by the loop's wait for data); the rest "stepwise"; and whether they were "given"."""
+    """The candidates (none that distributes) by what they provide: "costly" (measured last, on top), in your loop
+    "copies" (never switched in) and "epochwise" (a rebuilt loader: by the loop's data wait); the rest "stepwise"."""
     given = settings.candidates is not None
     plans = ([Plan(c).to_dict() for c in settings.candidates] if given else
              generate_candidates(hardware, model, optimizer, loader, settings.accelerators))

@@ -1,12 +1,10 @@
-"""The one search, in your loop (turns.py) and apart (offline.py) alike: comparisons, each a reference and its
-challengers measured in the same interleaved rounds, and the verdicts that lead from one to the next.
+"""The one search, in your loop (turns.py) and apart (offline.py): comparisons, each a reference and its challengers
+measured in the same interleaved rounds, and the verdicts that lead from one to the next.
 
-It starts from what it knows: the stack the hardware predicts (every candidate, one configuration each: bf16 where
-native, channels_last for convolutions, fused optimizers) against the plain loop. The first verdict is in as soon as
-the interval says it pays (chosen) or not (dropped: then each candidate alone, and what helped, together). The budget
-left goes to the plan's ablations (an accelerator not shown to pay goes), rival stacks (a candidate left out for a
-conflict, first in its own stack) and costly candidates on top (compile, kept when its warm-up pays back). An executor
-answers a comparison it has no budget for with outcomes "not measured", so the sequence always runs to its end.
+It measures the stack the hardware predicts against the plain loop first: chosen as soon as the interval says it
+pays, else dropped (then each candidate alone, and what helped, together). The budget left goes to the plan's
+ablations, rival stacks and costly candidates on top (docs/measurement.md). An executor answers a comparison it has no
+budget for with outcomes "not measured", so the sequence always runs to its end.
 """
 from __future__ import annotations
 
@@ -17,13 +15,13 @@ from typing import Any
 from accel.measure import Ratio, paired, plan_label
 from accel.plan import Plan
 from accel.search.results import TuneRow
+from accel.search.settings import Auto, candidates_of
 from accel.search.verdicts import established, payback, pays, words
 
 
 @dataclass
 class Comparison:
-    """A reference and its challengers, measured in the same rounds until each ratio is decided
-    (verdicts.decided: ``thresholds``)."""
+    """A reference and its challengers, measured in the same rounds until each ratio is decided at ``thresholds``."""
 
     reference: dict[str, dict]
     challengers: list[dict[str, dict]]
@@ -65,9 +63,8 @@ def stack_of(candidates: list[dict[str, dict]]) -> tuple[dict[str, dict], list[s
 
 
 def rival_stacks(candidates: list[dict[str, dict]]) -> list[dict[str, dict]]:
-    """For each candidate left out of the stack for a conflict, the stack with it first: what it conflicts with makes
-    way (ipex's fused update, fused_optimizer's). On an AMX Xeon IPEX + bf16 stepped resnet18 at 64x64 in 0.65-0.74
-    of channels_last+fused_optimizer+amp's time (benchmarks/bench_ipex.py): list order must not decide it."""
+    """For each candidate left out of the stack for a conflict, the stack with it first (what it conflicts with makes
+    way): list order must not decide between them."""
     stack, rivals = stack_of(candidates)[0], []
     for candidate in candidates:
         rival = stack_of([candidate, *candidates])[0]
@@ -79,6 +76,12 @@ def rival_stacks(candidates: list[dict[str, dict]]) -> list[dict[str, dict]]:
 class Search:
     """The decisions of one search and its table: ``comparisons()`` yields what to measure next and is sent each
     comparison's outcomes (one per challenger); ``best`` is the plan chosen so far ({}: the plain loop)."""
+
+    @classmethod
+    def of(cls, settings: Auto, hardware: Any, model, optimizer, loader, in_loop: bool) -> tuple[Search, dict]:
+        """The search of these settings here, and its candidates by kind (settings.candidates_of)."""
+        kinds = candidates_of(settings, hardware, model, optimizer, loader, in_loop)
+        return cls(kinds["stepwise"], kinds["costly"], kinds["given"], settings.margin, settings.expected_steps), kinds
 
     def __init__(self, candidates: list[dict[str, dict]], costly: list[dict[str, dict]], given: bool,
                  margin: float, expected_steps: int | None):
@@ -94,8 +97,7 @@ class Search:
 
     @property
     def established(self) -> bool:
-        """An answer to remember: a plan established faster, or none, with the first verdict's candidates all
-        measured and their rounds decided."""
+        """An answer to remember: a plan established faster, or none with the first verdict measured and decided."""
         return bool(self.best) or (not self.noisy and self.first_measured is not False)
 
     @property
@@ -161,8 +163,7 @@ class Search:
             yield from self._costly(candidate)
 
     def _fastest(self, plans: list[dict], outs: list[Outcome], what: str) -> list[dict]:
-        """Plans measured against the plain loop in the same rounds: the fastest established one is chosen, unless
-        one with fewer accelerators under it is not shown slower (what is on top did not show it pays)."""
+        """The fastest established plan is chosen, unless one with fewer accelerators is not shown slower."""
         said = {"faster": "faster, not the fastest", "not faster": "not faster by the margin",
                 "noisy": "not established (noisy)"}
         rows = [self._row(plan, out, {}, ": ".join(w for w in (what, said[words(out.ratio, self.margin)]
@@ -183,9 +184,8 @@ class Search:
         return [plans[i] for _, i in sorted(won)]
 
     def _ablations(self) -> Generator[Comparison, list[Outcome], None]:
-        """The best plan without each of its accelerators, against it: the one whose removal costs least goes when
-        not shown to pay (thin evidence, one round or more than the margin slower without it, keeps it); the others
-        are measured again against the smaller plan."""
+        """The best plan without each of its accelerators, against it: the one whose removal costs least goes when not
+        shown to pay (one round, or more than the margin slower without it, keeps it)."""
         best, names, margin = self.best, list(self.best), self.margin
         trimmed = [{k: v for k, v in best.items() if k != name} for name in names]
         outs = yield Comparison(best, trimmed, (1 + margin,), f"whether each accelerator of {plan_label(best)} pays")

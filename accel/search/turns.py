@@ -1,13 +1,9 @@
 """The rounds of plan="auto" in your loop: the search's comparisons (strategy.py) measured on your own steps.
 
-A comparison's plans take turns in chunks of your steps, the reference first in one round and last in the next (P C
-| C P: no switch at a round's edge). A chunk is timed from the end of its first step after a switch (steps of 2 s or
-more: from the switch, on a plan's later turns) to the end of its last: whole steps, data loading included. From
-the third round a challenger whose ratio is decided stops taking turns; the comparison ends when none is left, after
-MAX_ROUNDS, or when the budget is spent (checked after every chunk). A challenger hopelessly slower than the
-reference's round beside it stops mid-chunk (stoprule.py), once the reference timed again at once agrees; a loss
-that is not finite is judged under the plain loop (fault.py). Under a launcher every rank takes the slowest rank's
-times and rank 0's clock (ranks.py): the same plan on every rank at every step, the same verdicts.
+A comparison's plans take turns in chunks of your whole steps, the reference first in one round and last in the next;
+a chunk is timed from the end of its first step after a switch to the end of its last. From the third round a decided
+challenger stops taking turns (docs/measurement.md). Under a launcher every rank takes the slowest rank's times and
+rank 0's clock (ranks.py).
 """
 from __future__ import annotations
 
@@ -17,12 +13,11 @@ from typing import Any
 from accel import clock
 from accel.measure import SETTLE_BELOW_S, Ratio, chunk_steps, paired, plan_label, round_order, synchronize
 from accel.plan.contract import Capability
-from accel.search.ranks import ChunkTimes
-from accel.search.results import expected_warmup, remember_warmup
+from accel.search.distribution import ChunkTimes
+from accel.search.results import expected_warmup, remember_warmup, timing_fields
 from accel.search.settings import BUDGET_STEPS, MIN_BUDGET_S, provides
-from accel.search.stoprule import beside, stop_reason
 from accel.search.strategy import Comparison, Outcome
-from accel.search.verdicts import decided, run_ahead_s, warmup_fit
+from accel.search.verdicts import beside, decided, run_ahead_s, stop_reason, warmup_fit
 from accel.search.words import say
 
 MIN_ROUNDS = 3  # rounds of a comparison before any verdict
@@ -33,7 +28,7 @@ EXPECTED_SHARE = 0.3  # with expected_steps, the measurement spends at most this
 
 @dataclass
 class Arm:
-    """One plan taking turns: its step per round, and how its last comparison ended for it."""
+    """One plan taking turns (a candidate, or the plain loop): its step per round, and how it ended."""
 
     plan: dict[str, dict]
     rounds: dict[int, float] = field(default_factory=dict)  # round -> its seconds per step in that round
@@ -89,10 +84,8 @@ class Turns:
     def start(self) -> None:
         self._next(lambda: next(self.comparisons))
 
-    # --- the comparisons -----------------------------------------------------------------------------------------
-
     def _next(self, ask) -> None:
-        """The search's next comparison, begun; the run chooses at the first verdict and finishes after the last."""
+        """The next comparison, begun; the run chooses at the first verdict and finishes after the last."""
         was = self.run.strategy.decided
         try:
             request = ask()
@@ -138,9 +131,8 @@ class Turns:
                 arm.first_s = self.run.ranks.slowest(arm.first_s)  # the warm-up every rank waited for
                 remember_warmup({k: v for k, v in arm.plan.items() if k not in reference.plan}, self.run.cache_key,
                                 self.run.settings.cache, arm.first_s - (reference.median_s() or 0.0))
-            fields = {"median_ms": round(arm.median_s() * 1000, 3)} if arm.rounds else {}
-            fields.update({"first_step_s": round(arm.first_s, 4)} if arm.first_s is not None else {})
-            outcomes.append(Outcome(arm.status, arm.reason, ratio, dict(arm.rounds), fields,
+            outcomes.append(Outcome(arm.status, arm.reason, ratio, dict(arm.rounds),
+                                    timing_fields(arm.median_s(), arm.first_s),
                                     (arm.first_s or 0.0) - (reference.median_s() or 0.0), reference.median_s(),
                                     self.note))
         self.challengers = []
@@ -153,8 +145,6 @@ class Turns:
             found = Arm(dict(plan))
             self.arms.append(found)
         return found
-
-    # --- turns and rounds ----------------------------------------------------------------------------------------
 
     def _live(self) -> list[Arm]:
         return [a for a in self.challengers if a.status == "measuring"]
@@ -189,9 +179,7 @@ class Turns:
             self.chunk.recheck = None
             return self._next_turn()
         self.active, self.chunk.steps, self.run.faults.record = arm, 0, []
-        # A step of 2 s or more is timed from the switch on a plan's later turns: what a switch leaves cold is small
-        # beside it, and an untimed step costs a third of every turn. Not a costly plan's: a switch back to it may
-        # build again (compile's guards), and that is not its step.
+        # steps of 2 s or more are timed from the switch on a plan's later turns (not a costly plan's: it may build)
         long_steps = all(a.rounds and min(a.rounds.values()) >= SETTLE_BELOW_S for a in (self.reference, arm))
         later = arm.first_s is not None and (not switched or long_steps and not provides(
             arm.plan, Capability.SETUP_COSTLY))
@@ -203,8 +191,6 @@ class Turns:
     def restart_chunk(self) -> None:
         """The plan was switched away and back under this chunk (a refused run.load): it starts again."""
         self.chunk.steps, self.chunk.untimed, self.run.faults.record = 0, 1, []
-
-    # --- a step --------------------------------------------------------------------------------------------------
 
     def before_update(self) -> None:
         spent = self.run.faults.before_update(self.run.steps + 1, self.active.name, self.run.device.type == "cpu",
@@ -267,8 +253,7 @@ class Turns:
             self.deadline = min(self.deadline, self.run.started + EXPECTED_SHARE * settings.expected_steps * step_s)
 
     def _step_s(self, timed: int, elapsed: float) -> float:
-        """The chunk's step: on a CPU the lower median of its timed steps (load spikes land on single steps: an A/A
-        test under seeded spikes of 30-150 plain steps chose the plain loop's twin by the chunks' means), elsewhere
+        """The chunk's step: on a CPU the lower median of its timed steps (a spike lands on single steps), elsewhere
         their mean (reading each step's time would wait for the device)."""
         steps = sorted(self.chunk.timed_s)
         return steps[(len(steps) - 1) // 2] if len(steps) == timed else elapsed / timed

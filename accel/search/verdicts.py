@@ -1,16 +1,17 @@
-"""What "faster", "no faster", "pays" and "a costly warm-up pays back" mean, in one place for every search.
-
-A ratio is a challenger's step over a reference's (accel.measure.Ratio: a verdict needs its 90% interval and its
-median round past the threshold); the margin is how much faster a plan must be to replace the one it is compared with.
-"""
+"""What "faster", "pays", "a costly warm-up pays back" and "hopelessly slower" mean, for every search: a ratio is a
+challenger's step over a reference's (accel.measure.Ratio); the margin is how much faster a plan must be to replace
+another. The stop rule is paired: a candidate stops mid-chunk only against its reference's step beside it."""
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 
 from accel.measure import Ratio
+from accel.search.settings import SLOW_STOP
 
 LONG_RUN_SHARE = 0.02  # in a run of known length, a costly warm-up may take this share of the run still ahead
+STOP_COST_S = 0.5  # a candidate is stopped only once its slowness cost this much in one chunk
+LEAST_STEPS = 2  # timed steps of the chunk before it can be stopped (one is a spike as much as a verdict)
 
 
 def established(ratio: Ratio | None, margin: float) -> bool:
@@ -19,15 +20,12 @@ def established(ratio: Ratio | None, margin: float) -> bool:
 
 
 def pays(without: Ratio, margin: float) -> bool:
-    """An accelerator shown to pay: the plan with it established faster than the plan without it (``without``: the
-    step without it over the step with it). One not shown to pay goes: on vgg16 a budget that ran out kept threads on
-    top, 1.04x slower, inside the interval."""
+    """The plan with an accelerator established faster than without it (``without``: without over with)."""
     return established(Ratio([1 / s for s in without.samples]), margin)
 
 
 def decided(ratio: Ratio, thresholds: tuple[float, ...]) -> bool:
-    """More rounds would not change its verdict: confidently below the highest threshold (faster; or an
-    accelerator that does not pay) or above the lowest (no faster by the margin; or one that pays)."""
+    """More rounds would not change its verdict: confidently below the highest threshold or above the lowest."""
     return ratio.below(max(thresholds)) or ratio.above(min(thresholds))
 
 
@@ -40,7 +38,7 @@ def words(ratio: Ratio, margin: float) -> str:
 
 @dataclass(frozen=True)
 class WarmupFit:
-    """Whether a costly candidate's expected warm-up fits what the search may spend on it, and why (not)."""
+    """Whether a costly candidate's expected warm-up fits what the search may spend, and why (not)."""
 
     fits: bool
     guess_s: float
@@ -72,8 +70,7 @@ def run_ahead_s(expected_steps: int | None, steps_done: int, step_s: float | Non
 
 
 def warmup_fit(guess_s: float, known: str, left_s: float, ahead_s: float = 0.0) -> WarmupFit:
-    """A warm-up longer than the budget left would run the search far past it; but in a run known to be long (2,000
-    steps of 0.5 s: 1,000 s ahead) a 20 s one is worth risking once: kept only if it pays back."""
+    """It fits the budget left, or a small share of a run known to be long (then kept only if it pays back)."""
     return WarmupFit(left_s >= guess_s or guess_s <= LONG_RUN_SHARE * ahead_s, guess_s, known, left_s, ahead_s)
 
 
@@ -84,3 +81,19 @@ def payback(ratio: Ratio, step_s: float, extra_warmup_s: float, margin: float,
     break_even = math.ceil(extra_warmup_s / gain_s) if gain_s > 0 else None
     faster = bool(ratio.samples) and ratio.below(1 - margin / 2) and ratio.estimate <= 1 - margin
     return faster, break_even, faster and (expected_steps is None or (break_even or math.inf) < expected_steps)
+
+
+def beside(reference: dict[int, float], round_index: int) -> float | None:
+    """The reference's step (round -> seconds) in this round, else its latest before; None before it ran."""
+    earlier = [r for r in reference if r <= round_index]
+    return reference[max(earlier)] if earlier else None
+
+
+def stop_reason(fastest_s: float, timed: int, reference_s: float | None, against: str = "the plain loop") -> str:
+    """Why the candidate stops now ("" when it does not): the fastest of ``timed`` steps over SLOW_STOP reference
+    steps, at a cost over STOP_COST_S."""
+    if reference_s is None or reference_s <= 0 or timed < LEAST_STEPS or fastest_s <= SLOW_STOP * reference_s \
+            or (fastest_s - reference_s) * timed <= STOP_COST_S:
+        return ""
+    return (f"its steps took {fastest_s:.3f} s or more, over {SLOW_STOP:g}x {against}'s {reference_s:.3f} s in the "
+            "round beside it")

@@ -1,9 +1,5 @@
-"""What plan="auto" in your loop says at every moment, in the report: what it measures now, what it chose and why,
-and what measuring cost. ``str(run.report)`` prints the words; ``run.report.to_dict()["search"]`` holds them with
-the numbers behind them (rounds, steps, seconds). Why: a run that ended before auto chose printed the plan in place
-as "applied" and "asked for", and later the search's own words ("arm", "'s turn, not a choice"); a PyTorch user reads
-"measuring", "candidate", "chosen".
-"""
+"""What plan="auto" in your loop says at every moment, in words a PyTorch user reads ("measuring", "candidate",
+"chosen"): ``str(run.report)`` prints them, ``run.report.to_dict()["search"]`` holds the numbers behind them."""
 from __future__ import annotations
 
 import dataclasses
@@ -57,7 +53,7 @@ class SearchState:
     cost: dict[str, float] = field(default_factory=dict)  # measured_s, steps, extra_s, switch_s
 
     def row_view(self, row: Any) -> Any:  # an accel.run.report.Row
-        """An accelerator's row of the plan in place, with who put it there: auto measuring it, or auto's choice."""
+        """An accelerator's row of the plan in place, with who put it there."""
         if row.name not in self.in_place or row.status == "skipped":
             return row
         if self.chosen is not None and self.in_place == self.chosen:
@@ -113,8 +109,7 @@ class SearchState:
 
 
 def say(run: Any) -> None:
-    """Bring the words up to date from an inloop.InLoopSearch (cheap: a few ratios), in place: every plan's report
-    holds them."""
+    """Bring the words up to date from an InLoopSearch, in place (every plan's report holds them)."""
     words, turns, result, strategy = run.search, run.turns, run.result, run.strategy
     words.phase = run.phase
     words.step, words.settled_at, words.how = run.current.steps, run.settled_at, run.how

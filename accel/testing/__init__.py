@@ -1,11 +1,8 @@
 """Helpers to test one accelerator in isolation: tiny real objects, apply one accelerator, see what changed.
 
-accel's own tests use these; so can tests of a user's custom accelerator:
-
     with accel.testing.process_state_restored():
         result = accel.testing.apply_one(MyAccelerator(level=2))
     assert result.row.status == "applied"
-    print(result.changed)   # e.g. ['model: a different object', 'optimizer: changed']
 """
 from __future__ import annotations
 

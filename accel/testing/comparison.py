@@ -21,15 +21,9 @@ def combined(cards: list[Keeps]) -> Keeps:
 
 
 def _close(a: torch.Tensor, b: torch.Tensor, keeps: Keeps) -> bool:
-    """exact: bit for bit; float: element by element within rtol/atol, or the whole tensor within rtol.
-
-    The second form is for adaptive optimizers (RMSprop, Adagrad, Adam): they divide by the gradient's own
-    size, so a last-bit difference on a near-zero gradient becomes a visible step on that one element
-    (measured: 1.8e-4 on one element, 8e-5 over the tensor, with channels_last under RMSprop). Where the tensor is
-    too small for that (conv1 of the zoo's CNN, 72 elements: a corner weight sees only the digits' zero border, so
-    its gradient is exactly 0 in eager and 1e-9 through channels_last's kernels, which RMSprop's eps of 1e-8 turns
-    into 5e-4 a step: 1.6e-3 after 3), compare_tensors takes the whole model's relative distance within rtol.
-    """
+    """exact: bit for bit; float: element by element within rtol/atol, or the whole tensor within rtol (adaptive
+    optimizers divide by the gradient's size, so a last-bit difference on a near-zero gradient is a visible step on
+    that element; a tensor too small for that falls back on the whole model's distance in compare_tensors)."""
     if a.shape != b.shape:
         return False
     if keeps.weights == "exact" or not a.is_floating_point():
@@ -50,8 +44,7 @@ def distance(reference: dict[str, torch.Tensor], other: dict[str, torch.Tensor])
 
 def _few_off(a: torch.Tensor, b: torch.Tensor, keeps: Keeps) -> bool:
     """At most 5% of the elements (at least 4) beyond the element test: single adaptive steps, not a systematic
-    error, which moves many (measured: timm's test_resnet under AdamW, whose zero-initialised last BatchNorm of each
-    block leaves its bias gradients near zero: 7 of 192 elements a sign-like step apart, the model 1.6e-5)."""
+    error, which moves many."""
     if a.shape != b.shape:
         return False
     beyond = ~torch.isclose(a.float(), b.float(), rtol=keeps.rtol, atol=keeps.atol)
@@ -82,13 +75,9 @@ def compare_tensors(what: str, reference: dict[str, torch.Tensor], other: dict[s
 
 
 def compare(reference: Trace, accelerated: Trace, keeps: Keeps) -> list[str]:
-    """Every difference between the plain training and the accelerated one that the card does not declare.
-
-    At every level: the batches, the outputs' structure (dtypes aside below float), parameter and buffer names and
-    shapes (unless the card declares surgery), requires_grad, ties, frozen parameters, the optimizer's
-    hyper-parameters. Below "changed" also: counters and other non-float tensors (BatchNorm's batch count),
-    and which optimizer states exist. Then the weights and states at the card's level.
-    """
+    """Every difference between the plain training and the accelerated one that the card does not declare: the
+    batches, outputs' structure, names and shapes, flags, ties, frozen parameters, hyper-parameters; below "changed"
+    also counters and which optimizer states exist; then the weights and states at the card's level."""
     found = []
     for i, (a, b) in enumerate(zip(reference.batches, accelerated.batches)):
         if a != b:

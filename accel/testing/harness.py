@@ -1,10 +1,5 @@
 """check_equivalence: train the same user code with and without a plan and compare what was trained.
 
-The user code is a model, an optimizer, a loader, a step, and a loop (``accel.testing.Loop``): what the loop
-does with the objects it holds (schedulers, learning-rate writes, unfreezing, its own checkpoints, validation,
-hooks, an EMA, accelerate() again). The objects stay live: the loop drives the accelerated training exactly
-as the plain one, or the report names what went stale.
-
     from accel.testing import Setup, check_equivalence
 
     def build():                      # called for each run: the same objects from the same seed every time
@@ -15,15 +10,10 @@ as the plain one, or the report names what went stale.
     result = check_equivalence(["channels_last", "amp"], build, steps=3)
     assert result.ok, result          # every difference named, beyond what the plan's cards declare
 
-What a plan may change is the union of its applied accelerators' cards (``Accelerator.keeps``). Always checked:
-the user's objects and the process are unchanged by accelerate() (and by a refused plan); the loop saw the same
-batches; the outputs have the same structure and shapes; parameter names, requires_grad flags and ties are the
-same, and frozen parameters never change. By the card: the weights and buffers, the optimizer's state and the
-losses, bit for bit ("exact"), to float precision ("float"), within a tolerance ("tolerance"), or not compared
-("changed", e.g. pruning).
-
-The parts: what one training records (accel/testing/trace.py), how two trainings compare under a card
-(accel/testing/comparison.py), and the user's code (``Setup``, accel/testing/setup.py).
+What a plan may change is the union of its applied accelerators' cards (``Accelerator.keeps``). Always checked: the
+user's objects and the process unchanged by accelerate(), the same batches, outputs' structure, parameter names,
+flags and ties, frozen parameters; by the card, the weights, optimizer state and losses (exact, float, tolerance, or
+changed). The parts: trace.py (what one training records), comparison.py (two under a card), setup.py (user code).
 """
 from __future__ import annotations
 
@@ -114,12 +104,9 @@ def built(build: Callable[[], Setup]) -> Setup:
 
 def check_equivalence(plan: Any, build: Callable[[], Setup], steps: int = 3, seed: int = 0,
                       device: Any = "cpu") -> Equivalence:
-    """Train `steps` batches of build()'s objects plainly and through the plan; return what differs.
-
-    A plan refused up front (PlanError) is a valid outcome, provided the objects and the process are untouched.
-    Accelerators that declare a change of the training itself and keep the structure (grad_accumulation,
-    grad_clipping) run in the reference too, so the rest of the plan is still held to its own cards.
-    """
+    """Train `steps` batches of build()'s objects plainly and through the plan; return what differs. A plan refused
+    up front is valid if nothing was touched; accelerators that change the training itself and keep the structure
+    run in the reference too, so the rest of the plan is held to its own cards."""
     reference = built(build)
     try:
         plain = accelerate(reference.model, reference.optimizer, reference.loader,

@@ -1,13 +1,6 @@
 """A user's training code as check_equivalence trains it, twice, from the same seed: the objects (``Setup``), what
-the loop holds (``Held``) and the points where it acts around its steps (``Loop``).
-
-Real loops do more than step: a scheduler built before or after ``accelerate()``, learning rates written into
-``param_groups``, unfreezing, their own checkpoints, validation passes, a frozen BatchNorm, hooks, an EMA, and
-``accelerate()`` once per epoch. Each ``Loop`` subclass is one of those behaviours (the project's own zoo has one
-each, in tests/zoo/loops), which ``check_equivalence`` runs in the plain loop and in the accelerated one, with the
-objects the user holds: their own model, optimizer and loader (``Held``), or, where the report names one stale,
-what it says to use instead.
-"""
+the loop holds (``Held``) and what it does around its steps (``Loop``: one real behaviour each, a scheduler, a
+learning-rate write, an EMA, accelerate() again...; tests/zoo/loops has one of each)."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -31,14 +24,9 @@ class Held:
 
 
 class Loop:
-    """A plain loop: nothing but the steps. Subclasses do what real loops do, at the same points every time.
-
-    ``wrap`` is what the user's code does to its model and loader before anything else (compile them, stream the
-    data), ``prepare`` runs before accelerate() (on the user's objects), ``start`` after it, ``before``/``after``
-    around each step, whose body is ``step``; ``before`` may return a new run (accelerate() again). ``observed`` is
-    what the loop built that the harness compares as well as the weights (an EMA's weights, validation outputs);
-    ``finish`` runs once the run is closed.
-    """
+    """A plain loop: nothing but the steps. Subclasses act at the same points every time: ``wrap`` (the model and
+    loader first), ``prepare`` (before accelerate()), ``start`` (after it), ``before`` (may return a new run) and
+    ``after`` each ``step``, ``finish`` once closed; ``observed``: what the harness compares beside the weights."""
 
     name: ClassVar[str] = "plain"
     holds_from_before: ClassVar[bool] = False  # it keeps an object built before accelerate() (a scheduler)

@@ -1,9 +1,5 @@
-"""What can be compared of a user's model, optimizer and loader, taken without changing them.
-
-``Snapshot.changes(other, how=False)`` leaves out how the objects run (hooks, replaced forwards, the optimizer's
-fused/foreach flags): accelerators may change those on the user's objects, through the journal, and
-``run.close()`` puts them back; ``how`` compares them too.
-"""
+"""What can be compared of a user's model, optimizer and loader, taken without changing them (``how``: also how they
+run: hooks, forwards, kernel flags, which accelerators may change and run.close() puts back)."""
 from __future__ import annotations
 
 import copy
@@ -116,8 +112,7 @@ def snapshot(model: nn.Module, optimizer: torch.optim.Optimizer | None = None, l
     if loader is not None:
         loader_attrs = {k: getattr(loader, k, None) for k in
                         ("num_workers", "pin_memory", "persistent_workers", "prefetch_factor", "batch_size",
-                         "drop_last",
-                         "collate_fn", "sampler", "batch_sampler", "dataset", "worker_init_fn", "timeout")}
+                         "drop_last", "collate_fn", "sampler", "batch_sampler", "dataset", "worker_init_fn", "timeout")}
         loader_attrs["id"] = id(loader)
         generator = getattr(loader, "generator", None)
         loader_attrs["generator_state"] = generator.get_state().tolist() if generator is not None else None

@@ -38,10 +38,9 @@ def ties(model: torch.nn.Module) -> list[tuple[str, ...]]:
     return sorted(tuple(names) for names in tied_groups(model))
 
 
+# torch and its compiler set these (names, or prefixes) the first time they run in a process: not the plan's
 TORCH_SETS_ON_IMPORT = ("KMP_INIT_AT_FORK", "KMP_DUPLICATE_LIB_OK", "TORCHINDUCTOR_", "_TORCHINDUCTOR_",
-                        "CUDA_MODULE_LOADING", "TRITON_")  # torch's compiler sets these (names, or prefixes) the first
-# time it runs in a process, whoever uses it: not the plan's (torch 2.8's inductor sets CUDA_MODULE_LOADING=LAZY; on a
-# GPU, inductor sets TRITON_CACHE_DIR when it first loads a Triton kernel, and TRITON_PTXAS_PATH where it compiles one)
+                        "CUDA_MODULE_LOADING", "TRITON_")
 
 
 def process_state() -> tuple:
@@ -119,11 +118,8 @@ def train(run: Run, setup: Setup, steps: int, seed: int) -> Trace:
     trace.ties = ties(model)
     trace.frozen_moved = [n for n, p in model.named_parameters() if n in frozen and not p.requires_grad and
                           (p.shape != frozen[n].shape or not torch.equal(p.detach(), frozen[n]))]  # (unfrozen: trains)
-    # Through state_dict(), what the user saves (IPEX keeps a conv's momentum in its blocked layout and converts
-    # it back there), named by position in the user's optimizer: engines may step master copies that are not
-    # the model's parameters (IPEX's fp32 weights beside a bf16 model), in the same order.
-    # A parameter of the model is named by the model; one that is not (a master copy) by the name its place held
-    # when training began (a group the loop added later holds the model's own parameters).
+    # The optimizer's state through state_dict() (what the user saves), each place named by the model's parameter,
+    # or for a master copy that is not one (IPEX's fp32 weights) by the name its place held when training began.
     if run.optimizer is None:
         return trace
     params = [param for group in run.optimizer.param_groups for param in group["params"]]
@@ -138,15 +134,9 @@ def train(run: Run, setup: Setup, steps: int, seed: int) -> Trace:
     return trace
 
 
-def closed_state(setup: Setup) -> tuple:
-    """How the user's objects run once the run is closed: their hooks and forwards, the optimizer's flags."""
-    after = snapshot(setup.model, setup.optimizer)
-    return tuple(after.hooks), repr(after.kernels)
-
-
 def trained(run: Run, setup: Setup, steps: int, seed: int) -> Trace:
     """train(), then, whatever happened, close the run the loop ended with, finish the loop and release the
-    loader's workers; the trace also records how the user's objects run once the run is closed."""
+    loader's workers; the trace records how the user's objects run once closed (hooks, forwards, kernel flags)."""
     trace = None
     try:
         trace = train(run, setup, steps, seed)
@@ -154,5 +144,6 @@ def trained(run: Run, setup: Setup, steps: int, seed: int) -> Trace:
         (trace.run if trace is not None else run).close()
         setup.loop.finish()
         release_workers(setup.loader)
-    trace.closed = closed_state(setup)
+    after = snapshot(setup.model, setup.optimizer)
+    trace.closed = tuple(after.hooks), repr(after.kernels)
     return trace
