@@ -19,7 +19,7 @@ import torch
 
 from accel.accelerators.compile.cache import clear_compile
 from accel.batches import map_tensors
-from accel.files import PREFIX, cache_dir, is_temporary, write_text
+from accel.files import PREFIX, cache_dir, is_temporary, read_small, write_text
 from accel.hardware.devices import device_model
 from accel.hardware.launcher import node_cores
 from accel.modules import fingerprint
@@ -72,13 +72,14 @@ def key_of(parts: dict[str, Any]) -> str:
 
 
 ENTRY = re.compile(r"[0-9a-f]{24}\.json")  # the names store() gives entries: nothing else in the folder is accel's
+ENTRY_LIMIT = 1 << 20  # an entry is a few KiB: a larger file under its name is not one
 
 
 def _entry(path: Path) -> dict[str, Any] | None:
     """An entry as store() writes it, or None: a file damaged, of another shape, or crafted (a plan that would run
     code: accel.plan.untrusted) is not one."""
     try:
-        entry = json.loads(path.read_text())
+        entry = json.loads(read_small(path, ENTRY_LIMIT))  # a named pipe or a terabyte in a shared folder
     except (OSError, ValueError, UnicodeError, RecursionError):
         return None
     result = entry.get("result") if isinstance(entry, dict) else None
@@ -167,10 +168,18 @@ def _remove(folder: Path, key: str | None) -> int:
     removed = 0
     for path in folder.glob("*.json"):
         if ENTRY.fullmatch(path.name) and (key is None or path.stem.startswith(key)):
-            path.unlink(missing_ok=True)
-            removed += 1
+            removed += _unlink(path)
     if key is None:
         for path in folder.glob(f"{PREFIX}*"):
             if is_temporary(path):
-                path.unlink(missing_ok=True)
+                _unlink(path)
     return removed
+
+
+def _unlink(path: Path) -> int:
+    """Remove a file of accel's name; a folder under that name is someone else's, and stays."""
+    try:
+        path.unlink(missing_ok=True)
+    except IsADirectoryError:
+        return 0
+    return 1
