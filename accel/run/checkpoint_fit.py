@@ -133,10 +133,22 @@ def optimizer_problems(optimizer, saved_class: str | None, present: bool, saved:
         return [f"the optimizer's param groups hold {mine} parameters, the checkpoint's {sizes}"]
     params = [p for g in current for p in g["params"]]
     index = [i for g in groups for i in g["params"]]
+    total = sum(p.numel() for p in params)
     wrong = [f"param {i}" for i, p in zip(index, params)
              for t in saved.get("state", {}).get(i, {}).values()
-             if isinstance(t, torch.Tensor) and t.dim() and tuple(t.shape) != tuple(p.shape)]
+             if isinstance(t, torch.Tensor) and not _fits(t.shape, p.shape, total)]
     return [f"optimizer state of another shape for {wrong[:5]}"] if wrong else []
+
+
+def _fits(state: torch.Size, param: torch.Size, total: int) -> bool:
+    """Whether an optimizer's state tensor fits its parameter: shaped like it, or broadcast over it (Adafactor's
+    row and column variances, a scalar), or a flat vector of all the parameters (LBFGS's directions)."""
+    try:
+        if torch.broadcast_shapes(state, param) == param:
+            return True
+    except RuntimeError:
+        pass
+    return len(state) == 1 and state[0] == total
 
 
 def sharded_problems(where: Path, model_state: dict, meta: dict, run) -> list[str]:
