@@ -28,6 +28,8 @@ from . import digits
 
 REFUSES = {}
 LEAVES_OUT = ("channels_last", "amp", "stack")  # beyond their cards without accel too (above)
+ONLY = ("loader", "prune")  # what this port adds to the corpus: pairs drawn with Python's random in the workers, and
+# a model of two inputs for NNI; the other plans cost a resnet18 each (seconds) and the CNN ports hold them
 
 
 class SiameseNetwork(nn.Module):

@@ -18,8 +18,11 @@ KNOWN: dict[tuple[str, str], str] = {}  # what these ports found that is not fix
                                   for p in [*corpus.PLANS, "stack"]])
 @pytest.mark.parametrize("port", PORTS)
 def test_more_loops_train_as_upstream_through_every_plan_they_admit(port, plan, request):
-    if plan in getattr(importlib.import_module(f"corpus.{port}"), "LEAVES_OUT", ()):
+    module = importlib.import_module(f"corpus.{port}")
+    if plan in getattr(module, "LEAVES_OUT", ()):
         pytest.skip(f"{port}: {plan} is beyond its card on this loop without accel too (the port's docstring)")
+    if plan not in getattr(module, "ONLY", (plan,)):
+        pytest.skip(f"{port} runs only {module.ONLY} (the port says why)")
     if (port, plan) in KNOWN:
         request.applymarker(pytest.mark.xfail(reason=KNOWN[port, plan], strict=True))
     corpus.test_the_loop_trains_as_upstream_through_every_plan_it_admits(port, plan, request)

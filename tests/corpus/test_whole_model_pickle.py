@@ -56,6 +56,7 @@ def test_a_model_pickled_mid_training_is_the_users_model_alone(plan):
     assert b"accel." not in data
 
 
+@pytest.mark.slow  # (a new interpreter imports torch)
 @pytest.mark.xfail(strict=True, reason=HOOKED)
 def test_a_model_pickled_under_channels_last_loads_where_accel_is_not_installed(tmp_path):
     path = tmp_path / "model_epoch_1.pth"

@@ -30,7 +30,7 @@ def test_a_named_pipe_with_an_entry_name_is_listed_unreadable_without_waiting(tm
     listed: list = []
     reader = threading.Thread(target=lambda: listed.extend(plancache.entries(tmp_path)), daemon=True)
     reader.start()
-    reader.join(timeout=5)
+    reader.join(timeout=2)
     if reader.is_alive():  # set the reader free: open the pipe's other end and close it (end of file)
         os.close(os.open(pipe, os.O_WRONLY | os.O_NONBLOCK))
         reader.join(timeout=5)
@@ -87,7 +87,7 @@ def test_accel_cache_clear_with_a_named_pipe_as_compiles_tag_answers(tmp_path, m
     answered: list = []
     clearing = threading.Thread(target=lambda: answered.append(main(["cache", "clear"])), daemon=True)
     clearing.start()
-    clearing.join(timeout=5)
+    clearing.join(timeout=2)
     if clearing.is_alive():
         os.close(os.open(tmp_path / "compile" / TAG, os.O_WRONLY | os.O_NONBLOCK))
         clearing.join(timeout=5)

@@ -33,7 +33,7 @@ def test_a_named_pipe_as_latest_is_a_checkpoint_error_at_once(tmp_path):
 
     loader = threading.Thread(target=load, daemon=True)
     loader.start()
-    loader.join(timeout=5)
+    loader.join(timeout=2)
     if loader.is_alive():  # set it free: the pipe's other end opened and closed (end of file)
         os.close(os.open(tmp_path / "latest", os.O_WRONLY | os.O_NONBLOCK))
         loader.join(timeout=5)
