@@ -19,12 +19,11 @@ import torch
 import torch.nn as nn
 import torch.optim as optim
 import torchvision
-from torch.optim.lr_scheduler import StepLR
 from torch.utils.data import DataLoader, Dataset
 
-from accel.testing import Loop, Setup
+from accel.testing import Setup
 
-from . import digits
+from . import digits, examples_mnist
 
 REFUSES = {}
 LEAVES_OUT = ("channels_last", "amp", "stack")  # beyond their cards without accel too (above)
@@ -102,16 +101,16 @@ class APP_MATCHER(Dataset):
         return image_1, image_2, target
 
 
-class Train(Loop):
-    """train(): zero_grad, outputs = model(images_1, images_2).squeeze(), BCELoss, backward, step; scheduler.step()
-    per epoch, on run.optimizer."""
+class Train(examples_mnist.Train):
+    """train() as mnist's (siamese_network/main.py grew from it): StepLR per epoch on run.optimizer; the batch a pair
+    and its target, outputs = model(images_1, images_2).squeeze(), BCELoss."""
 
     name = "siamese_network"
 
     def start(self, held, run):
+        super().start(held, run)
         random.seed(1)
         self.criterion = nn.BCELoss()
-        self.scheduler = StepLR(run.optimizer, step_size=1, gamma=0.7)
 
     def step(self, index, run, held, batch, loss_of):
         images_1, images_2, targets = batch
@@ -121,10 +120,6 @@ class Train(Loop):
         run.backward(loss)
         run.step()
         return loss.detach()
-
-    def after(self, step, held, run, loss):
-        if step % 2 == 1:
-            self.scheduler.step()
 
 
 def build() -> Setup:
