@@ -85,8 +85,8 @@ def _entry(path: Path) -> dict[str, Any] | None:
     result = entry.get("result") if isinstance(entry, dict) else None
     plan = result.get("plan") if isinstance(result, dict) else None
     if not isinstance(plan, dict) or not isinstance(entry.get("key"), dict) or code_problems(plan) or \
-            Plan.parse(plan)[1]:
-        return None
+            Plan.parse(plan)[1] or any(REGISTRY[name].keeps.weights == "changed" for name in plan):
+        return None  # (a plan that changes what is trained is never a search's answer: a file's word cannot make it)
     return entry
 
 

@@ -102,7 +102,10 @@ def cached_answer(facts: dict[str, Any] | None, cache: Any, started: float) -> T
     hit = plancache.lookup(facts, cache) if facts is not None and cache else None
     if hit is None:
         return None
-    result = TuneResult.from_dict(hit)
+    try:
+        result = TuneResult.from_dict(hit)
+    except (KeyError, TypeError, ValueError, AttributeError):  # an entry without the search's table: measure again
+        return None
     result.from_cache, result.elapsed_s = True, clock.now() - started
     return result
 

@@ -88,9 +88,21 @@ class Snapshot:
         if self.optimizer != other.optimizer:
             out.append("optimizer: changed")
         for key in sorted(set(self.loader) | set(other.loader)):
-            if self.loader.get(key) != other.loader.get(key):
+            if not _same(self.loader.get(key), other.loader.get(key)):
                 out.append(f"loader.{key}: {self.loader.get(key)!r} -> {other.loader.get(key)!r}")
         return out
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equality for a loader's attributes, whatever they are: a tensor as the dataset compares whole."""
+    if a is b:
+        return True
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape and torch.equal(a, b)
+    try:
+        return bool(a == b)
+    except Exception:  # an object whose == is not a truth value
+        return False
 
 
 def whole(value: Any) -> Any:

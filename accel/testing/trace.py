@@ -33,6 +33,17 @@ def structure(output: Any) -> str:
     return repr(map_tensors(lambda t: f"{str(t.dtype)[6:]}{list(t.shape)}", output))
 
 
+
+class OutputRecorder:
+    """A forward hook that records the structure of each output: a class, so a loop that pickles its model
+    (``torch.save(model, path)``, as upstream scripts checkpoint) can still be traced."""
+
+    def __init__(self, trace: Trace):
+        self.trace = trace
+
+    def __call__(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        self.trace.outputs.append(structure(output))
+
 def ties(model: torch.nn.Module) -> list[tuple[str, ...]]:
     """Groups of parameter names that are one tensor, in a fixed order."""
     return sorted(tuple(names) for names in tied_groups(model))
@@ -86,7 +97,7 @@ def train(run: Run, setup: Setup, steps: int, seed: int) -> Trace:
     user_names = {id(p): n for n, p in setup.model.named_parameters()}  # the optimizer's places, by the user's names
     groups = setup.optimizer.param_groups if setup.optimizer is not None else []  # (a loop may update by hand)
     start = [user_names.get(id(p)) for group in groups for p in group["params"]]
-    hook = model.register_forward_hook(lambda module, args, output: trace.outputs.append(structure(output)))
+    hook = model.register_forward_hook(OutputRecorder(trace))
     step = TrainStep(step_fn=setup.step_fn)
     torch.manual_seed(seed)
     try:

@@ -39,8 +39,6 @@ def test_a_closure_optimizer_stepped_by_the_loop_sets_the_step_accelerators_idle
                if type(w.message).__name__ == "BypassWarning"), [str(w.message) for w in caught]
 
 
-@pytest.mark.xfail(strict=True, raises=RuntimeError, reason="accel.testing's Snapshot.changes compares the loader's "
-                   "dataset with != (accel/testing/snapshots.py): a tensor as the dataset gives a tensor of booleans")
 def test_check_equivalence_takes_a_loader_over_a_tensor():
     from torch.utils.data import DataLoader
 

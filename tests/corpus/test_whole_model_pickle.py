@@ -77,8 +77,6 @@ class Checkpoints(Loop):
         torch.save(held.model, io.BytesIO())
 
 
-@pytest.mark.xfail(strict=True, raises=AttributeError, reason="check_equivalence's trace hooks the model with a "
-                   "lambda (accel/testing/trace.py): a loop that pickles its model fails in the plain run")
 def test_check_equivalence_can_test_a_loop_that_pickles_its_model():
     def build_pickling():
         setup = build()

@@ -21,8 +21,6 @@ def kept(folder) -> str:
     return plancache.store(FACTS, {"plan": {"channels_last": {}}}, folder)
 
 
-@pytest.mark.xfail(strict=True, reason="cache.entries() reads a named pipe with an entry's name and blocks for ever "
-                   "(accel cache list hangs; lookup() too where the pipe has the key's name)")
 def test_a_named_pipe_with_an_entry_name_is_listed_unreadable_without_waiting(tmp_path):
     key = kept(tmp_path)
     pipe = tmp_path / NAME
@@ -30,7 +28,7 @@ def test_a_named_pipe_with_an_entry_name_is_listed_unreadable_without_waiting(tm
     listed: list = []
     reader = threading.Thread(target=lambda: listed.extend(plancache.entries(tmp_path)), daemon=True)
     reader.start()
-    reader.join(timeout=2)
+    reader.join(timeout=60)  # a busy machine may take seconds; a pipe waits for ever
     if reader.is_alive():  # set the reader free: open the pipe's other end and close it (end of file)
         os.close(os.open(pipe, os.O_WRONLY | os.O_NONBLOCK))
         reader.join(timeout=5)
@@ -38,8 +36,6 @@ def test_a_named_pipe_with_an_entry_name_is_listed_unreadable_without_waiting(tm
     assert {e["key"]: e["plan"] for e in listed} == {key: {"channels_last": {}}, NAME[:-5]: None}
 
 
-@pytest.mark.xfail(strict=True, raises=MemoryError, reason="cache._entry reads a file of any size whole: a sparse "
-                   "terabyte is one allocation of a terabyte (MemoryError out of accel cache list)")
 def test_a_terabyte_file_with_an_entry_name_is_listed_unreadable(tmp_path):
     key = kept(tmp_path)
     with open(tmp_path / NAME, "wb") as huge:
@@ -48,8 +44,6 @@ def test_a_terabyte_file_with_an_entry_name_is_listed_unreadable(tmp_path):
     assert listed == {key: {"channels_last": {}}, NAME[:-5]: None}
 
 
-@pytest.mark.xfail(strict=True, raises=IsADirectoryError, reason="cache._remove unlinks a folder with an entry's "
-                   "name: IsADirectoryError out of accel cache clear, the entries after it left")
 def test_accel_cache_clear_with_a_folder_named_as_an_entry_removes_the_entries_and_leaves_the_folder(tmp_path,
                                                                                                      monkeypatch):
     monkeypatch.setenv("ACCEL_CACHE_DIR", str(tmp_path))
@@ -87,7 +81,7 @@ def test_accel_cache_clear_with_a_named_pipe_as_compiles_tag_answers(tmp_path, m
     answered: list = []
     clearing = threading.Thread(target=lambda: answered.append(main(["cache", "clear"])), daemon=True)
     clearing.start()
-    clearing.join(timeout=2)
+    clearing.join(timeout=60)  # a busy machine may take seconds; a pipe waits for ever
     if clearing.is_alive():
         os.close(os.open(tmp_path / "compile" / TAG, os.O_WRONLY | os.O_NONBLOCK))
         clearing.join(timeout=5)
