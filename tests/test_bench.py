@@ -21,12 +21,13 @@ NUMBERS = ("median_ms", "min_ms", "max_ms", "stdev_ms", "first_step_s", "warmup_
 
 def test_cli_bench_on_a_tiny_model_writes_complete_rows_json_csv_and_png(tmp_path, capsys):
     paths = {kind: tmp_path / f"bench.{kind}" for kind in ("json", "csv", "png")}
-    code = main(["bench", "--models", "tiny", "--image-size", "8", "--rounds", "3", "--steps", "2",
+    code = main(["bench", "--models", "tiny", "--rounds", "3", "--steps", "2",  # tiny's 3x8x8 images by default
                  "--plans", "channels_last", "amp", "--optimizer", "sgd", "--json", str(paths["json"]),
                  "--csv", str(paths["csv"]), "--plot", str(paths["png"])])
     assert code == 0
     data = json.loads(paths["json"].read_text())
     rows = data["rows"]
+    assert data["settings"]["image_size"] == 8
     assert [(r["model"], r["plan"], r["status"]) for r in rows] == [
         ("tiny", "eager", "ok"), ("tiny", "channels_last", "ok"), ("tiny", "amp", "ok")]
     for row in rows:

@@ -37,7 +37,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--optimizer", choices=("adam", "sgd"), default="adam",
                         help="the optimizer every plan steps: Adam (lr 1e-3), or SGD (lr 0.01, momentum 0.9)")
     parser.add_argument("--batch-size", type=positive, default=16, help="images per training step")
-    parser.add_argument("--image-size", type=positive, default=224, help="height and width of the random images")
+    parser.add_argument("--image-size", type=positive, default=None,
+                        help="height and width of the random images; unset: 224, or 8 when every model is 'tiny'")
     parser.add_argument("--full", action="store_true",
                         help=f"all models ({' '.join(MODELS)}): tens of minutes on 2 cores")
     parser.add_argument("--suite", choices=("tiny", "real"), default=None,
@@ -102,8 +103,9 @@ def run(args) -> int:
     if args.plot and not importable("matplotlib"):
         print("accel bench: --plot needs matplotlib: pip install 'accel[bench]'", file=sys.stderr)
         return 2
+    image_size = args.image_size or (8 if set(models) == {"tiny"} else 224)  # tiny's CNN takes 3x8x8 images
     result = bench(models=models, plans=plans, rounds=args.rounds, steps=args.steps, warmup=args.warmup,
-                   optimizer=args.optimizer, batch_size=args.batch_size, image_size=args.image_size,
+                   optimizer=args.optimizer, batch_size=args.batch_size, image_size=image_size,
                    device=args.device, progress=Bar(), tune_budget_s=args.tune_budget,
                    expected_steps=args.expected_steps, suite=args.suite)
     print(result)
