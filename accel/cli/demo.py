@@ -187,10 +187,20 @@ def run(args) -> int:
     return 0
 
 
+SAME_SPEED = 0.05  # an interval within 5% of 1 on both sides: measured, and no faster
+
+
+def same_speed(ratio: Ratio) -> bool:
+    return 1 - SAME_SPEED <= ratio.low and ratio.high <= 1 + SAME_SPEED
+
+
 def headline(ratio: Ratio) -> str:
-    """The speed-up with its interval, or plainly that the machine was too noisy to tell."""
+    """The speed-up with its interval; none, where the interval is narrow about 1; or plainly that the machine was
+    too noisy to tell."""
     words = (f"{ratio.estimate:.2f}x ({ratio.low:.2f}-{ratio.high:.2f}, 90% interval over {ratio.rounds} paired "
              "turns)")
+    if ratio.rounds >= 2 and ratio.noisy() and same_speed(ratio):
+        return f"no speed-up here: {words}; the two trainings ran at the same speed, within {SAME_SPEED:.0%}"
     if ratio.rounds < 2 or ratio.noisy():
         return (f"the machine was too noisy for a verdict: the speed-up read {words}, and that could be none at all "
                 "(run it again when the machine is quieter)")
@@ -253,8 +263,10 @@ def plot(path: str, plain: dict, accelerated: dict, ratio: Ratio, counts: list[i
         right.axvline(1.0, color="grey", linestyle="--")
         right.set_xlabel("step time over the plain loop's (90% interval; below 1 is faster)")
         right.set_title("what plan='auto' measured in the loop", fontsize=10)
-    verdict = (f"{ratio.estimate:.2f}x faster ({ratio.low:.2f}-{ratio.high:.2f}, 90%)" if not ratio.noisy() else
-               f"too noisy for a verdict: {ratio.estimate:.2f}x ({ratio.low:.2f}-{ratio.high:.2f}, 90%)")
+    interval = f"({ratio.low:.2f}-{ratio.high:.2f}, 90%)"
+    verdict = (f"{ratio.estimate:.2f}x faster {interval}" if not ratio.noisy() else
+               f"no speed-up: {ratio.estimate:.2f}x {interval}" if same_speed(ratio) else
+               f"too noisy for a verdict: {ratio.estimate:.2f}x {interval}")
     fig.suptitle(f"{model} on sklearn digits: the plain loop against plan='auto' ({chosen or 'nothing chosen'}), "
                  f"trained in turns in one process\n{verdict}", fontsize=11)
     fig.savefig(path, dpi=110, bbox_inches="tight")

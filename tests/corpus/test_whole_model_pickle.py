@@ -22,8 +22,8 @@ from .examples_super_resolution import Net, build
 
 PLANS = [["threads"], ["channels_last"], ["activation_checkpointing"], ["fused_optimizer"],
          [{"amp": {"dtype": "bfloat16"}}], [{"grad_accumulation": {"steps": 2}}]]
-HOOKED = ("channels_last: its forward pre-hooks on the user's convolutions are pickled with the model (the card says so "
-          "and advises state_dict(); a fix would keep hooks out of the pickle without touching the user's class)")
+HOOKED = ("channels_last: its forward pre-hooks on the user's convolutions are pickled with the model (the card says "
+          "so and advises state_dict(); a fix would keep hooks out of the pickle without touching the user's class)")
 
 
 def saved_mid_training(plan) -> bytes:
