@@ -23,7 +23,7 @@ from accel.errors import AccelerateError, PlanError, Problem, Skip, StaleWarning
 from accel.hardware import Hardware, package_version, probe
 from accel.modules import compiled
 from accel.plan import Plan, PlanSpec
-from accel.plan.contract import Accelerator, Capability, State
+from accel.plan.contract import Accelerator, Capability, GradientSync, State
 from accel.run import Run, open_run
 from accel.run.context import Context, Decisions, HandedOver, placement
 from accel.run.journal import Journal
@@ -39,7 +39,7 @@ def _refuse_dropping_held_gradients(model: torch.nn.Module) -> None:
     unreduced in its own buffers (FSDP2 between an accumulation's micro-steps), closing it would drop them, and a
     run given back after a refused plan would train on without them: refused here, before anything changes."""
     earlier = open_run(model)
-    holders = [a.name for a in earlier.accelerators if a.held_gradients(earlier.states[a.name])] if earlier else []
+    holders = [a.name for a, state in earlier.playing(GradientSync) if a.held_gradients(state)] if earlier else []
     if holders:
         raise PlanError([Problem(holders[0], f"accelerate() again in the middle of accumulating gradients under "
                                  f"{holders[0]}: it holds them unreduced in its own buffers, which closing the run "
@@ -85,10 +85,10 @@ def prepare(model, optimizer, loader, plan: PlanSpec, device: Any = "auto", jour
         checked[accelerator.name] = [
             Problem(accelerator.name, f"needs the package {name!r}, which is not installed",
                     allowed=f"pip install {name}", kind="missing")
-            for name in accelerator.requires if package_version(name) is None]
+            for name in accelerator.requires if name not in given and package_version(name) is None]
         checked[accelerator.name] += [
             Problem(accelerator.name, f"needs the {what}: pass one to accel.accelerate(model, optimizer, loader, ...)",
-                    kind="missing") for what in accelerator.needs if given[what] is None]
+                    kind="missing") for what in accelerator.requires if what in given and given[what] is None]
     for accelerator in accelerators:
         if checked[accelerator.name]:
             continue

@@ -56,7 +56,7 @@ from accel.modules import (
     repeated_blocks,
     rerun_hooks,
 )
-from accel.plan.contract import EXACT, Accelerator, Capability, Stage, register
+from accel.plan.contract import EXACT, Accelerator, Capability, Stage, State, register
 from accel.plan.options import Options, option
 
 __all__ = ["ActivationCheckpointing", "ActivationCheckpointingOptions"]
@@ -278,14 +278,12 @@ class ActivationCheckpointingOptions(Options):
 
 
 @register
-class ActivationCheckpointing(Accelerator):
+class ActivationCheckpointing(Accelerator[ActivationCheckpointingOptions, State]):
     name = "activation_checkpointing"
     stage = Stage.KERNELS
     provides = (Capability.MODEL_RECOMPUTE,)
     after = (Capability.MODEL_KERNELS, Capability.MODEL_LAYOUT)
     keeps = EXACT
-    Options = ActivationCheckpointingOptions
-    config: ActivationCheckpointingOptions
 
     def chosen_classes(self, model: nn.Module) -> tuple[set[str], list[str]]:
         """The classes to checkpoint in the model as the user gave it (decide's, check's and apply's alike: the

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import torch
 
 from accel.errors import Problem, Skip
-from accel.plan.contract import Accelerator, Capability, Keeps, Stage, State, dtype_name, register
+from accel.plan.contract import Accelerator, Capability, Keeps, LossScaler, Stage, State, dtype_name, register
 from accel.plan.options import Options, option
 
 __all__ = ["Amp", "AmpOptions", "AmpState"]
@@ -113,9 +113,19 @@ class AmpState(State):
     scaled: bool = False  # the gradients hold a loss it scaled (since its last step)
     idle: bool = False  # the loop went around the run (accel/run/watch.py): no loss scaling from then on
 
+    def state_dict(self) -> dict:
+        return {"scaler": self.scaler.state_dict()} if self.scaler is not None else {}
+
+    def load_state_dict(self, saved: dict) -> None:
+        if (self.scaler is None) != ("scaler" not in saved):
+            raise ValueError(f"the checkpoint has {'a' if 'scaler' in saved else 'no'} GradScaler state, this run "
+                             f"has {'one' if self.scaler is not None else 'none'}")
+        if self.scaler is not None:
+            self.scaler.load_state_dict(saved["scaler"])
+
 
 @register
-class Amp(Accelerator):
+class Amp(Accelerator[AmpOptions, AmpState], LossScaler[AmpState]):
     """Mixed precision: autocast in run.autocast(), loss scaling in run.backward()/run.step() for fp16."""
 
     name = "amp"
@@ -123,8 +133,6 @@ class Amp(Accelerator):
     provides = (Capability.PRECISION_AUTOCAST, Capability.PRECISION_LOSS_SCALING)
     keeps = Keeps("tolerance", rtol=0.5, atol=1e-3, loss_rtol=0.05,
                   note="lower-precision arithmetic in the forward pass and the loss")
-    Options = AmpOptions
-    config: AmpOptions
 
     @classmethod
     def candidates(cls, hardware, model, optimizer=None, loader=None):
@@ -192,19 +200,15 @@ class Amp(Accelerator):
                                      (torch.backends.cudnn, getattr(torch.backends.cudnn, "conv", None))):
                 set_tf32(ctx.journal, flags, precision, config.allow_tf32)
             changes.update(cudnn_benchmark=config.cudnn_benchmark, allow_tf32=config.allow_tf32)
-        return AmpState(device.type, dtype, scaler, changes=changes)
+        relies_on = {"backward": "scaling of the loss for the GradScaler",
+                     "step": "GradScaler step (unscale, skip a step with inf/NaN gradients)"} if scaler else {}
+        return AmpState(device.type, dtype, scaler, changes=changes, relies_on=relies_on)
 
     def forward_context(self, run, state):
         return torch.autocast(state.device_type, dtype=state.dtype)
 
     def grad_scaler(self, state):
         return state.scaler
-
-    def relies_on(self, state):
-        if state.scaler is None:
-            return {}
-        return {"backward": "scaling of the loss for the GradScaler",
-                "step": "GradScaler step (unscale, skip a step with inf/NaN gradients)"}
 
     def bypassed(self, run, state, call):
         """A scaled loss stepped by the loop's optimizer.step(), or the loop's unscaled loss stepped through the
@@ -251,13 +255,3 @@ class Amp(Accelerator):
         state.unscaled.clear()  # update() starts every optimizer's unscaling afresh (yours too: a second optimizer)
         state.scaled = False
         return state.scaler.get_scale() >= scale  # the scaler lowers its scale exactly when it skipped the step
-
-    def state_dict(self, state):
-        return {"scaler": state.scaler.state_dict()} if state.scaler is not None else {}
-
-    def load_state_dict(self, state, saved):
-        if (state.scaler is None) != ("scaler" not in saved):
-            raise ValueError(f"the checkpoint has {'a' if 'scaler' in saved else 'no'} GradScaler state, this run "
-                             f"has {'one' if state.scaler is not None else 'none'}")
-        if state.scaler is not None:
-            state.scaler.load_state_dict(saved["scaler"])

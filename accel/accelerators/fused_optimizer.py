@@ -31,6 +31,7 @@ import torch
 from accel.errors import Skip
 from accel.optim import describe_optimizer
 from accel.plan.contract import SAME_MATH, Accelerator, Capability, Stage, State, register
+from accel.plan.options import Options
 
 __all__ = ["FusedOptimizer", "FusedOptimizerState"]
 
@@ -106,10 +107,10 @@ class FusedOptimizerState(State):
 
 
 @register
-class FusedOptimizer(Accelerator):
+class FusedOptimizer(Accelerator[Options, FusedOptimizerState]):
     name = "fused_optimizer"
     stage = Stage.KERNELS  # after surgery, which rebuilds the optimizer on the new parameters
-    needs = ("optimizer",)
+    requires = ("optimizer",)
     provides = (Capability.OPTIMIZER_UPDATE,)
     conflicts = (Capability.OPTIMIZER_UPDATE,)
     keeps = SAME_MATH

@@ -231,7 +231,7 @@ class Plan:
                                     allowed="{option: value}, true, false or nothing"))
             return None
         cls = REGISTRY[key]
-        found = cls.option_problems(dict(options))
+        found = cls.Options.problems(dict(options), cls.name)
         if found:
             problems.extend(found)
             return None

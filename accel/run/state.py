@@ -12,6 +12,7 @@ import torch
 
 import accel.run.sharded_checkpoint as sharded_checkpoint
 from accel.errors import CheckpointError
+from accel.plan.contract import Capability
 from accel.randomness import loader_generators, rng_state, set_rng_state
 from accel.run.checkpoint import load as load_checkpoint
 from accel.run.checkpoint import save as save_checkpoint
@@ -107,7 +108,7 @@ class RunState:
     @property
     def sharded(self) -> bool:
         """Whether the run's state is sharded over the ranks (fsdp): its checkpoints are DCP folders."""
-        return any(a.shards_parameters for a in self.accelerators)
+        return any(Capability.MODEL_SHARDED in a.provides for a in self.accelerators)
 
     def save(self, path) -> None:
         """Checkpoint the run's state_dict(), with the plan and a checksum: to a file, or under fsdp to a folder

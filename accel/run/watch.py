@@ -4,7 +4,7 @@ and the loop's own mistake of a ``run.step()`` with no backward since the last o
 
 accel cannot stop a loop from stepping the optimizer itself (the first thing a half-migrated loop keeps), but it
 sees every call that reaches the run, and an optimizer step hook sees the steps that do not. Each accelerator
-says which calls its work goes through (``Accelerator.relies_on``); when the loop goes around one, the run names
+says which calls its work goes through (``State.relies_on``); when the loop goes around one, the run names
 those accelerators once, in a ``BypassWarning`` and in their report rows (status "idle"), and each puts its
 half-done work right (``Accelerator.bypassed``: amp unscales, grad_accumulation multiplies back what it divided).
 
@@ -18,9 +18,9 @@ import weakref
 from typing import Any
 
 from accel.errors import BypassWarning, LoopWarning
-from accel.plan.declarations import Capability
+from accel.plan.contract import Capability
 
-# what the loop did, what to call instead, and the call whose work it goes around (see Accelerator.relies_on)
+# what the loop did, what to call instead, and the call whose work it goes around (see State.relies_on)
 WENT_AROUND = {
     "backward": ("the loop called loss.backward() itself, not run.backward(loss)", "call run.backward(loss)",
                  "backward"),
@@ -44,8 +44,8 @@ class Watch:
 
     def __init__(self, run: Any, accelerators: list):
         self._run = weakref.ref(run)  # the user's optimizer holds the hook: it must not keep a closed run alive
-        self.states = run.states  # each accelerator's run state, which its relies_on and bypassed hooks are handed
-        self.relying = {went: [a for a in accelerators if call in a.relies_on(self.states[a.name])]
+        self.states = run.states  # each accelerator's run state: what it relies on, handed to its bypassed hook
+        self.relying = {went: [a for a in accelerators if call in self.states[a.name].relies_on]
                         for went, (_, _, call) in WENT_AROUND.items()}
         self.backwards = 0  # run.backward() calls since the last optimizer step
         self.stepping = False  # inside run.step(): the optimizer step is the run's own
@@ -164,7 +164,7 @@ class Watch:
             mine = [c for c in calls if accelerator in self.relying[c]]
             did = "; ".join(WENT_AROUND[c][0] for c in mine)
             state = self.states[accelerator.name]
-            missed = " and ".join(accelerator.relies_on(state)[WENT_AROUND[c][2]] for c in mine)
+            missed = " and ".join(state.relies_on[WENT_AROUND[c][2]] for c in mine)
             fix = "; ".join(WENT_AROUND[c][1] for c in mine)
             now = accelerator.bypassed(run, state, WENT_AROUND[mine[-1]][2])
             if run is not None:

@@ -105,7 +105,7 @@ class CompileState(State):
 
 
 @register
-class Compile(Accelerator):
+class Compile(Accelerator[CompileOptions, CompileState]):
     """torch.compile on the run's model (or on each repeated block), last and outermost; its warm-up is reported
     apart from the steady step, and its compiled code kept in accel's cache folder for the next run."""
 
@@ -113,8 +113,6 @@ class Compile(Accelerator):
     stage = Stage.COMPILATION
     provides = (Capability.MODEL_COMPILE, Capability.SETUP_COSTLY)
     keeps = SAME_MATH
-    Options = CompileOptions
-    config: CompileOptions
 
     @classmethod
     def candidates(cls, hardware, model, optimizer=None, loader=None):

@@ -74,7 +74,7 @@ __all__ = ["FSDP", "FSDPOptions", "FSDPState"]
 
 
 @register
-class FSDP(DataParallel):
+class FSDP(DataParallel[FSDPOptions, FSDPState]):
     """Fully sharded data parallel (FSDP2): parameters, gradients and optimizer state split over the ranks."""
 
     name = "fsdp"
@@ -82,10 +82,6 @@ class FSDP(DataParallel):
     provides = (Capability.MODEL_DISTRIBUTED, Capability.DATA_SHARD, Capability.MODEL_SHARDED)
     conflicts = (Capability.MODEL_DISTRIBUTED,)  # ddp
     keeps = SAME_MATH
-    shards_parameters = True  # in place until run.close(); run.save writes a DCP directory
-    example = {}
-    Options = FSDPOptions
-    config: FSDPOptions
 
     def block_classes(self, model: nn.Module) -> tuple[set[str], list[str]]:
         """The class names to shard one by one in this model, and those asked for that it does not have."""
