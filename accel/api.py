@@ -25,7 +25,7 @@ from accel.modules import compiled
 from accel.plan import Plan, PlanSpec
 from accel.plan.contract import Accelerator, Capability, GradientSync, State
 from accel.run import Run, open_run
-from accel.run.context import Context, Decisions, HandedOver, placement
+from accel.run.context import Context, Decisions, placement
 from accel.run.journal import Journal
 from accel.run.report import Report, Row
 from accel.run.run import _OPEN
@@ -69,14 +69,13 @@ def prepare(model, optimizer, loader, plan: PlanSpec, device: Any = "auto", jour
     if not isinstance(model, torch.nn.Module):
         problems.append(Problem("model", "is not a torch.nn.Module", value=type(model).__name__))
         raise PlanError(problems)
+    model = model._orig_mod if compiled(model) else model  # your torch.compile: the plan works inside it
     hardware = hardware or probe()
     decisions = placement(device, hardware, problems)
     if decisions is None:
         raise PlanError(problems)
-    earlier = open_run(model)
-    handed = HandedOver(dict(earlier.states)) if earlier is not None else None
     ctx = Context(model=model, optimizer=optimizer, loader=loader, hardware=hardware, plan=plan, decisions=decisions,
-                  journal=journal or Journal(), handed_over=handed)
+                  journal=journal or Journal())
     accelerators = [copy.copy(a) for a in plan]  # each run keeps its own state on its own objects
     skips: dict[str, str] = {}
     checked: dict[str, list[Problem]] = {}

@@ -7,6 +7,7 @@ one, in this process, as torchrun --nproc-per-node 1 would start), is saved and 
 it was given."""
 import ast
 import dataclasses
+import typing
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,9 +20,10 @@ from test_layout import accelerators, imported  # the layout rules read the sour
 from zoo import MODELS, Net
 
 import accel
+import accel.plan.contract as contract
 from accel.errors import PlanError
 from accel.hardware import package_version
-from accel.plan.contract import REGISTRY, Capability, State
+from accel.plan.contract import REGISTRY, Accelerator, Capability, Stage, State
 from accel.plan.options import Option, Options
 from accel.testing import process_state_restored, tiny_loader, tiny_optimizer
 
@@ -330,7 +332,79 @@ def test_every_capability_is_provided_by_a_built_in():
     assert set(Capability) <= provided, sorted(set(Capability) - provided)
 
 
-# --- (f) options from their specs: an equal Options, or one PlanError naming each bad field ------------------------
+# --- (f) the contract's types: they resolve, and a class's type arguments give its Options and State ------------
+
+HOOKS = ("candidates", "decide", "check", "apply", "forward_context", "backward", "step", "optimizer_step", "unwrap",
+         "bypassed")
+ROLES = {contract.LossScaler: ("grad_scaler", "unscale_gradients"), contract.StepSchedule: ("accumulating",),
+         contract.GradientSync: ("gradient_sync", "held_gradients", "release_held_gradients")}
+
+
+def hints(function) -> dict:
+    """Every annotation of a function, resolved: Run and Context sit a floor up, imported under TYPE_CHECKING."""
+    from accel.run.context import Context
+    from accel.run.run import Run
+
+    return typing.get_type_hints(function, globalns={**function.__globals__, "Run": Run, "Context": Context})
+
+
+@pytest.mark.parametrize("cls", [Accelerator, *ROLES, *BUILTIN.values()], ids=lambda c: c.__name__)
+def test_the_annotations_of_every_hook_and_role_resolve(cls):
+    names = [*HOOKS, *(n for role, methods in ROLES.items() if issubclass(cls, role) for n in methods)]
+    for name in names if cls not in ROLES else ROLES[cls]:
+        found = hints(getattr(cls, name))
+        assert "return" in found or cls is not Accelerator and cls not in ROLES, (cls, name)
+    for method in (cls.State.state_dict, cls.State.load_state_dict) if cls not in ROLES else ():
+        hints(method)
+    if cls is Accelerator:
+        assert hints(Accelerator.step)["state"] is contract.StateT and hints(Accelerator.apply)["ctx"].__name__ == (
+            "Context")
+
+
+@dataclass(frozen=True, kw_only=True)
+class MineOptions(Options):
+    steps: int = accel.option(2)
+
+
+@dataclass
+class MineState(State):
+    count: int = 0
+
+
+def test_options_and_state_come_from_the_type_arguments_or_the_base():
+    class Bare(Accelerator):
+        name, stage = "bare", Stage.STEP
+
+    class Typed(Accelerator[MineOptions, MineState]):
+        name, stage = "typed", Stage.STEP
+
+    class Further(Typed):  # inherits both
+        name = "further"
+
+    assert (Bare.Options, Bare.State) == (Options, State)
+    assert (Typed.Options, Typed.State) == (Further.Options, Further.State) == (MineOptions, MineState)
+    assert Typed(steps=3).config == MineOptions(steps=3)
+    assert (REGISTRY["ddp"].Options.__name__, REGISTRY["ddp"].State.__name__) == ("DDPOptions", "DDPState")
+    with pytest.raises(AttributeError, match="keeps no run state"):
+        Typed().count = 1
+
+
+def test_the_run_asks_the_roles_of_those_that_play_them():
+    played = {name: sorted(r.__name__ for r in ROLES if isinstance(cls(**cls.example), r))
+              for name, cls in BUILTIN.items()}
+    assert {n: r for n, r in played.items() if r} == {"amp": ["LossScaler"], "ddp": ["GradientSync"],
+                                                     "fsdp": ["GradientSync"], "grad_accumulation": ["StepSchedule"]}
+
+    class Structural(Accelerator):  # a role played by defining its methods, without subclassing it
+        name, stage = "structural", Stage.STEP
+
+        def accumulating(self, state):
+            return False
+
+    assert isinstance(Structural(), contract.StepSchedule) and not isinstance(Structural(), contract.LossScaler)
+
+
+# --- (g) options from their specs: an equal Options, or one PlanError naming each bad field ------------------------
 
 class Odd:
     """A value of no type any option accepts (unless it takes any object)."""

@@ -177,3 +177,10 @@ def test_missing_package_fails_unless_optional():
     run = accel.accelerate(model, None, None, plan=[NeedsGhost(optional=True)])
     row = run.report.row("ghost")
     assert row.status == "skipped" and "optional, and needs the package" in row.reason
+
+
+def test_decide_works_inside_your_compiled_model_as_accelerate_does():
+    """accelerate() peels your torch.compile wrapper and plans inside it; decide() answers the same, not a problem."""
+    model = tiny_model()
+    decisions = accel.decide(torch.compile(model, backend="eager"), None, None, ["compile"], device="cpu")
+    assert decisions.device == torch.device("cpu")

@@ -108,7 +108,9 @@ class GradAccumulation(Accelerator[GradAccumulationOptions, GradAccumulationStat
                 grad.mul_(steps)
         state.micro, state.divided = 0, False
         return ("idle from here on: it divides no loss and holds no step, your loop's own updates train"
-                + (f" (the gradients it had divided were multiplied back by {steps})" if multiplied else ""))
+                + (f" (the gradients it had divided were multiplied back by {steps})" if multiplied else "")
+                + ("; let it hold the step, or drop it from the plan and keep your own "
+                   "accumulation" if call == "batch" else ""))
 
     def backward(self, run, state, loss, proceed):
         if state.idle:

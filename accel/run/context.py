@@ -19,7 +19,6 @@ from accel.run.journal import Journal
 
 if TYPE_CHECKING:
     from accel.plan import Plan
-    from accel.plan.contract import State
 
 __all__ = ["Context", "Decisions", "placement"]
 
@@ -40,9 +39,6 @@ class Decisions:
     cpus: tuple[int, ...] | None = None  # the CPUs this process computes on
     workers: int | None = None  # DataLoader worker processes
     non_blocking: bool = False  # host-to-device copies overlap compute (pinned memory)
-    accumulation_steps: int = 1  # micro-batches per optimizer step
-    sharded_blocks: list[torch.nn.Module] = field(default_factory=list)  # the blocks a sharding accelerator (fsdp)
-    # wrapped one by one, in the model's order: compile compiles these one by one (decided in fsdp's apply)
     extra: dict[str, Any] = field(default_factory=dict)  # decisions of user-written accelerators
     by: dict[str, str] = field(default_factory=dict)
     why: dict[str, str] = field(default_factory=dict)
@@ -84,16 +80,6 @@ def module_class(module: torch.nn.Module) -> str:
     return own.__name__
 
 
-@dataclass(frozen=True)
-class HandedOver:
-    """What the earlier run on the same model left when accelerate() closed it (its changes already undone): each
-    accelerator's per-run state. An accelerator that must refuse to take over (fsdp, whose sharding was taken off
-    while it held gradients) reads it here, never the earlier run itself. (A run that still holds gradients is
-    refused by accelerate() before it is closed.)"""
-
-    states: dict[str, State]
-
-
 @dataclass
 class Context:
     """The user's objects, the run's objects (the user's own unless an accelerator wraps or replaces them), and
@@ -110,9 +96,7 @@ class Context:
     decisions: Decisions
     journal: Journal = field(default_factory=Journal)
     batch_transforms: list[Callable[[Any], Any]] = field(default_factory=list)
-    extras: dict[str, Any] = field(default_factory=dict)
     problems: list[Problem] = field(default_factory=list, repr=False)
-    handed_over: HandedOver | None = None  # the run open on this model, which accelerate() closes first
 
     def __post_init__(self):
         self.user_model, self.user_optimizer, self.user_loader = self.model, self.optimizer, self.loader

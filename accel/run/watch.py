@@ -28,8 +28,7 @@ WENT_AROUND = {
              "call run.step() once per batch (it steps the optimizer and zeroes the gradients)", "step"),
     "batch": ("the loop called run.backward() on a second batch of run.loader before run.step(): it accumulates "
               "gradients itself",
-              "call run.step() after every batch and let grad_accumulation hold the step, or drop grad_accumulation "
-              "from the plan and keep your own accumulation", "batch"),
+              "call run.step() after every batch", "batch"),
     "closure": ("the loop stepped a closure optimizer itself (optimizer.step(closure), as LBFGS needs), which "
                 "run.step() cannot take", "drop it from the plan for a closure optimizer", "step"),
     "zero_grad": ("the loop zeroed the gradients held between run.step() and the next run.backward() "

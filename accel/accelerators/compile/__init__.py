@@ -104,6 +104,19 @@ class CompileState(State):
         return sum(seconds for _, seconds in self.compiles[1:])
 
 
+def sharded_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The outermost modules under the root that FSDP2 sharded on their own (fully_shard), in the model's order."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:
+        return []
+    found: list[tuple[str, torch.nn.Module]] = []
+    for name, module in model.named_modules():
+        if name and isinstance(module, FSDPModule) and not any(name.startswith(f"{n}.") for n, _ in found):
+            found.append((name, module))
+    return [module for _, module in found]
+
+
 @register
 class Compile(Accelerator[CompileOptions, CompileState]):
     """torch.compile on the run's model (or on each repeated block), last and outermost; its warm-up is reported
@@ -128,12 +141,6 @@ class Compile(Accelerator[CompileOptions, CompileState]):
 
     def check(self, ctx):
         problems = []
-        if compiled(ctx.model):
-            problems.append(Problem(self.name, "the model is already compiled (torch.compile's OptimizedModule): "
-                                    "compiling it again would wrap it twice", field="model",
-                                    value=type(ctx.model).__name__,
-                                    allowed="pass the module itself (model._orig_mod), or drop compile from the plan",
-                                    kind="conflict"))
         config = self.config
         if config.mode is not None and config.options is not None:
             problems.append(Problem(self.name, "torch.compile takes either mode or options, not both", field="options",
@@ -170,7 +177,7 @@ class Compile(Accelerator[CompileOptions, CompileState]):
             kwargs["options"] = config.options
         import torch._dynamo
 
-        sharded = ctx.decisions.sharded_blocks  # the blocks a sharding accelerator (fsdp) wraps one by one
+        sharded = sharded_blocks(ctx.model)  # the blocks FSDP2 shards one by one (fsdp's, or your fully_shard's)
         regional = config.regional or (config.regional is None and bool(sharded))
         blocks = (sharded or outermost(ctx.model, repeated_blocks(ctx.model))) if regional else []
         if regional and not blocks:
@@ -211,7 +218,7 @@ class Compile(Accelerator[CompileOptions, CompileState]):
         return state
 
     def compile_blocks(self, ctx, blocks, kwargs) -> str:
-        """Compile each block in place (``module.compile``): the blocks fsdp sharded, else the repeated ones."""
+        """Compile each block in place (``module.compile``): the blocks FSDP2 sharded, else the repeated ones."""
         names = {id(m): name for name, m in ctx.model.named_modules()}
         for block in blocks:
             ctx.journal.change(f"compile: {names.get(id(block), type(block).__name__)}",
@@ -219,7 +226,7 @@ class Compile(Accelerator[CompileOptions, CompileState]):
                                lambda b=block: setattr(b, "_compiled_call_impl", None), kind="object")
         kinds = sorted({type(b).__name__.removeprefix("FSDP") for b in blocks})
         return (f"{len(blocks)} x {', '.join(kinds)} compiled in place, one by one"
-                + (" (the blocks fsdp sharded)" if ctx.decisions.sharded_blocks else "") + ": "
+                + (" (the blocks FSDP2 sharded)" if sharded_blocks(ctx.model) else "") + ": "
                 + listed([names.get(id(b), "?") for b in blocks]) + "; the rest runs eagerly")
 
     def step(self, run, state, optimizer, proceed):

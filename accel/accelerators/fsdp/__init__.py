@@ -129,14 +129,6 @@ class FSDP(DataParallel[FSDPOptions, FSDPState]):
             problems.append(Problem(self.name, f"offloading to CPU memory needs an accelerator device; the device is "
                                     f"{ctx.device}, whose memory already is CPU memory", field="cpu_offload",
                                     value=True, allowed="False on cpu", kind="conflict"))
-        earlier = ctx.handed_over  # the earlier run on this model, its changes already undone
-        mine = earlier.states.get(self.name) if earlier is not None else None
-        if isinstance(mine, FSDPState) and mine.unreduced_when_taken_off:  # run.close() mid-accumulation
-            problems.append(Problem(self.name, "accelerate() again in the middle of accumulating gradients under "
-                                    "fsdp: FSDP keeps the unreduced gradients in its own buffers, which a new run "
-                                    "cannot take over", field="accelerate",
-                                    allowed="call it after an optimizer step (run.step() returned False)",
-                                    kind="conflict"))
         return problems + foreign_parameter_problems(self.name, ctx, params)
 
     def apply(self, ctx):
@@ -173,13 +165,11 @@ class FSDP(DataParallel[FSDPOptions, FSDPState]):
             state.sharding = shard_model(model, blocks, own, sums, **kwargs)
             state.params = list(model.named_parameters())  # the shards, checked for gradient hooks every step
             state.originals = Originals(model, state.sharding)
-            state.unreduced_when_taken_off = 0
             if not state.sync:  # redone mid-run: the new FSDP state reduces by default, the run said not to
                 self.gradient_sync(None, state, False)
 
         def unshard():  # a collective; FSDP's own state (its gradient-sync flag with it) goes with the sharding
             if state.sharding is not None:
-                state.unreduced_when_taken_off = len(self.held_gradients(state))
                 sharding, state.sharding = state.sharding, None
                 unshard_model(sharding)
 
@@ -197,8 +187,6 @@ class FSDP(DataParallel[FSDPOptions, FSDPState]):
         follow = torch.compiler.disable(lambda *_: state.originals.follow(optimizer))  # eager under compile too
         ctx.journal.hook("fsdp: your own parameters' unfreezing, and groups added over them, followed before each "
                          "forward", lambda: model.register_forward_pre_hook(follow, prepend=True))
-        ctx.decide("sharded_blocks", blocks, f"fsdp shards {len(blocks)} block(s) one by one: compile compiles them "
-                                             "one by one")
         changes["sharded"] = (f"{len(blocks)} x {', '.join(kinds)}: "
                               + listed([names[id(m)] for m in blocks]) + ", then the root") if blocks else (
             "the root only (no repeated block found: name them with blocks=[...] to gather one block at a time)")
