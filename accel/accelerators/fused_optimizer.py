@@ -127,7 +127,7 @@ class FusedOptimizer(Accelerator[Options, FusedOptimizerState]):
         why = fused_problem(optimizer)
         if why:
             raise Skip(why)
-        sharded = [a.name for a in ctx.plan if Capability.MODEL_SHARDED in a.provides]  # class declarations only
+        sharded = ctx.plan.providing(Capability.MODEL_SHARDED)
         if sharded and not isinstance(optimizer, SHARDED_FUSED):
             raise Skip(f"{sharded[0]} trains DTensor shards, and torch has no sharded fused kernel for "
                        f"{type(optimizer).__name__} (aten._fused_{type(optimizer).__name__.lower()}_ has no sharding "

@@ -21,14 +21,19 @@ objects) is kept exactly.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
 from accel.errors import Skip
-from accel.plan.contract import Accelerator, Capability, Keeps, Stage, State, StepSchedule, register
+from accel.plan.contract import Accelerator, Call, Capability, Keeps, Stage, State, StepSchedule, register
 from accel.plan.options import Options, at_least, option
+
+if TYPE_CHECKING:
+    from accel.run.context import Context
+    from accel.run.run import Run
 
 __all__ = ["GradAccumulation", "GradAccumulationOptions", "GradAccumulationState"]
 
@@ -47,12 +52,12 @@ class GradAccumulationState(State):
     divided: bool = False  # the gradients hold a loss it divided (since the last optimizer step)
     idle: bool = False  # the loop went around the run (accel/run/watch.py): it stands aside
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, Any]:
         params = dict(self.model.named_parameters())
         grads = {n: p.grad.detach().clone() for n, p in params.items() if p.grad is not None} if self.micro else {}
         return {"micro": self.micro, "grads": grads}
 
-    def load_state_dict(self, saved: dict) -> None:
+    def load_state_dict(self, saved: dict[str, Any]) -> None:
         micro, grads = saved.get("micro"), saved.get("grads", {})
         params = dict(self.model.named_parameters())
         if not isinstance(micro, int) or not 0 <= micro < self.steps:
@@ -77,12 +82,12 @@ class GradAccumulation(Accelerator[GradAccumulationOptions, GradAccumulationStat
     provides = (Capability.STEP_SCHEDULE,)
     keeps = Keeps("changed", note="one optimizer step every N batches, on the mean of their gradients")
 
-    def decide(self, ctx):
+    def decide(self, ctx: Context) -> None:
         if self.config.steps == 1:
             raise Skip("steps=1: every batch steps the optimizer; give steps >= 2 to accumulate")
         ctx.decide("accumulation_steps", self.config.steps, "asked for")
 
-    def apply(self, ctx):
+    def apply(self, ctx: Context) -> GradAccumulationState:
         steps = self.config.steps
         return GradAccumulationState(ctx.model, steps, changes={
             "steps": steps, "loss": f"divided by {steps} before backward",
@@ -93,10 +98,10 @@ class GradAccumulation(Accelerator[GradAccumulationOptions, GradAccumulationStat
                        "step": f"holding of the optimizer step for {steps} batches",
                        "batch": "counting of batches (one per run.step())"})
 
-    def accumulating(self, state):
+    def accumulating(self, state: GradAccumulationState) -> bool:
         return state.micro + 1 < state.steps and not state.idle
 
-    def bypassed(self, run, state, call):
+    def bypassed(self, run: Run, state: GradAccumulationState, call: Call) -> str:
         """Half-done accumulation would train something else than either loop: it stands aside, and gradients it
         divided by N are multiplied back (exactly for N a power of two, else to float rounding), those a wrapper
         holds unreduced (FSDP2 while accumulating) as well as the .grad tensors."""
@@ -112,13 +117,15 @@ class GradAccumulation(Accelerator[GradAccumulationOptions, GradAccumulationStat
                 + ("; let it hold the step, or drop it from the plan and keep your own "
                    "accumulation" if call == "batch" else ""))
 
-    def backward(self, run, state, loss, proceed):
+    def backward(self, run: Run, state: GradAccumulationState, loss: torch.Tensor,
+                 proceed: Callable[[torch.Tensor], None]) -> None:
         if state.idle:
             return proceed(loss)
         state.divided = True
         proceed(loss / self.config.steps)
 
-    def step(self, run, state, optimizer, proceed):
+    def step(self, run: Run, state: GradAccumulationState, optimizer: torch.optim.Optimizer,
+             proceed: Callable[[torch.optim.Optimizer], bool]) -> bool:
         if state.idle:
             return proceed(optimizer)
         state.micro += 1

@@ -240,6 +240,10 @@ class Plan:
     def names(self) -> list[str]:
         return [a.name for a in self.accelerators]
 
+    def providing(self, capability: str) -> list[str]:
+        """The names of the plan's accelerators that provide a capability (what they declare, applied or not)."""
+        return [a.name for a in self.accelerators if capability in a.provides]
+
     def get(self, name: str) -> Accelerator | None:
         return next((a for a in self.accelerators if a.name == name), None)
 

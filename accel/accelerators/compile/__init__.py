@@ -146,7 +146,7 @@ class Compile(Accelerator[CompileOptions, CompileState]):
             problems.append(Problem(self.name, "torch.compile takes either mode or options, not both", field="options",
                                     value=config.options, allowed="drop mode, or drop options", kind="conflict"))
         own, norms = checkpoints_itself(ctx.model), running_statistics(ctx.model)
-        sharded = any(Capability.MODEL_SHARDED in a.provides for a in ctx.plan)  # (then fsdp's blocks, one by one)
+        sharded = ctx.plan.providing(Capability.MODEL_SHARDED)  # (then its blocks, one by one)
         if own and norms and not (config.regional or config.regional is None and sharded):
             problems.append(Problem(self.name, f"the model checkpoints its own activations ({listed(own, 2)}) and "
                                     f"holds BatchNorm ({listed(norms, 3)}): compiled whole, its recomputation does not "
