@@ -43,18 +43,8 @@ from torch import nn
 from torch.utils._pytree import tree_flatten, tree_unflatten
 from torch.utils.weak import WeakIdKeyDictionary
 
+from accel import modules
 from accel.errors import Problem, Skip
-from accel.modules import (
-    checkpoints_itself,
-    class_names,
-    hands_blocks_a_cache,
-    listed,
-    of_class,
-    outermost,
-    qualified,
-    repeated_blocks,
-    rerun_hooks,
-)
 from accel.plan.contract import EXACT, Accelerator, Capability, Stage, State, register
 from accel.plan.options import Options, option
 
@@ -74,9 +64,8 @@ def names_problem(value) -> str | None:
 def copy_of(tensor: torch.Tensor) -> torch.Tensor:
     """The tensor as it is now, in a storage of its own with its strides, shared by the blocks it is handed to while
     its version does not change and a pass that took it waits for its backward (one copy of a mask for 12 blocks)."""
-    kept = COPIES.get(tensor)
-    copied = kept[1]() if kept is not None and kept[0] == tensor._version else None
-    if copied is not None:
+    version, copy_ref = COPIES.get(tensor, (None, None))
+    if version == tensor._version and (copied := copy_ref()) is not None:
         return copied
     with torch.no_grad():  # sparse (no strides) or expanded: its values as laid out; else the same strides
         copied = tensor.detach().clone() if tensor.layout != torch.strided or torch._debug_has_internal_overlap(
@@ -153,14 +142,14 @@ def changed(value, kept) -> bool:
     return not isinstance(value, set) or value != kept  # a generator: put back whatever it drew
 
 
-def moment(modules: list[nn.Module]) -> tuple:
+def moment(parts: list[nn.Module]) -> tuple:
     """The modules' train/eval modes, Python's and numpy's (where imported) random states: set_moment puts them back."""
     numpy = sys.modules.get("numpy")
-    return [m.training for m in modules], random.getstate(), numpy.random.get_state() if numpy is not None else None
+    return [m.training for m in parts], random.getstate(), numpy.random.get_state() if numpy is not None else None
 
 
-def set_moment(modules: list[nn.Module], moment: tuple) -> None:
-    for m, mode in zip(modules, moment[0]):
+def set_moment(parts: list[nn.Module], moment: tuple) -> None:
+    for m, mode in zip(parts, moment[0]):
         m.training = mode
     random.setstate(moment[1])
     if moment[2] is not None:
@@ -188,14 +177,14 @@ class FirstPass:
     @contextlib.contextmanager
     def again(self, module: nn.Module):
         """The block as the first pass found it; afterwards, as it is now (BatchNorm counts a batch once)."""
-        modules = list(module.modules())
-        now, later = moment(modules), []  # each place as the first pass left it: what it holds, and its contents
+        parts = list(module.modules())
+        now, later = moment(parts), []  # each place as the first pass left it: what it holds, and its contents
         for d, key, value, kept in self.state:
             current = d.get(key, MISSING)
             later.append((current, keep(current), keep(value) if value is not current else None))
             place(d, key, value)
             put(value, kept)
-        set_moment(modules, self.moment)
+        set_moment(parts, self.moment)
         try:
             yield
         finally:
@@ -203,7 +192,7 @@ class FirstPass:
                 put(value, value_kept)
                 place(d, key, current)
                 put(current, current_kept)
-            set_moment(modules, now)
+            set_moment(parts, now)
 
 
 def place(holder: dict, key: str, value) -> None:
@@ -219,13 +208,13 @@ def checkpointed_forward(self: nn.Module, *args, **kwargs):
     forward = type(self).forward.__get__(self)
     if not (torch.is_grad_enabled() and self.training):  # eval or no_grad: nothing to keep for backward
         return forward(*args, **kwargs)
-    others, hooks = opaque((args, kwargs)), rerun_hooks(self)
+    others, hooks = opaque((args, kwargs)), modules.rerun_hooks(self)
     if others or hooks:
         why = (f"is handed {', '.join(others)}, which its forward may change and a recomputation could not see as it "
-               "was" if others else f"holds forward hooks on its layers ({listed(hooks, 3)}), which a recomputation "
-               "in backward would run a second time (mark a hook that computes only from its arguments with "
-               "accel.modules.recomputable)")
-        if (said := f"{qualified(type(self))}: {others or hooks}") not in WARNED:
+               "was" if others else f"holds forward hooks on its layers ({modules.listed(hooks, 3)}), which a "
+               "recomputation in backward would run a second time (mark a hook that computes only from its arguments "
+               "with accel.modules.recomputable)")
+        if (said := f"{modules.qualified(type(self))}: {others or hooks}") not in WARNED:
             WARNED.add(said)
             warnings.warn(f"accel activation_checkpointing: a {type(self).__name__} {why}: those calls run without "
                           "checkpointing", stacklevel=2)
@@ -255,8 +244,7 @@ def checkpointed_forward(self: nn.Module, *args, **kwargs):
 
 
 def is_checkpointed(module: nn.Module) -> bool:
-    forward = module.__dict__.get("forward")
-    return getattr(forward, "__func__", None) is checkpointed_forward
+    return getattr(module.__dict__.get("forward"), "__func__", None) is checkpointed_forward
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -277,23 +265,23 @@ class ActivationCheckpointing(Accelerator[ActivationCheckpointingOptions, State]
         """The classes to checkpoint in the model as the user gave it (IPEX's, by apply, may be another), and the
         named classes it does not have."""
         if self.config.modules == "auto":
-            return repeated_blocks(model), []
-        present = {n for m in model.modules() for n in (type(m).__name__, qualified(type(m)))}
+            return modules.repeated_blocks(model), []
+        present = {n for m in model.modules() for n in (type(m).__name__, modules.qualified(type(m)))}
         return set(self.config.modules) & present, sorted(set(self.config.modules) - present)
 
     def decide(self, ctx):
-        own = checkpoints_itself(ctx.model)
+        own = modules.checkpoints_itself(ctx.model)
         if own:
-            raise Skip(f"the model checkpoints its own activations already ({listed(own, 3)}): checkpointing them "
-                       "again would recompute them twice (and, under timm's, count BatchNorm's batches otherwise); "
-                       "nothing to add")
+            raise Skip(f"the model checkpoints its own activations already ({modules.listed(own, 3)}): checkpointing "
+                       "them again would recompute them twice (and, under timm's, count BatchNorm's batches "
+                       "otherwise); nothing to add")
         classes, _ = self.chosen_classes(ctx.model)
         if self.config.modules == "auto" and not classes:
             raise Skip("the model has no repeated block (a class with children occurring twice): name the "
                        "modules to checkpoint with modules=[...]")
 
     def check(self, ctx):
-        if hands_blocks_a_cache(ctx.model):
+        if modules.hands_blocks_a_cache(ctx.model):
             return [Problem(self.name, "the model's config.use_cache is True: Hugging Face hands every block its KV "
                             "cache, which each block's forward appends to, and a recomputation would append again",
                             field="model", value=type(ctx.model).__name__,
@@ -303,12 +291,12 @@ class ActivationCheckpointing(Accelerator[ActivationCheckpointingOptions, State]
         if missing:
             return [Problem(self.name, f"no module of class {missing} in the model", field="modules",
                             value=self.config.modules, allowed="class names of the model's modules, e.g. "
-                            + ", ".join(sorted(repeated_blocks(ctx.model)) or ["Bottleneck"]))]
+                            + ", ".join(sorted(modules.repeated_blocks(ctx.model)) or ["Bottleneck"]))]
         return []
 
     def apply(self, ctx):
         classes, _ = self.chosen_classes(ctx.user_model)  # what decide() chose, on the model it saw
-        chosen = [ctx.model] if of_class(ctx.model, classes) else outermost(ctx.model, classes)  # (or the whole)
+        chosen = [ctx.model] if modules.of_class(ctx.model, classes) else modules.outermost(ctx.model, classes)
         if not chosen:  # e.g. IPEX replaced the named classes with its own
             raise Skip(f"no module of class {sorted(classes)} left in the model to checkpoint "
                        f"(found: {sorted({type(m).__name__ for m in ctx.model.modules()})[:6]})")
@@ -322,8 +310,8 @@ class ActivationCheckpointing(Accelerator[ActivationCheckpointingOptions, State]
                 ctx.journal.change(f"checkpointed forward on {names[id(module)]}",
                                    lambda m=module: setattr(m, "forward", types.MethodType(checkpointed_forward, m)),
                                    lambda m=module: m.__dict__.pop("forward", None), kind="object")
-        kinds = class_names(ctx.model)
+        kinds = modules.class_names(ctx.model)
         return {"modules": f"{len(chosen)} x {', '.join(sorted({kinds[type(m)] for m in chosen}))}: "
-                           + listed([names[id(m)] for m in chosen]),
+                           + modules.listed([names[id(m)] for m in chosen]),
                 "recompute": "their activations in backward (non-reentrant torch.utils.checkpoint), from copies "
                              "of what each block was handed"}
