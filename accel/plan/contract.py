@@ -1,15 +1,9 @@
-"""The one contract every accelerator follows, built-in or yours, and the name registry.
+"""The one contract every accelerator follows, built-in or yours, and the name registry (docs/lifecycle.md).
 
-``class Mine(Accelerator[MineOptions, MineState])``: typed in its options (a frozen dataclass, read as
-``self.config``) and its per-run state (what ``apply`` returns; the run holds it and hands it to every hook). In the
-order accelerate() calls them (docs/lifecycle.md): ``decide(ctx)`` writes typed decisions, ``check(ctx)`` reports
-problems (all of a plan's in one PlanError, nothing touched), ``apply(ctx)`` changes, in plan order, through
-``ctx.journal`` so that a failure anywhere rolls every change back. The runtime hooks are chained by the Run in plan
-order (the earliest outermost, calling ``proceed`` to go on). What one accelerator offers the run beyond the hooks
-is a role (``LossScaler``, ``StepSchedule``, ``GradientSync``), asked for with isinstance, never an attribute another
-accelerator reads. ``after``/``before``/``conflicts`` name accelerators or ``Capability`` members some accelerator
-``provides``, so accelerators need not name each other.
-"""
+``class Mine(Accelerator[MineOptions, MineState])``: typed in its options (``self.config``) and its per-run state
+(what ``apply`` returns, handed to every hook). ``decide``, ``check`` (every problem in one PlanError, nothing
+touched), ``apply`` (through ``ctx.journal``), then the runtime hooks, chained by the Run in plan order. Beyond the
+hooks an accelerator plays roles (``LossScaler``, ``StepSchedule``, ``GradientSync``), never read by another."""
 from __future__ import annotations
 
 import enum
@@ -34,7 +28,6 @@ __all__ = ["EXACT", "REGISTRY", "SAME_MATH", "Accelerator", "Call", "Capability"
            "LossScaler", "Stage", "State", "StepSchedule", "dtype_name", "overrides", "register", "unregister"]
 
 Call = Literal["backward", "step", "batch"]  # the run's calls an accelerator's work may go through (watched)
-GIVEN = ("optimizer", "loader")  # what accelerate() is given besides the model: a `requires` may name them
 
 
 def dtype_name(dtype: torch.dtype | None) -> str:
@@ -56,12 +49,9 @@ class Stage(enum.IntEnum):
 
 
 class Capability(str, enum.Enum):
-    """What an accelerator provides, for another's ``after``/``before``/``conflicts`` (a checked name, not a free
-    string), and what the run and a search read instead of names: ``data.loader`` (a rebuilt loader: it changes
-    only between epochs), ``model.distributed`` (a wrapper every rank runs together), ``model.sharded`` (the
-    parameters held as shards in place: sharded checkpoints), ``model.copy`` (it trains a copy of the model, so a
-    search in your loop cannot switch it out again) and ``setup.costly`` (its first step builds what later steps
-    reuse: tried last)."""
+    """What an accelerator provides: the tokens of another's ``after``/``before``/``conflicts``, and what the run and a
+    search read instead of names (``model.sharded``: sharded checkpoints; ``data.loader``: switched between epochs;
+    ``model.copy``: never switched out; ``setup.costly``: tried last)."""
 
     DATA_LOADER = "data.loader"
     DATA_SHARD = "data.shard"
@@ -90,14 +80,9 @@ class Capability(str, enum.Enum):
 
 @dataclass(frozen=True)
 class Keeps:
-    """What an accelerator keeps of the user's training: its card, checked by accel.testing.check_equivalence.
-
-    weights: "exact" (bit for bit), "float" (the same math in another order: rtol/atol after a few steps),
-    "tolerance" (lower precision: the losses within loss_rtol, the weights within rtol/atol), or "changed"
-    (a declared change, e.g. pruning; only the structural promises are compared).
-    Everything else is always compared: the batches the loop saw, parameter names, shapes, requires_grad,
-    ties, the output's shape, and the user's objects left unchanged.
-    """
+    """What an accelerator keeps of the user's training, checked by accel.testing.check_equivalence. weights:
+    "exact", "float" (the same math in another order: rtol/atol), "tolerance" (lower precision: losses within
+    loss_rtol, weights within rtol/atol) or "changed" (declared: only the structure is compared)."""
 
     weights: str = "exact"
     rtol: float = 0.0
@@ -118,9 +103,8 @@ class State:
 
     per_rank: ClassVar[bool] = False  # it differs between ranks (unreduced gradients): run.save keeps each rank's
     changes: dict[str, Any] = field(default_factory=dict, kw_only=True)  # what apply changed, for the report
-    # the run's calls its work goes through, each with what it does there: "backward" (run.backward), "step"
-    # (run.step), "batch" (one batch of run.loader per run.step). The run watches them (accel/run/watch.py) and
-    # names this accelerator when the loop goes around one.
+    # the run's calls its work goes through, each with what it does there: the run watches them (run/watch.py) and
+    # names this accelerator when the loop goes around one
     relies_on: dict[Call, str] = field(default_factory=dict, kw_only=True)
 
     def state_dict(self) -> dict[str, Any]:
@@ -192,10 +176,8 @@ class Accelerator(Generic[OptionsT, StateT]):
         return []
 
     def apply(self, ctx: Context) -> StateT | dict[str, Any]:
-        """The change; returns this run's State (what changed in ``state.changes``). Change how the user's objects
-        run through ``ctx.journal`` (a hook, a flag: undone by run.close() or a failed plan), never what they
-        hold, so they stay live; or wrap them (ctx.model = Wrapper(ctx.model)). Replacing one (a copy of the
-        model) makes the user's stale: the core names it in the report and warns."""
+        """The change, through ``ctx.journal`` (undone by run.close() or a failed plan), never to what the user's
+        objects hold; or a wrapper (ctx.model = Wrapper(ctx.model)). Returns this run's State."""
         return State()  # type: ignore[return-value]
 
     # --- runtime hooks (chained by the Run; the defaults pass through); ``state`` is what apply returned -------
@@ -213,8 +195,7 @@ class Accelerator(Generic[OptionsT, StateT]):
 
     def optimizer_step(self, run: Run, state: StateT, optimizer: Optimizer,
                        proceed: Callable[[Optimizer], bool]) -> bool:
-        """The update itself (innermost: ``optimizer.step()``); returns whether it stepped. A loss scaler steps
-        through its GradScaler here instead of proceeding."""
+        """The update itself (innermost: ``optimizer.step()``); returns whether it stepped (amp's GradScaler)."""
         return proceed(optimizer)
 
     def unwrap(self, state: StateT, model: nn.Module) -> nn.Module:
@@ -222,9 +203,8 @@ class Accelerator(Generic[OptionsT, StateT]):
         return model
 
     def bypassed(self, run: Run, state: StateT, call: Call) -> str:
-        """The loop went around ``call`` (see State.relies_on): what this accelerator does from now on, in words
-        (the report's row and the warning say it). An accelerator whose half-done work would corrupt the update
-        (a scaled loss, a divided one) stands aside here and puts the gradients right."""
+        """The loop went around ``call`` (State.relies_on): stand aside, put half-done work right (a scaled or divided
+        loss), and say in words what it does from now on (the report's row and the warning)."""
         return "idle from here on"
 
     # --- helpers ---------------------------------------------------------------------------------------------
