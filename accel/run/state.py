@@ -16,7 +16,7 @@ from accel.plan.contract import Capability
 from accel.randomness import loader_generators, rng_state, set_rng_state
 from accel.run.checkpoint import load as load_checkpoint
 from accel.run.checkpoint import save as save_checkpoint
-from accel.run.checkpoint_fit import model_problems, optimizer_problems, stray_problems, unprefixed
+from accel.run.checkpoint_fit import model_problems, optimizer_problems, stray_problems
 from accel.run.interrupts import autograd_kept, held
 
 
@@ -46,7 +46,7 @@ class RunState:
     def state_problems(self, state: dict[str, Any]) -> list[str]:
         """Why a state does not fit this run (model keys and shapes, the optimizer, accelerators), or nothing."""
         current = self.unwrap().state_dict()
-        problems = model_problems(unprefixed(state["model"], current), current)
+        problems = model_problems(state["model"], current)
         problems += optimizer_problems(self.optimizer, state.get("optimizer_class"), state["optimizer"] is not None,
                                        state["optimizer"])
         return problems + stray_problems(set(state.get("accelerators", {})), self)
@@ -55,7 +55,6 @@ class RunState:
         """Restore what state_dict() returned. Everything is checked first: a ValueError names every part that
         does not fit, with nothing changed; a restore that fails half-way, or is interrupted (Ctrl-C), puts the run
         back as it was."""
-        state = {**state, "model": unprefixed(state["model"], self.unwrap().state_dict())}
         problems = self.state_problems(state)
         if problems:
             raise ValueError("; ".join(problems))
