@@ -1,12 +1,8 @@
 """accelerate(): decide and check the whole plan, then apply it in order; on any failure, roll everything back.
 
-    run = accel.accelerate(model, optimizer, loader, plan=["threads", "channels_last", "amp"])
-
-Phases (accel/plan/contract.py has the contract): the plan is parsed and ordered; the core resolves the launch
-(rank) and the device, so each rank of a launched job starts on its own device; every accelerator decides,
-then checks; all problems raise one PlanError with nothing changed. Then the model is placed on its device and
-the accelerators apply in order, each process-wide change recorded in a journal: if one fails, the journal is
-rolled back and the user's objects and the process are exactly as they were.
+The core resolves the launch (rank) and the device first; every accelerator decides, then checks, and all problems
+raise one PlanError with nothing changed. Then the model is placed and the accelerators apply in order, each change
+recorded in a journal, rolled back if one fails: the user's objects and the process are as they were.
 """
 from __future__ import annotations
 
@@ -35,9 +31,8 @@ __all__ = ["AccelerateError", "accelerate", "decide"]
 
 
 def _refuse_dropping_held_gradients(model: torch.nn.Module) -> None:
-    """accelerate() again closes the run open on this model first. Where a wrapper of that run holds gradients
-    unreduced in its own buffers (FSDP2 between an accumulation's micro-steps), closing it would drop them, and a
-    run given back after a refused plan would train on without them: refused here, before anything changes."""
+    """accelerate() again closes the run open on this model first, which would drop the gradients a wrapper holds
+    unreduced (FSDP2 between an accumulation's micro-steps): refused here, before anything changes."""
     earlier = open_run(model)
     holders = [a.name for a, state in earlier.playing(GradientSync) if a.held_gradients(state)] if earlier else []
     if holders:
@@ -202,8 +197,7 @@ def accelerate(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None =
             for warning in caught:  # keep them in the report and still show them to the user
                 row.warnings.append(str(warning.message))
                 warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
-            state = states.get(accelerator.name)
-            # a wrapper keeps it live
+            state = states.get(accelerator.name)  # (a wrapper keeps the model live)
             if state is not None and accelerator.unwrap(state, ctx.model) is not model_before:
                 replaced.setdefault("model", accelerator.name)
             if ctx.optimizer is not optimizer_before:

@@ -1,20 +1,8 @@
-"""The object the training loop talks to: the run's model, optimizer and loader, and the accelerators' hooks.
-
-    for batch in run.loader:
-        with run.autocast():
-            loss = loss_fn(run.model(batch[0]), batch[1])
-        run.backward(loss)
-        run.step()
-
-The Run trains the user's own objects (an accelerator may wrap the model, and prune or IPEX replace it, which the
-report and a StaleWarning then say), so what the user does to them stays live. It chains the runtime hooks of
-the applied accelerators in plan order (the earliest outermost): ``forward_context`` (run.autocast()),
-``backward``, ``step`` and ``optimizer_step`` (the update itself: amp's GradScaler steps there), and asks the
-accelerators that play a role (accel.plan.contract) for the rest: run.scaler and run.unscale_gradients()
-(``LossScaler``), run.accumulating (``StepSchedule``), the wrappers' gradient reduction (``GradientSync``). The
-innermost backward is ``loss.backward()``; the innermost step is the optimizer's update followed by ``zero_grad``.
-The run owns its state: ``state_dict()``/``load_state_dict()`` hold the model, the optimizer, the counters, each
-accelerator's state, the loader's generators and the random state.
+"""The object the training loop talks to: run.model, run.optimizer, run.loader, run.autocast(), run.backward(loss),
+run.step(). It trains the user's own objects (a wrapper or a replacement is reported), chains the applied
+accelerators' runtime hooks in plan order (the earliest outermost; innermost ``loss.backward()`` and the
+optimizer's update, then ``zero_grad``), and asks those that play a role for the rest: run.scaler and
+run.unscale_gradients() (``LossScaler``), run.accumulating (``StepSchedule``), gradient reduction (``GradientSync``).
 """
 from __future__ import annotations
 

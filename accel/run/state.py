@@ -1,7 +1,7 @@
 """What a run saves and restores: its whole state as a dict, the checks that a saved one fits, run.save/run.load.
 
 A mixin of accel.run.Run, apart because it is one job: the model, the optimizer, the counters, each accelerator's
-state (through its state_dict hooks), the loader's sampler and generators, and the random state.
+State.state_dict(), the loader's sampler and generators, and the random state.
 """
 from __future__ import annotations
 

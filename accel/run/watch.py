@@ -1,15 +1,8 @@
-"""Noticing the calls that go around the run: the loop's own ``optimizer.step()``, its own ``loss.backward()``, its
-own accumulation (several batches of ``run.loader`` per ``run.step()``), its own loader instead of ``run.loader``;
-and the loop's own mistake of a ``run.step()`` with no backward since the last one.
-
-accel cannot stop a loop from stepping the optimizer itself (the first thing a half-migrated loop keeps), but it
-sees every call that reaches the run, and an optimizer step hook sees the steps that do not. Each accelerator
-says which calls its work goes through (``State.relies_on``); when the loop goes around one, the run names
-those accelerators once, in a ``BypassWarning`` and in their report rows (status "idle"), and each puts its
-half-done work right (``Accelerator.bypassed``: amp unscales, grad_accumulation multiplies back what it divided).
-
-Watching costs an integer per run.backward()/run.step() and one optimizer hook, and nothing at all when no
-accelerator of the plan relies on a call (docs/contract.md has the overhead, measured).
+"""Noticing the calls that go around the run (the loop's own ``optimizer.step()``, ``loss.backward()``, accumulation
+or loader) and a ``run.step()`` with no backward since the last one. Each accelerator's state says which calls its
+work goes through (``State.relies_on``); when the loop goes around one, the run names those accelerators once (a
+``BypassWarning``, their rows "idle") and each puts its half-done work right (``Accelerator.bypassed``). It costs
+an integer per call and one optimizer hook, nothing when no accelerator relies on a call (docs/contract.md).
 """
 from __future__ import annotations
 
