@@ -19,7 +19,7 @@ from accel.errors import AccelerateError, PlanError, Problem, Skip, StaleWarning
 from accel.hardware import Hardware, package_version, probe
 from accel.modules import compiled
 from accel.plan import Plan, PlanSpec
-from accel.plan.contract import Accelerator, Capability, GradientSync, State
+from accel.plan.contract import Accelerator, Capability, GradientSync, State, packages
 from accel.run import Run, open_run
 from accel.run.context import Context, Decisions, placement
 from accel.run.journal import Journal
@@ -79,7 +79,7 @@ def prepare(model, optimizer, loader, plan: PlanSpec, device: Any = "auto", jour
         checked[accelerator.name] = [
             Problem(accelerator.name, f"needs the package {name!r}, which is not installed",
                     allowed=f"pip install {name}", kind="missing")
-            for name in accelerator.requires if name not in given and package_version(name) is None]
+            for name in packages(type(accelerator)) if package_version(name) is None]
         checked[accelerator.name] += [
             Problem(accelerator.name, f"needs the {what}: pass one to accel.accelerate(model, optimizer, loader, ...)",
                     kind="missing") for what in accelerator.requires if what in given and given[what] is None]

@@ -23,7 +23,7 @@ import accel
 import accel.plan.contract as contract
 from accel.errors import PlanError
 from accel.hardware import package_version
-from accel.plan.contract import REGISTRY, Accelerator, Capability, Stage, State
+from accel.plan.contract import REGISTRY, Accelerator, Capability, Stage, State, packages
 from accel.plan.options import Option, Options
 from accel.testing import process_state_restored, tiny_loader, tiny_optimizer
 
@@ -106,7 +106,7 @@ def ran(tmp_path_factory) -> dict[str, Ran]:
     again on a loader with a worker (loader has nothing to change on a machine whose CPUs all compute)."""
     results = {}
     for name, cls in BUILTIN.items():
-        if any(package_version(p) is None for p in cls.requires):
+        if any(package_version(p) is None for p in packages(cls)):
             continue
         plan = [{name: {**cls.example, "optional": True}}]
         results[name] = real_run(plan, tmp_path_factory.mktemp(name))
@@ -122,7 +122,7 @@ def ran(tmp_path_factory) -> dict[str, Ran]:
 @pytest.mark.parametrize("name", BUILTIN)
 def test_a_real_run_of_each_built_in_breaks_nothing_of_the_contract(name, ran):
     cls = BUILTIN[name]
-    missing = [p for p in cls.requires if package_version(p) is None]
+    missing = [p for p in packages(cls) if package_version(p) is None]
     if missing:
         pytest.skip(f"{name} requires {missing}, not installed here")
     result = ran[name]
@@ -161,7 +161,7 @@ def test_each_built_ins_options_are_a_frozen_dataclass_whose_defaults_construct(
 @pytest.mark.parametrize("name", BUILTIN)
 def test_after_a_run_an_accelerator_holds_only_what_it_was_given(name, ran):
     if name not in ran:
-        pytest.skip(f"{name} requires {list(BUILTIN[name].requires)}, not installed here")
+        pytest.skip(f"{name} requires {list(packages(BUILTIN[name]))}, not installed here")
     if name not in ran[name].attributes:
         if ran[name].error:
             pytest.fail(f"{name} could not be run: {ran[name].error}")

@@ -25,7 +25,8 @@ if TYPE_CHECKING:
     from accel.run.run import Run
 
 __all__ = ["EXACT", "REGISTRY", "SAME_MATH", "Accelerator", "Call", "Capability", "GradientSync", "Keeps",
-           "LossScaler", "Stage", "State", "StepSchedule", "dtype_name", "overrides", "register", "unregister"]
+           "LossScaler", "Stage", "State", "StepSchedule", "dtype_name", "overrides", "packages", "register",
+           "unregister"]
 
 Call = Literal["backward", "step", "batch"]  # the run's calls an accelerator's work may go through (watched)
 
@@ -215,6 +216,11 @@ class Accelerator(Generic[OptionsT, StateT]):
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in self.explicit.items())
         return f"{type(self).__name__}({args})"
+
+
+def packages(cls: type[Accelerator]) -> tuple[str, ...]:
+    """The distribution names an accelerator requires: its ``requires`` but the optimizer and the loader."""
+    return tuple(r for r in cls.requires if r not in ("optimizer", "loader"))
 
 
 def overrides(accelerator: Accelerator, hook: str) -> bool:
