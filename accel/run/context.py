@@ -69,15 +69,8 @@ class Decisions:
 def shown_value(value: Any) -> str:
     """A decision as the report shows it: modules by count and class (a module's repr is its whole tree)."""
     if isinstance(value, (list, tuple)) and value and all(isinstance(v, torch.nn.Module) for v in value):
-        kinds = sorted({module_class(v) for v in value})
-        return f"{len(value)} module(s): {', '.join(kinds)}"
+        return f"{len(value)} module(s): {', '.join(sorted({type(v).__name__ for v in value}))}"
     return str(value).replace("torch.", "")
-
-
-def module_class(module: torch.nn.Module) -> str:
-    """The module's own class name, not the one a wrapper put first in place (FSDP2's FSDP<name>)."""
-    own = next((c for c in type(module).__mro__ if not c.__module__.startswith("torch.distributed")), type(module))
-    return own.__name__
 
 
 @dataclass
