@@ -25,17 +25,17 @@ from accel.errors import (
                           Skip,
                           StaleWarning,
 )
-from accel.hardware import probe
+from accel.hardware import Hardware, probe
 from accel.plan import Plan
 from accel.plan.contract import Accelerator, Capability, Keeps, Stage, State, register, unregister
 from accel.plan.options import Option, Options, option
 from accel.run import Run
+from accel.run.context import Context
 from accel.run.report import Report
 from accel.search import Auto, TuneResult, accelerate, tune
 from accel.version import __version__
 
 __all__ = ["__version__", "AccelError", "AccelerateError", "Accelerator", "Auto", "Capability", "BypassWarning",
-           "CheckpointError", "LoopError", "LoopWarning", "Keeps", "MeasureError", "Option", "Options", "Plan",
-           "PlanError", "Problem", "Report", "Run", "Skip", "Stage", "State", "StaleWarning", "TuneResult",
-           "accelerate", "decide", "probe",
-           "option", "register", "tune", "unregister"]
+           "CheckpointError", "Context", "Hardware", "LoopError", "LoopWarning", "Keeps", "MeasureError", "Option",
+           "Options", "Plan", "PlanError", "Problem", "Report", "Run", "Skip", "Stage", "State", "StaleWarning",
+           "TuneResult", "accelerate", "decide", "probe", "option", "register", "tune", "unregister"]

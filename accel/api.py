@@ -1,12 +1,8 @@
 """accelerate(): decide and check the whole plan, then apply it in order; on any failure, roll everything back.
 
-    run = accel.accelerate(model, optimizer, loader, plan=["threads", "channels_last", "amp"])
-
-Phases (accel/plan/contract.py has the contract): the plan is parsed and ordered; the core resolves the launch
-(rank) and the device, so each rank of a launched job starts on its own device; every accelerator decides,
-then checks; all problems raise one PlanError with nothing changed. Then the model is placed on its device and
-the accelerators apply in order, each process-wide change recorded in a journal: if one fails, the journal is
-rolled back and the user's objects and the process are exactly as they were.
+The core resolves the launch (rank) and the device first; every accelerator decides, then checks, and all problems
+raise one PlanError with nothing changed. Then the model is placed and the accelerators apply in order, each change
+recorded in a journal, rolled back if one fails: the user's objects and the process are as they were.
 """
 from __future__ import annotations
 
@@ -23,9 +19,9 @@ from accel.errors import AccelerateError, PlanError, Problem, Skip, StaleWarning
 from accel.hardware import Hardware, package_version, probe
 from accel.modules import compiled
 from accel.plan import Plan, PlanSpec
-from accel.plan.contract import Accelerator, Capability, State
+from accel.plan.contract import Accelerator, Capability, GradientSync, State, packages
 from accel.run import Run, open_run
-from accel.run.context import Context, Decisions, HandedOver, placement
+from accel.run.context import Context, Decisions, placement
 from accel.run.journal import Journal
 from accel.run.report import Report, Row
 from accel.run.run import _OPEN
@@ -35,11 +31,10 @@ __all__ = ["AccelerateError", "accelerate", "decide"]
 
 
 def _refuse_dropping_held_gradients(model: torch.nn.Module) -> None:
-    """accelerate() again closes the run open on this model first. Where a wrapper of that run holds gradients
-    unreduced in its own buffers (FSDP2 between an accumulation's micro-steps), closing it would drop them, and a
-    run given back after a refused plan would train on without them: refused here, before anything changes."""
+    """accelerate() again closes the run open on this model first, which would drop the gradients a wrapper holds
+    unreduced (FSDP2 between an accumulation's micro-steps): refused here, before anything changes."""
     earlier = open_run(model)
-    holders = [a.name for a in earlier.accelerators if a.held_gradients(earlier.states[a.name])] if earlier else []
+    holders = [a.name for a, state in earlier.playing(GradientSync) if a.held_gradients(state)] if earlier else []
     if holders:
         raise PlanError([Problem(holders[0], f"accelerate() again in the middle of accumulating gradients under "
                                  f"{holders[0]}: it holds them unreduced in its own buffers, which closing the run "
@@ -69,14 +64,13 @@ def prepare(model, optimizer, loader, plan: PlanSpec, device: Any = "auto", jour
     if not isinstance(model, torch.nn.Module):
         problems.append(Problem("model", "is not a torch.nn.Module", value=type(model).__name__))
         raise PlanError(problems)
+    model = model._orig_mod if compiled(model) else model  # your torch.compile: the plan works inside it
     hardware = hardware or probe()
     decisions = placement(device, hardware, problems)
     if decisions is None:
         raise PlanError(problems)
-    earlier = open_run(model)
-    handed = HandedOver(dict(earlier.states)) if earlier is not None else None
     ctx = Context(model=model, optimizer=optimizer, loader=loader, hardware=hardware, plan=plan, decisions=decisions,
-                  journal=journal or Journal(), handed_over=handed)
+                  journal=journal or Journal())
     accelerators = [copy.copy(a) for a in plan]  # each run keeps its own state on its own objects
     skips: dict[str, str] = {}
     checked: dict[str, list[Problem]] = {}
@@ -85,10 +79,10 @@ def prepare(model, optimizer, loader, plan: PlanSpec, device: Any = "auto", jour
         checked[accelerator.name] = [
             Problem(accelerator.name, f"needs the package {name!r}, which is not installed",
                     allowed=f"pip install {name}", kind="missing")
-            for name in accelerator.requires if package_version(name) is None]
+            for name in packages(type(accelerator)) if package_version(name) is None]
         checked[accelerator.name] += [
             Problem(accelerator.name, f"needs the {what}: pass one to accel.accelerate(model, optimizer, loader, ...)",
-                    kind="missing") for what in accelerator.needs if given[what] is None]
+                    kind="missing") for what in accelerator.requires if what in given and given[what] is None]
     for accelerator in accelerators:
         if checked[accelerator.name]:
             continue
@@ -203,8 +197,7 @@ def accelerate(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None =
             for warning in caught:  # keep them in the report and still show them to the user
                 row.warnings.append(str(warning.message))
                 warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
-            state = states.get(accelerator.name)
-            # a wrapper keeps it live
+            state = states.get(accelerator.name)  # (a wrapper keeps the model live)
             if state is not None and accelerator.unwrap(state, ctx.model) is not model_before:
                 replaced.setdefault("model", accelerator.name)
             if ctx.optimizer is not optimizer_before:

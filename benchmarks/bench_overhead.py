@@ -113,8 +113,8 @@ class Watched(Unwatched):
 
     name = "bench_watched"
 
-    def relies_on(self, state):
-        return {"backward": "nothing", "step": "nothing", "batch": "nothing"}
+    def apply(self, ctx):
+        return accel.State(relies_on={"backward": "nothing", "step": "nothing", "batch": "nothing"})
 
 
 def watch_cost_us(rounds: int = 7, iterations: int = 2000) -> tuple[float, float, float]:

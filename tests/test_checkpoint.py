@@ -5,6 +5,8 @@ import subprocess
 import sys
 import textwrap
 import time
+import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -131,3 +133,23 @@ def test_a_samplers_own_generator_resumes_on_the_same_batches(tmp_path):
     batches(other)  # its sampler's generator moves on
     other.load(tmp_path / "ckpt.pt")
     assert batches(other) == expected
+
+
+def test_a_checkpoint_written_by_0_3_loads_with_each_accelerators_state():
+    """tests/checkpoints/run_0_3.pt: accel 0.3 (its accelerators saved their state through hooks of their own), three
+    batches into amp fp16 + grad_accumulation(steps=2) + grad_clipping on tiny_model with SGD, saved mid-accumulation.
+    0.4's states save themselves under the same keys: the scaler's scale, the micro-step and its gradients load."""
+    saved = torch.load(Path(__file__).parent / "checkpoints" / "run_0_3.pt", weights_only=False)
+    model = tiny_model()
+    plan = [{"amp": {"dtype": "float16"}}, {"grad_accumulation": {"steps": 2}}, {"grad_clipping": {"max_norm": 1.0}}]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # fp16 emulated on a CPU without it
+        run = accel.accelerate(model, torch.optim.SGD(model.parameters(), lr=0.01), tiny_loader(), plan, device="cpu")
+    run.load(Path(__file__).parent / "checkpoints" / "run_0_3.pt")
+    assert run.steps == 3 and run.state("grad_accumulation").micro == 1
+    assert run.scaler.get_scale() == saved["accelerators"]["amp"]["scaler"]["scale"]
+    grads = saved["accelerators_per_rank"][0]["grad_accumulation"]["grads"]
+    assert grads and all(torch.equal(p.grad, grads[n]) for n, p in model.named_parameters())
+    assert run.accelerator_state_dict("amp").keys() == {"scaler"}
+    assert run.accelerator_state_dict("grad_accumulation").keys() == {"micro", "grads"}
+    run.close()

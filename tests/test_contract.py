@@ -1,16 +1,13 @@
 """accel 0.3's accelerator contract (issue 24), held against every built-in: typed options (a frozen Options
 dataclass, checked all at once), per-run state returned by apply (nothing set on the accelerator after
-construction), capabilities as accel.Capability members, and no accelerator reading another (static check). An
-accelerator written for 0.2 keeps working until 0.4, and warns what to write instead.
+construction), capabilities as accel.Capability members, and no accelerator reading another (static check).
 
 Real runs, no mocks: every built-in trains a few steps with its ``example`` options (ddp and fsdp in a gloo group of
-one, in this process, as torchrun --nproc-per-node 1 would start), is saved and loaded, and then
-``accel.plan.compat.BROKEN``, where a built-in's breach of the contract is recorded, must hold nothing of it."""
+one, in this process, as torchrun --nproc-per-node 1 would start), is saved and loaded, and holds nothing but what
+it was given."""
 import ast
 import dataclasses
-import subprocess
-import sys
-import warnings
+import typing
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,15 +20,16 @@ from test_layout import accelerators, imported  # the layout rules read the sour
 from zoo import MODELS, Net
 
 import accel
-import accel.plan.compat as compat
+import accel.plan.contract as contract
 from accel.errors import PlanError
 from accel.hardware import package_version
-from accel.plan.contract import REGISTRY, Accelerator, Capability, Option, Options, Stage, State, register, unregister
-from accel.testing import process_state_restored, tiny_loader, tiny_model, tiny_optimizer, train_steps
+from accel.plan.contract import REGISTRY, Accelerator, Capability, Stage, State, packages
+from accel.plan.options import Option, Options
+from accel.testing import process_state_restored, tiny_loader, tiny_optimizer
 
 PACKAGE = Path(accel.__file__).parent
 ACCELERATORS = PACKAGE / "accelerators"
-BUILTIN = {name: cls for name, cls in sorted(REGISTRY.items()) if compat.builtin(cls)}
+BUILTIN = {name: cls for name, cls in sorted(REGISTRY.items()) if cls.__module__.startswith("accel.")}
 # built-ins trained together: the services between them (accumulating, gradient_sync, held_gradients, grad_scaler)
 STACKS = {
     "amp fp16 + grad_accumulation + grad_clipping + ddp": [{"amp": {"dtype": "float16"}},
@@ -40,16 +38,6 @@ STACKS = {
     "grad_accumulation + grad_clipping + fsdp": [{"grad_accumulation": {"steps": 2}},
                                                  {"grad_clipping": {"max_norm": 1.0}}, "fsdp"],
 }
-
-
-def classes(cls: type) -> set[str]:
-    """The names BROKEN records a built-in's breaches under: its class and its built-in bases (ddp's DataParallel)."""
-    return {c.__name__ for c in cls.__mro__
-            if compat.builtin(c) and issubclass(c, Accelerator) and c is not Accelerator}
-
-
-def breaches(cls: type) -> list[str]:
-    return sorted(b for b in compat.BROKEN if b.split(":")[0] in classes(cls))
 
 
 def launched(plan: list) -> bool:
@@ -118,7 +106,7 @@ def ran(tmp_path_factory) -> dict[str, Ran]:
     again on a loader with a worker (loader has nothing to change on a machine whose CPUs all compute)."""
     results = {}
     for name, cls in BUILTIN.items():
-        if any(package_version(p) is None for p in cls.requires):
+        if any(package_version(p) is None for p in packages(cls)):
             continue
         plan = [{name: {**cls.example, "optional": True}}]
         results[name] = real_run(plan, tmp_path_factory.mktemp(name))
@@ -131,23 +119,13 @@ def ran(tmp_path_factory) -> dict[str, Ran]:
 
 # --- (a) nothing shipped breaks the contract, at import and while it runs ---------------------------------------
 
-def test_importing_accel_records_no_breach():
-    """What accel.plan.compat records at class creation (an options dict, hooks without state), in a fresh process."""
-    code = "import accel, accel.plan.compat as c; print(sorted(c.BROKEN))"
-    out = subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True, timeout=120,
-                         cwd=PACKAGE.parent)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "[]", out.stdout
-
-
 @pytest.mark.parametrize("name", BUILTIN)
 def test_a_real_run_of_each_built_in_breaks_nothing_of_the_contract(name, ran):
     cls = BUILTIN[name]
-    missing = [p for p in cls.requires if package_version(p) is None]
+    missing = [p for p in packages(cls) if package_version(p) is None]
     if missing:
         pytest.skip(f"{name} requires {missing}, not installed here")
     result = ran[name]
-    assert not breaches(cls), breaches(cls)
     assert not result.error, result.error
     if result.statuses.get(name) != "applied":
         pytest.skip(f"{name} stands aside here ({result.reasons.get(name)}): only its declarations were checked")
@@ -156,14 +134,8 @@ def test_a_real_run_of_each_built_in_breaks_nothing_of_the_contract(name, ran):
 @pytest.mark.parametrize("label", STACKS)
 def test_built_ins_trained_together_break_nothing_of_the_contract(label, ran):
     result = ran[label]
-    found = sorted({b for name in accel.Plan(STACKS[label]).names() for b in breaches(REGISTRY[name])})
-    assert not found, found
     assert not result.error, result.error
     assert set(result.statuses.values()) == {"applied"}, result.reasons
-
-
-def test_after_every_built_in_ran_nothing_shipped_is_broken(ran):
-    assert compat.BROKEN == set(), sorted(compat.BROKEN)
 
 
 # --- (b) options: a frozen dataclass whose defaults construct -----------------------------------------------------
@@ -189,7 +161,7 @@ def test_each_built_ins_options_are_a_frozen_dataclass_whose_defaults_construct(
 @pytest.mark.parametrize("name", BUILTIN)
 def test_after_a_run_an_accelerator_holds_only_what_it_was_given(name, ran):
     if name not in ran:
-        pytest.skip(f"{name} requires {list(BUILTIN[name].requires)}, not installed here")
+        pytest.skip(f"{name} requires {list(packages(BUILTIN[name]))}, not installed here")
     if name not in ran[name].attributes:
         if ran[name].error:
             pytest.fail(f"{name} could not be run: {ran[name].error}")
@@ -360,7 +332,79 @@ def test_every_capability_is_provided_by_a_built_in():
     assert set(Capability) <= provided, sorted(set(Capability) - provided)
 
 
-# --- (f) options from their specs: an equal Options, or one PlanError naming each bad field ------------------------
+# --- (f) the contract's types: they resolve, and a class's type arguments give its Options and State ------------
+
+HOOKS = ("candidates", "decide", "check", "apply", "forward_context", "backward", "step", "optimizer_step", "unwrap",
+         "bypassed")
+ROLES = {contract.LossScaler: ("grad_scaler", "unscale_gradients"), contract.StepSchedule: ("accumulating",),
+         contract.GradientSync: ("gradient_sync", "held_gradients", "release_held_gradients")}
+
+
+def hints(function) -> dict:
+    """Every annotation of a function, resolved: Run and Context sit a floor up, imported under TYPE_CHECKING."""
+    from accel.run.context import Context
+    from accel.run.run import Run
+
+    return typing.get_type_hints(function, globalns={**function.__globals__, "Run": Run, "Context": Context})
+
+
+@pytest.mark.parametrize("cls", [Accelerator, *ROLES, *BUILTIN.values()], ids=lambda c: c.__name__)
+def test_the_annotations_of_every_hook_and_role_resolve(cls):
+    names = [*HOOKS, *(n for role, methods in ROLES.items() if issubclass(cls, role) for n in methods)]
+    for name in names if cls not in ROLES else ROLES[cls]:
+        found = hints(getattr(cls, name))
+        assert "return" in found or cls is not Accelerator and cls not in ROLES, (cls, name)
+    for method in (cls.State.state_dict, cls.State.load_state_dict) if cls not in ROLES else ():
+        hints(method)
+    if cls is Accelerator:
+        assert hints(Accelerator.step)["state"] is contract.StateT and hints(Accelerator.apply)["ctx"].__name__ == (
+            "Context")
+
+
+@dataclass(frozen=True, kw_only=True)
+class MineOptions(Options):
+    steps: int = accel.option(2)
+
+
+@dataclass
+class MineState(State):
+    count: int = 0
+
+
+def test_options_and_state_come_from_the_type_arguments_or_the_base():
+    class Bare(Accelerator):
+        name, stage = "bare", Stage.STEP
+
+    class Typed(Accelerator[MineOptions, MineState]):
+        name, stage = "typed", Stage.STEP
+
+    class Further(Typed):  # inherits both
+        name = "further"
+
+    assert (Bare.Options, Bare.State) == (Options, State)
+    assert (Typed.Options, Typed.State) == (Further.Options, Further.State) == (MineOptions, MineState)
+    assert Typed(steps=3).config == MineOptions(steps=3)
+    assert (REGISTRY["ddp"].Options.__name__, REGISTRY["ddp"].State.__name__) == ("DDPOptions", "DDPState")
+    with pytest.raises(AttributeError, match="keeps no run state"):
+        Typed().count = 1
+
+
+def test_the_run_asks_the_roles_of_those_that_play_them():
+    played = {name: sorted(r.__name__ for r in ROLES if isinstance(cls(**cls.example), r))
+              for name, cls in BUILTIN.items()}
+    assert {n: r for n, r in played.items() if r} == {"amp": ["LossScaler"], "ddp": ["GradientSync"],
+                                                     "fsdp": ["GradientSync"], "grad_accumulation": ["StepSchedule"]}
+
+    class Structural(Accelerator):  # a role played by defining its methods, without subclassing it
+        name, stage = "structural", Stage.STEP
+
+        def accumulating(self, state):
+            return False
+
+    assert isinstance(Structural(), contract.StepSchedule) and not isinstance(Structural(), contract.LossScaler)
+
+
+# --- (g) options from their specs: an equal Options, or one PlanError naming each bad field ------------------------
 
 class Odd:
     """A value of no type any option accepts (unless it takes any object)."""
@@ -382,7 +426,7 @@ def values_of(spec: Option) -> st.SearchStrategy:
 
 
 def option_dicts(cls: type) -> st.SearchStrategy:
-    specs = cls.all_options()
+    specs = cls.Options.specs()
     known = st.fixed_dictionaries({}, optional={k: values_of(s) for k, s in specs.items()})
     unknown = st.dictionaries(st.sampled_from(["no_such_option", next(iter(specs)) + "s"]), st.integers(), max_size=1)
     return st.tuples(known, unknown).map(lambda pair: {**pair[0], **pair[1]})
@@ -393,7 +437,7 @@ def option_dicts(cls: type) -> st.SearchStrategy:
 @given(data=st.data())
 def test_options_drawn_from_the_specs_construct_equal_options_or_one_plan_error_naming_each_field(name, data):
     cls = BUILTIN[name]
-    specs = cls.all_options()
+    specs = cls.Options.specs()
     values = data.draw(option_dicts(cls))
     bad = {k for k, v in values.items() if k not in specs or specs[k].problem(v)}
     surely_bad = {k for k, v in values.items()
@@ -412,100 +456,3 @@ def test_options_drawn_from_the_specs_construct_equal_options_or_one_plan_error_
         for field in dataclasses.fields(cls.Options):
             given_value = values.get(field.name, field.metadata["option"].default)
             assert getattr(accelerator.config, field.name) == given_value, field.name
-
-
-# --- an accelerator written for 0.2 works until 0.4, and says what to write instead --------------------------------
-
-def warned(record) -> str:
-    return "\n".join(str(w.message) for w in record if issubclass(w.category, DeprecationWarning))
-
-
-def test_an_accelerator_written_for_0_2_still_trains_and_warns_what_to_write_instead(tmp_path):
-    with pytest.warns(DeprecationWarning) as declared:
-        class Legacy(Accelerator):
-            """0.2's contract: an options dict, per-run state on self, hooks without the state."""
-
-            name, stage = "legacy_counter", Stage.STEP
-            options = {"start": Option(0, (int,))}
-
-            def apply(self, ctx):
-                self.count = self.start
-                return {"start": self.start}
-
-            def step(self, run, optimizer, proceed):
-                stepped = proceed(optimizer)
-                self.count += stepped
-                return stepped
-
-            def state_dict(self):
-                return {"count": self.count}
-
-            def load_state_dict(self, state):
-                self.count = state["count"]
-
-    text = warned(declared)
-    assert "Legacy declares options as a dict; declare a frozen dataclass: class Options(accel.Options)" in text
-    assert "read as self.config." in text
-    assert ("Legacy hooks ['load_state_dict', 'state_dict', 'step'] take no state; write them as accel.Accelerator's"
-            in text)
-    assert "removed in 0.4; docs/migration.md" in text
-    assert dataclasses.is_dataclass(Legacy.Options) and Legacy.Options().start == 0  # built from the dict
-    register(Legacy)
-    try:
-        model = tiny_model()
-        with pytest.warns(DeprecationWarning) as running:
-            run = accel.accelerate(model, tiny_optimizer(model), tiny_loader(), [{"legacy_counter": {"start": 3}}],
-                                   device="cpu")
-            train_steps(run)
-        text = warned(running)
-        assert "Legacy reads the option 'start' as self.start; read self.config.start" in text
-        assert "Legacy sets 'count' on itself; keep per-run state in the State apply returns" in text
-        assert run.accelerator("legacy_counter").count == 3 + 4  # its own hooks kept its state: 4 steps
-        assert run.report.row("legacy_counter").changes == {"start": 3}
-        run.save(tmp_path / "checkpoint")
-        model = tiny_model()
-        other = accel.accelerate(model, tiny_optimizer(model), tiny_loader(), [{"legacy_counter": {"start": 3}}],
-                                 device="cpu")
-        other.load(tmp_path / "checkpoint")
-        assert other.accelerator("legacy_counter").count == 7
-        assert not [b for b in compat.BROKEN if b.startswith("Legacy:")]  # a user's class is warned, not recorded
-    finally:
-        unregister("legacy_counter")
-
-
-@dataclass
-class CountedState(State):
-    count: int = 0
-
-
-class Counted(Accelerator):
-    """0.3's contract: its state is what apply returns; run.state(name) reads it."""
-
-    name, stage = "counted", Stage.STEP
-
-    def apply(self, ctx):
-        return CountedState()
-
-    def step(self, run, state, optimizer, proceed):
-        state.count += 1
-        return proceed(optimizer)
-
-
-def test_reading_run_state_through_run_accelerator_still_answers_and_warns():
-    register(Counted)
-    try:
-        model = tiny_model()
-        run = accel.accelerate(model, tiny_optimizer(model), tiny_loader(), ["counted"], device="cpu")
-        train_steps(run)
-        assert run.state("counted").count == 4
-        with pytest.warns(DeprecationWarning, match=r"read 'count' from run\.accelerator\('counted'\); read "
-                                                    r"run\.state\('counted'\)\.count"):
-            assert run.accelerator("counted").count == 4
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", DeprecationWarning)
-            assert run.accelerator("counted").config == Counted.Options()  # its options: no warning
-        assert sorted(vars(run.accelerators[0])) == ["config", "explicit"]
-        with pytest.raises(AttributeError, match=r"read-only; its state is run\.state\('counted'\)"):
-            run.accelerator("counted").count = 0
-    finally:
-        unregister("counted")

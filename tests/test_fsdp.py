@@ -15,6 +15,7 @@ from zoo import Case
 from zoo.loops import LOOPS, Loop, layer
 
 import accel
+from accel.accelerators.compile import sharded_blocks
 from accel.errors import CheckpointError, StaleWarning
 from accel.plan.contract import Accelerator, Stage, register, unregister
 from accel.testing import check_equivalence, snapshot, tiny_loader, tiny_model
@@ -403,7 +404,7 @@ def test_amp_and_compile_compose_with_fsdp(tmp_path):
     ranks = launched(tmp_path, "fsdp", "--plan", json.dumps(plan))
     rows = {row["name"]: row for row in ranks[0]["report"]["accelerators"]}
     assert rows["fsdp"]["changes"]["mixed_precision"] == "param_dtype=bfloat16, reduce_dtype=float32"
-    assert "(the blocks fsdp sharded)" in rows["compile"]["changes"]["regions"]
+    assert "(the blocks FSDP2 sharded)" in rows["compile"]["changes"]["regions"]
     single = reference(tmp_path, "single")
     torch.testing.assert_close(torch.tensor(ranks[0]["losses"]), torch.tensor(single["losses"]), rtol=2e-2, atol=0)
     assert_weights_close(ranks, single, atol=2e-2)  # bf16 compute: amp's card
@@ -540,8 +541,8 @@ def test_accumulating_without_run_autocast_fsdp_reduces_on_the_last_micro_batch_
     run.held_gradients()), the N-th reduces them all; the loop never enters run.autocast()."""
     model, _, _, run = gpt_run({"fsdp": {}, "grad_accumulation": {"steps": 3}})
     try:
-        assert run.decisions.sharded_blocks == list(model.blocks) and run.decisions.by["sharded_blocks"]
-        assert run.report.decisions["sharded_blocks"] == "2 module(s): Block"  # a count and names, not the modules
+        assert sharded_blocks(model) == list(model.blocks)  # what compile, applied later, compiles one by one
+        assert run.report.row("fsdp").changes["sharded"].startswith("2 x Block: ")
         seen = []
         for x, y in run.loader:
             flags = set(reduce_flags(model))

@@ -319,8 +319,14 @@ def test_an_lstm_on_packed_sequences_runs_through_auto_with_its_own_loop():
 class CounterState(State):
     count: int = 0
 
+    def state_dict(self):
+        return {"count": self.count}
 
-class Counter(Accelerator):
+    def load_state_dict(self, saved):
+        self.count = saved["count"]
+
+
+class Counter(Accelerator[accel.Options, CounterState]):
     """A test accelerator with state: the steps it has run. Its arm's state must survive its turns apart."""
 
     name = "counter"
@@ -336,12 +342,6 @@ class Counter(Accelerator):
     def step(self, run, state, optimizer, proceed):
         state.count += 1
         return proceed(optimizer)
-
-    def state_dict(self, state):
-        return {"count": state.count}
-
-    def load_state_dict(self, state, saved):
-        state.count = saved["count"]
 
 
 def test_an_arms_state_waits_for_its_next_turn():

@@ -271,12 +271,7 @@ def reexports(path: Path) -> set[str]:
     return {name for name in bound - used if not name.startswith("_")}
 
 
-IN_PHASE_1B = {"accel.plan.contract", "accel.plan.options"}  # issue 39's contract rewrite gives them __all__
-
-
-@pytest.mark.parametrize("name", [pytest.param(m, marks=pytest.mark.xfail(
-    strict=True, reason="issue 39's phase 1b rewrites this module: give it __all__ then and drop this mark"))
-    if m in IN_PHASE_1B else m for m in public_modules()])
+@pytest.mark.parametrize("name", public_modules())
 def test_a_public_module_says_what_it_exports(name):
     module = importlib.import_module(name)
     assert isinstance(vars(module).get("__all__"), list), f"{name} has no __all__"

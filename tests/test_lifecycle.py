@@ -245,13 +245,19 @@ class CounterOptions(Options):
 class CounterState(State):
     count: int
 
+    def state_dict(self):
+        return {"count": self.count}
 
-class Counter(Accelerator):
+    def load_state_dict(self, saved):
+        if not isinstance(saved.get("count"), int):
+            raise ValueError(f"no step count in {saved}")
+        self.count = saved["count"]
+
+
+class Counter(Accelerator[CounterOptions, CounterState]):
     """Counts optimizer steps: runtime state kept per run and saved per accelerator by run.save."""
 
     name, stage = "counter", Stage.STEP
-    Options = CounterOptions
-    config: CounterOptions
 
     def apply(self, ctx):
         return CounterState(self.config.start)
@@ -260,14 +266,6 @@ class Counter(Accelerator):
         stepped = proceed(optimizer)
         state.count += stepped
         return stepped
-
-    def state_dict(self, state):
-        return {"count": state.count}
-
-    def load_state_dict(self, state, saved):
-        if not isinstance(saved.get("count"), int):
-            raise ValueError(f"no step count in {saved}")
-        state.count = saved["count"]
 
 
 def test_each_run_has_its_own_accelerator_state_and_run_save_keeps_it(registered, tmp_path):
@@ -361,12 +359,12 @@ def test_a_load_that_fails_half_way_puts_the_run_back(registered, tmp_path, monk
     train_steps(run)  # the run moves on from the checkpoint
     before, steps, count = snapshot(run.model, run.optimizer), run.steps, run.state("counter").count
 
-    def broken(self, state, saved, original=Counter.load_state_dict):  # refuses the checkpoint's, takes the backup
-        if saved.get("count") != state.count:
+    def broken(self, saved, original=CounterState.load_state_dict):  # refuses the checkpoint's, takes the backup
+        if saved.get("count") != self.count:
             raise RuntimeError("a state this version cannot read")
-        original(self, state, saved)
+        original(self, saved)
 
-    monkeypatch.setattr(Counter, "load_state_dict", broken)
+    monkeypatch.setattr(CounterState, "load_state_dict", broken)
     with pytest.raises(accel.CheckpointError, match="was put back"):
         run.load(tmp_path / "ckpt.pt")
     monkeypatch.undo()

@@ -1,9 +1,11 @@
 """Plans: every accepted form, the library's order, and every problem reported together."""
+from dataclasses import dataclass
+
 import pytest
 import torch
 
 import accel
-from accel import Accelerator, Option, Plan, PlanError, Skip, Stage
+from accel import Accelerator, Options, Plan, PlanError, Skip, Stage, State, option
 from accel.testing import apply_one, snapshot, tiny_loader, tiny_model, tiny_optimizer
 
 CORE = ["threads", "loader", "amp", "channels_last", "compile"]
@@ -105,21 +107,25 @@ def test_conflicts_are_plan_errors():
         accel.accelerate(model, None, None, plan={"compile": {"backend": "nope"}})
 
 
-class _Halve(Accelerator):
+@dataclass(frozen=True, kw_only=True)
+class _HalveOptions(Options):
+    factor: float = option(0.5, (float,), check=lambda v: None if 0 < v <= 1 else "must be in (0, 1]")
+
+
+class _Halve(Accelerator[_HalveOptions, State]):
     """A user-written accelerator: halves every weight (model surgery, so it runs before kernels)."""
 
     name = "halve"
     stage = Stage.SURGERY
-    options = {"factor": Option(0.5, (float,), check=lambda v: None if 0 < v <= 1 else "must be in (0, 1]")}
     requires = ()
 
     def apply(self, ctx):
-        if self.factor == 1.0:
+        if self.config.factor == 1.0:
             raise Skip("factor 1.0 changes nothing")
         with torch.no_grad():
             for p in ctx.model.parameters():
-                p.mul_(self.factor)
-        return {"factor": self.factor}
+                p.mul_(self.config.factor)
+        return {"factor": self.config.factor}
 
 
 @pytest.fixture
@@ -171,3 +177,10 @@ def test_missing_package_fails_unless_optional():
     run = accel.accelerate(model, None, None, plan=[NeedsGhost(optional=True)])
     row = run.report.row("ghost")
     assert row.status == "skipped" and "optional, and needs the package" in row.reason
+
+
+def test_decide_works_inside_your_compiled_model_as_accelerate_does():
+    """accelerate() peels your torch.compile wrapper and plans inside it; decide() answers the same, not a problem."""
+    model = tiny_model()
+    decisions = accel.decide(torch.compile(model, backend="eager"), None, None, ["compile"], device="cpu")
+    assert decisions.device == torch.device("cpu")

@@ -17,6 +17,7 @@ from accel.accelerators.grad_accumulation import GradAccumulation
 from accel.accelerators.grad_clipping import GradClipping
 from accel.hardware import probe
 from accel.modules import repeated_blocks
+from accel.plan.contract import overrides
 from accel.testing import apply_one, snapshot, tiny_loader, tiny_model, train_steps
 
 
@@ -129,7 +130,7 @@ def test_run_autocast_only_autocasts_it_pauses_no_gradient_sync(monkeypatch, pla
     and DDP's gradient sync is what the run set at its last run.step(), inside and outside alike."""
     for key, value in one_rank_env().items():
         monkeypatch.setenv(key, value)
-    assert not GradAccumulation(steps=2).overrides("forward_context")
+    assert not overrides(GradAccumulation(steps=2), "forward_context")
     model = tiny_model()
     run = accel.accelerate(model, torch.optim.SGD(model.parameters(), lr=0.1), tiny_loader(),
                            ["ddp", {"grad_accumulation": {"steps": 2}}, *plan], device="cpu")

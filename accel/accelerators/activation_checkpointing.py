@@ -25,20 +25,9 @@ from torch import nn
 from torch.utils._pytree import tree_flatten, tree_unflatten
 from torch.utils.weak import WeakIdKeyDictionary
 
+from accel import modules
 from accel.errors import Problem, Skip
-from accel.modules import (
-    checkpoints_itself,
-    class_names,
-    compiled_problem,
-    hands_blocks_a_cache,
-    listed,
-    of_class,
-    outermost,
-    qualified,
-    repeated_blocks,
-    rerun_hooks,
-)
-from accel.plan.contract import EXACT, Accelerator, Capability, Stage, register
+from accel.plan.contract import EXACT, Accelerator, Capability, Stage, State, register
 from accel.plan.options import Options, option
 
 __all__ = ["ActivationCheckpointing", "ActivationCheckpointingOptions"]
@@ -55,22 +44,15 @@ def names_problem(value) -> str | None:
 
 
 def copy_of(tensor: torch.Tensor) -> torch.Tensor:
-    """The tensor as it is now, in a storage of its own with its strides (a reduction over another layout could
-    round differently), shared by the blocks it is handed to while it does not change (one copy of a mask for
-    twelve transformer blocks). Shared only while a pass that took it waits for its backward (it holds the copy):
-    a tensor refilled without torch's version counter knowing (through numpy's array under torch.from_numpy, or
-    .data) is copied again at the next step."""
-    kept = COPIES.get(tensor)
-    copied = kept[1]() if kept is not None and kept[0] == tensor._version else None
-    if copied is not None:
+    """The tensor as it is now, in a storage of its own with its strides, shared by the blocks it is handed to while
+    its version does not change and a pass that took it waits for its backward (one copy of a mask for 12 blocks)."""
+    version, copy_ref = COPIES.get(tensor, (None, None))
+    if version == tensor._version and (copied := copy_ref()) is not None:
         return copied
-    with torch.no_grad():
-        if tensor.layout != torch.strided or torch._debug_has_internal_overlap(tensor) == 1:  # sparse (a graph's
-            # adjacency in CSR has no strides), or expanded: its values, as they are laid out
-            copied = tensor.detach().clone()
-        else:
-            copied = torch.empty_strided(tensor.size(), tensor.stride(), dtype=tensor.dtype,
-                                       device=tensor.device).copy_(tensor)
+    with torch.no_grad():  # sparse (no strides) or expanded: its values as laid out; else the same strides
+        copied = tensor.detach().clone() if tensor.layout != torch.strided or torch._debug_has_internal_overlap(
+            tensor) == 1 else torch.empty_strided(tensor.size(), tensor.stride(), dtype=tensor.dtype,
+                                                  device=tensor.device).copy_(tensor)
     copied.requires_grad_(tensor.requires_grad)  # the recomputation saves what the first pass saved
     COPIES[tensor] = (tensor._version, weakref.ref(copied))
     return copied
@@ -104,9 +86,8 @@ def generator(value) -> tuple | None:
 
 
 def keep(value):
-    """What a forward may change in place in a value, copied: a tensor's values (not one that requires grad: a weight
-    computed from parameters), a list's, dict's or set's items, a random generator's state; None for the rest (a
-    number, a string: only rebinding changes them)."""
+    """What a forward may change in place in a value, copied: a tensor's values (not a computed weight's), a
+    container's items, a random generator's state; None for the rest (only rebinding changes a number)."""
     if isinstance(value, torch.Tensor):
         return None if value.requires_grad else value.detach().clone()
     if isinstance(value, (list, dict, set)):
@@ -143,20 +124,30 @@ def changed(value, kept) -> bool:
     return not isinstance(value, set) or value != kept  # a generator: put back whatever it drew
 
 
+def moment(parts: list[nn.Module]) -> tuple:
+    """The modules' train/eval modes, Python's and numpy's (where imported) random states: set_moment puts them back."""
+    numpy = sys.modules.get("numpy")
+    return [m.training for m in parts], random.getstate(), numpy.random.get_state() if numpy is not None else None
+
+
+def set_moment(parts: list[nn.Module], moment: tuple) -> None:
+    for m, mode in zip(parts, moment[0]):
+        m.training = mode
+    random.setstate(moment[1])
+    if moment[2] is not None:
+        sys.modules["numpy"].random.set_state(moment[2])
+
+
 class FirstPass:
-    """What a block's first pass saw besides its inputs, for the recomputation to see it again: its modules' state
-    (their buffers, and what their forwards may keep in attributes: a counter, a tensor, a list, a dict, a random
-    generator of their own), their train/eval modes, Python's and numpy's random states. Of the state, only what
-    the pass changed is kept."""
+    """What a block's first pass saw besides its inputs, for the recomputation to see it again: its modules' buffers
+    and attributes (only those the pass changed are kept), their modes, Python's and numpy's random states."""
 
     def __init__(self, module: nn.Module):
         places = [d for m in module.modules() for d in (m._buffers, m.__dict__)]
         self.state = [(d, key, value, keep(value)) for d in places for key, value in d.items()
                       if key not in MODULE_KEYS]
         self.keys = [(d, set(d)) for d in places]
-        self.modes = [m.training for m in module.modules()]
-        numpy = sys.modules.get("numpy")
-        self.random = random.getstate(), numpy.random.get_state() if numpy is not None else None
+        self.moment = moment(list(module.modules()))
 
     def done(self) -> None:
         """Keep what the pass changed: rebound, changed in place, or added."""
@@ -168,21 +159,14 @@ class FirstPass:
     @contextlib.contextmanager
     def again(self, module: nn.Module):
         """The block as the first pass found it; afterwards, as it is now (BatchNorm counts a batch once)."""
-        modules = list(module.modules())
-        modes = [m.training for m in modules]
-        numpy = sys.modules.get("numpy")
-        now = random.getstate(), numpy.random.get_state() if self.random[1] is not None else None
-        later = []  # each place as the first pass left it: what it holds, and that object's contents
+        parts = list(module.modules())
+        now, later = moment(parts), []  # each place as the first pass left it: what it holds, and its contents
         for d, key, value, kept in self.state:
             current = d.get(key, MISSING)
             later.append((current, keep(current), keep(value) if value is not current else None))
             place(d, key, value)
             put(value, kept)
-        for m, mode in zip(modules, self.modes):
-            m.training = mode
-        random.setstate(self.random[0])
-        if self.random[1] is not None:
-            numpy.random.set_state(self.random[1])
+        set_moment(parts, self.moment)
         try:
             yield
         finally:
@@ -190,11 +174,7 @@ class FirstPass:
                 put(value, value_kept)
                 place(d, key, current)
                 put(current, current_kept)
-            for m, mode in zip(modules, modes):
-                m.training = mode
-            random.setstate(now[0])
-            if now[1] is not None:
-                numpy.random.set_state(now[1])
+            set_moment(parts, now)
 
 
 def place(holder: dict, key: str, value) -> None:
@@ -206,19 +186,17 @@ def place(holder: dict, key: str, value) -> None:
 
 def checkpointed_forward(self: nn.Module, *args, **kwargs):
     """The class's forward, recomputed in backward from what the first pass saw (``FirstPass``, copies of the
-    inputs): the same training, less memory. Bound to the module (``types.MethodType``), so a deep copy of the
-    model binds it to the copy."""
+    inputs). Bound to the module (``types.MethodType``), so a deep copy of the model binds it to the copy."""
     forward = type(self).forward.__get__(self)
     if not (torch.is_grad_enabled() and self.training):  # eval or no_grad: nothing to keep for backward
         return forward(*args, **kwargs)
-    others, hooks = opaque((args, kwargs)), rerun_hooks(self)
+    others, hooks = opaque((args, kwargs)), modules.rerun_hooks(self)
     if others or hooks:
         why = (f"is handed {', '.join(others)}, which its forward may change and a recomputation could not see as it "
-               "was" if others else f"holds forward hooks on its layers ({listed(hooks, 3)}), which a recomputation "
-               "in backward would run a second time (mark a hook that computes only from its arguments with "
-               "accel.modules.recomputable)")
-        said = f"{qualified(type(self))}: {others or hooks}"
-        if said not in WARNED:
+               "was" if others else f"holds forward hooks on its layers ({modules.listed(hooks, 3)}), which a "
+               "recomputation in backward would run a second time (mark a hook that computes only from its arguments "
+               "with accel.modules.recomputable)")
+        if (said := f"{modules.qualified(type(self))}: {others or hooks}") not in WARNED:
             WARNED.add(said)
             warnings.warn(f"accel activation_checkpointing: a {type(self).__name__} {why}: those calls run without "
                           "checkpointing", stacklevel=2)
@@ -237,8 +215,7 @@ def checkpointed_forward(self: nn.Module, *args, **kwargs):
             first.done()
             changed = {i for i, version in zip(tensors, versions) if leaves[i]._version != version}
             copies.update({i: copies[i].clone() for i in changed})  # its own in-place ops: a copy to change
-            for i in tensors:
-                leaves[i] = None
+            leaves[:] = [None if i in copies else v for i, v in enumerate(leaves)]
             return output
         again, named = tree_unflatten([copies.get(i, v) for i, v in enumerate(leaves)], spec)  # new containers
         with first.again(self):
@@ -249,8 +226,7 @@ def checkpointed_forward(self: nn.Module, *args, **kwargs):
 
 
 def is_checkpointed(module: nn.Module) -> bool:
-    forward = module.__dict__.get("forward")
-    return getattr(forward, "__func__", None) is checkpointed_forward
+    return getattr(module.__dict__.get("forward"), "__func__", None) is checkpointed_forward
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -260,39 +236,34 @@ class ActivationCheckpointingOptions(Options):
 
 
 @register
-class ActivationCheckpointing(Accelerator):
+class ActivationCheckpointing(Accelerator[ActivationCheckpointingOptions, State]):
     name = "activation_checkpointing"
     stage = Stage.KERNELS
     provides = (Capability.MODEL_RECOMPUTE,)
     after = (Capability.MODEL_KERNELS, Capability.MODEL_LAYOUT)
     keeps = EXACT
-    Options = ActivationCheckpointingOptions
-    config: ActivationCheckpointingOptions
 
     def chosen_classes(self, model: nn.Module) -> tuple[set[str], list[str]]:
-        """The classes to checkpoint in the model as the user gave it (decide's, check's and apply's alike: the
-        plan's model may be another by apply, e.g. IPEX's), and the named classes it does not have."""
+        """The classes to checkpoint in the model as the user gave it (IPEX's, by apply, may be another), and the
+        named classes it does not have."""
         if self.config.modules == "auto":
-            return repeated_blocks(model), []
-        present = {n for m in model.modules() for n in (type(m).__name__, qualified(type(m)))}
+            return modules.repeated_blocks(model), []
+        present = {n for m in model.modules() for n in (type(m).__name__, modules.qualified(type(m)))}
         return set(self.config.modules) & present, sorted(set(self.config.modules) - present)
 
     def decide(self, ctx):
-        own = checkpoints_itself(ctx.model)
+        own = modules.checkpoints_itself(ctx.model)
         if own:
-            raise Skip(f"the model checkpoints its own activations already ({listed(own, 3)}): checkpointing them "
-                       "again would recompute them twice (and, under timm's, count BatchNorm's batches otherwise); "
-                       "nothing to add")
+            raise Skip(f"the model checkpoints its own activations already ({modules.listed(own, 3)}): checkpointing "
+                       "them again would recompute them twice (and, under timm's, count BatchNorm's batches "
+                       "otherwise); nothing to add")
         classes, _ = self.chosen_classes(ctx.model)
         if self.config.modules == "auto" and not classes:
             raise Skip("the model has no repeated block (a class with children occurring twice): name the "
                        "modules to checkpoint with modules=[...]")
 
     def check(self, ctx):
-        why = compiled_problem(ctx.model)
-        if why:
-            return [Problem(self.name, why, field="model", kind="conflict")]
-        if hands_blocks_a_cache(ctx.model):
+        if modules.hands_blocks_a_cache(ctx.model):
             return [Problem(self.name, "the model's config.use_cache is True: Hugging Face hands every block its KV "
                             "cache, which each block's forward appends to, and a recomputation would append again",
                             field="model", value=type(ctx.model).__name__,
@@ -302,14 +273,13 @@ class ActivationCheckpointing(Accelerator):
         if missing:
             return [Problem(self.name, f"no module of class {missing} in the model", field="modules",
                             value=self.config.modules, allowed="class names of the model's modules, e.g. "
-                            + ", ".join(sorted(repeated_blocks(ctx.model)) or ["Bottleneck"]))]
+                            + ", ".join(sorted(modules.repeated_blocks(ctx.model)) or ["Bottleneck"]))]
         return []
 
     def apply(self, ctx):
         classes, _ = self.chosen_classes(ctx.user_model)  # what decide() chose, on the model it saw
-        chosen = [ctx.model] if of_class(ctx.model, classes) else outermost(ctx.model, classes)  # (the whole model,
-        if not chosen:  # when its class is named: it recomputes everything from your batch)
-            # e.g. IPEX replaced the named classes with its own
+        chosen = [ctx.model] if modules.of_class(ctx.model, classes) else modules.outermost(ctx.model, classes)
+        if not chosen:  # e.g. IPEX replaced the named classes with its own
             raise Skip(f"no module of class {sorted(classes)} left in the model to checkpoint "
                        f"(found: {sorted({type(m).__name__ for m in ctx.model.modules()})[:6]})")
         names = {id(m): name or "(the whole model)" for name, m in ctx.model.named_modules()}
@@ -322,8 +292,8 @@ class ActivationCheckpointing(Accelerator):
                 ctx.journal.change(f"checkpointed forward on {names[id(module)]}",
                                    lambda m=module: setattr(m, "forward", types.MethodType(checkpointed_forward, m)),
                                    lambda m=module: m.__dict__.pop("forward", None), kind="object")
-        kinds = class_names(ctx.model)
+        kinds = modules.class_names(ctx.model)
         return {"modules": f"{len(chosen)} x {', '.join(sorted({kinds[type(m)] for m in chosen}))}: "
-                           + listed([names[id(m)] for m in chosen]),
+                           + modules.listed([names[id(m)] for m in chosen]),
                 "recompute": "their activations in backward (non-reentrant torch.utils.checkpoint), from copies "
                              "of what each block was handed"}

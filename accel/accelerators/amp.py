@@ -12,13 +12,21 @@ from __future__ import annotations
 
 import inspect
 import warnings
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from accel.errors import Problem, Skip
-from accel.plan.contract import Accelerator, Capability, Keeps, Stage, State, dtype_name, register
+from accel.hardware import Hardware
+from accel.plan.contract import Accelerator, Call, Capability, Keeps, LossScaler, Stage, State, dtype_name, register
 from accel.plan.options import Options, option
+
+if TYPE_CHECKING:
+    from accel.run.context import Context
+    from accel.run.run import Run
 
 __all__ = ["Amp", "AmpOptions", "AmpState"]
 
@@ -99,9 +107,19 @@ class AmpState(State):
     scaled: bool = False  # the gradients hold a loss it scaled (since its last step)
     idle: bool = False  # the loop went around the run (accel/run/watch.py): no loss scaling from then on
 
+    def state_dict(self) -> dict[str, Any]:
+        return {"scaler": self.scaler.state_dict()} if self.scaler is not None else {}
+
+    def load_state_dict(self, saved: dict[str, Any]) -> None:
+        if (self.scaler is None) != ("scaler" not in saved):
+            raise ValueError(f"the checkpoint has {'a' if 'scaler' in saved else 'no'} GradScaler state, this run "
+                             f"has {'one' if self.scaler is not None else 'none'}")
+        if self.scaler is not None:
+            self.scaler.load_state_dict(saved["scaler"])
+
 
 @register
-class Amp(Accelerator):
+class Amp(Accelerator[AmpOptions, AmpState], LossScaler[AmpState]):
     """Mixed precision: autocast in run.autocast(), loss scaling in run.backward()/run.step() for fp16."""
 
     name = "amp"
@@ -109,16 +127,15 @@ class Amp(Accelerator):
     provides = (Capability.PRECISION_AUTOCAST, Capability.PRECISION_LOSS_SCALING)
     keeps = Keeps("tolerance", rtol=0.5, atol=1e-3, loss_rtol=0.05,
                   note="lower-precision arithmetic in the forward pass and the loss")
-    Options = AmpOptions
-    config: AmpOptions
 
     @classmethod
-    def candidates(cls, hardware, model, optimizer=None, loader=None):
+    def candidates(cls, hardware: Hardware, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None,
+                   loader: Any = None) -> list[dict[str, Any]]:
         if hardware.devices.keys() - {"cpu"}:
             return [{}]
         return [{"dtype": "bfloat16"}] if hardware.native_bf16 else []
 
-    def decide(self, ctx):
+    def decide(self, ctx: Context) -> None:
         device = ctx.device
         if not torch.amp.is_autocast_available(device.type):
             raise Skip(f"torch has no autocast for device type {device.type!r}")
@@ -133,7 +150,7 @@ class Amp(Accelerator):
         scaling = dtype is torch.float16 if wanted == "auto" else wanted
         ctx.decide("loss_scaling", bool(scaling), "fp16 needs it" if scaling else "bf16 has fp32's range")
 
-    def check(self, ctx):
+    def check(self, ctx: Context) -> list[Problem]:
         if self.config.grad_scaler is True and ctx.decisions.compute_dtype is torch.bfloat16:
             source = "asked for" if self.config.dtype != "auto" else "what 'auto' resolves to here"
             return [Problem(self.name, f"a grad scaler is only for fp16, and the dtype is bfloat16 ({source}); bf16 "
@@ -154,7 +171,7 @@ class Amp(Accelerator):
                             "grad_scaler=False (fp16 gradients may then underflow)", kind="missing")]
         return []
 
-    def apply(self, ctx):
+    def apply(self, ctx: Context) -> AmpState:
         device, hardware, config = ctx.device, ctx.hardware, self.config
         dtype = ctx.decisions.compute_dtype
         if config.dtype != "auto" and emulated(device, dtype, hardware):
@@ -178,21 +195,17 @@ class Amp(Accelerator):
                                      (torch.backends.cudnn, getattr(torch.backends.cudnn, "conv", None))):
                 set_tf32(ctx.journal, flags, precision, config.allow_tf32)
             changes.update(cudnn_benchmark=config.cudnn_benchmark, allow_tf32=config.allow_tf32)
-        return AmpState(device.type, dtype, scaler, changes=changes)
+        relies_on = {"backward": "scaling of the loss for the GradScaler",
+                     "step": "GradScaler step (unscale, skip a step with inf/NaN gradients)"} if scaler else {}
+        return AmpState(device.type, dtype, scaler, changes=changes, relies_on=relies_on)
 
-    def forward_context(self, run, state):
+    def forward_context(self, run: Run, state: AmpState) -> AbstractContextManager[Any]:
         return torch.autocast(state.device_type, dtype=state.dtype)
 
-    def grad_scaler(self, state):
+    def grad_scaler(self, state: AmpState) -> torch.amp.GradScaler | None:
         return state.scaler
 
-    def relies_on(self, state):
-        if state.scaler is None:
-            return {}
-        return {"backward": "scaling of the loss for the GradScaler",
-                "step": "GradScaler step (unscale, skip a step with inf/NaN gradients)"}
-
-    def bypassed(self, run, state, call):
+    def bypassed(self, run: Run, state: AmpState, call: Call) -> str:
         """A scaled loss stepped by the loop's optimizer.step(), or the loop's unscaled loss stepped through the
         scaler, would step gradients 65536x off: the scaler stands aside, and scaled gradients are unscaled."""
         state.idle = True
@@ -213,11 +226,12 @@ class Amp(Accelerator):
         return ("idle from here on: autocast goes on (run.autocast()), but no loss scaling, so fp16 gradients may "
                 "underflow" + done)
 
-    def backward(self, run, state, loss, proceed):
+    def backward(self, run: Run, state: AmpState, loss: torch.Tensor,
+                 proceed: Callable[[torch.Tensor], None]) -> None:
         state.scaled = state.scaler is not None and not state.idle
         proceed(state.scaler.scale(loss) if state.scaled else loss)
 
-    def unscale_gradients(self, run, state, optimizer):
+    def unscale_gradients(self, run: Run, state: AmpState, optimizer: torch.optim.Optimizer | None) -> None:
         # once per step, however many readers ask (your code, grad_clipping): the GradScaler refuses a second
         # unscale_ before its update, and its step then uses these gradients
         if state.scaler is None or state.idle or optimizer is None:  # (check() refuses scaling without one)
@@ -228,7 +242,8 @@ class Amp(Accelerator):
             state.scaler.unscale_(optimizer)
             state.unscaled.add(id(optimizer))
 
-    def optimizer_step(self, run, state, optimizer, proceed):
+    def optimizer_step(self, run: Run, state: AmpState, optimizer: torch.optim.Optimizer,
+                       proceed: Callable[[torch.optim.Optimizer], bool]) -> bool:
         if state.scaler is None or state.idle:
             return proceed(optimizer)
         scale = state.scaler.get_scale()
@@ -237,13 +252,3 @@ class Amp(Accelerator):
         state.unscaled.clear()  # update() starts every optimizer's unscaling afresh (yours too: a second optimizer)
         state.scaled = False
         return state.scaler.get_scale() >= scale  # the scaler lowers its scale exactly when it skipped the step
-
-    def state_dict(self, state):
-        return {"scaler": state.scaler.state_dict()} if state.scaler is not None else {}
-
-    def load_state_dict(self, state, saved):
-        if (state.scaler is None) != ("scaler" not in saved):
-            raise ValueError(f"the checkpoint has {'a' if 'scaler' in saved else 'no'} GradScaler state, this run "
-                             f"has {'one' if state.scaler is not None else 'none'}")
-        if state.scaler is not None:
-            state.scaler.load_state_dict(saved["scaler"])

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from accel.errors import Problem, Skip
-from accel.modules import compiled_problem, recomputable
+from accel.errors import Skip
+from accel.modules import recomputable
 from accel.plan.contract import SAME_MATH, Accelerator, Capability, Stage, register
 
 __all__ = ["ChannelsLast"]
@@ -54,10 +54,6 @@ class ChannelsLast(Accelerator):
     def decide(self, ctx):
         if not has_conv2d(ctx.model):
             raise Skip("the model has no Conv2d: channels_last only changes 2-D convolutions")
-
-    def check(self, ctx):
-        why = compiled_problem(ctx.model)
-        return [Problem(self.name, why, field="model", kind="conflict")] if why else []
 
     def apply(self, ctx):
         convs = [(name, m) for name, m in ctx.model.named_modules() if isinstance(m, torch.nn.Conv2d)]

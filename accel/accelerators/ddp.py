@@ -51,15 +51,13 @@ class DDPState(State):
 
 
 @register
-class DDP(DataParallel):
+class DDP(DataParallel[DDPOptions, DDPState]):
     """Data parallel training: each rank a shard of every epoch, gradients averaged in buckets during backward."""
 
     name = "ddp"
     stage = Stage.DISTRIBUTION
     provides = (Capability.MODEL_DISTRIBUTED, Capability.DATA_SHARD)
     keeps = SAME_MATH
-    Options = DDPOptions
-    config: DDPOptions
 
     def decide(self, ctx):
         if ctx.decisions.launch is None:

@@ -18,6 +18,7 @@ import torch
 from accel.errors import Skip
 from accel.optim import describe_optimizer
 from accel.plan.contract import SAME_MATH, Accelerator, Capability, Stage, State, register
+from accel.plan.options import Options
 
 __all__ = ["FusedOptimizer", "FusedOptimizerState"]
 
@@ -93,10 +94,10 @@ class FusedOptimizerState(State):
 
 
 @register
-class FusedOptimizer(Accelerator):
+class FusedOptimizer(Accelerator[Options, FusedOptimizerState]):
     name = "fused_optimizer"
     stage = Stage.KERNELS  # after surgery, which rebuilds the optimizer on the new parameters
-    needs = ("optimizer",)
+    requires = ("optimizer",)
     provides = (Capability.OPTIMIZER_UPDATE,)
     conflicts = (Capability.OPTIMIZER_UPDATE,)
     keeps = SAME_MATH
@@ -113,7 +114,7 @@ class FusedOptimizer(Accelerator):
         why = fused_problem(optimizer)
         if why:
             raise Skip(why)
-        sharded = [a.name for a in ctx.plan if Capability.MODEL_SHARDED in a.provides]  # class declarations only
+        sharded = ctx.plan.providing(Capability.MODEL_SHARDED)
         if sharded and not isinstance(optimizer, SHARDED_FUSED):
             raise Skip(f"{sharded[0]} trains DTensor shards, and torch has no sharded fused kernel for "
                        f"{type(optimizer).__name__} (aten._fused_{type(optimizer).__name__.lower()}_ has no sharding "

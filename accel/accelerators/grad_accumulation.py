@@ -10,13 +10,19 @@ Its card: docs/accelerators/grad_accumulation.md.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
 from accel.errors import Skip
-from accel.plan.contract import Accelerator, Capability, Keeps, Stage, State, register
+from accel.plan.contract import Accelerator, Call, Capability, Keeps, Stage, State, StepSchedule, register
 from accel.plan.options import Options, at_least, option
+
+if TYPE_CHECKING:
+    from accel.run.context import Context
+    from accel.run.run import Run
 
 __all__ = ["GradAccumulation", "GradAccumulationOptions", "GradAccumulationState"]
 
@@ -28,47 +34,63 @@ class GradAccumulationOptions(Options):
 
 @dataclass
 class GradAccumulationState(State):
+    per_rank: ClassVar[bool] = True  # while the wrappers' reduction is off each rank accumulates its own gradients
     model: torch.nn.Module  # its parameters are read when saved: fsdp, applied later, replaces them in place
+    steps: int
     micro: int = 0  # micro-batches since the last optimizer step
     divided: bool = False  # the gradients hold a loss it divided (since the last optimizer step)
     idle: bool = False  # the loop went around the run (accel/run/watch.py): it stands aside
 
+    def state_dict(self) -> dict[str, Any]:
+        params = dict(self.model.named_parameters())
+        grads = {n: p.grad.detach().clone() for n, p in params.items() if p.grad is not None} if self.micro else {}
+        return {"micro": self.micro, "grads": grads}
+
+    def load_state_dict(self, saved: dict[str, Any]) -> None:
+        micro, grads = saved.get("micro"), saved.get("grads", {})
+        params = dict(self.model.named_parameters())
+        if not isinstance(micro, int) or not 0 <= micro < self.steps:
+            raise ValueError(f"micro-step {micro!r} does not fit steps={self.steps}")
+        unknown = set(grads) - set(params)
+        wrong = [n for n, g in grads.items() if n in params and g.shape != params[n].shape]
+        if unknown or wrong:
+            raise ValueError(f"accumulated gradients do not fit the model (unknown {sorted(unknown)}, "
+                             f"other shapes {sorted(wrong)})")
+        self.micro, self.divided = micro, micro > 0  # what it resumes holds losses it divided
+        for name, param in params.items():
+            param.grad = grads[name].to(param.device, param.dtype).clone() if name in grads else None
+
 
 @register
-class GradAccumulation(Accelerator):
+class GradAccumulation(Accelerator[GradAccumulationOptions, GradAccumulationState],
+                       StepSchedule[GradAccumulationState]):
     name = "grad_accumulation"
     example = {"steps": 2}
     stage = Stage.STEP
-    needs = ("optimizer",)
+    requires = ("optimizer",)
     provides = (Capability.STEP_SCHEDULE,)
     keeps = Keeps("changed", note="one optimizer step every N batches, on the mean of their gradients")
-    state_per_rank = True  # while the wrappers' reduction is off each rank accumulates its own gradients
-    Options = GradAccumulationOptions
-    config: GradAccumulationOptions
 
-    def decide(self, ctx):
+    def decide(self, ctx: Context) -> None:
         if self.config.steps == 1:
             raise Skip("steps=1: every batch steps the optimizer; give steps >= 2 to accumulate")
         ctx.decide("accumulation_steps", self.config.steps, "asked for")
 
-    def apply(self, ctx):
+    def apply(self, ctx: Context) -> GradAccumulationState:
         steps = self.config.steps
-        return GradAccumulationState(ctx.model, changes={
+        return GradAccumulationState(ctx.model, steps, changes={
             "steps": steps, "loss": f"divided by {steps} before backward",
             "optimizer": f"steps once every {steps} run.step() calls; run.step() returns True in between",
             "gradient_sync": "off for the forward and backward of the first N-1 micro-batches (DDP, FSDP), "
-                             "whatever the loop enters"})
+                             "whatever the loop enters"},
+            relies_on={"backward": f"division of the loss by {steps}",
+                       "step": f"holding of the optimizer step for {steps} batches",
+                       "batch": "counting of batches (one per run.step())"})
 
-    def accumulating(self, state):
-        return state.micro + 1 < self.config.steps and not state.idle
+    def accumulating(self, state: GradAccumulationState) -> bool:
+        return state.micro + 1 < state.steps and not state.idle
 
-    def relies_on(self, state):
-        steps = self.config.steps
-        return {"backward": f"division of the loss by {steps}",
-                "step": f"holding of the optimizer step for {steps} batches",
-                "batch": "counting of batches (one per run.step())"}
-
-    def bypassed(self, run, state, call):
+    def bypassed(self, run: Run, state: GradAccumulationState, call: Call) -> str:
         """Half-done accumulation would train something else than either loop: it stands aside, and gradients it
         divided by N are multiplied back (exactly for N a power of two, else to float rounding), those a wrapper
         holds unreduced (FSDP2 while accumulating) as well as the .grad tensors."""
@@ -80,15 +102,19 @@ class GradAccumulation(Accelerator):
                 grad.mul_(steps)
         state.micro, state.divided = 0, False
         return ("idle from here on: it divides no loss and holds no step, your loop's own updates train"
-                + (f" (the gradients it had divided were multiplied back by {steps})" if multiplied else ""))
+                + (f" (the gradients it had divided were multiplied back by {steps})" if multiplied else "")
+                + ("; let it hold the step, or drop it from the plan and keep your own "
+                   "accumulation" if call == "batch" else ""))
 
-    def backward(self, run, state, loss, proceed):
+    def backward(self, run: Run, state: GradAccumulationState, loss: torch.Tensor,
+                 proceed: Callable[[torch.Tensor], None]) -> None:
         if state.idle:
             return proceed(loss)
         state.divided = True
         proceed(loss / self.config.steps)
 
-    def step(self, run, state, optimizer, proceed):
+    def step(self, run: Run, state: GradAccumulationState, optimizer: torch.optim.Optimizer,
+             proceed: Callable[[torch.optim.Optimizer], bool]) -> bool:
         if state.idle:
             return proceed(optimizer)
         state.micro += 1
@@ -96,22 +122,3 @@ class GradAccumulation(Accelerator):
             return False  # keep accumulating: no update, gradients kept
         state.micro, state.divided = 0, False
         return proceed(optimizer)
-
-    def state_dict(self, state):
-        params = dict(state.model.named_parameters())
-        grads = {n: p.grad.detach().clone() for n, p in params.items() if p.grad is not None} if state.micro else {}
-        return {"micro": state.micro, "grads": grads}
-
-    def load_state_dict(self, state, saved):
-        micro, grads = saved.get("micro"), saved.get("grads", {})
-        params = dict(state.model.named_parameters())
-        if not isinstance(micro, int) or not 0 <= micro < self.config.steps:
-            raise ValueError(f"micro-step {micro!r} does not fit steps={self.config.steps}")
-        unknown = set(grads) - set(params)
-        wrong = [n for n, g in grads.items() if n in params and g.shape != params[n].shape]
-        if unknown or wrong:
-            raise ValueError(f"accumulated gradients do not fit the model (unknown {sorted(unknown)}, "
-                             f"other shapes {sorted(wrong)})")
-        state.micro, state.divided = micro, micro > 0  # what it resumes holds losses it divided
-        for name, param in params.items():
-            param.grad = grads[name].to(param.device, param.dtype).clone() if name in grads else None

@@ -42,16 +42,14 @@ class GradClippingState(State):
 
 
 @register
-class GradClipping(Accelerator):
+class GradClipping(Accelerator[GradClippingOptions, GradClippingState]):
     name = "grad_clipping"
     example = {"max_norm": 1.0}
     stage = Stage.STEP
-    needs = ("optimizer",)
+    requires = ("optimizer",)
     provides = (Capability.GRADIENTS_CLIP,)
     after = (Capability.STEP_SCHEDULE,)  # clip the accumulated gradient, once per optimizer step
     keeps = Keeps("changed", note="gradients above max_norm scaled down to it (or clamped to +-value)")
-    Options = GradClippingOptions
-    config: GradClippingOptions
 
     def check(self, ctx):
         problems = []
@@ -68,10 +66,7 @@ class GradClipping(Accelerator):
                        "under_grad_scaler": "unscaled first" if ctx.decisions.loss_scaling else "no scaler"}
         else:
             changes = {"value": config.value}
-        return GradClippingState(changes=changes)
-
-    def relies_on(self, state):
-        return {"step": "clipping of the gradients before the update"}
+        return GradClippingState(changes=changes, relies_on={"step": "clipping of the gradients before the update"})
 
     def step(self, run, state, optimizer, proceed):
         config = self.config

@@ -17,7 +17,7 @@ from accel.errors import Problem
 from accel.hardware import ipex_problem
 from accel.modules import buffer_values, put_back_buffers
 from accel.optim import copy_with_optimizer, foreign_tensors
-from accel.plan.contract import SAME_MATH, Accelerator, Capability, Stage, dtype_name, register
+from accel.plan.contract import SAME_MATH, Accelerator, Capability, Stage, State, dtype_name, register
 from accel.plan.options import Options, option
 
 __all__ = ["Ipex", "IpexOptions"]
@@ -34,16 +34,14 @@ class IpexOptions(Options):
 
 
 @register
-class Ipex(Accelerator):
+class Ipex(Accelerator[IpexOptions, State]):
     name = "ipex"
     stage = Stage.KERNELS
     provides = (Capability.MODEL_KERNELS, Capability.OPTIMIZER_UPDATE, Capability.MODEL_COPY)
     conflicts = (Capability.OPTIMIZER_UPDATE,)
     after = (Capability.MODEL_LAYOUT,)
-    needs = ("optimizer",)
+    requires = ("optimizer",)
     keeps = SAME_MATH
-    Options = IpexOptions
-    config: IpexOptions
 
     @classmethod
     def candidates(cls, hardware, model, optimizer=None, loader=None):

@@ -20,7 +20,7 @@ import torch
 from accel.errors import Problem, Skip
 from accel.hardware import format_cpu_list, hyperthread_siblings, is_accelerator
 from accel.hardware.launcher import cores_for_rank, rank_cores
-from accel.plan.contract import Accelerator, Capability, Stage, register
+from accel.plan.contract import Accelerator, Capability, Stage, State, register
 from accel.plan.options import Options, at_least, option
 from accel.run.loaders import (
     STREAM_BATCHES,
@@ -89,15 +89,13 @@ class LoaderOptions(Options):
 
 
 @register
-class Loader(Accelerator):
+class Loader(Accelerator[LoaderOptions, State]):
     """Workers from the cores the compute threads leave free; pinned memory only where a bus is crossed."""
 
     name = "loader"
     stage = Stage.DATA
-    needs = ("loader",)
+    requires = ("loader",)
     provides = (Capability.DATA_LOADER,)
-    Options = LoaderOptions
-    config: LoaderOptions
 
     @classmethod
     def candidates(cls, hardware, model, optimizer=None, loader=None):

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from accel.hardware import format_cpu_list, loaded_openmp
 from accel.hardware.launcher import rank_cores
-from accel.plan.contract import SAME_MATH, Accelerator, Capability, Stage, register
+from accel.plan.contract import SAME_MATH, Accelerator, Capability, Stage, State, register
 from accel.plan.options import Options, at_least, option
 from accel.run.shared_settings import set_by_runs
 
@@ -45,15 +45,13 @@ class ThreadsOptions(Options):
 
 
 @register
-class Threads(Accelerator):
+class Threads(Accelerator[ThreadsOptions, State]):
     """Compute threads = physical cores (per local rank), pinned, with OpenMP variables for children."""
 
     name = "threads"
     stage = Stage.ENVIRONMENT
     provides = (Capability.PROCESS_THREADS,)
     keeps = SAME_MATH
-    Options = ThreadsOptions
-    config: ThreadsOptions
 
     @classmethod
     def candidates(cls, hardware, model, optimizer=None, loader=None):

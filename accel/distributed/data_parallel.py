@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import warnings
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 from torch.utils.data import DataLoader, IterableDataset, RandomSampler, SequentialSampler
@@ -19,7 +20,7 @@ from torch.utils.data import DataLoader, IterableDataset, RandomSampler, Sequent
 from accel.distributed.group import join_group
 from accel.errors import Problem
 from accel.hardware import importable, is_accelerator
-from accel.plan.contract import Accelerator
+from accel.plan.contract import Accelerator, GradientSync, State
 from accel.plan.options import Options, option, positive
 from accel.run.loaders import rebuild_loader, rebuild_problem
 
@@ -50,11 +51,17 @@ class DataParallelOptions(Options):
     shard_loader: bool = option(True, help="put a DistributedSampler in the loader")
 
 
-class DataParallel(Accelerator):
-    """The process group, the device and the loader's shard: what every data-parallel wrapper needs."""
+DO = TypeVar("DO", bound=DataParallelOptions)
+DS = TypeVar("DS", bound=State)
 
-    Options = DataParallelOptions
-    config: DataParallelOptions
+
+class DataParallel(Accelerator[DO, DS], GradientSync[DS]):
+    """The process group, the device and the loader's shard: what every data-parallel wrapper needs. A wrapper
+    plays GradientSync: the run turns its gradient reduction off while a step schedule accumulates."""
+
+    def held_gradients(self, state: DS) -> list[torch.Tensor]:
+        """Gradients it holds unreduced outside ``.grad``: none (DDP accumulates in ``.grad``)."""
+        return []
 
     def backend_for(self, device: torch.device) -> str:
         backend = self.config.backend

@@ -15,6 +15,8 @@ from typing import Any, ClassVar
 
 from accel.errors import Problem
 
+__all__ = ["Option", "Options", "at_least", "option", "positive"]
+
 
 @dataclass(frozen=True)
 class Option:
@@ -90,12 +92,6 @@ class Options:
     def to_dict(self) -> dict[str, Any]:
         """Every option's value, defaults included (plain types: what a checkpoint or cache key keeps)."""
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-
-
-def options_from_specs(name: str, specs: dict[str, Option]) -> type[Options]:
-    """The Options dataclass of a 0.2-style accelerator that declared ``options = {name: Option(...)}``."""
-    fields = [(key, Any, default_field(spec)) for key, spec in specs.items()]
-    return dataclasses.make_dataclass(name, fields, bases=(Options,), frozen=True, kw_only=True)
 
 
 def at_least(low: float) -> Callable[[Any], str | None]:

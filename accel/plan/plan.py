@@ -231,7 +231,7 @@ class Plan:
                                     allowed="{option: value}, true, false or nothing"))
             return None
         cls = REGISTRY[key]
-        found = cls.option_problems(dict(options))
+        found = cls.Options.problems(dict(options), cls.name)
         if found:
             problems.extend(found)
             return None
@@ -239,6 +239,10 @@ class Plan:
 
     def names(self) -> list[str]:
         return [a.name for a in self.accelerators]
+
+    def providing(self, capability: str) -> list[str]:
+        """The names of the plan's accelerators that provide a capability (what they declare, applied or not)."""
+        return [a.name for a in self.accelerators if capability in a.provides]
 
     def get(self, name: str) -> Accelerator | None:
         return next((a for a in self.accelerators if a.name == name), None)

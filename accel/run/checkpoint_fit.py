@@ -27,7 +27,7 @@ def gather_from_ranks(obj: Any) -> list[Any]:
 
 def gathered(run, state: dict[str, Any]) -> dict[str, Any]:
     """The parts of a run's state that differ per rank, gathered from every rank (a collective), and the rest."""
-    ranked = {a.name for a in run.accelerators if a.state_per_rank}
+    ranked = {a.name for a in run.accelerators if run.states[a.name].per_rank}
     return {"rng": gather_from_ranks(state["rng"]), "world_size": world_size(),
             "accelerators_per_rank": gather_from_ranks({n: s for n, s in state["accelerators"].items() if n in ranked}),
             "accelerators": {n: s for n, s in state["accelerators"].items() if n not in ranked}}

@@ -19,7 +19,6 @@ from accel.run.journal import Journal
 
 if TYPE_CHECKING:
     from accel.plan import Plan
-    from accel.plan.contract import State
 
 __all__ = ["Context", "Decisions", "placement"]
 
@@ -40,9 +39,6 @@ class Decisions:
     cpus: tuple[int, ...] | None = None  # the CPUs this process computes on
     workers: int | None = None  # DataLoader worker processes
     non_blocking: bool = False  # host-to-device copies overlap compute (pinned memory)
-    accumulation_steps: int = 1  # micro-batches per optimizer step
-    sharded_blocks: list[torch.nn.Module] = field(default_factory=list)  # the blocks a sharding accelerator (fsdp)
-    # wrapped one by one, in the model's order: compile compiles these one by one (decided in fsdp's apply)
     extra: dict[str, Any] = field(default_factory=dict)  # decisions of user-written accelerators
     by: dict[str, str] = field(default_factory=dict)
     why: dict[str, str] = field(default_factory=dict)
@@ -73,25 +69,8 @@ class Decisions:
 def shown_value(value: Any) -> str:
     """A decision as the report shows it: modules by count and class (a module's repr is its whole tree)."""
     if isinstance(value, (list, tuple)) and value and all(isinstance(v, torch.nn.Module) for v in value):
-        kinds = sorted({module_class(v) for v in value})
-        return f"{len(value)} module(s): {', '.join(kinds)}"
+        return f"{len(value)} module(s): {', '.join(sorted({type(v).__name__ for v in value}))}"
     return str(value).replace("torch.", "")
-
-
-def module_class(module: torch.nn.Module) -> str:
-    """The module's own class name, not the one a wrapper put first in place (FSDP2's FSDP<name>)."""
-    own = next((c for c in type(module).__mro__ if not c.__module__.startswith("torch.distributed")), type(module))
-    return own.__name__
-
-
-@dataclass(frozen=True)
-class HandedOver:
-    """What the earlier run on the same model left when accelerate() closed it (its changes already undone): each
-    accelerator's per-run state. An accelerator that must refuse to take over (fsdp, whose sharding was taken off
-    while it held gradients) reads it here, never the earlier run itself. (A run that still holds gradients is
-    refused by accelerate() before it is closed.)"""
-
-    states: dict[str, State]
 
 
 @dataclass
@@ -110,9 +89,7 @@ class Context:
     decisions: Decisions
     journal: Journal = field(default_factory=Journal)
     batch_transforms: list[Callable[[Any], Any]] = field(default_factory=list)
-    extras: dict[str, Any] = field(default_factory=dict)
     problems: list[Problem] = field(default_factory=list, repr=False)
-    handed_over: HandedOver | None = None  # the run open on this model, which accelerate() closes first
 
     def __post_init__(self):
         self.user_model, self.user_optimizer, self.user_loader = self.model, self.optimizer, self.loader

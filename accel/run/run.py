@@ -1,33 +1,23 @@
-"""The object the training loop talks to: the run's model, optimizer and loader, and the accelerators' hooks.
-
-    for batch in run.loader:
-        with run.autocast():
-            loss = loss_fn(run.model(batch[0]), batch[1])
-        run.backward(loss)
-        run.step()
-
-The Run trains the user's own objects (an accelerator may wrap the model, and prune or IPEX replace it, which the
-report and a StaleWarning then say), so what the user does to them stays live. It chains the runtime hooks of
-the applied accelerators in plan order (the earliest outermost): ``forward_context`` (run.autocast()),
-``backward``, ``step``, ``optimizer_step`` (the update itself: amp's GradScaler steps there) and
-``unscale_gradients``. The innermost backward is ``loss.backward()``; the innermost step is the optimizer's
-update followed by ``zero_grad``. The run owns its state: ``state_dict()``/``load_state_dict()`` hold the model,
-the optimizer, the counters, each accelerator's state, the loader's generators and the random state.
+"""The object the training loop talks to: run.model, run.optimizer, run.loader, run.autocast(), run.backward(loss),
+run.step(). It trains the user's own objects (a wrapper or a replacement is reported), chains the applied
+accelerators' runtime hooks in plan order (the earliest outermost; innermost ``loss.backward()`` and the
+optimizer's update, then ``zero_grad``), and asks those that play a role for the rest: run.scaler and
+run.unscale_gradients() (``LossScaler``), run.accumulating (``StepSchedule``), gradient reduction (``GradientSync``).
 """
 from __future__ import annotations
 
 import contextlib
+import functools
 import weakref
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
-import accel.plan.compat as compat
 from accel import clock
 from accel.errors import LoopError
 from accel.modules import compile_seconds, compiled
-from accel.plan.contract import Accelerator, Capability, State
+from accel.plan.contract import Accelerator, Capability, GradientSync, LossScaler, State, StepSchedule, overrides
 from accel.run.context import Context
 from accel.run.device_loader import DeviceLoader
 from accel.run.loaders import release_workers
@@ -35,6 +25,7 @@ from accel.run.report import Report
 from accel.run.state import RunState
 from accel.run.watch import Watch
 
+R = TypeVar("R")
 _OPEN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # the user's model -> weakref to its open Run
 
 
@@ -56,7 +47,6 @@ class Run(RunState):
         self.plan = ctx.plan
         self.report = report
         self.decisions = ctx.decisions
-        self.extras = ctx.extras
         self.journal = ctx.journal
         self.accelerators = list(accelerators)  # the applied ones, in plan order
         self.states = {a.name: (states or {}).get(a.name) or State() for a in self.accelerators}  # what apply returned
@@ -66,9 +56,10 @@ class Run(RunState):
         self.steps = 0  # run.step() calls (one per batch), restored by run.load
         self.optimizer_steps = 0  # steps the optimizer really took (not skipped, not accumulating)
         self.closed = False
-        self._contexts = [a for a in self.accelerators if a.overrides("forward_context")]
-        self._unscalers = [a for a in self.accelerators if a.overrides("unscale_gradients")]
-        self._syncing = [a for a in self.accelerators if a.overrides("gradient_sync")]
+        self._contexts = [a for a in self.accelerators if overrides(a, "forward_context")]
+        self._scalers = self.playing(LossScaler)
+        self._schedules = self.playing(StepSchedule)
+        self._syncing = self.playing(GradientSync)
         self._synced: bool | None = None  # what the wrappers were last told (None: not yet)
         self._backward = self._chain("backward", lambda loss: loss.backward())
         self._optimizer_step = self._chain("optimizer_step", lambda optimizer: optimizer.step() or True)
@@ -83,11 +74,14 @@ class Run(RunState):
         self._sync()
         _OPEN[ctx.user_model] = weakref.ref(self)
 
+    def playing(self, role: type[R]) -> list[tuple[R, State]]:
+        """The applied accelerators that play a role (accel.plan.contract), each with its state, in plan order."""
+        return [(a, self.states[a.name]) for a in self.accelerators if isinstance(a, role)]
+
     def _chain(self, hook: str, innermost: Callable) -> Callable:
         call = innermost
-        for accelerator in reversed([a for a in self.accelerators if a.overrides(hook)]):
-            call = (lambda method, state, proceed: lambda value: method(self, state, value, proceed))(
-                getattr(accelerator, hook), self.states[accelerator.name], call)
+        for accelerator in reversed([a for a in self.accelerators if overrides(a, hook)]):
+            call = functools.partial(_hop, getattr(accelerator, hook), self, self.states[accelerator.name], call)
         return call
 
     def _update(self, optimizer: torch.optim.Optimizer) -> bool:
@@ -99,32 +93,31 @@ class Run(RunState):
     @property
     def scaler(self):
         """The GradScaler of the plan (amp's, with fp16), or None: to read its scale; amp steps it."""
-        scalers = (a.grad_scaler(self.states[a.name]) for a in self.accelerators)
-        return next((s for s in scalers if s is not None), None)
+        return next((s for a, state in self._scalers if (s := a.grad_scaler(state)) is not None), None)
 
     @property
     def autocast_dtype(self) -> torch.dtype | None:
         autocasts = any(Capability.PRECISION_AUTOCAST in a.provides for a in self._contexts)
         return self.decisions.compute_dtype if autocasts else None
 
-    # --- services: what one accelerator offers the others -----------------------------------------------------
+    # --- roles: what the run asks of the accelerators that play them ------------------------------------------
 
     @property
     def accumulating(self) -> bool:
         """Whether the step in progress only accumulates gradients (a step schedule holds its update)."""
-        return any(a.accumulating(self.states[a.name]) for a in self.accelerators)
+        return any(a.accumulating(state) for a, state in self._schedules)
 
     def held_gradients(self) -> list[torch.Tensor]:
         """Gradients a wrapper holds unreduced, not yet in ``.grad`` (FSDP2 while accumulating)."""
-        return [g for a in self.accelerators for g in a.held_gradients(self.states[a.name])]
+        return [g for a, state in self._syncing for g in a.held_gradients(state)]
 
     def _sync(self) -> None:
         """Tell the distribution wrappers whether the next forward and backward reduce gradients: not while a step
         schedule accumulates (DDP's no_sync, FSDP's set_requires_gradient_sync(False)), whatever the loop enters."""
         enabled = not self.accumulating
         if self._syncing and enabled is not self._synced:
-            for accelerator in self._syncing:
-                accelerator.gradient_sync(self, self.states[accelerator.name], enabled)
+            for accelerator, state in self._syncing:
+                accelerator.gradient_sync(self, state, enabled)
             self._synced = enabled
 
     def _sync_after_bypass(self) -> None:
@@ -133,8 +126,8 @@ class Run(RunState):
         was = self._synced
         self._sync()
         if was is False and self._synced:
-            for accelerator in self._syncing:
-                accelerator.release_held_gradients(self, self.states[accelerator.name])
+            for accelerator, state in self._syncing:
+                accelerator.release_held_gradients(self, state)
 
     def autocast(self) -> contextlib.AbstractContextManager:
         """The contexts the plan chose for the forward pass and the loss: autocast (a no-op when none did)."""
@@ -157,9 +150,8 @@ class Run(RunState):
     def unscale_gradients(self, optimizer: torch.optim.Optimizer | None = None) -> None:
         """Make the gradients true gradients before reading them (clipping, logging a norm): a plan that scales
         the loss (amp with fp16) divides them back here, once per step. A no-op otherwise."""
-        for accelerator in self._unscalers:
-            accelerator.unscale_gradients(self, self.states[accelerator.name],
-                                          optimizer if optimizer is not None else self.optimizer)
+        for accelerator, state in self._scalers:
+            accelerator.unscale_gradients(self, state, optimizer if optimizer is not None else self.optimizer)
 
     def step(self) -> bool:
         """The optimizer step through the plan's hooks, then zero_grad; call it once per batch.
@@ -190,11 +182,10 @@ class Run(RunState):
         return any(p.grad is not None for group in self.optimizer.param_groups for p in group["params"])
 
     def accelerator(self, name: str) -> Accelerator:
-        """The applied accelerator of that name: its options are ``.config``; its run state is ``run.state(name)``
-        (read through this object, as in 0.2, it still answers, with a DeprecationWarning)."""
+        """The applied accelerator of that name: its options are ``.config``; its run state is ``run.state(name)``."""
         for accelerator in self.accelerators:
             if accelerator.name == name:
-                return compat.Applied(accelerator, self.states[name]) if self.states[name].__dict__ else accelerator
+                return accelerator
         raise KeyError(f"no applied accelerator {name!r} in this run; applied: {[a.name for a in self.accelerators]}")
 
     def state(self, name: str) -> State:
@@ -204,17 +195,14 @@ class Run(RunState):
         return self.states[name]
 
     def accelerator_state_dict(self, name: str) -> dict[str, Any]:
-        """What run.save keeps of one accelerator (its state_dict hook)."""
-        return self._by_name(name).state_dict(self.states[name])
+        """What run.save keeps of one accelerator (its state's state_dict)."""
+        return self.states[name].state_dict()
 
     def load_accelerator_state(self, name: str, saved: dict[str, Any]) -> None:
         """Restore one accelerator's saved state (ValueError, nothing changed, when it does not fit)."""
-        self._by_name(name).load_state_dict(self.states[name], saved)
+        self.states[name].load_state_dict(saved)
         self.watch.held = None  # the gradients are the checkpoint's now (grad_accumulation's), not the loop's doing
         self._sync()
-
-    def _by_name(self, name: str) -> Accelerator:
-        return next(a for a in self.accelerators if a.name == name)
 
     def wrappers(self) -> list[torch.nn.Module]:
         """The model at each level, outermost first (compiled, DDP, ...) down to the module that trains."""
@@ -268,3 +256,8 @@ class Run(RunState):
         self._release_loader()
         self.journal.rollback()
         self.closed = True
+
+
+def _hop(method: Callable, run: Run, state: State, proceed: Callable, value: Any) -> Any:
+    """One link of a hook chain: the accelerator's hook, handed what goes on to the next."""
+    return method(run, state, value, proceed)

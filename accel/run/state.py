@@ -1,7 +1,7 @@
 """What a run saves and restores: its whole state as a dict, the checks that a saved one fits, run.save/run.load.
 
 A mixin of accel.run.Run, apart because it is one job: the model, the optimizer, the counters, each accelerator's
-state (through its state_dict hooks), the loader's sampler and generators, and the random state.
+State.state_dict(), the loader's sampler and generators, and the random state.
 """
 from __future__ import annotations
 
@@ -12,10 +12,11 @@ import torch
 
 import accel.run.sharded_checkpoint as sharded_checkpoint
 from accel.errors import CheckpointError
+from accel.plan.contract import Capability
 from accel.randomness import loader_generators, rng_state, set_rng_state
 from accel.run.checkpoint import load as load_checkpoint
 from accel.run.checkpoint import save as save_checkpoint
-from accel.run.checkpoint_fit import model_problems, optimizer_problems, stray_problems, unprefixed
+from accel.run.checkpoint_fit import model_problems, optimizer_problems, stray_problems
 from accel.run.interrupts import autograd_kept, held
 
 
@@ -45,7 +46,7 @@ class RunState:
     def state_problems(self, state: dict[str, Any]) -> list[str]:
         """Why a state does not fit this run (model keys and shapes, the optimizer, accelerators), or nothing."""
         current = self.unwrap().state_dict()
-        problems = model_problems(unprefixed(state["model"], current), current)
+        problems = model_problems(state["model"], current)
         problems += optimizer_problems(self.optimizer, state.get("optimizer_class"), state["optimizer"] is not None,
                                        state["optimizer"])
         return problems + stray_problems(set(state.get("accelerators", {})), self)
@@ -54,7 +55,6 @@ class RunState:
         """Restore what state_dict() returned. Everything is checked first: a ValueError names every part that
         does not fit, with nothing changed; a restore that fails half-way, or is interrupted (Ctrl-C), puts the run
         back as it was."""
-        state = {**state, "model": unprefixed(state["model"], self.unwrap().state_dict())}
         problems = self.state_problems(state)
         if problems:
             raise ValueError("; ".join(problems))
@@ -107,7 +107,7 @@ class RunState:
     @property
     def sharded(self) -> bool:
         """Whether the run's state is sharded over the ranks (fsdp): its checkpoints are DCP folders."""
-        return any(a.shards_parameters for a in self.accelerators)
+        return any(Capability.MODEL_SHARDED in a.provides for a in self.accelerators)
 
     def save(self, path) -> None:
         """Checkpoint the run's state_dict(), with the plan and a checksum: to a file, or under fsdp to a folder

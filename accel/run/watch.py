@@ -1,15 +1,8 @@
-"""Noticing the calls that go around the run: the loop's own ``optimizer.step()``, its own ``loss.backward()``, its
-own accumulation (several batches of ``run.loader`` per ``run.step()``), its own loader instead of ``run.loader``;
-and the loop's own mistake of a ``run.step()`` with no backward since the last one.
-
-accel cannot stop a loop from stepping the optimizer itself (the first thing a half-migrated loop keeps), but it
-sees every call that reaches the run, and an optimizer step hook sees the steps that do not. Each accelerator
-says which calls its work goes through (``Accelerator.relies_on``); when the loop goes around one, the run names
-those accelerators once, in a ``BypassWarning`` and in their report rows (status "idle"), and each puts its
-half-done work right (``Accelerator.bypassed``: amp unscales, grad_accumulation multiplies back what it divided).
-
-Watching costs an integer per run.backward()/run.step() and one optimizer hook, and nothing at all when no
-accelerator of the plan relies on a call (docs/contract.md has the overhead, measured).
+"""Noticing the calls that go around the run (the loop's own ``optimizer.step()``, ``loss.backward()``, accumulation
+or loader) and a ``run.step()`` with no backward since the last one. Each accelerator's state says which calls its
+work goes through (``State.relies_on``); when the loop goes around one, the run names those accelerators once (a
+``BypassWarning``, their rows "idle") and each puts its half-done work right (``Accelerator.bypassed``). It costs
+an integer per call and one optimizer hook, nothing when no accelerator relies on a call (docs/contract.md).
 """
 from __future__ import annotations
 
@@ -18,9 +11,9 @@ import weakref
 from typing import Any
 
 from accel.errors import BypassWarning, LoopWarning
-from accel.plan.declarations import Capability
+from accel.plan.contract import Capability
 
-# what the loop did, what to call instead, and the call whose work it goes around (see Accelerator.relies_on)
+# what the loop did, what to call instead, and the call whose work it goes around (see State.relies_on)
 WENT_AROUND = {
     "backward": ("the loop called loss.backward() itself, not run.backward(loss)", "call run.backward(loss)",
                  "backward"),
@@ -28,8 +21,7 @@ WENT_AROUND = {
              "call run.step() once per batch (it steps the optimizer and zeroes the gradients)", "step"),
     "batch": ("the loop called run.backward() on a second batch of run.loader before run.step(): it accumulates "
               "gradients itself",
-              "call run.step() after every batch and let grad_accumulation hold the step, or drop grad_accumulation "
-              "from the plan and keep your own accumulation", "batch"),
+              "call run.step() after every batch", "batch"),
     "closure": ("the loop stepped a closure optimizer itself (optimizer.step(closure), as LBFGS needs), which "
                 "run.step() cannot take", "drop it from the plan for a closure optimizer", "step"),
     "zero_grad": ("the loop zeroed the gradients held between run.step() and the next run.backward() "
@@ -44,8 +36,8 @@ class Watch:
 
     def __init__(self, run: Any, accelerators: list):
         self._run = weakref.ref(run)  # the user's optimizer holds the hook: it must not keep a closed run alive
-        self.states = run.states  # each accelerator's run state, which its relies_on and bypassed hooks are handed
-        self.relying = {went: [a for a in accelerators if call in a.relies_on(self.states[a.name])]
+        self.states = run.states  # each accelerator's run state: what it relies on, handed to its bypassed hook
+        self.relying = {went: [a for a in accelerators if call in self.states[a.name].relies_on]
                         for went, (_, _, call) in WENT_AROUND.items()}
         self.backwards = 0  # run.backward() calls since the last optimizer step
         self.stepping = False  # inside run.step(): the optimizer step is the run's own
@@ -164,7 +156,7 @@ class Watch:
             mine = [c for c in calls if accelerator in self.relying[c]]
             did = "; ".join(WENT_AROUND[c][0] for c in mine)
             state = self.states[accelerator.name]
-            missed = " and ".join(accelerator.relies_on(state)[WENT_AROUND[c][2]] for c in mine)
+            missed = " and ".join(state.relies_on[WENT_AROUND[c][2]] for c in mine)
             fix = "; ".join(WENT_AROUND[c][1] for c in mine)
             now = accelerator.bypassed(run, state, WENT_AROUND[mine[-1]][2])
             if run is not None:

@@ -73,7 +73,7 @@ class Train(Loop):
         self.criterion = nn.BCELoss()
 
     def start(self, held, run):  # the Generator's own run, with the plan (what needs a loader aside)
-        plan = [{n: o} for n, o in run.plan.to_dict().items() if "loader" not in REGISTRY[n].needs]
+        plan = [{n: o} for n, o in run.plan.to_dict().items() if "loader" not in REGISTRY[n].requires]
         try:
             self.runG = accelerate(self.netG, self.optimizerG, None, plan=plan, device=run.device)
         except PlanError as error:  # prune needs a dummy input to prune a network without a loader

@@ -82,8 +82,21 @@ class CompileState(State):
         return sum(seconds for _, seconds in self.compiles[1:])
 
 
+def sharded_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The outermost modules under the root that FSDP2 sharded on their own (fully_shard), in the model's order."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:
+        return []
+    found: list[tuple[str, torch.nn.Module]] = []
+    for name, module in model.named_modules():
+        if name and isinstance(module, FSDPModule) and not any(name.startswith(f"{n}.") for n, _ in found):
+            found.append((name, module))
+    return [module for _, module in found]
+
+
 @register
-class Compile(Accelerator):
+class Compile(Accelerator[CompileOptions, CompileState]):
     """torch.compile on the run's model (or on each repeated block), last and outermost; its warm-up is reported
     apart from the steady step, and its compiled code kept in accel's cache folder for the next run."""
 
@@ -91,8 +104,6 @@ class Compile(Accelerator):
     stage = Stage.COMPILATION
     provides = (Capability.MODEL_COMPILE, Capability.SETUP_COSTLY)
     keeps = SAME_MATH
-    Options = CompileOptions
-    config: CompileOptions
 
     @classmethod
     def candidates(cls, hardware, model, optimizer=None, loader=None):
@@ -108,18 +119,12 @@ class Compile(Accelerator):
 
     def check(self, ctx):
         problems = []
-        if compiled(ctx.model):
-            problems.append(Problem(self.name, "the model is already compiled (torch.compile's OptimizedModule): "
-                                    "compiling it again would wrap it twice", field="model",
-                                    value=type(ctx.model).__name__,
-                                    allowed="pass the module itself (model._orig_mod), or drop compile from the plan",
-                                    kind="conflict"))
         config = self.config
         if config.mode is not None and config.options is not None:
             problems.append(Problem(self.name, "torch.compile takes either mode or options, not both", field="options",
                                     value=config.options, allowed="drop mode, or drop options", kind="conflict"))
         own, norms = checkpoints_itself(ctx.model), running_statistics(ctx.model)
-        sharded = any(Capability.MODEL_SHARDED in a.provides for a in ctx.plan)  # (then fsdp's blocks, one by one)
+        sharded = ctx.plan.providing(Capability.MODEL_SHARDED)  # (then its blocks, one by one)
         if own and norms and not (config.regional or config.regional is None and sharded):
             problems.append(Problem(self.name, f"the model checkpoints its own activations ({listed(own, 2)}) and "
                                     f"holds BatchNorm ({listed(norms, 3)}): compiled whole, its recomputation does not "
@@ -150,7 +155,7 @@ class Compile(Accelerator):
             kwargs["options"] = config.options
         import torch._dynamo
 
-        sharded = ctx.decisions.sharded_blocks  # the blocks a sharding accelerator (fsdp) wraps one by one
+        sharded = sharded_blocks(ctx.model)  # the blocks FSDP2 shards one by one (fsdp's, or your fully_shard's)
         regional = config.regional or (config.regional is None and bool(sharded))
         blocks = (sharded or outermost(ctx.model, repeated_blocks(ctx.model))) if regional else []
         if regional and not blocks:
@@ -191,7 +196,7 @@ class Compile(Accelerator):
         return state
 
     def compile_blocks(self, ctx, blocks, kwargs) -> str:
-        """Compile each block in place (``module.compile``): the blocks fsdp sharded, else the repeated ones."""
+        """Compile each block in place (``module.compile``): the blocks FSDP2 sharded, else the repeated ones."""
         names = {id(m): name for name, m in ctx.model.named_modules()}
         for block in blocks:
             ctx.journal.change(f"compile: {names.get(id(block), type(block).__name__)}",
@@ -199,7 +204,7 @@ class Compile(Accelerator):
                                lambda b=block: setattr(b, "_compiled_call_impl", None), kind="object")
         kinds = sorted({type(b).__name__.removeprefix("FSDP") for b in blocks})
         return (f"{len(blocks)} x {', '.join(kinds)} compiled in place, one by one"
-                + (" (the blocks fsdp sharded)" if ctx.decisions.sharded_blocks else "") + ": "
+                + (" (the blocks FSDP2 sharded)" if sharded_blocks(ctx.model) else "") + ": "
                 + listed([names.get(id(b), "?") for b in blocks]) + "; the rest runs eagerly")
 
     def step(self, run, state, optimizer, proceed):

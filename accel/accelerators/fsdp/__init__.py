@@ -36,7 +36,7 @@ __all__ = ["FSDP", "FSDPOptions", "FSDPState"]
 
 
 @register
-class FSDP(DataParallel):
+class FSDP(DataParallel[FSDPOptions, FSDPState]):
     """Fully sharded data parallel (FSDP2): parameters, gradients and optimizer state split over the ranks."""
 
     name = "fsdp"
@@ -44,10 +44,6 @@ class FSDP(DataParallel):
     provides = (Capability.MODEL_DISTRIBUTED, Capability.DATA_SHARD, Capability.MODEL_SHARDED)
     conflicts = (Capability.MODEL_DISTRIBUTED,)  # ddp
     keeps = SAME_MATH
-    shards_parameters = True  # in place until run.close(); run.save writes a DCP directory
-    example = {}
-    Options = FSDPOptions
-    config: FSDPOptions
 
     def block_classes(self, model: nn.Module) -> tuple[set[str], list[str]]:
         """The class names to shard one by one in this model, and those asked for that it does not have."""
@@ -95,14 +91,6 @@ class FSDP(DataParallel):
             problems.append(Problem(self.name, f"offloading to CPU memory needs an accelerator device; the device is "
                                     f"{ctx.device}, whose memory already is CPU memory", field="cpu_offload",
                                     value=True, allowed="False on cpu", kind="conflict"))
-        earlier = ctx.handed_over  # the earlier run on this model, its changes already undone
-        mine = earlier.states.get(self.name) if earlier is not None else None
-        if isinstance(mine, FSDPState) and mine.unreduced_when_taken_off:  # run.close() mid-accumulation
-            problems.append(Problem(self.name, "accelerate() again in the middle of accumulating gradients under "
-                                    "fsdp: FSDP keeps the unreduced gradients in its own buffers, which a new run "
-                                    "cannot take over", field="accelerate",
-                                    allowed="call it after an optimizer step (run.step() returned False)",
-                                    kind="conflict"))
         return problems + foreign_parameter_problems(self.name, ctx, params)
 
     def apply(self, ctx):
@@ -139,13 +127,11 @@ class FSDP(DataParallel):
             state.sharding = shard_model(model, blocks, own, sums, **kwargs)
             state.params = list(model.named_parameters())  # the shards, checked for gradient hooks every step
             state.originals = Originals(model, state.sharding)
-            state.unreduced_when_taken_off = 0
             if not state.sync:  # redone mid-run: the new FSDP state reduces by default, the run said not to
                 self.gradient_sync(None, state, False)
 
         def unshard():  # a collective; FSDP's own state (its gradient-sync flag with it) goes with the sharding
             if state.sharding is not None:
-                state.unreduced_when_taken_off = len(self.held_gradients(state))
                 sharding, state.sharding = state.sharding, None
                 unshard_model(sharding)
 
@@ -163,8 +149,6 @@ class FSDP(DataParallel):
         follow = torch.compiler.disable(lambda *_: state.originals.follow(optimizer))  # eager under compile too
         ctx.journal.hook("fsdp: your own parameters' unfreezing, and groups added over them, followed before each "
                          "forward", lambda: model.register_forward_pre_hook(follow, prepend=True))
-        ctx.decide("sharded_blocks", blocks, f"fsdp shards {len(blocks)} block(s) one by one: compile compiles them "
-                                             "one by one")
         changes["sharded"] = (f"{len(blocks)} x {', '.join(kinds)}: "
                               + listed([names[id(m)] for m in blocks]) + ", then the root") if blocks else (
             "the root only (no repeated block found: name them with blocks=[...] to gather one block at a time)")

@@ -39,6 +39,4 @@ class FSDPState(State):
     originals: Originals | None = None  # your own parameters while their shards train
     params: list[tuple[str, nn.Parameter]] = field(default_factory=list)  # the shards, checked for gradient hooks
     sync: bool = True  # reduce-scatter gradients in backward (False while a step schedule accumulates)
-    unreduced_when_taken_off: int = 0  # gradients FSDP held unreduced when the sharding was last taken off: a new
-    # run on the model cannot take them over (check)
     warned: bool = False  # the StaleWarning about a gradient hook on a shard was given

@@ -35,7 +35,7 @@ from accel.accelerators.prune.tracing import fx_trace, keep_outputs, structure_p
 from accel.batches import describe_batch, move
 from accel.errors import Problem
 from accel.optim import copy_with_optimizer, describe_optimizer, init_kwargs, rebuild_optimizer, same_params
-from accel.plan.contract import Accelerator, Capability, Keeps, Stage, register
+from accel.plan.contract import Accelerator, Capability, Keeps, Stage, State, register
 from accel.plan.options import Options, at_least, option
 from accel.randomness import first_batch
 
@@ -88,7 +88,7 @@ class PruneOptions(Options):
 
 
 @register
-class Prune(Accelerator):
+class Prune(Accelerator[PruneOptions, State]):
     """Structured pruning with NNI, then real surgery: smaller layers, fewer parameters, faster steps."""
 
     name = "prune"
@@ -97,8 +97,6 @@ class Prune(Accelerator):
     provides = (Capability.MODEL_STRUCTURE, Capability.MODEL_COPY)
     keeps = Keeps("changed", structure=False, note="the channels it removes and the shapes of the layers they fed; "
                   "weights trained by warm-up or Taylor steps; the optimizer's state (reset)")
-    Options = PruneOptions
-    config: PruneOptions
 
     def check(self, ctx):
         config = self.config

@@ -80,7 +80,7 @@ class TwoModels(Loop):
 
     def start(self, held, run):
         plan = [{name: options} for name, options in run.plan.to_dict().items()
-                if "loader" not in REGISTRY[name].needs]
+                if "loader" not in REGISTRY[name].requires]
         try:
             self.run = accelerate(self.model, self.optimizer, None, plan=plan, device=run.device)
         except PlanError as error:  # what needs data without needing the loader (prune's dummy input)
