@@ -24,14 +24,6 @@ def compile_seconds() -> float:
     return sum(utils.compilation_time_metrics.get("_compile.compile_inner", ())) if utils is not None else 0.0
 
 
-def compiled_problem(module: nn.Module) -> str | None:
-    """Why an accelerator that changes how the user's modules run cannot take this model, or None."""
-    if compiled(module):
-        return ("the model is already compiled (torch.compile's OptimizedModule), so its modules cannot be given "
-                "hooks: pass the module itself (model._orig_mod) and add 'compile' to the plan")
-    return None
-
-
 def tied_groups(model: nn.Module) -> list[list[str]]:
     """Names of the parameters that are one tensor (model.b.weight = model.a.weight), one list per tensor."""
     groups: dict[int, list[str]] = {}

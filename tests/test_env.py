@@ -38,6 +38,7 @@ def test_environment_reports_every_accelerator_with_the_reason(custom):
     assert set(data["accelerators"]) == set(REGISTRY)
     for entry in data["accelerators"].values():
         assert isinstance(entry["available"], bool) and entry["reason"]
+        assert not {"optimizer", "loader"} & set(entry["requires"]), entry  # objects it needs, not packages
     assert data["accelerators"]["needs_package"] == {
         "stage": "kernels", "requires": {"surely-not-an-installed-package": None}, "available": False,
         "reason": "needs the package 'surely-not-an-installed-package', which is not installed "

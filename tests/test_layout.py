@@ -196,7 +196,6 @@ def test_each_built_in_accelerator_file_reads_as_its_card():
 # --- size --------------------------------------------------------------------------------------------------------
 
 MAX_LINES = 300
-LONG_FOR_NOW = {"accel/search/inloop.py", "accel/run/sharded_checkpoint.py"}  # issue 39's later phases split them
 
 
 def long_modules() -> dict[str, int]:
@@ -205,14 +204,8 @@ def long_modules() -> dict[str, int]:
     return {name: count for name, count in sorted(lengths.items()) if count > MAX_LINES}
 
 
-@pytest.mark.xfail(strict=False, reason=f"over {MAX_LINES} lines until issue 39's phases 2-3 split them: "
-                                        + ", ".join(sorted(LONG_FOR_NOW)))
 def test_no_module_is_longer_than_300_lines():
     assert long_modules() == {}
-
-
-def test_no_module_but_those_being_split_is_longer_than_300_lines():
-    assert set(long_modules()) <= LONG_FOR_NOW, long_modules()
 
 
 # --- imports at the top ------------------------------------------------------------------------------------------

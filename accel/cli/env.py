@@ -12,7 +12,7 @@ from accel.api import prepare
 from accel.errors import PlanError
 from accel.hardware import install_hint as packages_install_hint
 from accel.hardware import ipex_problem, package_version, probe
-from accel.plan.contract import REGISTRY
+from accel.plan.contract import REGISTRY, packages
 from accel.workloads import tiny_loader, tiny_model, tiny_optimizer
 
 
@@ -29,7 +29,7 @@ def accelerator_availability() -> dict[str, dict[str, Any]]:
     for name in sorted(REGISTRY):
         cls = REGISTRY[name]
         entry: dict[str, Any] = {"stage": cls.stage.name.lower(),
-                                 "requires": {pkg: package_version(pkg) for pkg in cls.requires}}
+                                 "requires": {pkg: package_version(pkg) for pkg in packages(cls)}}
         try:
             model = tiny_model()
             _, _, skips = prepare(model, tiny_optimizer(model), tiny_loader(32), [cls(**cls.example)], device="cpu")

@@ -1,5 +1,5 @@
 """What both checkpoint formats share: each rank's part of the state (its random state, and the states of
-accelerators with ``state_per_rank``), and whether a saved state fits a run, said in words before anything is
+accelerators whose State is ``per_rank``), and whether a saved state fits a run, said in words before anything is
 loaded, for the single file (checkpoint.py) and the shards (sharded_checkpoint.py) alike."""
 from __future__ import annotations
 
@@ -175,11 +175,3 @@ def stray_problems(saved_names: set[str], run) -> list[str]:
     stray = sorted(saved_names - {a.name for a in run.accelerators})
     return [f"state of accelerators this run did not apply: {stray}"] if stray else []
 
-
-def unprefixed(saved: dict, current: dict) -> dict:
-    """A model state saved through the user's own torch.compile wrapper (accel 0.2 saved it so: keys starting
-    with ``_orig_mod.``), keyed as the module inside it, which is what run.unwrap() is now."""
-    prefix = "_orig_mod."
-    if saved and all(k.startswith(prefix) for k in saved) and not any(k.startswith(prefix) for k in current):
-        return {k[len(prefix):]: v for k, v in saved.items()}
-    return saved

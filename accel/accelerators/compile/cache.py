@@ -39,7 +39,7 @@ from typing import Any
 
 import torch
 
-from accel.files import cache_dir, write_text
+from accel.files import cache_dir, read_small, write_text
 from accel.hardware.devices import device_model
 from accel.modules import fingerprint
 from accel.run.shared_settings import set_by_runs
@@ -135,7 +135,7 @@ def _marker(where: Path, facts: dict[str, Any]) -> Path:
 
 def _first_run(marker: Path) -> float | None:
     try:
-        return float(json.loads(marker.read_text())["first_run"])
+        return float(json.loads(read_small(marker, 1 << 16))["first_run"])  # a pipe or a terabyte: not a marker
     except (OSError, ValueError, KeyError, TypeError, RecursionError):  # no marker, or a damaged one: cold
         return None
 
@@ -219,7 +219,7 @@ def owns_compile_folder(where: Any = True) -> bool:
     """Whether compile/ is accel's: it holds accel's tag, or the markers of the setups accel compiled there."""
     place = folder(where)
     try:
-        return (place / TAG).read_text() == TAG_TEXT or (place / MARKERS).is_dir()
+        return read_small(place / TAG, len(TAG_TEXT)).decode(errors="replace") == TAG_TEXT or (place / MARKERS).is_dir()
     except OSError:
         return (place / MARKERS).is_dir()
 
