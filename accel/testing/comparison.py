@@ -74,10 +74,12 @@ def compare_tensors(what: str, reference: dict[str, torch.Tensor], other: dict[s
     return found + [text for _, text in off]
 
 
-def compare(reference: Trace, accelerated: Trace, keeps: Keeps) -> list[str]:
+def compare(reference: Trace, accelerated: Trace, keeps: Keeps, loop_keeps: Keeps | None = None) -> list[str]:
     """Every difference between the plain training and the accelerated one that the card does not declare: the
     batches, outputs' structure, names and shapes, flags, ties, frozen parameters, hyper-parameters; below "changed"
-    also counters and which optimizer states exist; then the weights and states at the card's level."""
+    also counters and which optimizer states exist; then the weights and states at the card's level. What the loop
+    built itself (a second model under its own run of the plan) is held to ``loop_keeps``: the whole plan's card,
+    since its run may apply what the first model's skipped."""
     found = []
     for i, (a, b) in enumerate(zip(reference.batches, accelerated.batches)):
         if a != b:
@@ -129,10 +131,11 @@ def compare(reference: Trace, accelerated: Trace, keeps: Keeps) -> list[str]:
         other = accelerated.optimizer.get(name, {})
         if set(state) != set(other):
             found.append(f"optimizer state: {name} holds {sorted(other)} instead of {sorted(state)}")
-    for what, ours, theirs in (("weights", reference.state, accelerated.state),
-                               ("your objects", reference.user, accelerated.user),
-                               ("what the loop built", reference.observed, accelerated.observed)):
-        found += compare_tensors(what, ours, theirs, keeps)
+    for what, ours, theirs, card in (("weights", reference.state, accelerated.state, keeps),
+                                     ("your objects", reference.user, accelerated.user, keeps),
+                                     ("what the loop built", reference.observed, accelerated.observed,
+                                      loop_keeps or keeps)):
+        found += compare_tensors(what, ours, theirs, card)
     if precise:
         for name, state in reference.optimizer.items():
             other = accelerated.optimizer.get(name, {})

@@ -144,7 +144,9 @@ def check_equivalence(plan: Any, build: Callable[[], Setup], steps: int = 3, see
         prefix = f"your {what}"
         expected.user = {k: v for k, v in expected.user.items() if not k.startswith(prefix)}
         accelerated.user = {k: v for k, v in accelerated.user.items() if not k.startswith(prefix)}
-    result.differences = compare(expected, accelerated, result.keeps)
+    loop_keeps = combined([result.keeps] + [REGISTRY[name].keeps for name in run.plan.names()
+                                            if name in REGISTRY and not declares_training(REGISTRY[name].keeps)])
+    result.differences = compare(expected, accelerated, result.keeps, loop_keeps)
     if run.report.stale:  # the plan trains a copy: the user's model and optimizer stay as they were
         # (the loader is the user's and served the training: its generator moved as in the plain loop)
         result.objects_changed += [f"after training: {c}" for c in
