@@ -65,6 +65,7 @@ def said_speedup(out):
     import re
 
     return bool(re.search(r"speed-up: \d+\.\d\dx \(\d+\.\d\d-\d+\.\d\d, 90% interval over \d+ paired turns\)", out)
+                or re.search(r"slower: \d+\.\d\dx \(\d+\.\d\d-\d+\.\d\d, 90% interval", out)
                 or re.search(r"no speed-up here: \d+\.\d\dx \(\d+\.\d\d-\d+\.\d\d, 90% interval", out)
                 or re.search(r"the machine was too noisy for a verdict: the speed-up read \d+\.\d\dx", out))
 
@@ -77,4 +78,6 @@ def test_the_headline_tells_a_speed_up_from_none_and_from_noise():
 
     assert headline(Ratio([1.30, 1.32, 1.29, 1.31, 1.30])).startswith("speed-up: 1.30x")
     assert headline(Ratio([1.0, 1.01, 0.99, 1.0, 1.02, 1.0])).startswith("no speed-up here: 1.00x")
+    assert headline(Ratio([0.99, 0.985, 0.99, 0.995, 0.99])).startswith("no speed-up here: 0.99x")
+    assert headline(Ratio([0.80, 0.82, 0.79, 0.81, 0.80])).startswith("slower: 0.80x")
     assert headline(Ratio([0.5, 2.0, 1.0, 1.6, 0.7])).startswith("the machine was too noisy for a verdict")

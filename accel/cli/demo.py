@@ -199,8 +199,10 @@ def headline(ratio: Ratio) -> str:
     too noisy to tell."""
     words = (f"{ratio.estimate:.2f}x ({ratio.low:.2f}-{ratio.high:.2f}, 90% interval over {ratio.rounds} paired "
              "turns)")
-    if ratio.rounds >= 2 and ratio.noisy() and same_speed(ratio):
+    if ratio.rounds >= 2 and not ratio.above(1.0) and same_speed(ratio):
         return f"no speed-up here: {words}; the two trainings ran at the same speed, within {SAME_SPEED:.0%}"
+    if ratio.rounds >= 2 and ratio.below(1.0):
+        return f"slower: {words}: the accelerated training's step took longer than the plain loop's, in the same turns"
     if ratio.rounds < 2 or ratio.noisy():
         return (f"the machine was too noisy for a verdict: the speed-up read {words}, and that could be none at all "
                 "(run it again when the machine is quieter)")
@@ -264,8 +266,9 @@ def plot(path: str, plain: dict, accelerated: dict, ratio: Ratio, counts: list[i
         right.set_xlabel("step time over the plain loop's (90% interval; below 1 is faster)")
         right.set_title("what plan='auto' measured in the loop", fontsize=10)
     interval = f"({ratio.low:.2f}-{ratio.high:.2f}, 90%)"
-    verdict = (f"{ratio.estimate:.2f}x faster {interval}" if not ratio.noisy() else
+    verdict = (f"{ratio.estimate:.2f}x faster {interval}" if ratio.above(1.0) else
                f"no speed-up: {ratio.estimate:.2f}x {interval}" if same_speed(ratio) else
+               f"slower: {ratio.estimate:.2f}x {interval}" if ratio.below(1.0) else
                f"too noisy for a verdict: {ratio.estimate:.2f}x {interval}")
     fig.suptitle(f"{model} on sklearn digits: the plain loop against plan='auto' ({chosen or 'nothing chosen'}), "
                  f"trained in turns in one process\n{verdict}", fontsize=11)

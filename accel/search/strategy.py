@@ -246,7 +246,8 @@ class Search:
             return (f"the budget ran out before any candidate was compared with the plain loop ({', '.join(unmeasured)}"
                     f" not measured): the plain loop is kept (the empty plan), untested; give a larger budget_s{notes}")
         if self.noisy:
-            return (f"the machine was too noisy to establish a plan faster than the plain loop ({len(measured)} "
-                    f"compared): the plain loop is kept (the empty plan); run again when it is quieter{notes}")
+            return (f"no plan could be shown faster than the plain loop within the budget ({len(measured)} compared, "
+                    f"each interval still holding both a gain and none): the plain loop is kept (the empty plan), "
+                    f"and a later run measures again{notes}")
         return (f"no plan was faster than the plain loop by more than {self.margin:.0%} with 95% confidence "
                 f"({len(measured)} compared{at}): the plain loop is kept (the empty plan){notes}")
