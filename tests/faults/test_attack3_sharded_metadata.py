@@ -1,0 +1,60 @@
+"""Found from outside (attack3): a sharded checkpoint folder is data anyone may have written, like a single file, but
+its ``.metadata`` is read with torch.distributed.checkpoint's FileSystemReader.read_metadata(), which is a plain
+pickle.load: whatever the file names runs at run.load(folder). accel's manifest in accel.pt (each file's size and
+blake2b) does not help: whoever writes the folder writes the manifest too, and the checksum covers tensors only."""
+import hashlib
+import pickle
+
+import pytest
+import torch
+from scripts.launching import one_rank_env
+
+import accel
+from accel.errors import CheckpointError
+from accel.run.checkpoint import checksum
+from accel.testing import tiny_loader, tiny_model
+
+
+class Proof:
+    """Unpickled as open(path, "w"): a file that appears when the pickle ran."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return open, (self.path, "w")
+
+
+def digest(path) -> str:
+    return hashlib.blake2b(path.read_bytes(), digest_size=20).hexdigest()
+
+
+@pytest.mark.xfail(strict=True, reason="sharded_checkpoint.load -> checkpoint_fit.sharded_problems -> "
+                   "dcp.FileSystemReader.read_metadata() unpickles .metadata with pickle.load (torch's DCP), after "
+                   "a manifest check the same writer controls: a crafted folder runs code at run.load")
+def test_a_sharded_checkpoints_metadata_runs_nothing(tmp_path, monkeypatch):
+    for key, value in one_rank_env().items():
+        monkeypatch.setenv(key, value)
+    model = tiny_model()
+    run = accel.accelerate(model, torch.optim.SGD(model.parameters(), lr=0.1), tiny_loader(), ["fsdp"], device="cpu")
+    run.save(tmp_path / "ckpt")
+    run.close()
+    folder = tmp_path / "ckpt" / (tmp_path / "ckpt" / "latest").read_text().strip()
+    proof = tmp_path / "it ran"
+    (folder / ".metadata").write_bytes(pickle.dumps(Proof(str(proof))))
+    meta = torch.load(folder / "accel.pt", weights_only=True)
+    meta["files"][".metadata"] = ((folder / ".metadata").stat().st_size, digest(folder / ".metadata"))
+    meta["checksum"] = checksum(meta)
+    torch.save(meta, folder / "accel.pt")
+
+    model = tiny_model(1)
+    other = accel.accelerate(model, torch.optim.SGD(model.parameters(), lr=0.1), tiny_loader(), ["fsdp"],
+                             device="cpu")
+    try:
+        with pytest.raises(CheckpointError):
+            other.load(tmp_path / "ckpt")
+    finally:
+        other.close()
+        ran = proof.exists()
+        proof.unlink(missing_ok=True)
+    assert not ran
