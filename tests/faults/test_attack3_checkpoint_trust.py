@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -126,3 +127,44 @@ def test_a_state_run_load_cannot_read_is_refused_by_run_save_naming_the_accelera
             other.close()
     finally:
         run.close()
+
+
+@dataclass(frozen=True, kw_only=True)
+class LogOptions(Options):
+    folder: Path = option(Path("runs"), (Path,), help="where the user's accelerator writes its logs")
+
+
+class Log(Accelerator[LogOptions, State]):
+    """A user's accelerator with a Path option (it decides and changes nothing: only its option matters here)."""
+
+    name = "attack3_log"
+    stage = Stage.STEP
+
+    def apply(self, ctx) -> State:
+        return State(changes={"folder": str(self.config.folder)})
+
+
+@pytest.mark.xfail(strict=True, reason="run.save writes the plan's options as they are (encode_plan turns only "
+                   "functions into text): a pathlib.Path option saves fine and run.load, under the same plan, then "
+                   "refuses the file as 'not an accel checkpoint'")
+def test_a_plan_with_a_path_option_loads_back_its_own_checkpoint(tmp_path):
+    accel.register(Log)
+    try:
+        plan = [{"attack3_log": {"folder": tmp_path}}]
+        model, optimizer, loader = objects()
+        run = accel.accelerate(model, optimizer, loader, plan=plan, device="cpu")
+        try:
+            run.save(tmp_path / "ckpt.pt")
+        except (CheckpointError, ValueError, TypeError) as error:  # refused at save, by name: also a fix
+            assert "attack3_log" in str(error)
+            return
+        finally:
+            run.close()
+        model, optimizer, loader = objects(1)
+        other = accel.accelerate(model, optimizer, loader, plan=plan, device="cpu")
+        try:
+            other.load(tmp_path / "ckpt.pt")
+        finally:
+            other.close()
+    finally:
+        accel.unregister(Log.name)
