@@ -11,28 +11,11 @@ import numpy as np
 import pytest
 import torch
 from injectors import objects
+from test_fault_security import crafted, saved
 
 import accel
 from accel import Accelerator, Keeps, Options, Stage, State, option
 from accel.errors import CheckpointError
-from accel.run.checkpoint import checksum
-
-
-def saved(tmp_path, plan=()):
-    model, optimizer, loader = objects()
-    run = accel.accelerate(model, optimizer, loader, plan=list(plan), device="cpu")
-    run.save(tmp_path / "ckpt.pt")
-    run.close()
-    return tmp_path / "ckpt.pt"
-
-
-def crafted(path, **replace):
-    """The checkpoint with parts replaced (the checksum covers tensors only: anyone can make it match)."""
-    state = torch.load(path, weights_only=True)
-    state.update(replace)
-    state["checksum"] = checksum(state)
-    torch.save(state, path)
-    return path
 
 
 def auto_run(seed=1):
