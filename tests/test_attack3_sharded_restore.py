@@ -87,11 +87,7 @@ def train(run, steps):
 
 
 @pytest.mark.parametrize("sharded", [
-    pytest.param(True, marks=pytest.mark.xfail(strict=True, reason="sharded_checkpoint.load's backup is "
-                 "run.state_dict(model=False), not copied: the accelerators' state_dicts are their live tensors, "
-                 "overwritten by the checkpoint before a later accelerator refuses, so the put-back restores the "
-                 "checkpoint's values (checkpoint.py's _backup deep-copies them)")),
-    False])
+    True, False])
 def test_a_load_refused_by_a_later_accelerator_puts_every_state_back(tmp_path, monkeypatch, users_accelerators,
                                                                       sharded):
     if sharded:

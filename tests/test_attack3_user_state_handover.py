@@ -65,10 +65,6 @@ def ema():
     accel.unregister(EMA.name)
 
 
-@pytest.mark.xfail(strict=True, reason="the documented EMA's load_state_dict raises torch's RuntimeError on a "
-                   "mismatch (docs/lifecycle.md), State's contract says ValueError, and Run.hand_over (and the "
-                   "in-loop search's switch) catch only ValueError: accelerate() again fails with an AccelerateError "
-                   "instead of starting the EMA afresh")
 def test_accelerate_again_after_growing_the_model_starts_the_docs_ema_afresh(ema):
     model = tiny_model()
     optimizer = torch.optim.Adam(model.parameters())

@@ -200,7 +200,10 @@ class Run(RunState):
 
     def load_accelerator_state(self, name: str, saved: dict[str, Any]) -> None:
         """Restore one accelerator's saved state (ValueError, nothing changed, when it does not fit)."""
-        self.states[name].load_state_dict(saved)
+        try:
+            self.states[name].load_state_dict(saved)
+        except (RuntimeError, KeyError, TypeError) as error:  # torch's load_state_dict says a mismatch so
+            raise ValueError(f"{name}'s saved state does not fit: {type(error).__name__}: {error}") from error
         self.watch.held = None  # the gradients are the checkpoint's now (grad_accumulation's), not the loop's doing
         self._sync()
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import pickle
 import shutil
 from pathlib import Path
 from typing import Any
@@ -173,7 +174,48 @@ def read(path) -> tuple[Path, dict[str, Any]]:
     if changed:
         raise CheckpointError(f"{where}: {changed[0]} differs from what was saved (size or hash): corrupted or torn; "
                               "nothing was loaded")
+    foreign = _foreign_in_metadata(where / ".metadata")
+    if foreign:
+        raise CheckpointError(f"{where / '.metadata'}: holds {foreign}, beyond what torch's distributed checkpoints "
+                              "write: not an accel checkpoint, and nothing of it was run or loaded")
     return where, meta
+
+
+def _allowed(module: str, name: str) -> bool:
+    """What DCP's .metadata pickle names: its own metadata classes, torch's sizes, dtypes and layouts, paths."""
+    if module == "torch.distributed.checkpoint.metadata":
+        import torch.distributed.checkpoint.metadata as metadata
+
+        return isinstance(getattr(metadata, name, None), type)
+    if module == "torch.distributed.checkpoint.filesystem":
+        return name == "_StorageInfo"
+    if module == "torch":
+        return name == "Size" or isinstance(getattr(torch, name, None), (torch.dtype, torch.layout,
+                                                                         torch.memory_format))
+    return (module, name) in {("torch.serialization", "_get_layout"), ("collections", "OrderedDict"),
+                              ("pathlib", "PosixPath"), ("pathlib", "WindowsPath"), ("pathlib", "Path")}
+
+
+def _foreign_in_metadata(path: Path) -> str | None:
+    """What DCP would unpickle from .metadata beyond its own metadata (it reads the file with pickle.load, so a
+    crafted folder would run code at run.load), or None; the file is read with nothing of it called."""
+    found: list[str] = []
+
+    class Names(pickle.Unpickler):
+        def find_class(self, module: str, name: str) -> Any:
+            if not _allowed(module, name):
+                found.append(f"{module}.{name}")
+                raise pickle.UnpicklingError(f"{module}.{name}")
+            return super().find_class(module, name)
+
+    if not path.is_file():
+        return None
+    try:
+        with open(path, "rb") as file:
+            Names(file).load()
+    except Exception as error:  # a damaged pickle is foreign too
+        return found[0] if found else f"a pickle that does not load ({type(error).__name__})"
+    return None
 
 
 def _copy(state: Any) -> Any:
@@ -217,7 +259,7 @@ def load(run, path) -> dict[str, Any]:
         raise CheckpointError(f"{where}: the shards could not be read ({type(error).__name__}: {error}); nothing "
                               "was loaded") from error
     progress = {**meta, **this_rank(meta)}
-    backup = (_copy(model), _copy(optimizer), run.state_dict(model=False))
+    backup = (_copy(model), _copy(optimizer), _copy(run.state_dict(model=False)))  # accelerators hand out live tensors
     try:
         _set(run, read_into["model"], read_into.get("optimizer", {}), progress)
     except BaseException as error:  # a Ctrl-C too: the run as it was, never half from the checkpoint

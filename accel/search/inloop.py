@@ -19,10 +19,9 @@ from accel.api import accelerate
 from accel.errors import AccelerateError, BypassWarning, CheckpointError, MeasureError, PlanError
 from accel.measure import TrainStep, plan_label
 from accel.modules import compiled
-from accel.plan import Plan
 from accel.plan.contract import Capability
 from accel.run import open_run
-from accel.run.checkpoint import decode_plan, read
+from accel.run.checkpoint import read, saved_plan
 from accel.run.interrupts import deferred
 from accel.run.sharded_checkpoint import is_sharded_checkpoint
 from accel.search.distribution import distribute, in_step
@@ -130,8 +129,8 @@ class InLoopSearch:
         """Resume: the checkpoint's plan is the answer, once its state fits this run (else refused, nothing changed)."""
         if is_sharded_checkpoint(path):
             return self.current.load(path)
-        state = read(path)
-        plan, before = Plan(decode_plan(state["plan"], path)).to_dict(), self.current.plan.to_dict()
+        state = read(path)  # its plan as saved_plan builds it: nothing that would run code, errors naming the file
+        plan, before = saved_plan(path).to_dict(), self.current.plan.to_dict()
         problems = self.current.state_problems({**state, "accelerators": {}})
         if problems:
             raise CheckpointError(f"{path} does not fit this run; nothing was loaded: " + "; ".join(problems))

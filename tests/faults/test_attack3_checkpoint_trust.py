@@ -23,9 +23,6 @@ def auto_run(seed=1):
     return accel.accelerate(model, optimizer, loader, plan=accel.Auto(cache=False), device="cpu")
 
 
-@pytest.mark.xfail(strict=True, reason="InLoopSearch.load takes the checkpoint's plan with Plan(decode_plan(...)) and "
-                   "never asks code_problems, so compile.options (inductor's C++ compiler and flags) from a file is "
-                   "applied; saved_plan and the cache refuse it")
 def test_run_load_under_auto_refuses_compile_options_from_a_checkpoint(tmp_path):
     path = crafted(saved(tmp_path), plan={"compile": {"options": {"cpp.cxx": [str(tmp_path / "not-a-compiler")]}}})
     run = auto_run()
@@ -37,8 +34,6 @@ def test_run_load_under_auto_refuses_compile_options_from_a_checkpoint(tmp_path)
         run.close()
 
 
-@pytest.mark.xfail(strict=True, reason="InLoopSearch.load builds Plan() from the file's plan outside any "
-                   "CheckpointError: an unknown accelerator in a checkpoint is a PlanError that never names the file")
 def test_run_load_under_auto_names_the_file_whose_plan_is_unknown(tmp_path):
     path = crafted(saved(tmp_path), plan={"no_such_accelerator": {}})
     run = auto_run()

@@ -29,9 +29,6 @@ def digest(path) -> str:
     return hashlib.blake2b(path.read_bytes(), digest_size=20).hexdigest()
 
 
-@pytest.mark.xfail(strict=True, reason="sharded_checkpoint.load -> checkpoint_fit.sharded_problems -> "
-                   "dcp.FileSystemReader.read_metadata() unpickles .metadata with pickle.load (torch's DCP), after "
-                   "a manifest check the same writer controls: a crafted folder runs code at run.load")
 def test_a_sharded_checkpoints_metadata_runs_nothing(tmp_path, monkeypatch):
     for key, value in one_rank_env().items():
         monkeypatch.setenv(key, value)
