@@ -76,12 +76,11 @@ def bf16_peak(device: torch.device, size: int, repeats: int = 10, calls: int = 5
 
 
 def machine(device: torch.device) -> dict[str, Any]:
-    import accelerate
-
     import accel
+    from accel.hardware import package_version
 
     found = {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
-             "accelerate": accelerate.__version__, "accel": accel.__version__, "device": str(device),
+             "accelerate": package_version("accelerate"), "accel": accel.__version__, "device": str(device),
              "cpu": accel.probe().cpu_model, "threads": torch.get_num_threads()}
     with contextlib.suppress(ImportError):
         import transformers
