@@ -1,6 +1,28 @@
+import os
+
 import pytest
+from hypothesis import settings
+from time_limit import time_limit
 
 from accel.testing import process_state_restored
+
+# CI draws the same generated cases on every run: a failure there is reproduced by running with CI=true, and a case
+# that passes does not turn into another one that fails on the next push. Elsewhere each run draws new cases.
+settings.register_profile("ci", derandomize=True, print_blob=True)
+if os.environ.get("CI"):
+    settings.load_profile("ci")
+
+LIMIT_S = float(os.environ.get("ACCEL_TEST_LIMIT_S", "900"))  # the longest test takes 4 min on 2 busy cores
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    """Every test under a time limit (tests/time_limit.py); the GPU tests have their own (tests/cuda/conftest.py)."""
+    if item.path.parent.name == "cuda":
+        yield
+        return
+    with time_limit(LIMIT_S, item.nodeid):
+        yield
 
 
 @pytest.fixture(autouse=True)

@@ -116,29 +116,32 @@ def plain_run(setup: Setup, plan: Any, device: Any) -> Any:
         return accelerate(setup.model, setup.optimizer, setup.loader, plan=[], device=device)
 
 
-def _last_bit(tensor: torch.Tensor) -> torch.Tensor:
-    return torch.nextafter(tensor, torch.full_like(tensor, float("inf")))
+def _next_float(tensor: torch.Tensor, toward: float) -> torch.Tensor:
+    return torch.nextafter(tensor, torch.full_like(tensor, toward))
 
 
 def loop_amplification(build: Callable[[], Setup], plan: Any, steps: int, seed: int, device: Any,
                        expected: Trace) -> float:
-    """How far the plain loop ends from its own run when nudged at the last bit, the weights once or every gradient:
-    a loop in a fast phase of an adaptive optimizer grows a last-bit difference past any card by itself, so a plan's
-    float-order differences there are judged against this distance (where the loop is calm, it is about zero)."""
+    """How far the plain loop ends from its own run when nudged at the last bit, up or down, the weights once or every
+    gradient: a loop in a fast phase of an adaptive optimizer grows a last-bit difference past any card by itself, so a
+    plan's float-order differences there are judged against the farthest of these four (where the loop is calm, about
+    zero). One nudge is not enough: where the loop is chaotic, where it ends varies fivefold with the nudge."""
     farthest = 0.0
     for every_gradient in (False, True):
-        setup = built(build)
-        params = [p for p in setup.model.parameters() if p.is_floating_point()]
-        with torch.no_grad():
-            for p in params if not every_gradient else ():
-                p.copy_(_last_bit(p))
-        handles = [p.register_hook(_last_bit) for p in params if every_gradient and p.requires_grad]
-        try:
-            nudged = trained(plain_run(setup, plan, device), setup, steps, seed)
-        finally:
-            for handle in handles:
-                handle.remove()
-        farthest = max(farthest, apart(expected, nudged))
+        for toward in (float("inf"), float("-inf")):
+            setup = built(build)
+            params = [p for p in setup.model.parameters() if p.is_floating_point()]
+            with torch.no_grad():
+                for p in params if not every_gradient else ():
+                    p.copy_(_next_float(p, toward))
+            handles = [p.register_hook(lambda grad, toward=toward: _next_float(grad, toward))
+                       for p in params if every_gradient and p.requires_grad]
+            try:
+                nudged = trained(plain_run(setup, plan, device), setup, steps, seed)
+            finally:
+                for handle in handles:
+                    handle.remove()
+            farthest = max(farthest, apart(expected, nudged))
     return farthest
 
 
