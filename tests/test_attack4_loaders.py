@@ -1,0 +1,119 @@
+"""attack4: a loader the run rebuilt with worker processes, across accelerate() again, run.close() and Ctrl-C.
+
+Each loop runs in a real subprocess with a timeout, so a worker that never answers fails its own test quickly."""
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+SETUP = """
+import multiprocessing, os, sys, time, torch, accel
+from torch.utils.data import DataLoader, TensorDataset
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+def step(run, x, y):
+    run.backward(torch.nn.functional.mse_loss(run.model(x), y))
+    run.step()
+"""
+
+
+def run_script(body: str, timeout: float = 40) -> str:
+    """The script's output; a hang (a worker that never answers) fails here, with what it printed so far."""
+    try:
+        done = subprocess.run([sys.executable, "-c", SETUP + textwrap.dedent(body)], capture_output=True, text=True,
+                              timeout=timeout, env={**os.environ, "PYTHONWARNINGS": "default"})
+    except subprocess.TimeoutExpired as hung:
+        pytest.fail(f"the loop hung past {timeout} s; it printed: {hung.stdout!r} {hung.stderr!r}")
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout + done.stderr
+
+
+def test_accelerate_again_mid_epoch_keeps_the_epoch_the_loop_is_iterating():
+    """A loop that calls accelerate() again mid-epoch (another plan after a validation, say) and goes on with the
+    epoch it is in: with a rebuilt loader of persistent workers, the hand-over stops those workers under the live
+    iterator, and the epoch ends after the batches already fetched: 4 of 16, with nothing said. Without the rebuild
+    (the user's own loader, same settings) the epoch is whole: 16."""
+    out = run_script("""
+        loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 1)), batch_size=4, num_workers=1,
+                            persistent_workers=True)
+        plan = [{"loader": {"num_workers": 2}}]
+        run = accel.accelerate(model, optimizer, loader, plan=plan)
+        assert run.loader.loader is not loader  # rebuilt: 2 persistent workers
+        drawn = 0
+        for x, y in run.loader:
+            step(run, x, y)
+            drawn += 1
+            if drawn == 3:
+                run = accel.accelerate(model, optimizer, loader, plan=plan)
+        print("DRAWN", drawn)
+    """)
+    drawn = [line for line in out.splitlines() if line.startswith("DRAWN")]
+    assert drawn == ["DRAWN 16"] or "epoch" in out.lower() and "warn" in out.lower(), out[-3000:]
+
+
+def test_close_stops_the_workers_of_a_rebuilt_loader_the_loop_still_iterates():
+    """run.close() 'stops the workers of a loader the run rebuilt' (its docstring): not when the loop still holds
+    an iterator of run.loader (an early stop that keeps the iterator, `batches = iter(run.loader)` as the harness's
+    own loops do): the workers of a non-persistent rebuilt loader live on after close, and the closed run's loader
+    goes on serving batches through them."""
+    out = run_script("""
+        loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 1)), batch_size=4)
+        run = accel.accelerate(model, optimizer, loader, plan=[{"loader": {"num_workers": 2}}])
+        batches = iter(run.loader)
+        step(run, *next(batches))
+        assert len(multiprocessing.active_children()) == 2
+        run.close()
+        time.sleep(0.5)
+        print("ALIVE", len(multiprocessing.active_children()))
+    """)
+    assert "ALIVE 0" in out, out[-3000:]
+
+
+LOOP = """
+loader = DataLoader(TensorDataset(torch.randn(4000, 4), torch.randn(4000, 1)), batch_size=4, **LOADER)
+run = accel.accelerate(model, optimizer, loader, plan=PLAN)
+for epoch in range(100):
+    for i, (x, y) in enumerate(run.loader):
+        step(run, x, y)
+        if epoch == 0 and i == 0:
+            print("READY", flush=True)
+        time.sleep(0.002)
+"""
+
+
+@pytest.mark.parametrize("loader, plan", [({}, [{"loader": {"num_workers": 2}}]),
+                                          ({"num_workers": 1, "persistent_workers": True},
+                                           ["threads", {"loader": {"num_workers": 2}}])])
+def test_ctrl_c_mid_epoch_ends_the_process_and_its_workers(loader, plan):
+    """Ctrl-C (SIGINT to the whole foreground group) in a loop over rebuilt workers: the process ends with
+    KeyboardInterrupt and no worker outlives it. (Holds today.)"""
+    code = SETUP + f"LOADER = {loader!r}\nPLAN = {plan!r}\n" + LOOP
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             start_new_session=True)
+    try:
+        began = time.monotonic()
+        for line in child.stdout:
+            if line.startswith("READY") or time.monotonic() - began > 30:
+                break
+        workers = subprocess.run(["pgrep", "-P", str(child.pid)], capture_output=True, text=True).stdout.split()
+        assert workers, "no worker started"
+        os.killpg(child.pid, signal.SIGINT)
+        out = child.communicate(timeout=20)[0]
+    except subprocess.TimeoutExpired:
+        pytest.fail("the process did not end on Ctrl-C")
+    finally:
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+    assert "KeyboardInterrupt" in out, out[-2000:]
+    time.sleep(0.5)
+    alive = [pid for pid in workers if os.path.exists(f"/proc/{pid}")
+             and open(f"/proc/{pid}/stat").read().split()[2] != "Z"]
+    for pid in alive:  # our own leftovers, by their id
+        os.kill(int(pid), signal.SIGKILL)
+    assert not alive, f"workers outlived Ctrl-C: {alive}"
