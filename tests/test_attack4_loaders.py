@@ -117,3 +117,33 @@ def test_ctrl_c_mid_epoch_ends_the_process_and_its_workers(loader, plan):
     for pid in alive:  # our own leftovers, by their id
         os.kill(int(pid), signal.SIGKILL)
     assert not alive, f"workers outlived Ctrl-C: {alive}"
+
+
+def test_the_random_draws_probe_does_not_open_the_users_dataset_in_the_main_process(tmp_path):
+    """A dataset that opens its file lazily in __getitem__ (the usual way to give every worker a handle of its own:
+    a file offset, an HDF5/LMDB/SQLite handle must not cross a fork) is read once in the main process by the loader
+    accelerator's probe for random draws, so the handle is opened there, the user's dataset holds it after
+    accelerate(), and every forked worker reads through that one shared handle (one file offset for all)."""
+    records = tmp_path / "records.bin"
+    records.write_bytes(bytes(range(64)) * 4)
+    out = run_script(f"""
+        class Records(torch.utils.data.Dataset):
+            def __init__(self):
+                self.file, self.opened_in = None, None
+            def __len__(self):
+                return 64
+            def __getitem__(self, i):
+                if self.file is None:  # opened in the process that reads: each worker its own
+                    self.file, self.opened_in = open({str(records)!r}, "rb"), os.getpid()
+                self.file.seek(4 * i)
+                data = torch.tensor(list(self.file.read(4)), dtype=torch.float32)
+                return data, torch.tensor([float(self.opened_in != os.getpid())])
+        dataset = Records()
+        loader = DataLoader(dataset, batch_size=4)
+        run = accel.accelerate(model, optimizer, loader, plan=[{{"loader": {{"num_workers": 2}}}}])
+        print("OPENED_BY_ACCELERATE", dataset.file is not None)
+        shared = sum(float(flag.sum()) for _, flag in run.loader)
+        print("READ_THROUGH_A_FOREIGN_HANDLE", int(shared))
+        run.close()
+    """)
+    assert "OPENED_BY_ACCELERATE False" in out and "READ_THROUGH_A_FOREIGN_HANDLE 0" in out, out[-3000:]
