@@ -86,12 +86,10 @@ for epoch in range(100):
 """
 
 
-@pytest.mark.parametrize("loader, plan", [({}, [{"loader": {"num_workers": 2}}]),
-                                          ({"num_workers": 1, "persistent_workers": True},
-                                           ["threads", {"loader": {"num_workers": 2}}])])
-def test_ctrl_c_mid_epoch_ends_the_process_and_its_workers(loader, plan):
-    """Ctrl-C (SIGINT to the whole foreground group) in a loop over rebuilt workers: the process ends with
-    KeyboardInterrupt and no worker outlives it. (Holds today.)"""
+def test_ctrl_c_mid_epoch_ends_the_process_and_its_workers():
+    """Ctrl-C (SIGINT to the whole foreground group) in a loop over rebuilt persistent workers with threads pinned:
+    the process ends with KeyboardInterrupt and no worker outlives it. (Holds today.)"""
+    loader, plan = {"num_workers": 1, "persistent_workers": True}, ["threads", {"loader": {"num_workers": 2}}]
     code = SETUP + f"LOADER = {loader!r}\nPLAN = {plan!r}\n" + LOOP
     child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                              start_new_session=True)
@@ -147,3 +145,58 @@ def test_the_random_draws_probe_does_not_open_the_users_dataset_in_the_main_proc
         run.close()
     """)
     assert "OPENED_BY_ACCELERATE False" in out and "READ_THROUGH_A_FOREIGN_HANDLE 0" in out, out[-3000:]
+
+
+@pytest.mark.slow
+def test_accelerate_mid_epoch_leaves_the_epoch_the_loop_iterates_over_persistent_workers():
+    """A loop mid-epoch over persistent workers (the user's own loader) calls accelerate() with prune: prune's
+    first_batch calls iter() on the loader, and a DataLoader with persistent workers resets its one iterator, the
+    one the loop holds: the epoch starts again under the loop and its first batch is eaten. The loop saw samples
+    0, 4, 8, then 4, 8, 12, ... again (the 'kept' loader iterator is the same object, now reset)."""
+    out = run_script("""
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Conv2d(1, 8, 3), torch.nn.ReLU(), torch.nn.Conv2d(8, 8, 3),
+                                    torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(8 * 4 * 4, 1))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+        samples = torch.arange(64.).view(64, 1, 1, 1).expand(64, 1, 8, 8).contiguous()
+        loader = DataLoader(TensorDataset(samples, torch.randn(64, 1)), batch_size=4, num_workers=1,
+                            persistent_workers=True)
+        for x, y in loader:  # an epoch before (a warm-up, an evaluation): the loader keeps its iterator
+            break
+        run = accel.accelerate(model, optimizer, loader, plan=[])
+        batches, seen = iter(run.loader), []
+        for _ in range(3):
+            x, y = next(batches)
+            seen.append(int(x[0, 0, 0, 0]))
+            step(run, x, y)
+        try:
+            run = accel.accelerate(model, optimizer, loader, plan=[{"prune": {"config_list": [
+                {"op_types": ["Conv2d"], "sparse_ratio": 0.5, "exclude_op_names": ["2"]}]}}])
+            print("PRUNE", run.report.row("prune").status)
+        except accel.AccelerateError as error:  # "your objects and the process are as they were"
+            print("PRUNE failed", str(error)[:200])
+        seen += [int(x[0, 0, 0, 0]) for x, y in batches]
+        print("SEEN", seen)
+    """, timeout=60)
+    seen = [line for line in out.splitlines() if line.startswith("SEEN")]
+    assert seen == [f"SEEN {list(range(0, 64, 4))}"], out[-3000:]
+
+
+def test_the_search_report_does_not_say_the_loop_never_iterated_run_loader_when_it_did():
+    """plan=Auto with a loader candidate only (judged by the loop's wait for data): it settles at step 0, before the
+    loop's first batch, and the report read after eight whole epochs over run.loader still says 'your loop never
+    iterated run.loader: its data wait is unknown'."""
+    out = run_script("""
+        loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 1)), batch_size=4)
+        run = accel.accelerate(model, optimizer, loader,
+                               plan=accel.Auto(candidates=[[{"loader": {"num_workers": 2}}]], cache=False))
+        drawn = 0
+        for epoch in range(8):
+            for x, y in run.loader:
+                step(run, x, y)
+                drawn += 1
+        print("DRAWN", drawn)
+        print(run.report)
+        run.close()
+    """)
+    assert "DRAWN 128" in out and "never iterated run.loader" not in out, out[-3000:]
