@@ -89,6 +89,16 @@ def kept(loader: Any = None) -> Iterator[None]:
 
 
 def first_batch(loader: Any) -> Any:
-    """The loader's first batch (None when it has none), leaving the loader and every random state as they were."""
+    """The loader's first batch (None when it has none), leaving the loader and every random state as they were.
+    A DataLoader with persistent workers resets its one iterator on iter(), maybe the one the loop is in mid-epoch:
+    the batch comes from an iterator of its own, whose workers are stopped after (kept() puts the loop's back)."""
     with kept(loader):
-        return next(iter(loader), None)
+        live = getattr(loader, "_iterator", None)
+        if live is not None:
+            loader._iterator = None
+        try:
+            return next(iter(loader), None)
+        finally:
+            own = getattr(loader, "_iterator", None)
+            if own is not None and own is not live and hasattr(own, "_shutdown_workers"):
+                own._shutdown_workers()

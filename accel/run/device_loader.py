@@ -7,6 +7,9 @@ from typing import Any
 import torch
 
 from accel.batches import move
+from accel.run.loaders import release_workers
+
+_END = object()
 
 
 class DeviceLoader:
@@ -21,6 +24,9 @@ class DeviceLoader:
         self.epoch = 0
         self._move = device.type != "cpu"
         self.drawn: Callable[[], None] | None = None  # told of every batch (the run watching for own accumulation)
+        self.open: list[Any] = []  # the wrapped loader's iterators of the epochs begun and not ended
+        self.stop_when_idle = False  # stop the workers once no epoch is open (set when another run takes over)
+        self.stopped: str | None = None  # why the workers were stopped under an open epoch (said if it goes on)
 
     def __iter__(self) -> Iterator[Any]:
         batches = self.start_epoch()
@@ -32,13 +38,44 @@ class DeviceLoader:
                 self.drawn()
             yield self.prepare(batch)
 
-    def start_epoch(self) -> Any:
+    def start_epoch(self) -> Iterator[Any]:
         """The wrapped loader's batches for the next epoch, as they come (its sampler told the epoch)."""
         sampler = getattr(self.loader, "sampler", None)
         if hasattr(sampler, "set_epoch"):
             sampler.set_epoch(self.epoch)
         self.epoch += 1
-        return self.loader
+        return self._epoch(iter(self.loader))
+
+    def _epoch(self, iterator: Iterator[Any]) -> Iterator[Any]:
+        self.open.append(iterator)
+        try:
+            while True:
+                if self.stopped:
+                    raise RuntimeError(self.stopped)
+                batch = next(iterator, _END)
+                if batch is _END:
+                    return
+                yield batch
+        finally:
+            self.open = [i for i in self.open if i is not iterator]
+            if self.stop_when_idle and not self.open:
+                self.stop_workers()
+
+    def stop_workers(self, why: str | None = None) -> None:
+        """Stop the wrapped loader's worker processes now: an open epoch's, and a persistent iterator's; an open epoch
+        that goes on raises ``why`` (else it would end early, silently)."""
+        for iterator in self.open:
+            if hasattr(iterator, "_shutdown_workers"):
+                iterator._shutdown_workers()
+        release_workers(self.loader)
+        if self.open and why:
+            self.stopped = why
+
+    def stop_workers_after_epoch(self) -> None:
+        """Stop the workers once the open epochs end (the loop may finish the epoch it is in), or now if none is."""
+        self.stop_when_idle = True
+        if not self.open:
+            self.stop_workers()
 
     def prepare(self, batch: Any) -> Any:
         """One batch as the plan wants it: on the device, through the batch transforms."""

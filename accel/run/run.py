@@ -20,7 +20,6 @@ from accel.modules import compile_seconds, compiled
 from accel.plan.contract import Accelerator, Capability, GradientSync, LossScaler, State, StepSchedule, overrides
 from accel.run.context import Context
 from accel.run.device_loader import DeviceLoader
-from accel.run.loaders import release_workers
 from accel.run.report import Report
 from accel.run.state import RunState
 from accel.run.watch import Watch
@@ -245,18 +244,20 @@ class Run(RunState):
                 except ValueError as error:
                     kept.append(f"{accelerator.name} started afresh ({error})")
         successor.report.continued = "the earlier run on this model, now closed: " + ", ".join(kept)
-        self._release_loader()
+        if self._rebuilt_loader():  # the loop may finish the epoch it is in on this run's loader
+            self.loader.stop_workers_after_epoch()
         self.closed = True
 
-    def _release_loader(self) -> None:
-        if self.loader is not None and self.loader.loader is not self._user_loader:
-            release_workers(self.loader.loader)
+    def _rebuilt_loader(self) -> bool:
+        return self.loader is not None and self.loader.loader is not self._user_loader
 
     def close(self) -> None:
         """Put your objects and the process back as they were before accelerate() (hooks, optimizer flags, threads,
         affinity, environment, backend flags, a process group accel started), keeping what was trained, and stop
-        the workers of a loader the run rebuilt."""
-        self._release_loader()
+        the workers of a loader the run rebuilt (an epoch of it that goes on raises, saying so)."""
+        if self._rebuilt_loader():
+            self.loader.stop_workers("run.loader: the run was closed during this epoch, and the worker processes of "
+                                     "the loader it rebuilt are stopped; iterate your own loader, or a new run's")
         self.journal.rollback()
         self.closed = True
 

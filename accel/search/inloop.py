@@ -26,7 +26,7 @@ from accel.run.interrupts import deferred
 from accel.run.sharded_checkpoint import is_sharded_checkpoint
 from accel.search.distribution import distribute, in_step
 from accel.search.fault import Faults, summary
-from accel.search.loader import SearchLoader
+from accel.search.loader import SearchLoader, time_data_wait
 from accel.search.results import TuneResult, TuneRow, cached_answer, keep_answer
 from accel.search.settings import Auto, placed, provides
 from accel.search.strategy import Search
@@ -68,7 +68,7 @@ class InLoopSearch:
         self.phase, self.how = "measuring", ""  # measuring, chosen (measuring what budget is left), settled
         self.saved: dict[str, dict] = {}  # accelerator name -> its state when its plan last stepped aside
         self.result: TuneResult | None = None
-        self.cache_key = self.pending = self.chosen_at = self.settled_at = self.ended_at = None
+        self.cache_key = self.pending = self.chosen_at = self.settled_at = self.ended_at = self.data_timing = None
         self.data_wait_s, self.switch_s, self.switched_at = 0.0, 0.0, clock.now()
         self.loader_read = self.stepping = self.bypassed = self.switching = False
         mine = weakref.WeakMethod(self._optimizer_steps)  # your optimizer must not keep a dropped search alive
@@ -97,14 +97,17 @@ class InLoopSearch:
         self.current.backward(loss)
 
     def step(self) -> bool:
-        if self.measuring:
+        timing = self.measuring and self.data_timing is not None
+        if self.measuring and not timing:
             self.turns.before_update()
         self.stepping = True
         try:
             skipped = self.current.step()
         finally:
             self.stepping = False
-        if self.measuring:
+        if timing:
+            time_data_wait(self)
+        elif self.measuring:
             self.search.step = self.current.steps
             self.turns.after_step()
         return skipped
@@ -237,7 +240,10 @@ class InLoopSearch:
         say(self)
 
     def finish(self) -> None:
-        """The comparisons are done: the plan chosen is taken (a rebuilt loader at the next epoch)."""
+        """The plan chosen is taken (a rebuilt loader at the next epoch, after the data wait is timed: loader.py)."""
+        if self.epochwise and not self.turns.plain_wait[1] and self.data_timing is None:
+            self.data_timing = ()  # begins after the next step
+            return
         self._settle("the budget ran out before every verdict was clear" if self.turns.cut else "settled")
 
     def _settle(self, how: str, why: str = "", plan: dict | None = None, result: TuneResult | None = None,

@@ -6,6 +6,8 @@ from typing import Any
 
 from accel import clock
 
+DATA_STEPS = 8  # steps timed for the data wait alone, when no comparison timed the plain loop
+
 
 class SearchLoader:
     """Every other name is the run.loader's of the plan in place (a DeviceLoader)."""
@@ -36,3 +38,14 @@ class SearchLoader:
         if name == "run":
             raise AttributeError(name)
         return getattr(self.run.current.loader, name)
+
+
+def time_data_wait(run: Any) -> None:
+    """After each step while only the plain loop's data wait is timed: from the first step on, DATA_STEPS steps,
+    then the search finishes (its rebuilt loader decided by that wait)."""
+    if not run.data_timing:
+        run.data_timing = (clock.now(), run.data_wait_s, run.current.steps)
+    elif run.current.steps - run.data_timing[2] >= DATA_STEPS:
+        began, wait, _ = run.data_timing
+        run.turns.plain_wait = [run.data_wait_s - wait, clock.now() - began]
+        run.finish()
