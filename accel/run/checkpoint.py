@@ -8,6 +8,8 @@ and fits this run; every refusal is a CheckpointError naming the file and what i
 from __future__ import annotations
 
 import hashlib
+import io
+import re
 import shutil
 import sys
 import types
@@ -117,11 +119,35 @@ def save(run, path) -> None:
     state.update(format=FORMAT, plan=encode_plan(state["plan"]), **gathered(run, state))
 
     def write() -> None:
+        problems = unreadable(state)
+        if problems:
+            raise CheckpointError(f"{path}: not written: run.load reads tensors and plain data only (torch.load with "
+                                  f"weights_only), and could not read back " + "; ".join(problems))
         state["checksum"] = checksum(state)
         path.parent.mkdir(parents=True, exist_ok=True)
         write_atomically(path, lambda file: torch.save(state, file))
 
     on_rank_zero(write, path)
+
+
+def unreadable(state: dict[str, Any]) -> list[str]:
+    """What of the plan's options and the accelerators' states torch.load(weights_only=True) cannot read back (a
+    numpy scalar, a pathlib.Path), each named: run.save refuses it, rather than write what run.load then refuses."""
+    parts = {f"{name}'s options": options for name, options in state["plan"].items()}
+    for states in [state.get("accelerators", {}), *state.get("accelerators_per_rank", [])]:
+        parts.update({f"{name}'s state": value for name, value in states.items()})
+    problems = []
+    for what, value in parts.items():
+        buffer = io.BytesIO()
+        torch.save(value, buffer)
+        buffer.seek(0)
+        try:
+            torch.load(buffer, weights_only=True)
+        except Exception as error:  # noqa: BLE001 (the unpickler's refusal, whatever its type)
+            found = re.search(r"GLOBAL (\S+)", str(error))
+            problems.append(f"{what} ({found.group(1) if found else type(error).__name__}: save it as plain data, "
+                            "str, int, float, lists, dicts or tensors)")
+    return problems
 
 
 def on_rank_zero(work: Callable[[], None], path: Path, remove: Path | None = None) -> None:
@@ -131,6 +157,8 @@ def on_rank_zero(work: Callable[[], None], path: Path, remove: Path | None = Non
     if rank() == 0:
         try:
             work()
+        except CheckpointError as error:
+            failure = str(error)
         except (OSError, RuntimeError) as error:  # torch's writer reports a full disk as a RuntimeError
             if remove is not None:
                 shutil.rmtree(remove, ignore_errors=True)

@@ -83,9 +83,6 @@ def best():
     accel.unregister(Best.name)
 
 
-@pytest.mark.xfail(strict=True, reason="run.save writes whatever State.state_dict returns without checking that "
-                   "torch.load(weights_only=True) can read it back: a numpy scalar saves fine, and run.load then "
-                   "refuses the user's own checkpoint as 'not an accel checkpoint', naming no accelerator")
 def test_a_state_run_load_cannot_read_is_refused_by_run_save_naming_the_accelerator(tmp_path, best):
     model, optimizer, loader = objects()
     run = accel.accelerate(model, optimizer, loader, plan=["attack3_best"], device="cpu")
@@ -122,9 +119,6 @@ class Log(Accelerator[LogOptions, State]):
         return State(changes={"folder": str(self.config.folder)})
 
 
-@pytest.mark.xfail(strict=True, reason="run.save writes the plan's options as they are (encode_plan turns only "
-                   "functions into text): a pathlib.Path option saves fine and run.load, under the same plan, then "
-                   "refuses the file as 'not an accel checkpoint'")
 def test_a_plan_with_a_path_option_loads_back_its_own_checkpoint(tmp_path):
     accel.register(Log)
     try:
