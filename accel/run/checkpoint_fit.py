@@ -76,7 +76,9 @@ def layout_problems(saved: dict[str, Any]) -> list[str]:
 
     kinds = {"plan": lambda v: mapping(v, lambda o: isinstance(o, dict)), "model": tensors, "optimizer": optimizer,
              "optimizer_class": lambda v: v is None or isinstance(v, str), "step": integer, "epoch": integer,
-             "optimizer_steps": integer, "world_size": integer, "sampler": mapping,
+             "optimizer_steps": integer, "world_size": integer,
+             "sampler": lambda v: mapping(v, lambda n: isinstance(n, int) and not isinstance(n, bool)
+                                            and -2**63 <= n < 2**64),  # seeds torch.Generator.manual_seed takes
              "rng": lambda v: isinstance(v, dict) or (isinstance(v, list) and v and all(isinstance(r, dict)
                                                                                          for r in v)),
              "accelerators": lambda v: mapping(v, lambda a: isinstance(a, dict)),
@@ -131,6 +133,11 @@ def optimizer_problems(optimizer, saved_class: str | None, present: bool, saved:
     sizes, mine = [len(g["params"]) for g in groups], [len(g["params"]) for g in current]
     if sizes != mine:
         return [f"the optimizer's param groups hold {mine} parameters, the checkpoint's {sizes}"]
+    settings = [f"group {n}'s {key}={saved_group[key]!r} (this optimizer's: {value!r})"
+                for n, (saved_group, group) in enumerate(zip(groups, current)) for key, value in group.items()
+                if key != "params" and key in saved_group and not _same_kind(saved_group[key], value)]
+    if settings:
+        return [f"param group settings of another kind: {'; '.join(settings[:5])}"]
     params = [p for g in current for p in g["params"]]
     index = [i for g in groups for i in g["params"]]
     total = sum(p.numel() for p in params)
@@ -138,6 +145,21 @@ def optimizer_problems(optimizer, saved_class: str | None, present: bool, saved:
              for t in saved.get("state", {}).get(i, {}).values()
              if isinstance(t, torch.Tensor) and not _fits(t.shape, p.shape, total)]
     return [f"optimizer state of another shape for {wrong[:5]}"] if wrong else []
+
+
+def _same_kind(saved: Any, value: Any) -> bool:
+    """Whether a saved param group setting can stand for this one: a number for a number (or a scalar tensor), a
+    switch for a switch (None, True, False), text for text, a sequence of as many of the same kinds."""
+    def number(v):
+        return isinstance(v, (int, float)) and not isinstance(v, bool) or isinstance(v, torch.Tensor) and v.numel() == 1
+
+    if value is None or isinstance(value, bool):
+        return saved is None or isinstance(saved, bool) or value is None and number(saved)
+    if number(value):
+        return number(saved)
+    if isinstance(value, (list, tuple)):
+        return isinstance(saved, (list, tuple)) and len(saved) == len(value) and all(map(_same_kind, saved, value))
+    return type(saved) is type(value) if isinstance(value, str) else True
 
 
 def _fits(state: torch.Size, param: torch.Size, total: int) -> bool:

@@ -33,8 +33,6 @@ def tampered(path, loader, change):
     torch.save(state, path)
 
 
-@pytest.mark.xfail(strict=True, reason="layout_problems checks 'sampler' only as a mapping: a seed that is not a "
-                   "64-bit integer is set on the sampler and breaks the next epoch in the user's loop")
 @pytest.mark.parametrize("seed", ["x", 1.5, 2**70], ids=["text", "float", "past-64-bits"])
 def test_a_checkpoints_sampler_seed_is_checked_before_it_is_set(tmp_path, seed):
     tampered(tmp_path / "ckpt.pt", sharded_loader(), lambda state: state["sampler"].update(seed=seed))
@@ -52,9 +50,6 @@ def test_a_checkpoints_sampler_seed_is_checked_before_it_is_set(tmp_path, seed):
         run.close()
 
 
-@pytest.mark.xfail(strict=True, reason="layout_problems and optimizer_problems check a param group's 'params' and "
-                   "sizes only: a group's hyperparameter of another kind loads without a word and the user's next "
-                   "step raises inside the optimizer")
 @pytest.mark.parametrize("key, value", [("lr", "fast"), ("betas", [1.0]), ("weight_decay", None)],
                          ids=["lr-text", "betas-one", "weight_decay-none"])
 def test_a_checkpoints_param_group_settings_are_checked_before_they_are_set(tmp_path, key, value):
