@@ -184,7 +184,7 @@ def sharded_problems(where: Path, model_state: dict, meta: dict, run) -> list[st
     names = set(meta.get("accelerators", {})) | {n for part in meta.get("accelerators_per_rank", []) for n in part}
     problems = model_problems(shapes, model_state)
     problems += optimizer_problems(run.optimizer, saved_class, saved_class is not None) + rank_problems(meta)
-    return problems + stray_problems(set(training_plan(dict.fromkeys(names))), run)
+    return problems + stray_problems(names, run)
 
 
 def training_plan(plan: dict[str, dict]) -> dict[str, dict]:
@@ -194,6 +194,8 @@ def training_plan(plan: dict[str, dict]) -> dict[str, dict]:
 
 
 def stray_problems(saved_names: set[str], run) -> list[str]:
-    stray = sorted(saved_names - {a.name for a in run.accelerators})
+    """The accelerators whose state the checkpoint holds and this run did not apply (less ddp and fsdp: one process
+    loads a launched job's checkpoint, their states are its world's)."""
+    stray = sorted(set(training_plan(dict.fromkeys(saved_names))) - {a.name for a in run.accelerators})
     return [f"state of accelerators this run did not apply: {stray}"] if stray else []
 
