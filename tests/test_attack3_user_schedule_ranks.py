@@ -1,10 +1,10 @@
 """Found from outside (attack3): a user's own step schedule (it plays accel's StepSchedule role, its State is
 per_rank because it holds each rank's unreduced gradients, as docs/lifecycle.md describes). A checkpoint saved in
 the middle of its accumulation by two ranks must not resume at another world size, as grad_accumulation's is
-refused; checkpoint_fit.rank_problems decides that by looking for grad_accumulation's own key ("micro") in every
-per-rank state, so the user's schedule resumes with rank 0's gradients alone, silently (a warning about the random
-state only). The two-rank file is made from a one-rank save by giving the second rank the same parts, as
-gathered() writes them."""
+refused; checkpoint_fit.rank_problems decided that by looking for grad_accumulation's own key ("micro") in every
+per-rank state, so the user's schedule resumed with rank 0's gradients alone, silently. Now run.save asks the
+schedules (StepSchedule.accumulating) and writes the answer. The two-rank file is made from a one-rank save by
+giving the second rank the same parts, as gathered() writes them."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -83,10 +83,7 @@ def saved_mid_accumulation(tmp_path, plan):
 
 @pytest.mark.parametrize("plan", [
     pytest.param([{"grad_accumulation": {"steps": 2}}], id="grad_accumulation"),
-    pytest.param(["attack3_every_other"], id="users-schedule", marks=pytest.mark.xfail(strict=True, reason=(
-        "checkpoint_fit.rank_problems reads grad_accumulation's 'micro' key from every per-rank state instead of "
-        "asking the schedule (StepSchedule): a user's schedule saved mid-accumulation resumes at another world "
-        "size with rank 0's gradients")))])
+    pytest.param(["attack3_every_other"], id="users-schedule")])
 def test_a_checkpoint_saved_mid_accumulation_by_two_ranks_is_refused_in_one(tmp_path, every_other, plan):
     path = saved_mid_accumulation(tmp_path, plan)
     model = tiny_model(1)

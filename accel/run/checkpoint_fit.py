@@ -76,7 +76,7 @@ def layout_problems(saved: dict[str, Any]) -> list[str]:
 
     kinds = {"plan": lambda v: mapping(v, lambda o: isinstance(o, dict)), "model": tensors, "optimizer": optimizer,
              "optimizer_class": lambda v: v is None or isinstance(v, str), "step": integer, "epoch": integer,
-             "optimizer_steps": integer, "world_size": integer,
+             "optimizer_steps": integer, "world_size": integer, "holding_gradients": lambda v: isinstance(v, bool),
              "sampler": lambda v: mapping(v, lambda n: isinstance(n, int) and not isinstance(n, bool)
                                             and -2**63 <= n < 2**64),  # seeds torch.Generator.manual_seed takes
              "rng": lambda v: isinstance(v, dict) or (isinstance(v, list) and v and all(isinstance(r, dict)
@@ -93,8 +93,10 @@ def layout_problems(saved: dict[str, Any]) -> list[str]:
 def rank_problems(saved: dict[str, Any]) -> list[str]:
     """A checkpoint saved mid-accumulation holds each rank's own gradients: it resumes only at its world size."""
     per_rank = saved.get("accelerators_per_rank") or [{}]
-    if len(per_rank) != world_size() and any(s.get("micro") for part in per_rank for s in part.values()
-                                             if isinstance(s, dict)):
+    holding = saved.get("holding_gradients")
+    if holding is None:  # a file of 0.3: grad_accumulation's count of micro-batches tells
+        holding = any(s.get("micro") for part in per_rank for s in part.values() if isinstance(s, dict))
+    if len(per_rank) != world_size() and holding:
         return [f"saved by {len(per_rank)} rank(s) in the middle of accumulating gradients, which differ per rank; "
                 f"loaded by {world_size()}: resume from a checkpoint saved on an optimizer step"]
     return []

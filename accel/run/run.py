@@ -54,6 +54,7 @@ class Run(RunState):
         self._user_loader = ctx.user_loader
         self.steps = 0  # run.step() calls (one per batch), restored by run.load
         self.optimizer_steps = 0  # steps the optimizer really took (not skipped, not accumulating)
+        self.holding_gradients = False  # the last run.step() was held by a step schedule: the gradients accumulate
         self.closed = False
         self._contexts = [a for a in self.accelerators if overrides(a, "forward_context")]
         self._scalers = self.playing(LossScaler)
@@ -87,6 +88,7 @@ class Run(RunState):
         """The innermost step: the optimizer's update (through the optimizer_step hooks), then zero_grad."""
         stepped = self._optimizer_step(optimizer)
         optimizer.zero_grad(set_to_none=True)
+        self.holding_gradients = False
         return bool(stepped)
 
     @property
@@ -162,7 +164,7 @@ class Run(RunState):
             raise LoopError("run.step() needs an optimizer: pass one to accel.accelerate(model, optimizer, ...), or, "
                             "where your loop updates the weights itself, call nothing in its place")
         self.watch.before_step(self._has_gradients)
-        self.watch.stepping = True
+        self.watch.stepping = self.holding_gradients = True  # until the innermost step zeroes them
         try:
             stepped = self._step(self.optimizer)
         finally:
@@ -230,6 +232,7 @@ class Run(RunState):
         plan): the successor continues its counters, the loader's epoch and the state of every accelerator both
         plans apply; this run is closed (accelerate() already undid its changes)."""
         successor.steps, successor.optimizer_steps = self.steps, self.optimizer_steps
+        successor.holding_gradients = self.holding_gradients
         successor.watch.backwards = self.watch.backwards  # a backward of this run that the successor steps
         kept = [f"steps={self.steps}", f"optimizer_steps={self.optimizer_steps}"]
         if successor.loader is not None and self.loader is not None:

@@ -37,6 +37,7 @@ class RunState:
             "accelerators": {a.name: self.accelerator_state_dict(a.name) for a in self.accelerators},
             "step": self.steps,
             "optimizer_steps": self.optimizer_steps,
+            "holding_gradients": self.holding_gradients,  # held by a step schedule: each rank's own, unreduced
             "epoch": self.loader.epoch if self.loader is not None else 0,
             "sampler": {k: getattr(sampler, k) for k in ("seed", "epoch", "num_replicas") if hasattr(sampler, k)},
             "loader_generators": [g.get_state() for g in generators],
@@ -90,6 +91,7 @@ class RunState:
         for accelerator in self.accelerators:
             self.load_accelerator_state(accelerator.name, state.get("accelerators", {}).get(accelerator.name, {}))
         self.steps, self.optimizer_steps = state["step"], state.get("optimizer_steps", state["step"])
+        self.holding_gradients = state.get("holding_gradients", False)
         if self.loader is not None:
             self.loader.epoch = state["epoch"]
         sampler, generators = self._sampling()
