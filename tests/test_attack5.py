@@ -1,0 +1,93 @@
+"""attack5: the loader's random-draws probe in a forked child, and the epochs run.loader tracks (commit 0d07ed3).
+
+Each case runs in a real subprocess with a timeout (a probe or a worker that never answers fails its own test)."""
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+SETUP = """
+import os, signal, sys, time, torch, accel
+from torch.utils.data import DataLoader, Dataset, TensorDataset
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+def step(run, x, y):
+    run.backward(torch.nn.functional.mse_loss(run.model(x), y))
+    run.step()
+class Augmented(Dataset):  # draws random numbers per sample (noise augmentation), as torchvision's transforms do
+    def __len__(self):
+        return 16
+    def __getitem__(self, i):
+        return torch.full((4,), float(i)) + 0.01 * torch.randn(4), torch.ones(1)
+"""
+
+
+def run_script(body: str, timeout: float = 40, env: dict | None = None) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run([sys.executable, "-c", SETUP + textwrap.dedent(body)], capture_output=True, text=True,
+                              timeout=timeout, env=env or {**os.environ, "PYTHONWARNINGS": "default"})
+    except subprocess.TimeoutExpired as hung:
+        pytest.fail(f"the script hung past {timeout} s; it printed: {hung.stdout!r} {hung.stderr!r}")
+
+
+def test_loader_plan_works_in_a_process_that_ignores_sigchld():
+    """A process that reaps its children automatically (SIGCHLD set to SIG_IGN: servers, job runners do) runs the
+    plain loop fine (and torch's workers: their iterator chains its own SIGCHLD handler); accelerate() with the loader
+    accelerator fails with ChildProcessError: the random-draws probe's os.waitpid finds its forked child already
+    reaped by the kernel. A SIGCHLD handler that reaps (`while os.waitpid(-1, WNOHANG)`) races the same way."""
+    done = run_script("""
+        signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+        loader = DataLoader(Augmented(), batch_size=4)
+        for x, y in loader:  # the plain loop
+            pass
+        run = accel.accelerate(model, optimizer, loader, plan=[{"loader": {"num_workers": 2}}])
+        for x, y in run.loader:
+            step(run, x, y)
+        run.close()
+        print("TRAINED")
+    """)
+    assert done.returncode == 0 and "TRAINED" in done.stdout, done.stderr[-3000:]
+
+
+def test_text_printed_before_accelerate_is_not_written_twice():
+    """stdout to a file or a pipe (a cluster job's log) is block-buffered: text the loop printed before accelerate()
+    still sits in Python's buffer when the probe forks, the child inherits it, and a dataset that prints (flush=True,
+    'opening shard ...') flushes the parent's text from the child too: it is in the log twice. torch's own workers
+    (multiprocessing) flush the standard streams before they fork; the plain loop writes it once."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    done = run_script("""
+        class Logged(Augmented):
+            def __getitem__(self, i):
+                print("opening shard", flush=True)
+                return super().__getitem__(i)
+        print("EPOCH-0-BEGINS")
+        run = accel.accelerate(model, optimizer, DataLoader(Logged(), batch_size=4),
+                               plan=[{"loader": {"num_workers": 2}}])
+        run.close()
+    """, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("EPOCH-0-BEGINS") == 1, done.stdout
+
+
+def test_close_in_the_last_step_of_an_epoch_does_not_raise():
+    """A loop that closes the run in its last step (`if i == len(run.loader) - 1: run.close()`, training done) and
+    lets the for loop end: with the user's own loader it ends; with a loader the run rebuilt, the for loop's final
+    next() raises 'the run was closed during this epoch' though no batch is lost: the epoch had none left."""
+    done = run_script("""
+        run = accel.accelerate(model, optimizer, DataLoader(TensorDataset(torch.randn(16, 4), torch.randn(16, 1)),
+                               batch_size=4), plan=[{"loader": {"num_workers": 2}}])
+        assert run.loader.loader.num_workers == 2
+        steps = 0
+        for i, (x, y) in enumerate(run.loader):
+            step(run, x, y)
+            steps += 1
+            if i == len(run.loader) - 1:
+                run.close()
+        print("STEPS", steps)
+    """)
+    assert done.returncode == 0 and "STEPS 4" in done.stdout, done.stderr[-3000:]
