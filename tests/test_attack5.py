@@ -132,3 +132,76 @@ def test_auto_report_does_not_say_the_plain_loop_is_kept_when_it_chose_the_loade
     assert done.returncode == 0 and "WORKERS 2" in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]
     auto = next(line for line in done.stdout.splitlines() if line.startswith("AUTO"))
     assert "plain loop is kept" not in auto, auto
+
+
+def test_a_loop_that_holds_the_earlier_runs_loader_is_told():
+    """`train_loader = run.loader` once, then accelerate() again after the first epoch (another plan, each epoch:
+    docs/contract.md, every plan): the loop goes on over the earlier, closed run's loader for every later epoch, with
+    that run's rebuilt workers (restarted each epoch now that the hand-over stops them when an epoch ends), and the new
+    run's loader is never read. The hand-over lets the loop finish the epoch it is in; a whole new epoch on the closed
+    run's loader goes around the new run, and nothing says so."""
+    done = run_script("""
+        import warnings
+        data = DataLoader(TensorDataset(torch.randn(16, 4), torch.randn(16, 1)), batch_size=4)
+        plan = [{"loader": {"num_workers": 2}}]
+        run = accel.accelerate(model, optimizer, data, plan=plan)
+        train_loader = run.loader
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            for epoch in range(3):
+                for x, y in train_loader:
+                    step(run, x, y)
+                if epoch == 0:
+                    run = accel.accelerate(model, optimizer, data, plan=plan)
+                    said.clear()
+        print("NEW RUN'S LOADER READ", run.loader.epoch > 1)
+        print("SAID", [str(w.message)[:120] for w in said if "loader" in str(w.message)])
+        run.close()
+    """)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "NEW RUN'S LOADER READ True" in done.stdout or "SAID []" not in done.stdout, done.stdout[-3000:]
+
+
+def test_the_random_draws_probe_does_not_outlive_a_terminated_process(tmp_path):
+    """SIGTERM (a scheduler's preemption, `kill`) while accelerate() probes the dataset: the process ends, and the
+    probe's forked child, still reading the first sample (a slow first read: an archive indexed on first use), lives
+    on as an orphan under init, reading, holding what the parent held (memory, files, a GPU context), until its
+    read ends, or forever if it blocks. torch's own workers watch their parent; the probe's child does not."""
+    probe = tmp_path / "probe.pid"
+    code = SETUP + textwrap.dedent(f"""
+        class SlowFirst(Augmented):
+            def __getitem__(self, i):
+                open({str(probe)!r}, "w").write(str(os.getpid()))
+                time.sleep(12)
+                return super().__getitem__(i)
+        run = accel.accelerate(model, optimizer, DataLoader(SlowFirst(), batch_size=4),
+                               plan=[{{"loader": {{"num_workers": 2}}}}])
+    """)
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    child = None
+    try:
+        began = time.monotonic()
+        while not (probe.exists() and probe.read_text()) and time.monotonic() - began < 30:
+            time.sleep(0.05)
+        child = int(probe.read_text())
+        parent.send_signal(signal.SIGTERM)
+        parent.wait(timeout=10)
+        time.sleep(1.5)
+
+        def alive(pid: int) -> bool:
+            try:
+                return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
+            except FileNotFoundError:
+                return False
+
+        orphaned = alive(child)
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait()
+        if child is not None:  # our own leftover, by its id
+            try:
+                os.kill(child, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    assert not orphaned, f"the probe's child {child} outlived its terminated parent"
