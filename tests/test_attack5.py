@@ -205,3 +205,50 @@ def test_the_random_draws_probe_does_not_outlive_a_terminated_process(tmp_path):
             except ProcessLookupError:
                 pass
     assert not orphaned, f"the probe's child {child} outlived its terminated parent"
+
+
+def test_a_dataset_that_draws_from_its_own_generator_is_said_to_draw():
+    """A dataset that augments from a generator of its own (`self.rng = np.random.default_rng(seed)`, the reproducible
+    way numpy's docs advise) draws random numbers per sample as much as one on the global state: with workers, each
+    worker draws from its own copy of that generator, all starting at the same state (workers 0 and 1 augment alike),
+    where the plain loop draws one sequence. The probe compares only the process's global random states, so the
+    loader's row says nothing of random draws when it moves the dataset to 2 workers."""
+    done = run_script("""
+        import numpy as np
+        class OwnRng(Dataset):
+            def __init__(self):
+                self.rng = np.random.default_rng(0)
+            def __len__(self):
+                return 16
+            def __getitem__(self, i):
+                noise = torch.from_numpy(self.rng.normal(size=4).astype("float32"))
+                return torch.full((4,), float(i)) + 0.01 * noise, torch.ones(1)
+        run = accel.accelerate(model, optimizer, DataLoader(OwnRng(), batch_size=4),
+                               plan=[{"loader": {"num_workers": 2}}])
+        print("ROW", run.report.row("loader").status, "random_draws" in str(run.report))
+        run.close()
+    """)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "ROW applied True" in done.stdout, done.stdout[-3000:]
+
+
+def test_a_probe_that_times_out_is_said_not_taken_for_no_random_draws():
+    """A dataset whose first sample takes longer than the probe waits (PROBE_S, 30 s; shortened here to keep the test
+    fast): the probe kills its child and answers 'draws no random numbers', so an augmenting dataset moved to workers
+    gets no random_draws note, and the stall itself is not said either: unknown reads as a clean no."""
+    done = run_script("""
+        import accel.run.loaders
+        accel.run.loaders.PROBE_S = 1.0
+        class SlowAugmented(Augmented):
+            def __getitem__(self, i):
+                if i == 0:
+                    time.sleep(3)
+                return super().__getitem__(i)
+        run = accel.accelerate(model, optimizer, DataLoader(SlowAugmented(), batch_size=4),
+                               plan=[{"loader": {"num_workers": 2}}])
+        row = run.report.row("loader")
+        print("ROW", row.status, "random_draws" in str(run.report) or "probe" in str(run.report).lower())
+        run.close()
+    """)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "ROW applied True" in done.stdout, done.stdout[-3000:]
