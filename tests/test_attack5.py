@@ -9,16 +9,11 @@ import textwrap
 import time
 
 import pytest
+from test_attack4_loaders import SETUP as ATTACK4_SETUP  # the model, optimizer and step(run, x, y)
 
-SETUP = """
-import os, signal, sys, time, torch, accel
-from torch.utils.data import DataLoader, Dataset, TensorDataset
-torch.manual_seed(0)
-model = torch.nn.Linear(4, 1)
-optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-def step(run, x, y):
-    run.backward(torch.nn.functional.mse_loss(run.model(x), y))
-    run.step()
+SETUP = ATTACK4_SETUP + """
+import signal
+from torch.utils.data import Dataset
 class Augmented(Dataset):  # draws random numbers per sample (noise augmentation), as torchvision's transforms do
     def __len__(self):
         return 16
