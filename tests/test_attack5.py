@@ -1,0 +1,249 @@
+"""attack5: the loader's random-draws probe in a forked child, and the epochs run.loader tracks (commit 0d07ed3).
+
+Each case runs in a real subprocess with a timeout (a probe or a worker that never answers fails its own test)."""
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+from test_attack4_loaders import SETUP as ATTACK4_SETUP  # the model, optimizer and step(run, x, y)
+
+SETUP = ATTACK4_SETUP + """
+import signal
+from torch.utils.data import Dataset
+class Augmented(Dataset):  # draws random numbers per sample (noise augmentation), as torchvision's transforms do
+    def __len__(self):
+        return 16
+    def __getitem__(self, i):
+        return torch.full((4,), float(i)) + 0.01 * torch.randn(4), torch.ones(1)
+"""
+
+
+def run_script(body: str, timeout: float = 40, env: dict | None = None) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run([sys.executable, "-c", SETUP + textwrap.dedent(body)], capture_output=True, text=True,
+                              timeout=timeout, env=env or {**os.environ, "PYTHONWARNINGS": "default"})
+    except subprocess.TimeoutExpired as hung:
+        pytest.fail(f"the script hung past {timeout} s; it printed: {hung.stdout!r} {hung.stderr!r}")
+
+
+def test_loader_plan_works_in_a_process_that_ignores_sigchld():
+    """A process that reaps its children automatically (SIGCHLD set to SIG_IGN: servers, job runners do) runs the
+    plain loop fine (and torch's workers: their iterator chains its own SIGCHLD handler); accelerate() with the loader
+    accelerator fails with ChildProcessError: the random-draws probe's os.waitpid finds its forked child already
+    reaped by the kernel. A SIGCHLD handler that reaps (`while os.waitpid(-1, WNOHANG)`) races the same way."""
+    done = run_script("""
+        signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+        loader = DataLoader(Augmented(), batch_size=4)
+        for x, y in loader:  # the plain loop
+            pass
+        run = accel.accelerate(model, optimizer, loader, plan=[{"loader": {"num_workers": 2}}])
+        for x, y in run.loader:
+            step(run, x, y)
+        run.close()
+        print("TRAINED")
+    """)
+    assert done.returncode == 0 and "TRAINED" in done.stdout, done.stderr[-3000:]
+
+
+def test_text_printed_before_accelerate_is_not_written_twice():
+    """stdout to a file or a pipe (a cluster job's log) is block-buffered: text the loop printed before accelerate()
+    still sits in Python's buffer when the probe forks, the child inherits it, and a dataset that prints (flush=True,
+    'opening shard ...') flushes the parent's text from the child too: it is in the log twice. torch's own workers
+    (multiprocessing) flush the standard streams before they fork; the plain loop writes it once."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    done = run_script("""
+        class Logged(Augmented):
+            def __getitem__(self, i):
+                print("opening shard", flush=True)
+                return super().__getitem__(i)
+        print("EPOCH-0-BEGINS")
+        run = accel.accelerate(model, optimizer, DataLoader(Logged(), batch_size=4),
+                               plan=[{"loader": {"num_workers": 2}}])
+        run.close()
+    """, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("EPOCH-0-BEGINS") == 1, done.stdout
+
+
+def test_close_in_the_last_step_of_an_epoch_does_not_raise():
+    """A loop that closes the run in its last step (`if i == len(run.loader) - 1: run.close()`, training done) and
+    lets the for loop end: with the user's own loader it ends; with a loader the run rebuilt, the for loop's final
+    next() raises 'the run was closed during this epoch' though no batch is lost: the epoch had none left."""
+    done = run_script("""
+        run = accel.accelerate(model, optimizer, DataLoader(TensorDataset(torch.randn(16, 4), torch.randn(16, 1)),
+                               batch_size=4), plan=[{"loader": {"num_workers": 2}}])
+        assert run.loader.loader.num_workers == 2
+        steps = 0
+        for i, (x, y) in enumerate(run.loader):
+            step(run, x, y)
+            steps += 1
+            if i == len(run.loader) - 1:
+                run.close()
+        print("STEPS", steps)
+    """)
+    assert done.returncode == 0 and "STEPS 4" in done.stdout, done.stderr[-3000:]
+
+
+AUTO_LOADER_ONLY = """
+class Slow(Dataset):  # the loop waits for data most of its step: the rebuilt loader is chosen by the data wait
+    def __len__(self):
+        return 64
+    def __getitem__(self, i):
+        time.sleep(0.004)
+        return torch.full((4,), float(i)), torch.ones(1)
+run = accel.accelerate(model, optimizer, DataLoader(Slow(), batch_size=4),
+                       plan=accel.Auto(candidates=[[{"loader": {"num_workers": 2}}]], cache=False))
+for epoch in range(3):
+    for x, y in run.loader:
+        step(run, x, y)
+print("WORKERS", run.loader.num_workers)
+print("AUTO", str(run.report).split("auto: ", 1)[1].splitlines()[0])
+print(run.report)
+run.close()
+"""
+
+
+def test_auto_says_so_when_the_loader_it_chose_cannot_join():
+    """plan=Auto with only a rebuilt loader to decide: the data wait chooses it, and it is to join at the next epoch
+    (InLoopSearch.epoch_boundary -> switch). When that accelerate() fails (here: a process with SIGCHLD ignored,
+    where the loader's probe fails), switch() returns None and epoch_boundary drops it: the loop trains on with 0
+    workers while the report says 'auto: chose loader' and the tune table 'chosen', nothing said of the failure."""
+    done = run_script("signal.signal(signal.SIGCHLD, signal.SIG_IGN)\n" + AUTO_LOADER_ONLY, timeout=60)
+    assert done.returncode == 0, done.stderr[-3000:]
+    joined = "WORKERS 2" in done.stdout
+    said = any(word in done.stdout.lower() for word in ("failed", "could not", "refused", "childprocesserror"))
+    assert joined or said, done.stdout[-3000:]
+
+
+def test_auto_report_does_not_say_the_plain_loop_is_kept_when_it_chose_the_loader():
+    """The same search where the rebuilt loader joins (2 workers from the second epoch on): the report's auto line
+    reads 'auto: chose loader: no plan was faster ... the plain loop is kept (the empty plan)', the why of the
+    stepwise comparison (there was none), contradicting what was chosen and applied."""
+    done = run_script(AUTO_LOADER_ONLY, timeout=60)
+    assert done.returncode == 0 and "WORKERS 2" in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]
+    auto = next(line for line in done.stdout.splitlines() if line.startswith("AUTO"))
+    assert "plain loop is kept" not in auto, auto
+
+
+def test_a_loop_that_holds_the_earlier_runs_loader_is_told():
+    """`train_loader = run.loader` once, then accelerate() again after the first epoch (another plan, each epoch:
+    docs/contract.md, every plan): the loop goes on over the earlier, closed run's loader for every later epoch, with
+    that run's rebuilt workers (restarted each epoch now that the hand-over stops them when an epoch ends), and the new
+    run's loader is never read. The hand-over lets the loop finish the epoch it is in; a whole new epoch on the closed
+    run's loader goes around the new run, and nothing says so."""
+    done = run_script("""
+        import warnings
+        data = DataLoader(TensorDataset(torch.randn(16, 4), torch.randn(16, 1)), batch_size=4)
+        plan = [{"loader": {"num_workers": 2}}]
+        run = accel.accelerate(model, optimizer, data, plan=plan)
+        train_loader = run.loader
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            for epoch in range(3):
+                for x, y in train_loader:
+                    step(run, x, y)
+                if epoch == 0:
+                    run = accel.accelerate(model, optimizer, data, plan=plan)
+                    said.clear()
+        print("NEW RUN'S LOADER READ", run.loader.epoch > 1)
+        print("SAID", [str(w.message)[:120] for w in said if "loader" in str(w.message)])
+        run.close()
+    """)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "NEW RUN'S LOADER READ True" in done.stdout or "SAID []" not in done.stdout, done.stdout[-3000:]
+
+
+def test_the_random_draws_probe_does_not_outlive_a_terminated_process(tmp_path):
+    """SIGTERM (a scheduler's preemption, `kill`) while accelerate() probes the dataset: the process ends, and the
+    probe's forked child, still reading the first sample (a slow first read: an archive indexed on first use), lives
+    on as an orphan under init, reading, holding what the parent held (memory, files, a GPU context), until its
+    read ends, or forever if it blocks. torch's own workers watch their parent; the probe's child does not."""
+    probe = tmp_path / "probe.pid"
+    code = SETUP + textwrap.dedent(f"""
+        class SlowFirst(Augmented):
+            def __getitem__(self, i):
+                open({str(probe)!r}, "w").write(str(os.getpid()))
+                time.sleep(12)
+                return super().__getitem__(i)
+        run = accel.accelerate(model, optimizer, DataLoader(SlowFirst(), batch_size=4),
+                               plan=[{{"loader": {{"num_workers": 2}}}}])
+    """)
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    child = None
+    try:
+        began = time.monotonic()
+        while not (probe.exists() and probe.read_text()) and time.monotonic() - began < 30:
+            time.sleep(0.05)
+        child = int(probe.read_text())
+        parent.send_signal(signal.SIGTERM)
+        parent.wait(timeout=10)
+        time.sleep(1.5)
+
+        def alive(pid: int) -> bool:
+            try:
+                return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
+            except FileNotFoundError:
+                return False
+
+        orphaned = alive(child)
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait()
+        if child is not None:  # our own leftover, by its id
+            try:
+                os.kill(child, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    assert not orphaned, f"the probe's child {child} outlived its terminated parent"
+
+
+def test_a_dataset_that_draws_from_its_own_generator_is_said_to_draw():
+    """A dataset that augments from a generator of its own (`self.rng = np.random.default_rng(seed)`, the reproducible
+    way numpy's docs advise) draws random numbers per sample as much as one on the global state: with workers, each
+    worker draws from its own copy of that generator, all starting at the same state (workers 0 and 1 augment alike),
+    where the plain loop draws one sequence. The probe compares only the process's global random states, so the
+    loader's row says nothing of random draws when it moves the dataset to 2 workers."""
+    done = run_script("""
+        import numpy as np
+        class OwnRng(Dataset):
+            def __init__(self):
+                self.rng = np.random.default_rng(0)
+            def __len__(self):
+                return 16
+            def __getitem__(self, i):
+                noise = torch.from_numpy(self.rng.normal(size=4).astype("float32"))
+                return torch.full((4,), float(i)) + 0.01 * noise, torch.ones(1)
+        run = accel.accelerate(model, optimizer, DataLoader(OwnRng(), batch_size=4),
+                               plan=[{"loader": {"num_workers": 2}}])
+        print("ROW", run.report.row("loader").status, "random_draws" in str(run.report))
+        run.close()
+    """)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "ROW applied True" in done.stdout, done.stdout[-3000:]
+
+
+def test_a_probe_that_times_out_is_said_not_taken_for_no_random_draws():
+    """A dataset whose first sample takes longer than the probe waits (PROBE_S, 30 s; shortened here to keep the test
+    fast): the probe kills its child and answers 'draws no random numbers', so an augmenting dataset moved to workers
+    gets no random_draws note, and the stall itself is not said either: unknown reads as a clean no."""
+    done = run_script("""
+        import accel.run.loaders
+        accel.run.loaders.PROBE_S = 1.0
+        class SlowAugmented(Augmented):
+            def __getitem__(self, i):
+                if i == 0:
+                    time.sleep(3)
+                return super().__getitem__(i)
+        run = accel.accelerate(model, optimizer, DataLoader(SlowAugmented(), batch_size=4),
+                               plan=[{"loader": {"num_workers": 2}}])
+        row = run.report.row("loader")
+        print("ROW", row.status, "random_draws" in str(run.report) or "probe" in str(run.report).lower())
+        run.close()
+    """)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "ROW applied True" in done.stdout, done.stdout[-3000:]
