@@ -6,7 +6,7 @@ iterable, or a loader with nothing to change is left alone, with the reason. Whe
 step, and GPUs (pinned, non-blocking copies). When it does nothing: tensors already in memory.
 
 What it keeps: the plain loop's batches exactly (random augmentation draws differ with the workers: the row says
-so); an IterableDataset keeps its number of workers. Its card: docs/accelerators/loader.md.
+so, without reading a sample); an IterableDataset keeps its number of workers. Its card: docs/accelerators/loader.md.
 """
 from __future__ import annotations
 
@@ -25,7 +25,6 @@ from accel.plan.options import Options, at_least, option
 from accel.run.loaders import (
     STREAM_BATCHES,
     PinWorkers,
-    draws_random_numbers,
     rebuild_loader,
     rebuild_problem,
     settings,
@@ -186,12 +185,12 @@ class Loader(Accelerator[LoaderOptions, State]):
             where = f"; {changes['worker_cpus']}" if "worker_cpus" in changes else ""
             raise Skip(f"the loader already has these settings (num_workers={workers}: {decisions.why['workers']}; "
                        f"pin_memory={pin}{where}); nothing to change")
-        if workers != loader.num_workers and draws_random_numbers(loader):
-            changes["random_draws"] = (
-                "your dataset or collate_fn draws random numbers (augmentation): "
+        if workers != loader.num_workers and not isinstance(loader.dataset, torch.utils.data.IterableDataset):
+            changes["random_draws"] = (  # said, not probed: reading a sample here would change the user's dataset
+                "where your dataset or collate_fn draws random numbers (augmentation), "
                 + (f"every worker ({workers}) draws them from a seed of its own, as in any DataLoader with workers"
-                   if workers else f"drawn here in this process, not in your {loader.num_workers} workers")
-                + ", so the same samples in the same order are augmented with other draws (the same distribution)")
+                   if workers else f"they are drawn here in this process, not in your {loader.num_workers} workers")
+                + ": the same samples in the same order, augmented with other draws (the same distribution)")
         ctx.loader = rebuild_loader(loader, num_workers=workers, pin_memory=pin, persistent_workers=persistent,
                                     prefetch_factor=prefetch, worker_init_fn=init)
         return changes

@@ -1,15 +1,25 @@
 """The run's loader: the user's batches (or a loader an accelerator rebuilt) moved to the run's device."""
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
 from accel.batches import move
+from accel.errors import StaleWarning
 from accel.run.loaders import release_workers
 
 _END = object()
+
+
+def _yielded_all(iterator: Any) -> bool:
+    """Whether a DataLoader's iterator has given every batch of its epoch (False where it cannot say)."""
+    try:
+        return iterator._num_yielded >= len(iterator)
+    except (AttributeError, TypeError):
+        return False
 
 
 class DeviceLoader:
@@ -25,7 +35,8 @@ class DeviceLoader:
         self._move = device.type != "cpu"
         self.drawn: Callable[[], None] | None = None  # told of every batch (the run watching for own accumulation)
         self.open: list[Any] = []  # the wrapped loader's iterators of the epochs begun and not ended
-        self.stop_when_idle = False  # stop the workers once no epoch is open (set when another run takes over)
+        self.handed_over = False  # accelerate() again on the model made another run: this loader is the earlier's
+        self.stop_when_idle = False  # stop the workers once no epoch is open (a rebuilt loader handed over)
         self.stopped: str | None = None  # why the workers were stopped under an open epoch (said if it goes on)
 
     def __iter__(self) -> Iterator[Any]:
@@ -44,13 +55,19 @@ class DeviceLoader:
         if hasattr(sampler, "set_epoch"):
             sampler.set_epoch(self.epoch)
         self.epoch += 1
+        if self.handed_over:  # the loop kept this loader (train_loader = run.loader) across accelerate() again
+            warnings.warn("accel: run.loader: a new epoch on the loader of a run that accelerate() again took over: "
+                          "your loop holds the earlier run's loader, so the new run's (its plan's batches) is not "
+                          "read; iterate the new run's run.loader each epoch", StaleWarning, stacklevel=3)
         return self._epoch(iter(self.loader))
 
     def _epoch(self, iterator: Iterator[Any]) -> Iterator[Any]:
         self.open.append(iterator)
         try:
             while True:
-                if self.stopped:
+                if self.stopped:  # the run was closed under this epoch: at its end, or with batches left
+                    if _yielded_all(iterator):
+                        return
                     raise RuntimeError(self.stopped)
                 batch = next(iterator, _END)
                 if batch is _END:
@@ -68,7 +85,7 @@ class DeviceLoader:
             if hasattr(iterator, "_shutdown_workers"):
                 iterator._shutdown_workers()
         release_workers(self.loader)
-        if self.open and why:
+        if self.open and why and getattr(self.loader, "num_workers", 0):
             self.stopped = why
 
     def stop_workers_after_epoch(self) -> None:

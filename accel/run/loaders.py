@@ -5,8 +5,6 @@ refused for a subclass (what it adds would be lost). The user's loader itself is
 from __future__ import annotations
 
 import os
-import select
-import signal
 from collections.abc import Callable
 from typing import Any
 
@@ -28,41 +26,21 @@ def rebuild_problem(loader: Any) -> str | None:
     return None
 
 
-PROBE_S = 30.0  # the longest the random-draws probe waits for its child process
-
-
 def draws_random_numbers(loader: DataLoader) -> bool:
-    """Whether the dataset or collate_fn draws random numbers for a sample (augmentation): workers draw from seeds
-    of their own, so another number of workers draws otherwise. One sample is fetched in a forked child, as a
-    worker would: nothing of the user's dataset (a file it opens lazily, a cache it fills) changes in this process.
-    False where nothing is known: no fork on this OS, a dataset indexed otherwise, a child that fails or hangs."""
+    """Whether the dataset or collate_fn draws random numbers from the process's random states for a sample: one
+    sample is fetched and collated here, every random state kept. For accel.testing's own objects: it reads the
+    dataset in this process (a file it opens lazily stays open), so the loader accelerator does not call it."""
     dataset = loader.dataset
-    if isinstance(dataset, IterableDataset) or not hasattr(os, "fork"):
+    if isinstance(dataset, IterableDataset):
         return False
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: answers one byte and leaves without running the parent's exit handlers
-        answer = b"?"
+    with randomness.kept():
+        before = randomness.rng_state()
         try:
-            torch.set_num_threads(1)  # as a DataLoader worker: no OpenMP pool across the fork
-            before = randomness.rng_state()
             item = dataset[0]
             loader.collate_fn([item] if loader.batch_sampler is not None else item)
-            answer = b"0" if _same(before, randomness.rng_state()) else b"1"
-        finally:
-            os.write(write, answer)
-            os._exit(0)
-    os.close(write)
-    answer = b""
-    try:
-        if select.select([read], [], [], PROBE_S)[0]:
-            answer = os.read(read, 1)
-    finally:
-        os.close(read)
-        if not answer:
-            os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
-    return answer == b"1"
+        except Exception:  # noqa: BLE001 (a dataset indexed otherwise: nothing known, nothing claimed)
+            return False
+        return not _same(before, randomness.rng_state())
 
 
 def _same(a: Any, b: Any) -> bool:

@@ -247,6 +247,8 @@ class Run(RunState):
                 except ValueError as error:
                     kept.append(f"{accelerator.name} started afresh ({error})")
         successor.report.continued = "the earlier run on this model, now closed: " + ", ".join(kept)
+        if self.loader is not None:
+            self.loader.handed_over = True
         if self._rebuilt_loader():  # the loop may finish the epoch it is in on this run's loader
             self.loader.stop_workers_after_epoch()
         self.closed = True

@@ -26,7 +26,7 @@ from accel.run.interrupts import deferred
 from accel.run.sharded_checkpoint import is_sharded_checkpoint
 from accel.search.distribution import distribute, in_step
 from accel.search.fault import Faults, summary
-from accel.search.loader import SearchLoader, time_data_wait
+from accel.search.loader import SearchLoader, loader_rows, time_data_wait
 from accel.search.results import TuneResult, TuneRow, cached_answer, keep_answer
 from accel.search.settings import Auto, placed, provides
 from accel.search.strategy import Search
@@ -34,7 +34,6 @@ from accel.search.turns import Turns
 from accel.search.words import COPY, SearchState, say
 
 CHUNK_S = 0.5  # a chunk's timed steps take about this long (tests shorten it here)
-DATA_WAIT = 0.10  # a rebuilt loader (workers) pays when the loop waits this fraction of its step for data
 ENDED = "the run ended while it measured what budget was left"
 
 
@@ -188,11 +187,6 @@ class InLoopSearch:
         self.pending = plan if now != plan else None
         self.switch(now)
 
-    def epoch_boundary(self) -> None:
-        if self.pending is not None:
-            plan, self.pending = self.pending, None
-            self.switch(plan)
-
     def on_batch(self, batch: Any) -> None:
         """Each batch of run.loader: a bypass said before ends the search; the first looks the setup up in the cache."""
         self.loader_read = True
@@ -265,25 +259,20 @@ class InLoopSearch:
         strategy, plain, rows = self.strategy, self.turns.plain, list(self.strategy.rows)
         rows[0].median_ms = round(plain.median_s() * 1000, 3) if plain.rounds else None
         rows[0].vs_baseline, rows[0].reason = 1.0, f"{len(plain.rounds)} rounds, {plain.steps} steps"
-        chosen, (wait, spent) = dict(strategy.best if plan is None else plan), self.turns.plain_wait
-        share = self.ranks.decide(wait / spent if spent else 0.0)
-        for candidate in self.epochwise if plan is None else []:
-            rows.append(TuneRow(plan_label(candidate), candidate, "by data wait", "eager", tests=next(iter(candidate))))
-            if not self.loader_read:
-                rows[-1].status = "not measured"
-                rows[-1].reason = "your loop never iterated run.loader: its data wait is unknown"
-            else:
-                chosen.update(candidate if share >= DATA_WAIT else {})
-                rows[-1].decision = "chosen" if share >= DATA_WAIT else "not needed"
-                rows[-1].reason = f"your loop waited {share:.0%} of its step for data" + (
-                    ": it joins at the next epoch" if share >= DATA_WAIT else "")
+        chosen = dict(strategy.best if plan is None else plan)
+        loaders, said = loader_rows(self, chosen, self.epochwise if plan is None else [])
+        rows += loaders
         rows += [TuneRow(plan_label(c), c, "not measured", reason=COPY) for c in self.copies]
         notes = self.notes + summary(self.faults.blames) + (
             ["your loop never iterated run.loader, so the cache was neither read nor written (its key needs a batch)"]
             if not self.loader_read and self.settings.cache and len(self.arms) > 1 else [])
         nothing = not strategy.candidates and not strategy.costly and not self.epochwise
-        why = why or ("nothing to measure: no accelerator offers a candidate for this model on this hardware" if
-                      nothing else strategy.why(f", at step {self.current.steps} of your loop"))
+        if said and not why and not strategy.best:  # the steps stay the plain loop's; the loader joins
+            why = said
+        else:
+            why = (why or ("nothing to measure: no accelerator offers a candidate for this model on this hardware"
+                           if nothing else strategy.why(f", at step {self.current.steps} of your loop"))
+                   ) + (f"; {said}" if said else "")
         record = {**self.settings.key(), "search": "your loop",
                   "budget_s": round(self.turns.deadline - self.started, 1),
                   "chosen_at_step": self.chosen_at, "settled_at_step": self.current.steps,
