@@ -118,3 +118,65 @@ def test_accelerate_again_on_the_earlier_runs_loader_warns_no_stale_loader():
         epoch(again)  # fails today: StaleWarning 'a new epoch on the loader of a run that accelerate() again took over'
     assert again.steps == 8
     again.close()
+
+
+def test_close_in_the_last_step_of_a_stream_lets_the_epoch_end():
+    """attack5's fix lets a for loop end when run.close() comes in an epoch's last step, for a map-style dataset
+    only: for an IterableDataset (a streamed corpus, no __len__) the loader accelerator rebuilt (its workers kept),
+    _yielded_all cannot take len() and says False, so the next next() raises 'the run was closed during this epoch'
+    though every batch was read. The plain loop, and the same loop on a map-style dataset, end quietly."""
+    import os
+    import subprocess
+    import sys
+    import textwrap
+    script = textwrap.dedent("""
+        import torch, accel
+        from torch import nn
+        from torch.utils.data import DataLoader, IterableDataset
+        class Stream(IterableDataset):  # each worker streams its own shard
+            def __iter__(self):
+                info = torch.utils.data.get_worker_info()
+                wid, n = (info.id, info.num_workers) if info else (0, 1)
+                for i in range(wid, 16, n):
+                    yield torch.full((4,), float(i)), torch.ones(2)
+        torch.manual_seed(0)
+        model = nn.Linear(4, 2); optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        run = accel.accelerate(model, optimizer, DataLoader(Stream(), batch_size=4, num_workers=2),
+                               plan=[{"loader": {"prefetch_factor": 4}}])
+        seen = 0
+        for x, y in run.loader:  # 4 batches: each of the 2 workers batches its 8 samples
+            nn.functional.mse_loss(run.model(x), y).backward(); run.step(); seen += 1
+            if seen == 4:  # the last step: the loop is done with the run
+                run.close()
+        print("ENDED", seen)
+    """)
+    try:
+        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=40,
+                              env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    except subprocess.TimeoutExpired as hung:
+        pytest.fail(f"hung past 40 s: {hung.stdout!r} {hung.stderr!r}")
+    assert done.returncode == 0 and "ENDED 4" in done.stdout, done.stderr[-2000:]
+
+
+def test_a_float_option_the_plan_accepted_is_saved():
+    """grad_clipping's max_norm accepts any float, a numpy float64 too (np.float64 subclasses float: a value from a
+    numpy computation or a sweep). accelerate() applies it, the run trains, and only the first run.save, hours later,
+    refuses it (unreadable(): 'numpy.float64'). The plan is validated before anything is touched (a PlanError then),
+    or the checkpoint holds the plain float: either, not a refusal at the first save."""
+    import tempfile
+    model, optimizer, loader = setup()
+    plan = [{"grad_clipping": {"max_norm": np.float64(1.0)}}]
+    try:
+        run = accel.accelerate(model, optimizer, loader, plan=plan)
+    except accel.errors.PlanError:
+        return  # refused up front, before training: acceptable
+    epoch(run)
+    with tempfile.TemporaryDirectory() as folder:
+        try:
+            run.save(f"{folder}/run.pt")  # fails today: CheckpointError "grad_clipping's options (numpy...)"
+        finally:
+            run.close()
+        model, optimizer, loader = setup()
+        again = accel.accelerate(model, optimizer, loader, plan=[{"grad_clipping": {"max_norm": 1.0}}])
+        again.load(f"{folder}/run.pt")
+        again.close()
