@@ -117,6 +117,7 @@ def save(run, path) -> None:
     path = Path(path)
     state = run.state_dict()
     state.update(format=FORMAT, plan=encode_plan(state["plan"]), **gathered(run, state))
+    state = {k: v if k == "model" else plain_numbers(v) for k, v in state.items()}
 
     def write() -> None:
         problems = unreadable(state)
@@ -130,12 +131,28 @@ def save(run, path) -> None:
     on_rank_zero(write, path)
 
 
+def plain_numbers(value: Any) -> Any:
+    """``value`` with numpy's scalars as Python's (a learning rate a numpy schedule set, an option of np.float64):
+    torch.load(weights_only=True) reads Python numbers, not numpy's. Tensors and the rest stay as they are."""
+    numpy = sys.modules.get("numpy")  # no numpy imported: none of its scalars can be here
+    if numpy is not None and isinstance(value, numpy.generic):
+        return value.item()
+    if isinstance(value, dict):
+        return {k: plain_numbers(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
+        return type(value)(plain_numbers(v) for v in value)
+    return value
+
+
 def unreadable(state: dict[str, Any]) -> list[str]:
-    """What of the plan's options and the accelerators' states torch.load(weights_only=True) cannot read back (a
-    numpy scalar, a pathlib.Path), each named: run.save refuses it, rather than write what run.load then refuses."""
+    """What of the plan's options, the accelerators' states, the optimizer's param groups and the sampler's values
+    torch.load(weights_only=True) cannot read back (a pathlib.Path), each named: run.save refuses it, rather than
+    write what run.load then refuses."""
     parts = {f"{name}'s options": options for name, options in state["plan"].items()}
     for states in [state.get("accelerators", {}), *state.get("accelerators_per_rank", [])]:
         parts.update({f"{name}'s state": value for name, value in states.items()})
+    parts.update({"the optimizer's param groups": (state.get("optimizer") or {}).get("param_groups"),
+                  "the sampler's values": state.get("sampler")})
     problems = []
     for what, value in parts.items():
         buffer = io.BytesIO()

@@ -77,7 +77,7 @@ def layout_problems(saved: dict[str, Any]) -> list[str]:
     kinds = {"plan": lambda v: mapping(v, lambda o: isinstance(o, dict)), "model": tensors, "optimizer": optimizer,
              "optimizer_class": lambda v: v is None or isinstance(v, str), "step": integer, "epoch": integer,
              "optimizer_steps": integer, "world_size": integer, "holding_gradients": lambda v: isinstance(v, bool),
-             "sampler": lambda v: mapping(v, lambda n: isinstance(n, int) and not isinstance(n, bool)
+             "sampler": lambda v: mapping(v, lambda n: n is None or isinstance(n, int) and not isinstance(n, bool)
                                             and -2**63 <= n < 2**64),  # seeds torch.Generator.manual_seed takes
              "rng": lambda v: isinstance(v, dict) or (isinstance(v, list) and v and all(isinstance(r, dict)
                                                                                          for r in v)),
@@ -155,13 +155,17 @@ def _same_kind(saved: Any, value: Any) -> bool:
     def number(v):
         return isinstance(v, (int, float)) and not isinstance(v, bool) or isinstance(v, torch.Tensor) and v.numel() == 1
 
-    if value is None or isinstance(value, bool):
-        return saved is None or isinstance(saved, bool) or value is None and number(saved)
+    if value is None:  # unset: what the optimizer takes in its place (LBFGS's line_search_fn, a scheduler's lr)
+        return saved is None or isinstance(saved, (bool, str)) or number(saved)
+    if isinstance(value, bool):
+        return saved is None or isinstance(saved, bool)
+    if isinstance(value, str):
+        return saved is None or isinstance(saved, str)
     if number(value):
         return number(saved)
     if isinstance(value, (list, tuple)):
         return isinstance(saved, (list, tuple)) and len(saved) == len(value) and all(map(_same_kind, saved, value))
-    return type(saved) is type(value) if isinstance(value, str) else True
+    return True
 
 
 def _fits(state: torch.Size, param: torch.Size, total: int) -> bool:

@@ -8,18 +8,18 @@ from typing import Any
 import torch
 
 from accel.batches import move
-from accel.errors import StaleWarning
+from accel.errors import LoopWarning, StaleWarning
 from accel.run.loaders import release_workers
 
 _END = object()
 
 
-def _yielded_all(iterator: Any) -> bool:
-    """Whether a DataLoader's iterator has given every batch of its epoch (False where it cannot say)."""
+def _yielded_all(iterator: Any) -> bool | None:
+    """Whether a DataLoader's iterator has given every batch of its epoch (None where it cannot say: a stream)."""
     try:
         return iterator._num_yielded >= len(iterator)
     except (AttributeError, TypeError):
-        return False
+        return None
 
 
 class DeviceLoader:
@@ -36,6 +36,9 @@ class DeviceLoader:
         self.drawn: Callable[[], None] | None = None  # told of every batch (the run watching for own accumulation)
         self.open: list[Any] = []  # the wrapped loader's iterators of the epochs begun and not ended
         self.handed_over = False  # accelerate() again on the model made another run: this loader is the earlier's
+        self.read_by_a_run = False  # the loop gave it to accelerate() again: the new run's loader reads it
+        if isinstance(loader, DeviceLoader):
+            loader.read_by_a_run = True
         self.stop_when_idle = False  # stop the workers once no epoch is open (a rebuilt loader handed over)
         self.stopped: str | None = None  # why the workers were stopped under an open epoch (said if it goes on)
 
@@ -55,7 +58,7 @@ class DeviceLoader:
         if hasattr(sampler, "set_epoch"):
             sampler.set_epoch(self.epoch)
         self.epoch += 1
-        if self.handed_over:  # the loop kept this loader (train_loader = run.loader) across accelerate() again
+        if self.handed_over and not self.read_by_a_run:  # the loop kept it (train_loader = run.loader) past one
             warnings.warn("accel: run.loader: a new epoch on the loader of a run that accelerate() again took over: "
                           "your loop holds the earlier run's loader, so the new run's (its plan's batches) is not "
                           "read; iterate the new run's run.loader each epoch", StaleWarning, stacklevel=3)
@@ -66,9 +69,13 @@ class DeviceLoader:
         try:
             while True:
                 if self.stopped:  # the run was closed under this epoch: at its end, or with batches left
-                    if _yielded_all(iterator):
-                        return
-                    raise RuntimeError(self.stopped)
+                    done = _yielded_all(iterator)
+                    if done is False:
+                        raise RuntimeError(self.stopped)
+                    if done is None:  # a stream cannot say: the epoch ends here, said
+                        warnings.warn(f"accel: {self.stopped}; this stream's epoch ends here, with whatever batches it "
+                                      "had left", LoopWarning, stacklevel=2)
+                    return
                 batch = next(iterator, _END)
                 if batch is _END:
                     return
