@@ -8,10 +8,8 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-from accel import randomness
 from accel.hardware import format_cpu_list
 from accel.run.journal import pin_process
 
@@ -24,33 +22,6 @@ def rebuild_problem(loader: Any) -> str | None:
         return (f"it is a DataLoader subclass ({type(loader).__name__}): a rebuild would lose what the subclass "
                 "adds")
     return None
-
-
-def draws_random_numbers(loader: DataLoader) -> bool:
-    """Whether the dataset or collate_fn draws random numbers from the process's random states for a sample: one
-    sample is fetched and collated here, every random state kept. For accel.testing's own objects: it reads the
-    dataset in this process (a file it opens lazily stays open), so the loader accelerator does not call it."""
-    dataset = loader.dataset
-    if isinstance(dataset, IterableDataset):
-        return False
-    with randomness.kept():
-        before = randomness.rng_state()
-        try:
-            item = dataset[0]
-            loader.collate_fn([item] if loader.batch_sampler is not None else item)
-        except Exception:  # noqa: BLE001 (a dataset indexed otherwise: nothing known, nothing claimed)
-            return False
-        return not _same(before, randomness.rng_state())
-
-
-def _same(a: Any, b: Any) -> bool:
-    if isinstance(a, torch.Tensor):
-        return isinstance(b, torch.Tensor) and torch.equal(a, b)
-    if isinstance(a, (tuple, list)):
-        return isinstance(b, (tuple, list)) and len(a) == len(b) and all(map(_same, a, b))
-    if isinstance(a, dict):
-        return isinstance(b, dict) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
-    return a == b
 
 
 def shards_by_worker(dataset: Any) -> bool:

@@ -22,13 +22,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, IterableDataset
 
+from accel import randomness
 from accel.api import decide
 from accel.errors import AccelerateError, PlanError
 from accel.plan import Plan
 from accel.plan.contract import EXACT, REGISTRY, Keeps
-from accel.run.loaders import draws_random_numbers, release_workers
+from accel.run.loaders import release_workers
 from accel.search import accelerate
 from accel.testing.comparison import LEVELS, combined, compare, compare_tensors, distance  # noqa: F401  (tests import)
 from accel.testing.setup import Setup  # noqa: F401  (accel.testing.harness.Setup)
@@ -78,6 +79,33 @@ class Equivalence:
 def declares_training(keeps: Keeps) -> bool:
     """A card that changes what one step does (when or how much it steps) but no structure."""
     return keeps.weights == "changed" and keeps.structure
+
+
+def draws_random_numbers(loader: DataLoader) -> bool:
+    """Whether the dataset or collate_fn draws random numbers from the process's random states for a sample: one
+    sample is fetched and collated here, every random state kept. Only on the reference's own objects: it reads the
+    dataset in this process (a file it opens lazily stays open), which accel never does to a user's."""
+    dataset = loader.dataset
+    if isinstance(dataset, IterableDataset):
+        return False
+    with randomness.kept():
+        before = randomness.rng_state()
+        try:
+            item = dataset[0]
+            loader.collate_fn([item] if loader.batch_sampler is not None else item)
+        except Exception:  # noqa: BLE001 (a dataset indexed otherwise: nothing known, nothing claimed)
+            return False
+        return not _same_state(before, randomness.rng_state())
+
+
+def _same_state(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and torch.equal(a, b)
+    if isinstance(a, (tuple, list)):
+        return isinstance(b, (tuple, list)) and len(a) == len(b) and all(map(_same_state, a, b))
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_same_state(a[k], b[k]) for k in a)
+    return a == b
 
 
 def in_reference(plan: Any, setup: Setup | None = None, device: Any = "cpu") -> list[dict[str, Any]]:
