@@ -1,31 +1,14 @@
 """compile's compiled artifacts kept in accel's cache folder, so that a second run of a script compiles warm."""
-# torch already keeps what inductor compiles on disk, and looks there before compiling again: the AOTAutograd
-# cache (a training step's forward and backward graphs, ``aotautograd/``), the FX graph cache (the code inductor
-# generated for each graph, ``fxgraph/``) and the C++ (or Triton) kernels that code loads. Both caches are on by
-# default in torch 2.15 (``torch._functorch.config.enable_autograd_cache`` and ``torch._inductor.config.
-# fx_graph_cache``, without a JustKnob outside Meta), and their folder is ``$TORCHINDUCTOR_CACHE_DIR``, which
-# ``torch._inductor.runtime.cache_dir_utils.cache_dir()`` reads at every look-up and write (only max-autotune's
-# local results keep the folder of their first look-up in a process), else ``/tmp/torchinductor_<user>``: a folder
-# the system may clear (tmpfs, tmp cleaners), shared by every torch program of the user, apart from accel's other
-# remembered answers. So for the run accel points that variable at
-# ``compile/`` in its own cache folder (``accel.files.cache_dir()``), through the run's journal: closing the
-# run, or a plan that fails, puts the variable back as it was. Measured here (benchmarks/bench_compile_warmup.py
-# --warm; docs/accelerators/compile.md): a warm start skips AOTAutograd's tracing, inductor's code generation and
-# the C++ compiler; dynamo still traces the Python code.
+# torch keeps what inductor compiles on disk (the AOTAutograd and FX graph caches, and the kernels they load) in
+# $TORCHINDUCTOR_CACHE_DIR, read at every look-up, else /tmp/torchinductor_<user>: a folder the system may clear,
+# shared by every torch program. For the run, accel points that variable at ``compile/`` in its own cache folder
+# through the journal (closing the run puts it back); a folder the user chose is theirs and used as it is.
 #
-# One folder for every setup, not one per setup: the variable is process-wide, so two runs in one process (a GAN's
-# generator and discriminator, each compiled on its first step) would write into whichever folder the newest run
-# set; torch's own keys (the graph, the shapes, the inductor config, the CPU, torch's version) decide whether an
-# entry fits, so sharing never loads a wrong one. Whether *this* setup was warm is judged by a small marker per
-# setup (the model's structure, the compile settings, the device and CPU, torch's version) written when compile is
-# applied: warm when an earlier run of the setup left a marker, and graph entries were written into the folder
-# since that marker's first run (so a run that stopped before its first step counts for nothing, unless another
-# setup compiled into the folder meanwhile). Graphs of other shapes, or of changed model code, still compile.
-#
-# Not ``torch.compiler.save_cache_artifacts()`` / ``load_cache_artifacts()``: those serialise what this process
-# compiled, as bytes to carry to another machine, and need a call after the compile and one before the next; the
-# disk caches do the same on one machine with nothing to call, even for a run that never closes. A folder chosen by
-# the user (``TORCHINDUCTOR_CACHE_DIR`` set to anything but torch's default) is theirs: accel uses it as it is.
+# One folder for every setup: the variable is process-wide, and torch's own keys (graph, shapes, config, CPU,
+# version) decide whether an entry fits. Whether *this* setup starts warm is judged by a small marker per setup,
+# written when compile is applied: warm when an earlier run left one and graph entries were written into the folder
+# since that marker's first run. Not ``torch.compiler.save_cache_artifacts()``: that carries a process's graphs to
+# another machine and needs calls around the compile; the disk caches need none. docs/accelerators/compile.md.
 from __future__ import annotations
 
 import hashlib
@@ -99,70 +82,39 @@ def _folders(path: Path) -> list[Path]:
         return []
 
 
-def setup_key(facts: dict[str, Any]) -> str:
-    return hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()[:24]
-
-
 def warm_before(where: Path, facts: dict[str, Any]) -> tuple[bool, int]:
-    """Whether this setup compiled into the folder before (the module's docstring says how that is judged), and
-    how many graph entries the folder holds; records this run's marker."""
-    marker = _marker(where, facts)
-    first = _first_run(marker)
-    warm, count = _judged(where, first)
+    """Whether this setup compiled into the folder before (the module's comment says how that is judged), and how
+    many graph entries the folder holds; records this run's marker."""
+    key = hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()[:24]
+    marker = where / MARKERS / f"{key}.json"
+    try:
+        first = float(json.loads(read_small(marker, 1 << 16))["first_run"])  # a pipe or a terabyte: not a marker
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):  # no marker, or a damaged one: cold
+        first = None
+    entries = graph_entries(where)
+    warm = first is not None and any(_stat(e).st_mtime >= first - SLACK_S for e in entries)
     try:
         marker.parent.mkdir(parents=True, exist_ok=True)
         write_text(marker, json.dumps({"setup": facts, "first_run": time.time() if first is None else first,
                                        "last_run": time.time()}, default=str, indent=1))
     except OSError:
         pass  # torch says for itself when it cannot write the folder; the marker is only the report's
-    return warm, count
+    return warm, len(entries)
 
 
-def would_start_warm(model, device, cpu_model: str, settings: dict[str, Any], where: Any = True) -> bool:
-    """Whether compile with these settings (as compile's apply passes them) would start warm on this setup now,
-    judged as warm_before judges it, but read-only: no marker is written (a search asks before it tries compile,
-    to expect a warm start's warm-up, seconds, and not a cold one's, tens of seconds). False where accel does not
-    keep the folder (your own TORCHINDUCTOR_CACHE_DIR, caches off) or the backend keeps nothing (not inductor)."""
-    if settings.get("backend", "inductor") != "inductor" or users_folder() or caches_off():
-        return False
-    place = Path(os.path.abspath(folder(where)))
-    return _judged(place, _first_run(_marker(place, model_facts(model, device, cpu_model, settings))))[0]
-
-
-def _marker(where: Path, facts: dict[str, Any]) -> Path:
-    return where / MARKERS / f"{setup_key(facts)}.json"
-
-
-def _first_run(marker: Path) -> float | None:
+def _stat(path: Path) -> os.stat_result:
+    """The file's stat, or zeros (size 0, modified at the epoch's start) for one removed meanwhile."""
     try:
-        return float(json.loads(read_small(marker, 1 << 16))["first_run"])  # a pipe or a terabyte: not a marker
-    except (OSError, ValueError, KeyError, TypeError, RecursionError):  # no marker, or a damaged one: cold
-        return None
-
-
-def _judged(where: Path, first: float | None) -> tuple[bool, int]:
-    """Warm when the setup has a marker and graph entries were written since its first run; the entries' count."""
-    entries = graph_entries(where)
-    return first is not None and any(_mtime(e) >= first - SLACK_S for e in entries), len(entries)
-
-
-def _mtime(path: Path) -> float:
-    try:
-        return path.stat().st_mtime
+        return path.stat()
     except OSError:
-        return float("-inf")
+        return os.stat_result((0,) * 10)
 
 
 def setup_facts(ctx, settings: dict[str, Any]) -> dict[str, Any]:
     """What decides this setup's graphs, for its marker: the model's structure, the compile settings, the device
     and CPU, torch's version (torch's own keys, finer, decide whether an entry fits)."""
-    return model_facts(ctx.model, ctx.device, ctx.hardware.cpu_model, settings)
-
-
-def model_facts(model, device, cpu_model: str, settings: dict[str, Any]) -> dict[str, Any]:
-    """setup_facts of a model not yet applied (a search asks before it tries compile)."""
-    return {"model": f"{type(model).__qualname__} {fingerprint(model)}", "compile": settings,
-            "device": device_model(torch.device(device)), "cpu": cpu_model, "torch": torch.__version__}
+    return {"model": f"{type(ctx.model).__qualname__} {fingerprint(ctx.model)}", "compile": settings,
+            "device": device_model(ctx.device), "cpu": ctx.hardware.cpu_model, "torch": torch.__version__}
 
 
 def keep_in_accel_cache(ctx, settings: dict[str, Any], where: Any = True) -> dict[str, str]:
@@ -207,7 +159,7 @@ def _unusable(place: Path, where: Any) -> str:
 def compile_usage(where: Any = True) -> tuple[int, int]:
     """(files, bytes) of compile's artifacts in the cache folder."""
     files = [p for p in folder(where).rglob("*") if p.is_file() and not p.is_symlink()]
-    return len(files), sum(_size(p) for p in files)
+    return len(files), sum(_stat(p).st_size for p in files)
 
 
 TAG = "CACHEDIR.TAG"  # marks compile/ as accel's (and as a cache: backup tools skip it), https://bford.info/cachedir/
@@ -234,9 +186,3 @@ def clear_compile(where: Any = True) -> tuple[int, int]:
     shutil.rmtree(folder(where), ignore_errors=True)
     return found
 
-
-def _size(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except OSError:  # removed meanwhile
-        return 0
