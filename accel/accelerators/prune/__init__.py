@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -150,24 +151,27 @@ class Prune(Accelerator[PruneOptions, State]):
             return []
         if not speedup.empty:
             return []
-        causes = same_for_every_input(speedup.graph_module, speedup.dummy_input)
-        message, allowed = empty_message(speedup.empty, causes, speedup.graph_module, speedup.node_infos)
+        message, allowed = empty_message(speedup)
         return [Problem(self.name, message, field="config_list", allowed=allowed)]
 
     def _masks_inferred(self, pruning, model, dummy):
         """The pruner's masks on this (copied) model, then ModelSpeedup's mask inference, with no rebuilding."""
-        config_list, _ = keep_outputs(self._float_ratios(), model, fx_trace(model))
-        pruner = getattr(pruning, PRUNERS[self.config.pruner])(model, config_list)
-        _, masks = pruner.compress()
-        pruner.unwrap_model()
+        masks, _ = self._masks(pruning, model)
         speedup = speedup_class()(model.eval(), dummy, masks, graph_module=fx_trace(model), logger=QUIET)
         speedup.dry_run = True
         speedup.speedup_model()
         return speedup
 
-    def _float_ratios(self):
-        return [{k: float(v) if k.endswith("sparse_ratio") else v for k, v in c.items()}
-                for c in self.config.config_list]
+    def _masks(self, pruning, model, *evaluator):
+        """The pruner's masks on the model (its layers producing the output kept, and named), the pruner unwrapped;
+        ``evaluator``: Taylor's evaluator and its steps."""
+        ratios = [{k: float(v) if k.endswith("sparse_ratio") else v for k, v in c.items()}
+                  for c in self.config.config_list]
+        config_list, kept = keep_outputs(ratios, model, fx_trace(model))
+        pruner = getattr(pruning, PRUNERS[self.config.pruner])(model, config_list, *evaluator)
+        _, masks = pruner.compress()
+        pruner.unwrap_model()
+        return masks, kept
 
     def _batch_problems(self, batch, trains):
         if batch is None:
@@ -224,14 +228,9 @@ class Prune(Accelerator[PruneOptions, State]):
                 changes["warmup_steps"] = config.warmup_steps
             dummy = config.dummy_input if config.dummy_input is not None else model_input(first_batch(ctx.loader))
             dummy = move(dummy, ctx.device, False)
-            config_list, kept = keep_outputs(self._float_ratios(), model, fx_trace(model))
-            cls = getattr(pruning, PRUNERS[config.pruner])
-            if config.pruner == "taylor":
-                pruner = cls(model, config_list, self._evaluator(ctx, model, optimizer, loss_of), config.taylor_steps)
-            else:
-                pruner = cls(model, config_list)
-            _, masks = pruner.compress()
-            pruner.unwrap_model()
+            taylor = (self._evaluator(ctx, model, optimizer, loss_of), config.taylor_steps) \
+                if config.pruner == "taylor" else ()
+            masks, kept = self._masks(pruning, model, *taylor)
             surgery(model, dummy, masks, speedup_class())
         for name, module in model.named_modules():  # NNI's new modules, and training steps, set one mode for all
             module.training = modes.get(name, modes[""])
@@ -247,16 +246,12 @@ class Prune(Accelerator[PruneOptions, State]):
             changes["optimizer"] = f"rebuilt on the new parameters: {describe_optimizer(ctx.optimizer)}; state reset"
         return changes
 
-    def _batches(self, ctx):
-        while True:
-            for batch in ctx.loader:
-                yield move(batch, ctx.device, False)
-
     def _train(self, model, optimizer, ctx, loss_of, steps):
         model.train()
-        for _, batch in zip(range(steps), self._batches(ctx)):
+        batches = (batch for _ in itertools.count() for batch in ctx.loader)  # the loader's epochs, one after another
+        for _, batch in zip(range(steps), batches):
             optimizer.zero_grad(set_to_none=True)
-            loss_of(batch, model).backward()
+            loss_of(move(batch, ctx.device, False), model).backward()
             optimizer.step()
 
     def _evaluator(self, ctx, model, optimizer, loss_of):

@@ -137,11 +137,12 @@ def _some(items: list[str], quote: bool = True, shown: int = 4) -> str:
     return text + (f" and {len(items) - shown} more" if len(items) > shown else "")
 
 
-def empty_message(empty: list[Empty], causes: dict[str, tuple[str, str]], graph: torch.fx.GraphModule,
-                  node_infos: Mapping) -> tuple[str, str]:
-    """(what is wrong, what is allowed): which layer NNI would empty, and why: the values it takes for pruned
-    because they vary for no input, a grouped convolution whose groups lose their channels apart, or masks that
-    leave a layer nothing."""
+def empty_message(speedup: Any) -> tuple[str, str]:
+    """(what is wrong, what is allowed): which layer NNI's ModelSpeedup (its mask inference run, ``.empty`` found)
+    would empty, and why: the values it takes for pruned because they vary for no input, a grouped convolution whose
+    groups lose their channels apart, or masks that leave a layer nothing."""
+    empty, graph, node_infos = speedup.empty, speedup.graph_module, speedup.node_infos
+    causes = same_for_every_input(graph, speedup.dummy_input)
     first = empty[0]
     text = f"pruning would leave layer {first.layer!r} ({first.kind}) with {first.lost}"
     if len(empty) > 1:

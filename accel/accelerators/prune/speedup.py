@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from accel.accelerators.prune.diagnosis import empty_layers, empty_message, same_for_every_input
+from accel.accelerators.prune.diagnosis import empty_layers, empty_message
 from accel.accelerators.prune.tracing import fx_trace
 from accel.batches import map_tensors
 from accel.modules import buffer_values, put_back_buffers, tied_groups
@@ -135,8 +135,7 @@ def speedup_class() -> type:
             if self.dry_run:
                 return
             if self.empty:
-                causes = same_for_every_input(self.graph_module, self.dummy_input)
-                message, allowed = empty_message(self.empty, causes, self.graph_module, self.node_infos)
+                message, allowed = empty_message(self)
                 raise ValueError(f"{message} (allowed: {allowed})")
             super().replace_compressed_modules()
 
