@@ -1,12 +1,11 @@
 """activation_checkpointing: recompute the activations of chosen blocks in backward instead of keeping them.
 
 What it does: each chosen module (``modules="auto"``: the repeated blocks, outermost first) runs its forward under
-non-reentrant ``torch.utils.checkpoint``, bound to the module through the run's journal. A model that checkpoints
-itself is skipped, a decoder handing its blocks the KV cache refused. When it helps: memory limits the batch or
-the model. When it hurts: speed, every checkpointed block runs its forward twice.
+non-reentrant ``torch.utils.checkpoint``, bound through the run's journal. When it helps: memory limits the batch or
+the model; it costs speed (each block's forward runs twice).
 
-What it keeps: the plain loop's training exactly; the recomputation runs on what the first pass saw (a call it
-cannot replay runs unchecked, with a warning). Its card: docs/accelerators/activation_checkpointing.md.
+What it keeps: the plain loop's training exactly, the recomputation seeing what the first pass saw (a call it cannot
+replay runs unchecked, with a warning). Its card: docs/accelerators/activation_checkpointing.md.
 """
 from __future__ import annotations
 

@@ -1,10 +1,8 @@
 """amp: autocast in the dtype the device computes natively, a GradScaler only for fp16.
 
-What it does: decides the compute dtype (``auto``: bf16 where the device computes it, fp16 with a GradScaler on
-GPUs without bf16, nothing where it would be emulated) and owns the scaler through its hooks: ``backward`` scales
-the loss, ``optimizer_step`` steps through it (skipping inf/NaN steps), ``unscale_gradients`` gives true gradients.
-On CUDA it sets cudnn.benchmark and TF32, through the journal. When it helps: tensor-core GPUs, CPUs with native
-bf16. When it hurts: badly, where bf16 or fp16 is emulated (``auto`` skips it there; a forced dtype warns).
+What it does: decides the compute dtype (``auto``: bf16 where the device computes it, fp16 with a GradScaler on GPUs
+without bf16, nothing where it would be emulated) and owns the scaler through its hooks; on CUDA it sets
+cudnn.benchmark and TF32. When it helps: tensor-core GPUs, CPUs with native bf16; where it is emulated it hurts badly.
 
 What it keeps: a declared tolerance, parameters in fp32. Its card: docs/accelerators/amp.md.
 """
@@ -46,8 +44,8 @@ def auto_dtype(device: torch.device, hardware) -> tuple[torch.dtype | None, str]
         if hardware.native_bf16:
             return torch.bfloat16, "the CPU has native bf16 (" + ", ".join(
                 f for f in hardware.isa if f in ("avx512_bf16", "amx_bf16")) + ")"
-        return None, ("this CPU has no native bf16 (no avx512_bf16 or amx): bf16 autocast is emulated and was "
-                      "13.9x slower on resnet18 in our measurements; ask for dtype='bfloat16' to force it")
+        return None, ("this CPU has no native bf16 (no avx512_bf16 or amx): bf16 autocast is emulated, many times "
+                      "slower (docs/machines.md); ask for dtype='bfloat16' to force it")
     return None, f"no autocast dtype is known for device type {device.type!r}"
 
 
@@ -58,10 +56,9 @@ def emulated(device: torch.device, dtype: torch.dtype, hardware) -> bool:
 
 
 def set_tf32(journal, flags, precision, allow: bool) -> None:
-    """flags.allow_tf32 = allow, in the journal. Where the program chose TF32 through torch's newer setting
-    (``fp32_precision``, torch >= 2.9: transformers' ``tf32=True`` sets ``torch.backends.fp32_precision``), torch
-    refuses to read the old flag ("mix of the legacy and new APIs") or does not let it reach what the newer one set:
-    ``precision.fp32_precision`` is set instead."""
+    """flags.allow_tf32 = allow, in the journal; ``precision.fp32_precision`` instead where the program chose TF32
+    through torch's newer setting (torch >= 2.9, transformers' ``tf32=True``), since torch then refuses the old flag
+    or does not let it reach what the newer one set."""
     newer = getattr(torch.backends, "fp32_precision", "none") != "none"
     if not newer:
         try:

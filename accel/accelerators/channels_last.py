@@ -1,12 +1,11 @@
 """channels_last: NHWC memory format for the inputs of a model's 2-D convolutions.
 
-What it does: a forward pre-hook on every Conv2d (through the run's journal) turns the tensor entering it into
-channels_last, so oneDNN and cuDNN run their NHWC kernels; the rest of the batch and the parameters stay as they
-are. When it helps, and when it hurts, depends on the model and the CPU (large dense convolutions can lose on
-AVX2-only CPUs), which is why tune and ``plan="auto"`` measure it; a model without Conv2d is skipped.
+What it does: a forward pre-hook on every Conv2d (through the run's journal) turns its input into channels_last, so
+oneDNN and cuDNN run their NHWC kernels. When it helps depends on the model and the CPU, which is why tune and
+``plan="auto"`` measure it; a model without Conv2d is skipped.
 
-What it keeps: the same math in another memory order (``SAME_MATH``); each dropout layer gets its input back in
-the plain loop's order, so it draws the plain loop's masks. Its card: docs/accelerators/channels_last.md.
+What it keeps: the same math in another memory order (``SAME_MATH``); dropout gets its input in the plain loop's
+order, so it draws the plain loop's masks. Its card: docs/accelerators/channels_last.md.
 """
 from __future__ import annotations
 
@@ -57,15 +56,12 @@ class ChannelsLast(Accelerator):
 
     def apply(self, ctx):
         convs = [(name, m) for name, m in ctx.model.named_modules() if isinstance(m, torch.nn.Conv2d)]
-        for name, conv in convs:
-            if to_channels_last not in conv._forward_pre_hooks.values():  # once, whatever runs came before
-                ctx.journal.hook(f"channels_last pre-hook on {name}",
-                                 lambda conv=conv: conv.register_forward_pre_hook(to_channels_last))
         drops = [(name, m) for name, m in ctx.model.named_modules()
                  if isinstance(m, torch.nn.modules.dropout._DropoutNd)]
-        for name, drop in drops:
-            if to_contiguous not in drop._forward_pre_hooks.values():
-                ctx.journal.hook(f"channels_last: {name} draws its mask in your memory order",
-                                 lambda drop=drop: drop.register_forward_pre_hook(to_contiguous))
+        for hook, what, modules in ((to_channels_last, "channels_last pre-hook on {}", convs),
+                                    (to_contiguous, "channels_last: {} draws its mask in your memory order", drops)):
+            for name, module in modules:
+                if hook not in module._forward_pre_hooks.values():  # once, whatever runs came before
+                    ctx.journal.hook(what.format(name), lambda m=module, h=hook: m.register_forward_pre_hook(h))
         return {"memory_format": "channels_last", "conv2d_layers": len(convs),
                 "inputs": "each Conv2d's input converted (the batch itself and your parameters unchanged)"}

@@ -1,9 +1,8 @@
 """ddp: DistributedDataParallel over the process group the launcher describes, with a sharded loader.
 
-What it does: joins the group from torchrun, MPI or SLURM variables (data_parallel.py), wraps the model in DDP on
-this rank's device after surgery, kernels and precision, before compile, and turns gradient sync off while
-grad_accumulation holds the update. In a single process it is skipped, so one plan serves both. When it helps:
-several devices or machines. When it hurts: on one small CPU, where an all-reduce a step can cost more than it saves.
+What it does: joins the group (data_parallel.py), wraps the model in DDP after surgery, kernels and precision,
+before compile, and turns gradient sync off while grad_accumulation holds the update; skipped in a single process.
+When it helps: several devices or machines, not one small CPU.
 
 What it keeps: the same math as one process on the global batch (``SAME_MATH``); a layer unfrozen after wrapping
 is named with a ``StaleWarning``. Its card: docs/accelerators/ddp.md.
@@ -23,12 +22,6 @@ from accel.plan.contract import SAME_MATH, Capability, Stage, State, register
 from accel.plan.options import option, positive
 
 __all__ = ["DDP", "DDPOptions", "DDPState"]
-
-
-def comm_hooks():
-    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-
-    return {"fp16": default_hooks.fp16_compress_hook, "bf16": default_hooks.bf16_compress_hook}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -75,8 +68,10 @@ class DDP(DataParallel[DDPOptions, DDPState]):
             find_unused_parameters=config.find_unused_parameters, static_graph=config.static_graph,
             gradient_as_bucket_view=config.gradient_as_bucket_view)
         if config.comm_hook is not None:
-            wrapper.register_comm_hook(state=None, hook=comm_hooks()[config.comm_hook])
+            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
             changes["comm_hook"] = f"{config.comm_hook}_compress_hook"
+            wrapper.register_comm_hook(state=None, hook=getattr(default_hooks, changes["comm_hook"]))
         changes["sampler"] = self.shard(ctx)
         params = list(wrapper.parameters())
         return DDPState(wrapper, params, trainable(params), ctx.decisions.launch.world_size, changes=changes)

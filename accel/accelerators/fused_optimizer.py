@@ -1,10 +1,8 @@
 """fused_optimizer: step your own Adam, AdamW, SGD or Adagrad with ``fused=True``, one kernel for the update.
 
-What it does: sets ``fused=True`` (and ``foreach`` off) in the param groups of the optimizer you hold, so
-schedulers, writes to ``param_groups`` and your checkpoints (they save your own values) stay live; ``run.close()``
-puts them back. Other classes, and parameters without a fused kernel, are skipped with the reason. It declares
-``optimizer.update``, so IPEX's fused step conflicts with it. When it helps: the update is a large share of the
-step. When it does nothing: the step is mostly convolutions.
+What it does: sets ``fused=True`` in the param groups of the optimizer you hold, so schedulers, ``param_groups`` and
+your checkpoints stay live; ``run.close()`` puts them back. Other classes are skipped with the reason. When it helps:
+the update is a large share of the step.
 
 What it keeps: the same update (``SAME_MATH``). Its card: docs/accelerators/fused_optimizer.md.
 """

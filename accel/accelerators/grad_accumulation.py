@@ -1,9 +1,8 @@
 """grad_accumulation: N batches per optimizer step, their gradients averaged: a batch N times larger.
 
 What it does: ``run.backward`` divides each loss by N; ``run.step()`` steps the optimizer only on every N-th call
-and returns True ("not stepped") on the others. While it accumulates (its ``accumulating`` service) the run turns
-DDP's and FSDP's gradient reduction off; ``run.save`` keeps the micro-step and the gradients held so far.
-When it helps: the batch you want does not fit, or an all-reduce per batch costs too much; no step gets faster.
+(True on the others), with DDP's and FSDP's gradient reduction off in between. When it helps: the batch you want
+does not fit, or an all-reduce per batch costs too much; no step gets faster.
 
 What it keeps: everything but its declared change (one update every N batches on the mean of their gradients).
 Its card: docs/accelerators/grad_accumulation.md.

@@ -1,12 +1,11 @@
 """grad_clipping: clip the gradients' total norm (or each value) before every optimizer step.
 
-What it does: on each real optimizer step (after ``step.schedule``, never on accumulation's micro-steps) it asks
-for true gradients (``run.unscale_gradients()``) and applies ``clip_grad_norm_`` or ``clip_grad_value_`` to the
-optimizer's parameters; ``run.state("grad_clipping").last_norm`` is the norm before clipping. When it helps:
-stability, not speed.
+What it does: on each real optimizer step (never on accumulation's micro-steps) it unscales the gradients and
+applies ``clip_grad_norm_`` or ``clip_grad_value_``; ``run.state("grad_clipping").last_norm`` is the norm before.
+When it helps: stability, not speed.
 
-What it keeps: everything but its declared change (gradients above the limit scaled down); below the limit the
-update is the plain loop's exactly. Its card: docs/accelerators/grad_clipping.md.
+What it keeps: everything but its declared change (gradients above the limit scaled down). Its card:
+docs/accelerators/grad_clipping.md.
 """
 from __future__ import annotations
 
@@ -52,12 +51,10 @@ class GradClipping(Accelerator[GradClippingOptions, GradClippingState]):
     keeps = Keeps("changed", note="gradients above max_norm scaled down to it (or clamped to +-value)")
 
     def check(self, ctx):
-        problems = []
         if (self.config.max_norm is None) == (self.config.value is None):
-            problems.append(Problem(self.name, "give max_norm (clip the total norm) or value (clamp each gradient), "
-                                    "one of them", field="max_norm", value=self.config.max_norm,
-                                    allowed="max_norm=1.0, or value=0.5"))
-        return problems
+            return [Problem(self.name, "give max_norm (clip the total norm) or value (clamp each gradient), one of "
+                            "them", field="max_norm", value=self.config.max_norm, allowed="max_norm=1.0, or value=0.5")]
+        return []
 
     def apply(self, ctx):
         config = self.config

@@ -1,9 +1,8 @@
 """ipex: ``ipex.optimize(model, optimizer=..., dtype=..., level=...)`` for training on cpu and xpu.
 
-What it does: IPEX returns a new model and optimizer (prepacked weights, fused ops, its own fused step) made from
-copies, so the user's objects are untouched; its dtype follows the plan's. IPEX kills the process on import when
-its version does not match torch's, so it is imported only after ``accel.hardware.ipex_problem()`` says it is safe.
-When it helps: CPUs with AVX-512 or AMX, most with bf16. When it hurts: AVX2-only CPUs, where it adds little.
+What it does: IPEX returns a new model and optimizer made from copies, the user's untouched, in the plan's dtype;
+IPEX is imported only after ``accel.hardware.ipex_problem()`` says it is safe (a version mismatch kills the process).
+When it helps: CPUs with AVX-512 or AMX; little on AVX2-only CPUs.
 
 What it keeps: the same math in fp32 (``SAME_MATH``), amp's tolerance with bf16. Its card: docs/accelerators/ipex.md.
 """

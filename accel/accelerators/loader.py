@@ -1,12 +1,11 @@
 """loader: rebuild the user's DataLoader with workers, pinned memory and prefetching chosen for the hardware.
 
-What it does: gives the run a new DataLoader over the same dataset, sampler and every other argument; workers come
-from the CPUs the compute threads leave, pinned to them when ``threads`` pins the compute ones. A subclass, another
-iterable, or a loader with nothing to change is left alone, with the reason. When it helps: loading is part of the
-step, and GPUs (pinned, non-blocking copies). When it does nothing: tensors already in memory.
+What it does: gives the run a new DataLoader over the same dataset, sampler and arguments; workers come from the
+CPUs the compute threads leave, pinned to them when ``threads`` pins the compute ones. A loader it cannot rebuild is
+left alone, with the reason. When it helps: loading is part of the step, and GPUs (pinned, non-blocking copies).
 
-What it keeps: the plain loop's batches exactly (random augmentation draws differ with the workers: the row says
-so, without reading a sample); an IterableDataset keeps its number of workers. Its card: docs/accelerators/loader.md.
+What it keeps: the plain loop's batches exactly (augmentation draws differ with the workers: the row says so); an
+IterableDataset keeps its number of workers. Its card: docs/accelerators/loader.md.
 """
 from __future__ import annotations
 
@@ -35,14 +34,9 @@ __all__ = ["Loader", "LoaderOptions"]
 
 
 def worker_cpus(ctx) -> tuple[tuple[int, ...] | None, str]:
-    """Where the loader's workers should run: (the CPUs to pin them to, or None to leave them where they start;
-    what the report says).
-
-    Workers start with the main process's affinity, which the threads accelerator pins to the compute CPUs
-    (``decisions.cpus``). The spare CPUs are those allowed to the process minus the compute CPUs (the hyper-thread
-    siblings of the compute cores are spare: threads computes on one logical CPU per core). With several local
-    ranks, every rank's compute CPUs are taken out, and the rest is shared between the ranks as the cores are.
-    """
+    """Where the loader's workers should run (the CPUs to pin them to, or None to leave them with the main process's
+    affinity; what the report says): the CPUs allowed minus every local rank's compute CPUs (``decisions.cpus``; their
+    hyper-thread siblings are spare), shared between the local ranks as the cores are."""
     compute = ctx.decisions.cpus
     if compute is None:
         return None, "not pinned: where the main process runs (no compute CPUs decided: threads is not in the plan)"
@@ -126,8 +120,7 @@ class Loader(Accelerator[LoaderOptions, State]):
             if workers == 0 and loader.persistent_workers:
                 workers, why = loader.num_workers, f"kept ({why} = 0): {PERSISTENT}"
         ctx.decide("workers", workers, why)
-        accelerator_device = is_accelerator(ctx.device)
-        pin = accelerator_device if config.pin_memory == "auto" else (config.pin_memory and accelerator_device)
+        pin = is_accelerator(ctx.device) and config.pin_memory is not False
         ctx.decide("non_blocking", pin if config.non_blocking == "auto" else config.non_blocking,
                    "pinned memory" if pin else "no pinned memory")
 
@@ -150,14 +143,11 @@ class Loader(Accelerator[LoaderOptions, State]):
         return []
 
     def apply(self, ctx):
-        loader, config = ctx.loader, self.config
-        decisions = ctx.decisions
-        accelerator_device = is_accelerator(ctx.device)
+        loader, config, decisions = ctx.loader, self.config, ctx.decisions
         workers = decisions.workers
         changes = {"num_workers": f"{workers} ({decisions.why['workers']})"}
-        pin = accelerator_device if config.pin_memory == "auto" else config.pin_memory
-        if pin and not accelerator_device:
-            pin = False
+        pin = is_accelerator(ctx.device) and config.pin_memory is not False
+        if config.pin_memory is True and not pin:
             warnings.warn(f"loader: pin_memory=True ignored: device {ctx.device} needs no host-to-device copy",
                           stacklevel=2)
         changes["pin_memory"] = pin

@@ -1,12 +1,11 @@
 """threads: compute threads = this rank's physical cores, pinned to them.
 
-What it does: decides this rank's cores (``accel launch``'s core map, else an equal share of the physical cores per
-local rank) and as many intra-op threads, and pins every thread of the process to them. It exports no OpenMP
-binding variable (``openmp_variables`` says why): children inherit the process's CPUs. When it helps: several ranks
-on one machine, and where the default counts hyper-threads. Alone on a small machine it changes little.
+What it does: decides this rank's cores (``accel launch``'s core map, else an equal share per local rank) and as
+many intra-op threads, and pins every thread of the process to them. When it helps: several ranks on one machine,
+and where the default counts hyper-threads.
 
-What it keeps: the same math (``SAME_MATH``); every change goes through the journal, layered over other open runs'.
-Its card: docs/accelerators/threads.md.
+What it keeps: the same math (``SAME_MATH``); every change goes through the journal. Its card:
+docs/accelerators/threads.md.
 """
 from __future__ import annotations
 
@@ -24,10 +23,9 @@ __all__ = ["Threads", "ThreadsOptions"]
 
 
 def openmp_variables(runtime: str, cpus: tuple[int, ...], threads: int) -> dict[str, str]:
-    """The book's settings (chapter 4) for the loaded runtime, without its binding ones: ``OMP_PROC_BIND``,
-    ``GOMP_CPU_AFFINITY`` and ``KMP_AFFINITY=...compact`` bind the main thread of every child that loads OpenMP
-    (a ``spawn`` DataLoader worker, a subprocess running torch) to the first CPU, so all of them shared one. A
-    child inherits the affinity this accelerator gives the process, which confines its threads to these CPUs."""
+    """The OpenMP variables for the loaded runtime, without the binding ones (``OMP_PROC_BIND``, ``GOMP_CPU_AFFINITY``,
+    ``KMP_AFFINITY``), which bind the main thread of every child that loads OpenMP to the first CPU, all children on
+    one: a child inherits the process's affinity instead, which confines its threads to these CPUs."""
     env = {"OMP_NUM_THREADS": str(threads)}
     if runtime == "intel":
         env.update(KMP_BLOCKTIME="1")

@@ -1,10 +1,8 @@
 """compile: torch.compile, applied last and outermost, so it sees every wrapper other accelerators added.
 
-What it does: compiles the run's model (with ``regional``, each repeated block in place: one warm-up per block
-class; per block under fsdp), reports the compiling steps apart from the steady ones, and keeps inductor's code in
-accel's cache folder (cache.py), so a second run starts warm. When it helps: GPUs, models with many small
-element-wise ops. When it hurts: CPU convolution training gains little for a long warm-up, which ``plan="auto"``
-weighs against the run's length.
+What it does: compiles the run's model (with ``regional``, each repeated block in place), reports the compiling
+steps apart from the steady ones, and keeps inductor's code in accel's cache folder (cache.py), so a second run
+starts warm. When it helps: GPUs, many small element-wise ops; on CPU convolutions it gains little for its warm-up.
 
 What it keeps: the same math (``SAME_MATH``), the plain loop's dropout masks: docs/accelerators/compile.md.
 """
@@ -45,9 +43,10 @@ def has_compiler() -> bool:
 
 
 def available_backends() -> list[str]:
+    """dynamo's backends, then those an optional package registers when imported (IPEX's)."""
     import torch._dynamo
 
-    return sorted(torch._dynamo.list_backends(exclude_tags=()))
+    return sorted(torch._dynamo.list_backends(exclude_tags=())) + list(PACKAGE_BACKENDS)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -97,9 +96,6 @@ def sharded_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
 
 @register
 class Compile(Accelerator[CompileOptions, CompileState]):
-    """torch.compile on the run's model (or on each repeated block), last and outermost; its warm-up is reported
-    apart from the steady step, and its compiled code kept in accel's cache folder for the next run."""
-
     name = "compile"
     stage = Stage.COMPILATION
     provides = (Capability.MODEL_COMPILE, Capability.SETUP_COSTLY)
@@ -109,10 +105,8 @@ class Compile(Accelerator[CompileOptions, CompileState]):
     def candidates(cls, hardware, model, optimizer=None, loader=None):
         if not (has_compiler() or hardware.devices.keys() - {"cpu"}) or compiled(model):
             return []
-        # a model of repeated blocks compiles each block's code once: half the warm-up (a 12-layer GPT here: 13 s
-        # against 29 s), so it fits a search's budget. Not where the blocks are handed a KV cache: dynamo compiled
-        # 8 of GPT-2's 12, and in the loop its step was 1.05-1.08 of the one without compile (3 searches;
-        # docs/accelerators/compile.md)
+        # repeated blocks compile once per class: a shorter warm-up, for a search's budget; not where the blocks are
+        # handed a KV cache, which dynamo compiles again per layer (docs/accelerators/compile.md)
         if repeated_blocks(model) and not hands_blocks_a_cache(model):
             return [{"regional": True}]
         return [] if checkpoints_itself(model) and running_statistics(model) else [{}]  # (check() says why)
@@ -137,9 +131,9 @@ class Compile(Accelerator[CompileOptions, CompileState]):
         why = compile_backend_problem(config.backend)
         if why:
             problems.append(Problem(self.name, why, field="backend", value=config.backend, kind="missing"))
-        elif config.backend not in available_backends() + list(PACKAGE_BACKENDS):
+        elif config.backend not in (backends := available_backends()):
             problems.append(Problem(self.name, "unknown compile backend", field="backend", value=config.backend,
-                                    allowed=", ".join(available_backends() + list(PACKAGE_BACKENDS)), kind="missing"))
+                                    allowed=", ".join(backends), kind="missing"))
         if config.backend == "inductor" and ctx.device.type == "cpu" and not has_compiler():
             problems.append(Problem(self.name, "inductor on CPU needs a C++ compiler (g++ or clang++) on PATH",
                                     field="backend", value="inductor", kind="missing"))
@@ -148,11 +142,8 @@ class Compile(Accelerator[CompileOptions, CompileState]):
     def apply(self, ctx):
         config = self.config
         import_compile_backend(config.backend)  # an optional package's backend, imported once its check passed
-        kwargs = {"backend": config.backend, "fullgraph": config.fullgraph, "dynamic": config.dynamic}
-        if config.mode is not None:
-            kwargs["mode"] = config.mode
-        if config.options is not None:
-            kwargs["options"] = config.options
+        kwargs = {k: v for k, v in {"backend": config.backend, "fullgraph": config.fullgraph, "dynamic": config.dynamic,
+                                    "mode": config.mode, "options": config.options}.items() if v is not None}
         import torch._dynamo
 
         sharded = sharded_blocks(ctx.model)  # the blocks FSDP2 shards one by one (fsdp's, or your fully_shard's)
@@ -164,20 +155,19 @@ class Compile(Accelerator[CompileOptions, CompileState]):
         # Hooks you register or remove after accelerate() must reach the compiled code: dynamo guards on them
         # (its default skips those guards, and a hook added later would silently never run). Put back by close.
         ctx.journal.setattr(torch._dynamo.config, "skip_nnmodule_hook_guards", False)
-        changes = {**{k: v for k, v in kwargs.items() if v is not None}, "compiles": "on the first step (see timing)",
+        changes = {**kwargs, "compiles": "on the first step (see timing)",
                    "hooks": "guarded: hooks you add or remove later recompile"}
         if config.backend == "inductor":  # the backend whose compiled graphs torch keeps on disk, in accel's folder
             import torch._inductor.config
 
-            # inductor draws its own random numbers (dropout's masks differ from the plain loop's: a GPT-2's first
-            # loss 2e-3 off); with fallback_random it calls torch's, the same numbers (docs/accelerators/compile.md)
+            # inductor draws its own random numbers (dropout's masks differ from the plain loop's); with
+            # fallback_random it calls torch's, the same numbers
             ctx.journal.setattr(torch._inductor.config, "fallback_random", True)
             changes["random"] = "the plain loop's random numbers (inductor's fallback_random: dropout's masks kept)"
             changes.update(compile_cache.keep_in_accel_cache(ctx, {**kwargs, "regional": regional}))
         if regional:
             changes["regions"] = self.compile_blocks(ctx, blocks, kwargs)
             if hands_blocks_a_cache(ctx.model):
-                # measured: a 12-layer GPT-2, 8 graphs (torch's recompile_limit), blocks 9-12 eager; 1 without
                 changes["kv cache"] = ("the model's config.use_cache is True: Hugging Face hands every block its KV "
                                        "cache, and dynamo compiles a block again for each layer index, up to torch's "
                                        "recompile_limit (8), then runs the rest eagerly; set "
@@ -186,9 +176,8 @@ class Compile(Accelerator[CompileOptions, CompileState]):
             return CompileState(changes=changes, compiled_s=compile_seconds())
         state = CompileState(torch.compile(ctx.model, **kwargs), changes=changes, compiled_s=compile_seconds())
         ctx.model = state.wrapper
-        if torch_version() < (2, 15):  # measured: torch 2.8's AOTAutograd kept training a layer unfrozen
-            # after compiling
-            state.params = list(state.wrapper.parameters())  # with the graph of the frozen one (2.15 recompiles)
+        if torch_version() < (2, 15):  # older AOTAutograd trains a layer unfrozen later with its frozen graph
+            state.params = list(state.wrapper.parameters())  # (2.15 recompiles by itself)
             state.trainable = trainable(state.params)
             ctx.journal.hook("compile: recompile after unfreezing", lambda: state.wrapper.register_forward_pre_hook(
                 functools.partial(recompile_on_unfreeze, state)))

@@ -1,9 +1,8 @@
 """fsdp: shard the parameters, gradients and optimizer state over the ranks with PyTorch's FSDP2 (``fully_shard``).
 
-What it does: joins the group and shards the loader as ``ddp`` does (data_parallel.py), ``fully_shard``s each
-repeated block and the root, and puts the shards into the optimizer you hold, with its state; with ``amp``, FSDP's
-MixedPrecisionPolicy computes in the plan's dtype; ``run.save`` writes sharded checkpoints. When it helps: a model
-with its optimizer state does not fit one rank. When it hurts: where it fits, ``ddp`` is faster (fewer bytes).
+What it does: joins the group as ``ddp`` does, ``fully_shard``s each repeated block and the root, and puts the
+shards into the optimizer you hold; with ``amp`` it computes in the plan's dtype; ``run.save`` writes sharded
+checkpoints. When it helps: a model with its optimizer state does not fit one rank (else ``ddp`` is faster).
 
 What it keeps: the same math as one process on the global batch (``SAME_MATH``; BatchNorm statistics per rank);
 your model, optimizer and parameters stay live. Its card: docs/accelerators/fsdp.md.
@@ -15,7 +14,6 @@ import warnings
 import torch
 from torch import nn
 
-from accel.accelerators.fsdp.checks import foreign_parameter_problems, fsdp_available, is_sharded
 from accel.accelerators.fsdp.config import FSDPOptions, FSDPState
 from accel.accelerators.fsdp.held import held_by_parameter, reduce_into_shards
 from accel.accelerators.fsdp.surgery import (
@@ -30,6 +28,7 @@ from accel.distributed.data_parallel import LAUNCHERS, DataParallel
 from accel.errors import Problem, StaleWarning
 from accel.hardware import is_accelerator
 from accel.modules import listed, outermost, repeated_blocks
+from accel.optim import foreign_tensors
 from accel.plan.contract import SAME_MATH, Capability, Stage, dtype_name, register
 
 __all__ = ["FSDP", "FSDPOptions", "FSDPState"]
@@ -62,11 +61,13 @@ class FSDP(DataParallel[FSDPOptions, FSDPState]):
         return f"cpu:gloo,{device.type}:{backend}" if offloaded else backend
 
     def check(self, ctx):
+        try:
+            from torch.distributed.fsdp import FSDPModule, fully_shard  # noqa: F401  (FSDP2: torch >= 2.6)
+        except ImportError as error:
+            return [Problem(self.name, f"this torch has no FSDP2 (torch.distributed.fsdp.fully_shard): {error}",
+                            field="torch", allowed="torch >= 2.6", kind="missing")]
         config = self.config
         problems = []
-        why = fsdp_available()
-        if why:
-            return [Problem(self.name, why, field="torch", allowed="torch >= 2.6", kind="missing")]
         if ctx.decisions.launch is None:
             problems.append(Problem(self.name, f"not launched: no launcher environment ({LAUNCHERS}); fsdp shards "
                                     "over the ranks of a launched job (one rank, e.g. torchrun --nproc-per-node 1, "
@@ -74,11 +75,10 @@ class FSDP(DataParallel[FSDPOptions, FSDPState]):
                                     allowed="accel launch, torchrun, mpirun or srun", kind="missing"))
         else:
             problems += self.launch_problems(ctx)
-        params = list(ctx.model.parameters())
-        if not params:
+        if not list(ctx.model.parameters()):
             problems.append(Problem(self.name, "the model has no parameters to shard", field="model",
                                     value=type(ctx.model).__name__))
-        if is_sharded(ctx.model):
+        if any(isinstance(m, FSDPModule) for m in ctx.model.modules()):
             problems.append(Problem(self.name, "the model is already sharded by FSDP (fully_shard was called on it)",
                                     field="model", value=type(ctx.model).__name__,
                                     allowed="the model before fully_shard", kind="conflict"))
@@ -91,7 +91,13 @@ class FSDP(DataParallel[FSDPOptions, FSDPState]):
             problems.append(Problem(self.name, f"offloading to CPU memory needs an accelerator device; the device is "
                                     f"{ctx.device}, whose memory already is CPU memory", field="cpu_offload",
                                     value=True, allowed="False on cpu", kind="conflict"))
-        return problems + foreign_parameter_problems(self.name, ctx, params)
+        foreign = foreign_tensors(ctx.optimizer, ctx.model) if ctx.optimizer is not None else []
+        if foreign:
+            problems.append(Problem(self.name, f"the optimizer holds {len(foreign)} parameter(s) that are not the "
+                                    f"model's ((param group, shape): {foreign[:5]}): fsdp replaces the model's "
+                                    "parameters with their shards and cannot shard those", field="optimizer",
+                                    allowed="an optimizer built over model.parameters()", kind="conflict"))
+        return problems
 
     def apply(self, ctx):
         from torch.distributed.device_mesh import init_device_mesh  # FSDP2 (torch >= 2.6): check() found it here
@@ -116,9 +122,7 @@ class FSDP(DataParallel[FSDPOptions, FSDPState]):
                  and any(p is not None for p in m._parameters.values())] if dtype is not None else []
         own = {m: {"mp_policy": MixedPrecisionPolicy()} for m in norms}  # autocast runs BatchNorm in fp32
 
-        # torch 2.8's gloo reduce-scatter summed under ReduceOp.AVG (2 ranks: [3, 3] for [1, 1] and [2, 2]): FSDP2
-        # trained with 2x the gradients, which Adam's scale invariance all but hid; SUM and a division are right
-        # everywhere
+        # torch 2.8's gloo reduce-scatter summed under ReduceOp.AVG; SUM and a division are right everywhere
         sums = torch.distributed.get_backend(mesh.get_group()) == "gloo"
         changes["gradient_reduction"] = ("sum, then divided by the world size (gloo's AVG reduce-scatter is not an "
                                          "average on every torch)" if sums else "average")
@@ -157,8 +161,7 @@ class FSDP(DataParallel[FSDPOptions, FSDPState]):
                             "(checkpoints are still sharded DCP directories, loadable at any world size)")
         changes["reshard_after_forward"] = config.reshard_after_forward
         if dtype is not None:
-            changes["mixed_precision"] = (f"param_dtype={dtype_name(dtype)}, reduce_dtype="
-                                          f"{'float32' if config.reduce_dtype == 'float32' else dtype_name(dtype)}")
+            changes["mixed_precision"] = f"param_dtype={dtype_name(dtype)}, reduce_dtype={dtype_name(reduce)}"
             if norms:
                 changes["batch_norms"] = f"{len(norms)} sharded on their own in float32 (autocast runs them in fp32)"
         if config.cpu_offload:

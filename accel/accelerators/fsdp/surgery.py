@@ -26,28 +26,24 @@ class Sharding:
     added: list[tuple[nn.Module, str, Any]] = field(default_factory=list)  # (module, dict or "__dict__", key)
     sharded: list[nn.Module] = field(default_factory=list)  # the modules fully_shard was called on
 
-    def new_parameters(self) -> dict[int, nn.Parameter]:
-        """id(original parameter) -> the parameter (a DTensor shard) now in its place."""
-        return {id(original): module._parameters[leaf] for module, leaf, original in self.slots}
 
-
-def _marks(model: nn.Module) -> dict[tuple[int, str], set]:
-    return {(id(m), where): set(getattr(m, where, {}) if where != "__dict__" else m.__dict__)
-            for m in model.modules() for where in (*HOOK_DICTS, "__dict__")}
+def _holders(module: nn.Module) -> dict[str, dict]:
+    """The module's hook dicts and its __dict__, by name: where fully_shard adds keys."""
+    return {where: module.__dict__ if where == "__dict__" else getattr(module, where, {})
+            for where in (*HOOK_DICTS, "__dict__")}
 
 
 def shard_model(model: nn.Module, blocks: list[nn.Module], own: dict | None = None, sum_reductions: bool = False,
                 **kwargs) -> Sharding:
     """fully_shard each block, then the root, recording what changes (the model is changed in place); ``own``
     maps modules sharded first, on their own, to the options they take instead (BatchNorm in fp32 under amp).
-    ``sum_reductions``: gradients reduced with SUM and divided by the world size apart, never with ReduceOp.AVG
-    (gloo's reduce-scatter summed under AVG on torch 2.8: every gradient world-size times too large)."""
+    ``sum_reductions``: gradients reduced with SUM and divided by the world size apart, never with ReduceOp.AVG."""
     from torch.distributed.fsdp import fully_shard
 
     record = Sharding(slots=[(m, leaf, p) for m in model.modules() for leaf, p in m._parameters.items()
                              if p is not None],
                       classes=[(m, type(m)) for m in model.modules()])
-    before = _marks(model)
+    before = {(id(m), where): set(held) for m in model.modules() for where, held in _holders(m).items()}
     own = own or {}
     try:
         for module in [*own, *blocks, model]:
@@ -57,10 +53,8 @@ def shard_model(model: nn.Module, blocks: list[nn.Module], own: dict | None = No
                 module.set_force_sum_reduction_for_comms(True)
     finally:
         for m in model.modules():
-            for where in (*HOOK_DICTS, "__dict__"):
-                now = m.__dict__ if where == "__dict__" else getattr(m, where, {})
-                for key in set(now) - before.get((id(m), where), set()):
-                    record.added.append((m, where, key))
+            for where, held in _holders(m).items():
+                record.added += [(m, where, key) for key in set(held) - before.get((id(m), where), set())]
     return record
 
 
@@ -75,7 +69,7 @@ def unshard_model(record: Sharding) -> None:
         if id(original) not in full:
             full[id(original)] = gather_state(current).detach()
     for module, where, key in reversed(record.added):
-        (module.__dict__ if where == "__dict__" else getattr(module, where)).pop(key, None)
+        _holders(module)[where].pop(key, None)
     try:
         from torch.distributed._composable_state import _module_state_mapping
         for module in record.sharded:
@@ -130,7 +124,7 @@ class Originals:
     taken before accelerate()) is swapped for its shard, with its state, as the first groups were."""
 
     def __init__(self, model: nn.Module, record: Sharding):
-        self.shards = record.new_parameters()  # id(original) -> its shard
+        self.shards = {id(original): module._parameters[leaf] for module, leaf, original in record.slots}
         self.pairs = [(o, self.shards[id(o)]) for o in {id(o): o for _, _, o in record.slots}.values()]
         self.seen = [o.requires_grad for o, _ in self.pairs]  # what the shards were given from your parameters
         self.names = {id(p): n for n, p in reversed(list(model.named_parameters(remove_duplicate=False)))}

@@ -1,9 +1,8 @@
 """prune: structured pruning with NNI 3.0, made real: NNI's masks become a smaller model (ModelSpeedup).
 
 What it does: on a deep copy, an NNI pruner chooses whole channels of the layers the config list selects and
-ModelSpeedup (on a torch.fx graph) rebuilds them without; the optimizer is rebuilt, its state reset. What NNI
-would break (an emptied layer, a tie, a computed weight) is refused by name first. When it helps: a model wider
-than its task, whose time goes into the pruned layers. When it hurts: accuracy at a high ratio; setup time.
+ModelSpeedup rebuilds them without; the optimizer is rebuilt, its state reset; what NNI would break is refused by
+name first. When it helps: a model wider than its task; it costs accuracy at a high ratio, and setup time.
 
 What it keeps: everything but its declared change (the channels removed): names, frozen flags, ties, the output's
 shape, BatchNorm statistics, random states. Its card: docs/accelerators/prune.md.

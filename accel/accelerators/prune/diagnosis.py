@@ -30,17 +30,11 @@ def _same_along_first(tensor: torch.Tensor) -> torch.Tensor:
 
 def same_for_every_input(graph: torch.fx.GraphModule, dummy: Any) -> dict[str, tuple[str, str]]:
     """{node: (kind, what)} for the values NNI's mask inference will find the same for every sample, and so take
-    for pruned, whatever the masks.
-
-    ModelSpeedup runs the model on a random batch of 8 and removes whatever does not vary across it. It redraws
-    each layer's weights uniformly between their minimum and maximum (a constant stays constant), draws integer
-    inputs between the dummy's minimum and maximum, and takes any tensor a function reads whose size is a
-    multiple of 8 (and more than 8) for a batch along its first dimension. So these vary for no input:
-    - "tensor": a tensor read by a function (a get_attr node: LayerNorm2d's weight given to F.layer_norm, a
-      layer_scale) whose values are equal along its first dimension (a fresh norm weight of ones);
-    - "layer": the output of a layer whose weight is all zero (torchvision's ViT head starts so);
-    - "input": an integer input that is the same number everywhere in the dummy.
-    """
+    for pruned, whatever the masks. ModelSpeedup runs the model on a random batch of 8 (weights redrawn between their
+    minimum and maximum, integer inputs between the dummy's) and takes any tensor a function reads whose size is a
+    multiple of 8 for a batch. So these vary for no input: "tensor", a get_attr tensor equal along its first
+    dimension (a fresh norm weight of ones); "layer", the output of a layer whose weight is all zero (torchvision's
+    ViT head); "input", an integer input that is one number everywhere in the dummy."""
     found: dict[str, tuple[str, str]] = {}
     inputs = [n for n in graph.graph.nodes if n.op == "placeholder"]
     for node, value in zip(inputs, dummy if isinstance(dummy, tuple) else (dummy,)):
