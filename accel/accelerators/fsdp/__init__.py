@@ -106,8 +106,7 @@ class FSDP(DataParallel[FSDPOptions, FSDPState]):
         config = self.config
         changes = self.join(ctx)
         world = ctx.decisions.launch.world_size
-        classes = self.block_classes(ctx.model)[0]
-        blocks = outermost(ctx.model, classes) if classes else []
+        blocks = outermost(ctx.model, self.block_classes(ctx.model)[0])
         names = {id(m): name for name, m in ctx.model.named_modules()}
         kinds = sorted({type(m).__name__ for m in blocks})  # before FSDP renames the classes
         dtype = ctx.decisions.compute_dtype
