@@ -19,6 +19,7 @@ import torch
 
 from accel.errors import Problem, Skip
 from accel.hardware import Hardware
+from accel.modules import listed
 from accel.plan.contract import Accelerator, Call, Capability, Keeps, LossScaler, Stage, State, dtype_name, register
 from accel.plan.options import Options, option
 
@@ -179,13 +180,11 @@ class Amp(Accelerator[AmpOptions, AmpState], LossScaler[AmpState]):
                    "grad_scaler": scaler is not None}
         outside = outside_optimizer(ctx.model, ctx.optimizer) if scaler is not None else []
         if outside:  # a second optimizer of the loop's would step them on gradients the scaler scaled
-            warnings.warn(f"amp: parameters that train are not in the optimizer ({', '.join(outside[:4])}"
-                          f"{', ...' if len(outside) > 4 else ''}): their gradients stay multiplied by the "
-                          "GradScaler's "
-                          "scale (65536 at first); step an optimizer of yours that holds them with run.scaler.step(it) "
-                          "(it unscales them, and skips a step whose gradients overflowed; run.unscale_gradients(it) "
-                          "first to read them), or pass one optimizer holding every parameter that trains",
-                          stacklevel=2)
+            warnings.warn(f"amp: parameters that train are not in the optimizer ({listed(outside, 4)}): their "
+                          "gradients stay multiplied by the GradScaler's scale (65536 at first); step an optimizer of "
+                          "yours that holds them with run.scaler.step(it) (it unscales them, and skips a step whose "
+                          "gradients overflowed; run.unscale_gradients(it) first to read them), or pass one optimizer "
+                          "holding every parameter that trains", stacklevel=2)
         if device.type == "cuda":
             ctx.journal.setattr(torch.backends.cudnn, "benchmark", config.cudnn_benchmark)
             for flags, precision in ((torch.backends.cuda.matmul, torch.backends.cuda.matmul),

@@ -145,21 +145,17 @@ class Prune(Accelerator[PruneOptions, State]):
         device = next(model.parameters(), torch.empty(0)).device
         try:
             with randomness.kept(None), nni_quiet():
-                speedup = self._masks_inferred(pruning, model, move(dummy, device, False))
+                masks, _ = self._masks(pruning, model)
+                speedup = speedup_class()(model.eval(), move(dummy, device, False), masks,
+                                          graph_module=fx_trace(model), logger=QUIET)
+                speedup.dry_run = True  # the masks inferred, nothing rebuilt
+                speedup.speedup_model()
         except Exception:  # anything else NNI cannot do shows (and is named) while applying
             return []
         if not speedup.empty:
             return []
         message, allowed = empty_message(speedup)
         return [Problem(self.name, message, field="config_list", allowed=allowed)]
-
-    def _masks_inferred(self, pruning, model, dummy):
-        """The pruner's masks on this (copied) model, then ModelSpeedup's mask inference, with no rebuilding."""
-        masks, _ = self._masks(pruning, model)
-        speedup = speedup_class()(model.eval(), dummy, masks, graph_module=fx_trace(model), logger=QUIET)
-        speedup.dry_run = True
-        speedup.speedup_model()
-        return speedup
 
     def _masks(self, pruning, model, *evaluator):
         """The pruner's masks on the model (its layers producing the output kept, and named), the pruner unwrapped;
@@ -183,9 +179,8 @@ class Prune(Accelerator[PruneOptions, State]):
         for field in trains if not trainable_batch(batch) else ():
             problems.append(Problem(self.name, f"trains with loss_fn(model(batch[0]), batch[1]), but the loader's "
                                     f"batches are {describe_batch(batch)}: use a loader of (inputs, targets) "
-                                    "batches, or "
-                                    "no warm-up and a pruner that does not train (l1, l2, fpgm)", field=field,
-                                    value=getattr(self.config, field)))
+                                    "batches, or no warm-up and a pruner that does not train (l1, l2, fpgm)",
+                                    field=field, value=getattr(self.config, field)))
         return problems
 
     def _run_problems(self, ctx, dummy):
