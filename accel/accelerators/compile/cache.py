@@ -28,7 +28,6 @@ from accel.modules import fingerprint
 from accel.run.shared_settings import set_by_runs
 
 ENV = "TORCHINDUCTOR_CACHE_DIR"
-GRAPHS = ("aotautograd", "fxgraph")  # torch's entries: one folder each, fxgraph/ by two-letter prefix
 MARKERS = "accel-setups"
 SLACK_S = 2.0  # file systems that keep modification times to the second or two (FAT: 2 s)
 
@@ -65,14 +64,9 @@ def users_folder() -> str | None:
 
 
 def graph_entries(where: Path) -> list[Path]:
-    """torch's compiled-graph entries in a cache folder."""
-    found = []
-    for kind in GRAPHS:
-        top = where / kind
-        levels = [top] if kind == "aotautograd" else _folders(top)
-        for level in levels:
-            found.extend(_folders(level))
-    return found
+    """torch's compiled-graph entries in a cache folder: one folder each in aotautograd/, and in fxgraph/ under a
+    two-letter prefix."""
+    return [entry for level in [where / "aotautograd", *_folders(where / "fxgraph")] for entry in _folders(level)]
 
 
 def _folders(path: Path) -> list[Path]:
