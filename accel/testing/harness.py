@@ -33,7 +33,7 @@ from accel.run.loaders import release_workers
 from accel.search import accelerate
 from accel.testing.comparison import LEVELS, combined, compare, compare_tensors, distance  # noqa: F401  (tests import)
 from accel.testing.setup import Setup  # noqa: F401  (accel.testing.harness.Setup)
-from accel.testing.snapshots import snapshot
+from accel.testing.snapshots import same, snapshot
 from accel.testing.trace import Trace, process_state, trained  # noqa: F401  (tests import them here)
 
 
@@ -95,17 +95,7 @@ def draws_random_numbers(loader: DataLoader) -> bool:
             loader.collate_fn([item] if loader.batch_sampler is not None else item)
         except Exception:  # noqa: BLE001 (a dataset indexed otherwise: nothing known, nothing claimed)
             return False
-        return not _same_state(before, randomness.rng_state())
-
-
-def _same_state(a: Any, b: Any) -> bool:
-    if isinstance(a, torch.Tensor):
-        return isinstance(b, torch.Tensor) and torch.equal(a, b)
-    if isinstance(a, (tuple, list)):
-        return isinstance(b, (tuple, list)) and len(a) == len(b) and all(map(_same_state, a, b))
-    if isinstance(a, dict):
-        return isinstance(b, dict) and a.keys() == b.keys() and all(_same_state(a[k], b[k]) for k in a)
-    return a == b
+        return not same(before, randomness.rng_state())
 
 
 def in_reference(plan: Any, setup: Setup | None = None, device: Any = "cpu") -> list[dict[str, Any]]:
