@@ -1,8 +1,7 @@
 """accel demo: torchvision's resnet18 on sklearn's real digits, the plain loop against plan="auto", side by side.
 
-Both trainings live in one process and take turns (the order reversed every round), so a change in the machine's
-load hits both alike; the speed-up is the ratio of their paired turns with its 90% interval, auto's measuring
-included. The accelerated run's process settings (threads, affinity) are put aside while the plain one takes its turn.
+Both train in one process in turns (each with its own process settings), so the machine's load hits both alike; the
+speed-up is the ratio of their paired turns with its interval, auto's measuring included.
 """
 from __future__ import annotations
 
@@ -76,7 +75,7 @@ class Training:
     """One of the two trainings: its run, where it is in its epochs, its turns' seconds and steps."""
 
     def __init__(self, name: str, model_name: str, plan, image_size: int, batch_size: int, seed: int = 0):
-        import torchvision  # 1.3 s to import: paid by `accel demo`, not by every `accel` command
+        import torchvision  # slow to import: paid by `accel demo`, not by every `accel` command
 
         self.name, self.turn_s = name, []
         train_set, self.test_set = (cifar_shaped(d, image_size) for d in digits_datasets(seed))

@@ -1,14 +1,5 @@
-"""check_equivalence: train the same user code with and without a plan and compare what was trained.
-
-    from accel.testing import Setup, check_equivalence
-
-    def build():                      # called for each run: the same objects from the same seed every time
-        torch.manual_seed(0)
-        model = MyNet()
-        return Setup(model, torch.optim.SGD(model.parameters(), lr=0.1), make_loader(seed=0))
-
-    result = check_equivalence(["channels_last", "amp"], build, steps=3)
-    assert result.ok, result          # every difference named, beyond what the plan's cards declare
+"""check_equivalence: train the same user code with and without a plan and compare what was trained (docs/contract.md,
+"Testing an accelerator").
 
 What a plan may change is the union of its applied accelerators' cards (``Accelerator.keeps``). Always checked: the
 user's objects and the process unchanged by accelerate(), the same batches, outputs' structure, parameter names,

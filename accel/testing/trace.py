@@ -2,6 +2,7 @@
 learning rates, then the model's, the user's and the loop's state, and the process around it."""
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 from dataclasses import dataclass, field
@@ -29,24 +30,10 @@ def fingerprint(batch: Any) -> str:
     return f"{type(batch).__name__}:{described!r}"
 
 
-def structure(output: Any) -> str:
-    return repr(map_tensors(lambda t: f"{str(t.dtype)[6:]}{list(t.shape)}", output))
-
-
-
-class OutputRecorder:
-    """A forward hook that records the structure of each output: a class, so a loop that pickles its model
-    (``torch.save(model, path)``, as upstream scripts checkpoint) can still be traced."""
-
-    def __init__(self, trace: Trace):
-        self.trace = trace
-
-    def __call__(self, module: torch.nn.Module, args: Any, output: Any) -> None:
-        self.trace.outputs.append(structure(output))
-
-def ties(model: torch.nn.Module) -> list[tuple[str, ...]]:
-    """Groups of parameter names that are one tensor, in a fixed order."""
-    return sorted(tuple(names) for names in tied_groups(model))
+def record_output(outputs: list[str], module: torch.nn.Module, args: Any, output: Any) -> None:
+    """A forward hook, bound by functools.partial (which pickles: a loop that saves its whole model, as upstream
+    scripts checkpoint with ``torch.save(model, path)``, can still be traced): each output's structure."""
+    outputs.append(repr(map_tensors(lambda t: f"{str(t.dtype)[6:]}{list(t.shape)}", output)))
 
 
 # torch and its compiler set these (names, or prefixes) the first time they run in a process: not the plan's
@@ -97,7 +84,7 @@ def train(run: Run, setup: Setup, steps: int, seed: int) -> Trace:
     user_names = {id(p): n for n, p in setup.model.named_parameters()}  # the optimizer's places, by the user's names
     groups = setup.optimizer.param_groups if setup.optimizer is not None else []  # (a loop may update by hand)
     start = [user_names.get(id(p)) for group in groups for p in group["params"]]
-    hook = model.register_forward_hook(OutputRecorder(trace))
+    hook = model.register_forward_hook(functools.partial(record_output, trace.outputs))
     step = TrainStep(step_fn=setup.step_fn)
     torch.manual_seed(seed)
     try:
@@ -126,7 +113,7 @@ def train(run: Run, setup: Setup, steps: int, seed: int) -> Trace:
         trace.user.update({f"your optimizer's {index}.{k}": whole(v).detach().cpu().float().clone()
                            for k, v in state.items() if isinstance(v, torch.Tensor)})
     trace.trainable = {n: p.requires_grad for n, p in model.named_parameters()}
-    trace.ties = ties(model)
+    trace.ties = sorted(tuple(names) for names in tied_groups(model))  # in a fixed order
     trace.frozen_moved = [n for n, p in model.named_parameters() if n in frozen and not p.requires_grad and
                           (p.shape != frozen[n].shape or not torch.equal(p.detach(), frozen[n]))]  # (unfrozen: trains)
     # The optimizer's state through state_dict() (what the user saves), each place named by the model's parameter,
