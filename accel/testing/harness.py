@@ -195,11 +195,9 @@ def check_equivalence(plan: Any, build: Callable[[], Setup], steps: int = 3, see
                                  for name in arm.plan if not declares_training(REGISTRY[name].keeps)])
     for what in run.report.stale:  # named stale: the user's object is not what trains, by declaration
         index = ("model", "optimizer").index(what)  # the loop drove the run's instead, as the report advised
-        expected.closed = tuple("" if i == index else v for i, v in enumerate(expected.closed))
-        accelerated.closed = tuple("" if i == index else v for i, v in enumerate(accelerated.closed))
-        prefix = f"your {what}"
-        expected.user = {k: v for k, v in expected.user.items() if not k.startswith(prefix)}
-        accelerated.user = {k: v for k, v in accelerated.user.items() if not k.startswith(prefix)}
+        for trace in (expected, accelerated):
+            trace.closed = tuple("" if i == index else v for i, v in enumerate(trace.closed))
+            trace.user = {k: v for k, v in trace.user.items() if not k.startswith(f"your {what}")}
     loop_keeps = combined([result.keeps] + [REGISTRY[name].keeps for name in run.plan.names()
                                             if name in REGISTRY and not declares_training(REGISTRY[name].keeps)])
     result.differences = compare(expected, accelerated, result.keeps, loop_keeps)
