@@ -74,6 +74,12 @@ class Trace:
     run: Any = None
 
 
+def copies(values: dict[str, Any], prefix: str = "", floats: bool = False) -> dict[str, torch.Tensor]:
+    """The tensors among these values, whole (fsdp's shards gathered), copied to the cpu (as float32: ``floats``)."""
+    found = {prefix + str(k): whole(v).detach().cpu() for k, v in values.items() if isinstance(v, torch.Tensor)}
+    return {k: (v.float() if floats else v).clone() for k, v in found.items()}
+
+
 def train(run: Run, setup: Setup, steps: int, seed: int) -> Trace:
     """The README loop for `steps` batches, with the setup's loop behaviour, recording the batches, outputs,
     losses and learning rates, then the model's, the user's and the loop's state."""
@@ -105,13 +111,12 @@ def train(run: Run, setup: Setup, steps: int, seed: int) -> Trace:
         hook.remove()
     trace.run = run  # the run at the end (the loop may have made another): the one to close
     trace.steps_counted = run.steps
-    trace.observed = {k: whole(v).detach().cpu().clone() for k, v in loop.observed().items()}
+    trace.observed = copies(loop.observed())
     names = {id(p): n for n, p in model.named_parameters()}
-    trace.state = {k: whole(v).detach().cpu().clone() for k, v in model.state_dict().items()}
-    trace.user = {f"your model's {k}": whole(v).detach().cpu().clone() for k, v in setup.model.state_dict().items()}
+    trace.state = copies(model.state_dict())
+    trace.user = copies(setup.model.state_dict(), "your model's ")
     for index, state in (setup.optimizer.state_dict()["state"] if setup.optimizer is not None else {}).items():
-        trace.user.update({f"your optimizer's {index}.{k}": whole(v).detach().cpu().float().clone()
-                           for k, v in state.items() if isinstance(v, torch.Tensor)})
+        trace.user.update(copies(state, f"your optimizer's {index}.", floats=True))
     trace.trainable = {n: p.requires_grad for n, p in model.named_parameters()}
     trace.ties = sorted(tuple(names) for names in tied_groups(model))  # in a fixed order
     trace.frozen_moved = [n for n, p in model.named_parameters() if n in frozen and not p.requires_grad and
@@ -127,8 +132,7 @@ def train(run: Run, setup: Setup, steps: int, seed: int) -> Trace:
     states = saved["state"]
     trace.groups = [{k: v for k, v in group.items() if k not in KERNEL_CHOICES} for group in saved["param_groups"]]
     for index, key in enumerate(positions):
-        trace.optimizer[key] = {k: whole(v).detach().cpu().float().clone() for k, v in states.get(index, {}).items()
-                                if isinstance(v, torch.Tensor)}
+        trace.optimizer[key] = copies(states.get(index, {}), floats=True)
     return trace
 
 
