@@ -1,7 +1,6 @@
-"""accel bench: the seed benchmark (torchvision CNNs, a training step with Adam, batch 16 at 224x224), eager against
-plans, each on its own copy, measured in turn round after round in one process, so a change in the machine's load
-hits all alike; each ratio to eager carries its interval ("noise" when it holds 1.0). "auto" is tune's choice.
-Achieved FLOP/s are held against the measured matmul peak of the dtype the plan computes in (docs/measurement.md).
+"""accel bench: the seed benchmark (torchvision CNNs, a training step with Adam), eager against plans, each on its own
+copy, measured in turn round after round in one process; each ratio to eager carries its interval ("noise" when it
+holds 1.0), each achieved FLOP/s the measured peak of its dtype (docs/measurement.md). "auto" is tune's choice.
 """
 from __future__ import annotations
 
@@ -33,7 +32,7 @@ CSV_FIELDS = ("model", "plan", "chosen", "status", "median_ms", "min_ms", "max_m
 
 
 def model_names() -> list[str]:
-    import torchvision  # 1.3 s to import: paid by what builds a torchvision model, not by every `accel` command
+    import torchvision  # slow to import: paid by what builds a torchvision model, not by every `accel` command
 
     return ["tiny", *torchvision.models.list_models(module=torchvision.models)]
 
@@ -203,8 +202,7 @@ def bench(models=DEFAULT_MODELS, plans=("auto",), rounds: int = 3, steps: int | 
     for index, name in enumerate(models):
         build = (_workload(name, suite) if suite is not None else
                  _torchvision(name, optimizer, batch_size, image_size, classes))
-        rows += _bench_model(name, build, wanted, rounds, steps, warmup, optimizer, batch_size, image_size,
-                             resolved, tune_budget_s, expected_steps, progress, index * phases, tune)
+        rows += _bench_model(name, build, wanted, settings, resolved, progress, index * phases)
         gc.collect()
     progress.close()
     add_ratios(rows, peaks)
@@ -233,8 +231,7 @@ def _workload(name, size):
     return build
 
 
-def _bench_model(name, build, wanted, rounds, steps, warmup, optimizer, batch_size, image_size, device,
-                 tune_budget_s, expected_steps, progress, at, tune) -> list[dict[str, Any]]:
+def _bench_model(name, build, wanted, settings, device, progress, at) -> list[dict[str, Any]]:
     try:  # a model that cannot be built or run at this size is a row of errors, not a traceback
         net, opt, loader, given, flops = build()
     except Exception as error:
@@ -246,39 +243,38 @@ def _bench_model(name, build, wanted, rounds, steps, warmup, optimizer, batch_si
     step, resolved_plans, tuned = TrainStep(step_fn=counted), [], {}
     for plan in wanted:
         if plan == "auto":
-            progress.phase(f"{name}: auto's search", at, at + 1, seconds=tune_budget_s)
+            progress.phase(f"{name}: auto's search", at, at + 1, seconds=settings["tune_budget_s"])
             at, started = at + 1, clock.now()
-            result = tune(net, opt, loader, device=device, budget_s=tune_budget_s, expected_steps=expected_steps,
-                          step_fn=counted)
+            result = tune(net, opt, loader, device=device, budget_s=settings["tune_budget_s"],
+                          expected_steps=settings["expected_steps"], step_fn=counted)
             tuned = {"chosen": plan_label(result.plan), "tune_s": round(clock.now() - started, 2),
                      "tuning": result.to_dict()}
             resolved_plans.append(("auto", result.plan.to_dict()))
         else:
             resolved_plans.append((plan_label(plan), plan))
-    lab = Lab(net, opt, loader, device, step, check_steps=warmup)
+    lab = Lab(net, opt, loader, device, step, check_steps=settings["warmup"])
+    rounds = settings["rounds"]
     trials = []
     try:
         for label, plan in resolved_plans:
-            progress.phase(f"{name}: setting up {label}", at, at + 1, steps=warmup)
+            progress.phase(f"{name}: setting up {label}", at, at + 1, steps=settings["warmup"])
             at, started = at + 1, clock.now()
             trials.append((label, lab.trial(plan), clock.now() - started))
         base = trials[0][1]
         if base.status != "ready":
             return [error_row(name, label, trial.error or base.error) for label, trial, _ in trials]
-        lab.pace(base.settled_step_s, steps)
+        lab.pace(base.settled_step_s, settings["steps"])
         live = [t for _, t, _ in trials if t.status == "ready"]
         progress.phase(f"{name}: {rounds} interleaved rounds", at, at + rounds,
                        steps=rounds * len(live) * (lab.settle + lab.chunk_steps))
         ratios = lab.rounds(live, base, (), min_rounds=rounds, max_rounds=rounds)
         return [_row(name, label, trial, setup_s, ratios.get(id(trial), Ratio()), flops,
-                     tuned if label == "auto" else {}, optimizer, batch_size, image_size, rounds, lab.chunk_steps)
-                for label, trial, setup_s in trials]
+                     tuned if label == "auto" else {}, settings, lab.chunk_steps) for label, trial, setup_s in trials]
     finally:
         lab.close()
 
 
-def _row(model, label, trial, setup_s, ratio: Ratio, flops, tuned, optimizer, batch_size, image_size, rounds,
-         steps) -> dict[str, Any]:
+def _row(model, label, trial, setup_s, ratio: Ratio, flops, tuned, settings, steps) -> dict[str, Any]:
     if trial.status != "ready":  # refused, or broke in a later round: its times are not a result
         return error_row(model, label, trial.error)
     run_dtype = peak_dtype(trial.run.autocast_dtype) if trial.plan and trial.run is not None else None
@@ -289,8 +285,8 @@ def _row(model, label, trial, setup_s, ratio: Ratio, flops, tuned, optimizer, ba
            "noise": label != "eager" and ratio.noisy(), "times_ms": [round(t * 1000, 3) for t in trial.times],
            "first_step_s": round(trial.first_s[0], 4), "warmup_s": round(trial.warmup_s, 4),
            "setup_s": round(setup_s, 4), "dtype": run_dtype or "fp32", "gflop_per_step": round(flops / 1e9, 3),
-           "steps": steps, "rounds": rounds, "optimizer": optimizer, "batch_size": batch_size,
-           "image_size": image_size, "applied": trial.run.report.applied if trial.run else [],
+           "steps": steps, **{k: settings[k] for k in ("rounds", "optimizer", "batch_size", "image_size")},
+           "applied": trial.run.report.applied if trial.run else [],
            "skipped": trial.run.report.skipped if trial.run else [], **tuned}
     row["gflops"] = round(row["gflop_per_step"] / (row["median_ms"] / 1000), 2) if flops else None
     return row

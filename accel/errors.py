@@ -43,13 +43,8 @@ class Problem:
 
     def __str__(self) -> str:
         where = self.accelerator + (f".{self.field}" if self.field else "")
-        text = f"{where}: "
-        if self.value is not _UNSET:
-            text += f"{brief(self.value)}: "
-        text += self.message
-        if self.allowed:
-            text += f" (allowed: {self.allowed})"
-        return text
+        value = f"{brief(self.value)}: " if self.value is not _UNSET else ""
+        return f"{where}: {value}{self.message}" + (f" (allowed: {self.allowed})" if self.allowed else "")
 
 
 def brief(value: Any, most: int = 80) -> str:

@@ -34,12 +34,8 @@ def rebuild_optimizer(optimizer: torch.optim.Optimizer, params: Sequence[Sequenc
     params = [list(p) for p in params]
     if len(params) != len(groups):
         raise ValueError(f"rebuild_optimizer: {len(params)} parameter lists for {len(groups)} param groups")
-    new_groups = []
-    for group, group_params in zip(groups, params):
-        spec = {k: v for k, v in group.items() if k not in ("params", "param_names")}
-        spec.update(overrides)
-        spec["params"] = group_params
-        new_groups.append(spec)
+    new_groups = [{**{k: v for k, v in group.items() if k not in ("params", "param_names")}, **overrides, "params": p}
+                  for group, p in zip(groups, params)]
     try:
         new = type(optimizer)(new_groups, **init_kwargs(optimizer, **overrides))
     except TypeError as error:  # a custom optimizer whose __init__ does not take its own defaults back

@@ -46,7 +46,7 @@ cases = st.builds(Case, model=st.sampled_from(sorted(MODELS)), batch=st.sampled_
 # loops that follow its advice (built after, on run.*) must still train as the plain loop
 # (not "again": accelerate() again on the user's objects copies them anew, which the report names stale as well)
 after_only = st.sampled_from(sorted(name for name, loop in LOOPS.items()
-                                    if not loop.holds_from_before and name != "again"))
+                                    if not getattr(loop, "holds_from_before", False) and name != "again"))
 copying_cases = st.builds(Case, model=st.sampled_from(sorted(MODELS)), batch=st.sampled_from(BATCHES),
                           extra=st.sampled_from(EXTRAS),
                           loader=st.sampled_from([k for k in LOADERS if k != "workers"] * 4 + ["workers"]),

@@ -1,5 +1,4 @@
-"""accel bench: the seed benchmark (torchvision CNNs, training step with Adam, batch 16 at 224x224), eager vs plans,
-measured interleaved in one process (docs/measurement.md)."""
+"""accel bench: accel.bench's eager against plans from the command line, with a progress bar (docs/cli.md)."""
 from __future__ import annotations
 
 import argparse

@@ -1,8 +1,7 @@
 """accel demo: torchvision's resnet18 on sklearn's real digits, the plain loop against plan="auto", side by side.
 
-Both trainings live in one process and take turns (the order reversed every round), so a change in the machine's
-load hits both alike; the speed-up is the ratio of their paired turns with its 90% interval, auto's measuring
-included. The accelerated run's process settings (threads, affinity) are put aside while the plain one takes its turn.
+Both train in one process in turns (each with its own process settings), so the machine's load hits both alike; the
+speed-up is the ratio of their paired turns with its interval, auto's measuring included.
 """
 from __future__ import annotations
 
@@ -17,7 +16,7 @@ from torch.utils.data import DataLoader
 import accel
 from accel.cli import parse_plan_argument, positive
 from accel.hardware import importable
-from accel.measure import Ratio, round_order
+from accel.measure import Ratio, TrainStep, endless, round_order
 from accel.workloads import accuracy, cifar_shaped, digits_datasets
 
 
@@ -50,6 +49,9 @@ def next_run(tuning) -> str:
     return "not cached (the search was cut short or too noisy to be sure), so a second run measures again"
 
 
+STEP = TrainStep()  # your loop's step: cross-entropy under run.autocast(), run.backward(loss), run.step()
+
+
 class TurnClock:
     """The clock auto reads here (accel.clock): it runs only while the accelerated training takes its turn, so its
     chunks, rounds and budget are its own steps, never the plain loop's turns between them."""
@@ -73,9 +75,9 @@ class Training:
     """One of the two trainings: its run, where it is in its epochs, its turns' seconds and steps."""
 
     def __init__(self, name: str, model_name: str, plan, image_size: int, batch_size: int, seed: int = 0):
-        import torchvision  # 1.3 s to import: paid by `accel demo`, not by every `accel` command
+        import torchvision  # slow to import: paid by `accel demo`, not by every `accel` command
 
-        self.name, self.turns, self.batches = name, [], iter(())
+        self.name, self.turn_s = name, []
         train_set, self.test_set = (cifar_shaped(d, image_size) for d in digits_datasets(seed))
         torch.manual_seed(seed)
         model = torchvision.models.get_model(model_name, weights=None, num_classes=10)
@@ -86,31 +88,23 @@ class Training:
                                     device="cpu")
         self.setup_s = time.perf_counter() - started
         self.run.model.train()
+        self.batches = endless(self.run.loader)
         self.run.journal.suspend()  # its process settings apply only while it takes its turn
 
     def turn(self, steps: int, bar) -> None:
         """Train ``steps`` steps of your loop (epoch after epoch), timed whole."""
-        run = self.run
-        run.journal.resume()
+        self.run.journal.resume()
         started = time.perf_counter()
         for _ in range(steps):
-            batch = next(self.batches, None)
-            if batch is None:
-                self.batches = iter(run.loader)
-                batch = next(self.batches)
-            with run.autocast():
-                loss = torch.nn.functional.cross_entropy(run.model(batch[0]), batch[1])
-            run.backward(loss)
-            run.step()
+            STEP(self.run, next(self.batches))
             bar.update()
-        self.turns.append((time.perf_counter() - started, steps))
-        run.journal.suspend()
+        self.turn_s.append(time.perf_counter() - started)
+        self.run.journal.suspend()
 
     def finish(self) -> dict:
         run = self.run
         run.journal.resume()
-        seconds = sum(s for s, _ in self.turns)
-        result = {"seconds": seconds, "setup_s": self.setup_s, "steps": run.steps, "turn_s": [s for s, _ in self.turns],
+        result = {"seconds": sum(self.turn_s), "setup_s": self.setup_s, "steps": run.steps, "turn_s": self.turn_s,
                   "accuracy": accuracy(run.model, self.test_set, run.autocast), "report": run.report,
                   "chosen_at": getattr(run, "chosen_at", None), "settled_at": getattr(run, "settled_at", None)}
         run.close()
@@ -190,8 +184,13 @@ def run(args) -> int:
 SAME_SPEED = 0.05  # an interval within 5% of 1 on both sides: measured, and no faster
 
 
-def same_speed(ratio: Ratio) -> bool:
-    return 1 - SAME_SPEED <= ratio.low and ratio.high <= 1 + SAME_SPEED
+def verdict(ratio: Ratio) -> str:
+    """faster, same (an interval narrow about 1), slower, or noisy (too wide to tell: one turn is always noisy)."""
+    if ratio.above(1.0):
+        return "faster"
+    if 1 - SAME_SPEED <= ratio.low and ratio.high <= 1 + SAME_SPEED:
+        return "same"
+    return "slower" if ratio.below(1.0) else "noisy"
 
 
 def headline(ratio: Ratio) -> str:
@@ -199,15 +198,13 @@ def headline(ratio: Ratio) -> str:
     too noisy to tell."""
     words = (f"{ratio.estimate:.2f}x ({ratio.low:.2f}-{ratio.high:.2f}, 90% interval over {ratio.rounds} paired "
              "turns)")
-    if ratio.rounds >= 2 and not ratio.above(1.0) and same_speed(ratio):
-        return f"no speed-up here: {words}; the two trainings ran at the same speed, within {SAME_SPEED:.0%}"
-    if ratio.rounds >= 2 and ratio.below(1.0):
-        return f"slower: {words}: the accelerated training's step took longer than the plain loop's, in the same turns"
-    if ratio.rounds < 2 or ratio.noisy():
-        return (f"the machine was too noisy for a verdict: the speed-up read {words}, and that could be none at all "
-                "(run it again when the machine is quieter)")
-    return f"speed-up: {words}: the plain loop's step over the accelerated one's in the same turns, auto's " \
-           "measuring included"
+    return {"faster": f"speed-up: {words}: the plain loop's step over the accelerated one's in the same turns, auto's "
+                      "measuring included",
+            "same": f"no speed-up here: {words}; the two trainings ran at the same speed, within {SAME_SPEED:.0%}",
+            "slower": f"slower: {words}: the accelerated training's step took longer than the plain loop's, in the "
+                      "same turns",
+            "noisy": f"the machine was too noisy for a verdict: the speed-up read {words}, and that could be none at "
+                     "all (run it again when the machine is quieter)"}[verdict(ratio)]
 
 
 def how_auto(accelerated: dict) -> str:
@@ -265,12 +262,10 @@ def plot(path: str, plain: dict, accelerated: dict, ratio: Ratio, counts: list[i
         right.axvline(1.0, color="grey", linestyle="--")
         right.set_xlabel("step time over the plain loop's (90% interval; below 1 is faster)")
         right.set_title("what plan='auto' measured in the loop", fontsize=10)
-    interval = f"({ratio.low:.2f}-{ratio.high:.2f}, 90%)"
-    verdict = (f"{ratio.estimate:.2f}x faster {interval}" if ratio.above(1.0) else
-               f"no speed-up: {ratio.estimate:.2f}x {interval}" if same_speed(ratio) else
-               f"slower: {ratio.estimate:.2f}x {interval}" if ratio.below(1.0) else
-               f"too noisy for a verdict: {ratio.estimate:.2f}x {interval}")
+    words = {"faster": "{:.2f}x faster", "same": "no speed-up: {:.2f}x", "slower": "slower: {:.2f}x",
+             "noisy": "too noisy for a verdict: {:.2f}x"}[verdict(ratio)].format(ratio.estimate)
+    verdict_line = f"{words} ({ratio.low:.2f}-{ratio.high:.2f}, 90%)"
     fig.suptitle(f"{model} on sklearn digits: the plain loop against plan='auto' ({chosen or 'nothing chosen'}), "
-                 f"trained in turns in one process\n{verdict}", fontsize=11)
+                 f"trained in turns in one process\n{verdict_line}", fontsize=11)
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)

@@ -4,6 +4,7 @@ and /proc, the OpenMP runtime in this process's memory maps, package versions in
 from __future__ import annotations
 
 import functools
+import itertools
 import os
 import platform
 import re
@@ -57,17 +58,8 @@ def parse_cpu_list(text: str) -> tuple[int, ...]:
 
 def format_cpu_list(cpus: tuple[int, ...] | list[int]) -> str:
     """(0, 1, 2, 5) -> '0-2,5', the form GOMP_CPU_AFFINITY and taskset accept."""
-    parts, cpus = [], sorted(cpus)
-    start = prev = None
-    for cpu in cpus + [None]:
-        if start is None:
-            start = prev = cpu
-        elif cpu is not None and cpu == prev + 1:
-            prev = cpu
-        else:
-            parts.append(str(start) if start == prev else f"{start}-{prev}")
-            start = prev = cpu
-    return ",".join(parts)
+    runs = [[cpu for _, cpu in run] for _, run in itertools.groupby(enumerate(sorted(cpus)), lambda p: p[1] - p[0])]
+    return ",".join(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}" for run in runs)
 
 
 OPTIONAL_PACKAGES = ("torchvision", "nni", "intel-extension-for-pytorch", "intel-openmp", "oneccl_bind_pt",

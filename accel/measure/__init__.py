@@ -1,8 +1,6 @@
-"""The one place accel measures training: the step, the timed loop, ratios with their interval, and peaks.
-
-tune, bench, the demo and the benchmarks all use it, so "a step" means the same everywhere; plans are compared
-interleaved (A, B, B, A, ...) and every ratio carries an interval (``Ratio``): stats (ratios, plan labels), steps
-(the step and the timed loop), roofline (peaks and FLOPs), lab (trials side by side).
+"""The one place accel measures training, so "a step" means the same to tune, bench, the demo and the benchmarks:
+stats (ratios with their interval, plan labels), steps (the step and the timed loop), roofline (peaks and FLOPs),
+lab (trials side by side, measured interleaved: A, B, B, A, ...).
 """
 from __future__ import annotations
 

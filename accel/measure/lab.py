@@ -12,9 +12,9 @@ import torch
 from accel import clock, randomness
 from accel.api import accelerate
 from accel.errors import MeasureError, PlanError
-from accel.measure.stats import Ratio, paired, plan_label, round_order
+from accel.measure.stats import Ratio, paired, round_order
 from accel.measure.steps import SETTLE_BELOW_S, TrainStep, chunk_steps, endless, timed_steps
-from accel.optim import rebuild_optimizer, same_params
+from accel.optim import copy_with_optimizer
 from accel.plan import Plan
 
 
@@ -32,10 +32,6 @@ class Trial:
     times: list[float] = field(default_factory=list)  # every timed step, seconds
     rounds: dict[int, float] = field(default_factory=dict)  # round -> median seconds per step in its chunk
     batches: Any = None
-
-    @property
-    def name(self) -> str:
-        return plan_label(self.plan)
 
     @property
     def median_s(self) -> float | None:
@@ -76,16 +72,11 @@ class Lab:
         return randomness.first_batch(self.loader)
 
     def copies(self) -> tuple[torch.nn.Module, Any]:
-        import copy
-
         try:
-            model = copy.deepcopy(self.model)
+            return copy_with_optimizer(self.model, self.optimizer)
         except Exception as error:
-            raise MeasureError(f"measuring copies your model so that it stays untouched, and copy.deepcopy(model) "
-                               f"failed: {type(error).__name__}: {error}") from error
-        if self.optimizer is None:
-            return model, None
-        return model, rebuild_optimizer(self.optimizer, params=same_params(self.optimizer, self.model, model))
+            raise MeasureError(f"measuring copies your model and optimizer so that they stay untouched, and copying "
+                               f"them failed: {type(error).__name__}: {error}") from error
 
     def trial(self, plan: Any) -> Trial:
         """Apply the plan to fresh copies and take its first steps from the common start (timed apart)."""

@@ -14,11 +14,8 @@ T95 = {1: 6.314, 2: 2.920, 3: 2.353, 4: 2.132, 5: 2.015, 6: 1.943, 7: 1.895, 8: 
 
 
 def t95(df: int) -> float:
-    if df <= 0:
-        return math.inf
-    if df > max(T95):
-        return T95[max(T95)]  # never narrower than the table's last entry
-    return T95[max(k for k in T95 if k <= df)]  # the nearest smaller df: a slightly wider, never narrower, interval
+    """The nearest smaller df's (a slightly wider, never narrower, interval; beyond the table, its last)."""
+    return T95[max(k for k in T95 if k <= df)] if df > 0 else math.inf
 
 
 def summarize(times_s: list[float]) -> dict[str, float]:

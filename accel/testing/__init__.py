@@ -16,6 +16,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from accel.api import accelerate
+from accel.measure import TrainStep
 from accel.plan.contract import Accelerator
 from accel.run import Run
 from accel.run.journal import pin_process
@@ -34,16 +35,9 @@ __all__ = ["Applied", "BookCNN", "Equivalence", "Held", "Loop", "Setup", "Snapsh
 
 def train_steps(run: Run, epochs: int = 1, loss_fn=nn.functional.cross_entropy) -> list[float]:
     """The training loop from the README, over run.loader; returns the losses."""
-    losses = []
+    step = TrainStep(loss_fn=loss_fn)
     run.model.train()
-    for _ in range(epochs):
-        for x, y in run.loader:
-            with run.autocast():
-                loss = loss_fn(run.model(x), y)
-            run.backward(loss)
-            run.step()
-            losses.append(loss.item())
-    return losses
+    return [step(run, batch).item() for _ in range(epochs) for batch in run.loader]
 
 
 def tiny_setup(seed: int = 0) -> Setup:

@@ -1,14 +1,5 @@
-"""check_equivalence: train the same user code with and without a plan and compare what was trained.
-
-    from accel.testing import Setup, check_equivalence
-
-    def build():                      # called for each run: the same objects from the same seed every time
-        torch.manual_seed(0)
-        model = MyNet()
-        return Setup(model, torch.optim.SGD(model.parameters(), lr=0.1), make_loader(seed=0))
-
-    result = check_equivalence(["channels_last", "amp"], build, steps=3)
-    assert result.ok, result          # every difference named, beyond what the plan's cards declare
+"""check_equivalence: train the same user code with and without a plan and compare what was trained (docs/contract.md,
+"Testing an accelerator").
 
 What a plan may change is the union of its applied accelerators' cards (``Accelerator.keeps``). Always checked: the
 user's objects and the process unchanged by accelerate(), the same batches, outputs' structure, parameter names,
@@ -33,7 +24,7 @@ from accel.run.loaders import release_workers
 from accel.search import accelerate
 from accel.testing.comparison import LEVELS, combined, compare, compare_tensors, distance  # noqa: F401  (tests import)
 from accel.testing.setup import Setup  # noqa: F401  (accel.testing.harness.Setup)
-from accel.testing.snapshots import snapshot
+from accel.testing.snapshots import same, snapshot
 from accel.testing.trace import Trace, process_state, trained  # noqa: F401  (tests import them here)
 
 
@@ -95,17 +86,7 @@ def draws_random_numbers(loader: DataLoader) -> bool:
             loader.collate_fn([item] if loader.batch_sampler is not None else item)
         except Exception:  # noqa: BLE001 (a dataset indexed otherwise: nothing known, nothing claimed)
             return False
-        return not _same_state(before, randomness.rng_state())
-
-
-def _same_state(a: Any, b: Any) -> bool:
-    if isinstance(a, torch.Tensor):
-        return isinstance(b, torch.Tensor) and torch.equal(a, b)
-    if isinstance(a, (tuple, list)):
-        return isinstance(b, (tuple, list)) and len(a) == len(b) and all(map(_same_state, a, b))
-    if isinstance(a, dict):
-        return isinstance(b, dict) and a.keys() == b.keys() and all(_same_state(a[k], b[k]) for k in a)
-    return a == b
+        return not same(before, randomness.rng_state())
 
 
 def in_reference(plan: Any, setup: Setup | None = None, device: Any = "cpu") -> list[dict[str, Any]]:
@@ -214,11 +195,9 @@ def check_equivalence(plan: Any, build: Callable[[], Setup], steps: int = 3, see
                                  for name in arm.plan if not declares_training(REGISTRY[name].keeps)])
     for what in run.report.stale:  # named stale: the user's object is not what trains, by declaration
         index = ("model", "optimizer").index(what)  # the loop drove the run's instead, as the report advised
-        expected.closed = tuple("" if i == index else v for i, v in enumerate(expected.closed))
-        accelerated.closed = tuple("" if i == index else v for i, v in enumerate(accelerated.closed))
-        prefix = f"your {what}"
-        expected.user = {k: v for k, v in expected.user.items() if not k.startswith(prefix)}
-        accelerated.user = {k: v for k, v in accelerated.user.items() if not k.startswith(prefix)}
+        for trace in (expected, accelerated):
+            trace.closed = tuple("" if i == index else v for i, v in enumerate(trace.closed))
+            trace.user = {k: v for k, v in trace.user.items() if not k.startswith(f"your {what}")}
     loop_keeps = combined([result.keeps] + [REGISTRY[name].keeps for name in run.plan.names()
                                             if name in REGISTRY and not declares_training(REGISTRY[name].keeps)])
     result.differences = compare(expected, accelerated, result.keeps, loop_keeps)

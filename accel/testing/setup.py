@@ -10,6 +10,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from accel.measure import TrainStep
 from accel.run import Run
 
 
@@ -29,9 +30,6 @@ class Loop:
     ``after`` each ``step``, ``finish`` once closed; ``observed``: what the harness compares beside the weights."""
 
     name: ClassVar[str] = "plain"
-    holds_from_before: ClassVar[bool] = False  # it keeps an object built before accelerate() (a scheduler)
-    needs_optimizer: ClassVar[bool] = True  # False: it updates the weights by hand and is given no optimizer
-    changes_inputs: ClassVar[bool] = False  # it changes a batch tensor in place between forward and backward
 
     def wrap(self, model: nn.Module, loader: Any) -> tuple[nn.Module, Any]:
         return model, loader
@@ -41,12 +39,8 @@ class Loop:
 
     def step(self, index: int, run: Run, held: Held, batch: Any,
              loss_of: Callable[[Run, Any], torch.Tensor]) -> torch.Tensor:
-        """One batch, as the README loop writes it."""
-        with run.autocast():
-            loss = loss_of(run, batch)
-        run.backward(loss)
-        run.step()
-        return loss.detach()
+        """One batch, as the README loop writes it: the loss under run.autocast(), run.backward(loss), run.step()."""
+        return TrainStep(step_fn=loss_of)(run, batch)
 
     def finish(self) -> None:
         pass

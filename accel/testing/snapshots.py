@@ -14,24 +14,6 @@ from accel.accelerators.fused_optimizer import KERNEL_KEYS, kernel_settings
 from accel.batches import map_tensors
 
 
-class OptimizerState:
-    """An optimizer's state, compared tensor by tensor (repr() would summarise large tensors)."""
-
-    def __init__(self, state: dict):
-        self.state = state
-
-    def __eq__(self, other: object) -> bool:
-        def same(a, b):
-            if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-                return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape \
-                    and torch.equal(a, b)
-            if isinstance(a, dict) and isinstance(b, dict):
-                return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
-            return a == b
-
-        return isinstance(other, OptimizerState) and same(self.state, other.state)
-
-
 @dataclass
 class Snapshot:
     """What can be compared of a model, optimizer and loader, taken without changing them."""
@@ -85,23 +67,28 @@ class Snapshot:
             a, b = self.grads.get(name), other.grads.get(name)
             if (a is None) != (b is None) or (a is not None and not torch.equal(a, b)):
                 out.append(f"model.{name}.grad: changed")
-        if self.optimizer != other.optimizer:
+        if not same(self.optimizer, other.optimizer):
             out.append("optimizer: changed")
         for key in sorted(set(self.loader) | set(other.loader)):
-            if not _same(self.loader.get(key), other.loader.get(key)):
+            if not same(self.loader.get(key), other.loader.get(key)):
                 out.append(f"loader.{key}: {self.loader.get(key)!r} -> {other.loader.get(key)!r}")
         return out
 
 
-def _same(a: Any, b: Any) -> bool:
-    """Equality for a loader's attributes, whatever they are: a tensor as the dataset compares whole."""
+def same(a: Any, b: Any) -> bool:
+    """Equality of any values, tensors compared whole (repr() would summarise a large one) in tuples, lists and dicts;
+    an object whose == is no truth value is not the same."""
     if a is b:
         return True
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
         return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape and torch.equal(a, b)
+    if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
+        return type(a) is type(b) and len(a) == len(b) and all(map(same, a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
     try:
         return bool(a == b)
-    except Exception:  # an object whose == is not a truth value
+    except Exception:
         return False
 
 
@@ -119,7 +106,7 @@ def snapshot(model: nn.Module, optimizer: torch.optim.Optimizer | None = None, l
         kernels = kernel_settings(optimizer)
         opt = (type(optimizer).__name__,
                [{k: v for k, v in g.items() if k not in ("params", *KERNEL_KEYS)} for g in optimizer.param_groups],
-               OptimizerState(copy.deepcopy(whole(optimizer.state_dict()["state"]))))
+               copy.deepcopy(whole(optimizer.state_dict()["state"])))
     loader_attrs = {}
     if loader is not None:
         loader_attrs = {k: getattr(loader, k, None) for k in

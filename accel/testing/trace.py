@@ -2,6 +2,7 @@
 learning rates, then the model's, the user's and the loop's state, and the process around it."""
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 from dataclasses import dataclass, field
@@ -29,24 +30,10 @@ def fingerprint(batch: Any) -> str:
     return f"{type(batch).__name__}:{described!r}"
 
 
-def structure(output: Any) -> str:
-    return repr(map_tensors(lambda t: f"{str(t.dtype)[6:]}{list(t.shape)}", output))
-
-
-
-class OutputRecorder:
-    """A forward hook that records the structure of each output: a class, so a loop that pickles its model
-    (``torch.save(model, path)``, as upstream scripts checkpoint) can still be traced."""
-
-    def __init__(self, trace: Trace):
-        self.trace = trace
-
-    def __call__(self, module: torch.nn.Module, args: Any, output: Any) -> None:
-        self.trace.outputs.append(structure(output))
-
-def ties(model: torch.nn.Module) -> list[tuple[str, ...]]:
-    """Groups of parameter names that are one tensor, in a fixed order."""
-    return sorted(tuple(names) for names in tied_groups(model))
+def record_output(outputs: list[str], module: torch.nn.Module, args: Any, output: Any) -> None:
+    """A forward hook, bound by functools.partial (which pickles: a loop that saves its whole model, as upstream
+    scripts checkpoint with ``torch.save(model, path)``, can still be traced): each output's structure."""
+    outputs.append(repr(map_tensors(lambda t: f"{str(t.dtype)[6:]}{list(t.shape)}", output)))
 
 
 # torch and its compiler set these (names, or prefixes) the first time they run in a process: not the plan's
@@ -87,6 +74,12 @@ class Trace:
     run: Any = None
 
 
+def copies(values: dict[str, Any], prefix: str = "", floats: bool = False) -> dict[str, torch.Tensor]:
+    """The tensors among these values, whole (fsdp's shards gathered), copied to the cpu (as float32: ``floats``)."""
+    found = {prefix + str(k): whole(v).detach().cpu() for k, v in values.items() if isinstance(v, torch.Tensor)}
+    return {k: (v.float() if floats else v).clone() for k, v in found.items()}
+
+
 def train(run: Run, setup: Setup, steps: int, seed: int) -> Trace:
     """The README loop for `steps` batches, with the setup's loop behaviour, recording the batches, outputs,
     losses and learning rates, then the model's, the user's and the loop's state."""
@@ -97,7 +90,7 @@ def train(run: Run, setup: Setup, steps: int, seed: int) -> Trace:
     user_names = {id(p): n for n, p in setup.model.named_parameters()}  # the optimizer's places, by the user's names
     groups = setup.optimizer.param_groups if setup.optimizer is not None else []  # (a loop may update by hand)
     start = [user_names.get(id(p)) for group in groups for p in group["params"]]
-    hook = model.register_forward_hook(OutputRecorder(trace))
+    hook = model.register_forward_hook(functools.partial(record_output, trace.outputs))
     step = TrainStep(step_fn=setup.step_fn)
     torch.manual_seed(seed)
     try:
@@ -118,15 +111,14 @@ def train(run: Run, setup: Setup, steps: int, seed: int) -> Trace:
         hook.remove()
     trace.run = run  # the run at the end (the loop may have made another): the one to close
     trace.steps_counted = run.steps
-    trace.observed = {k: whole(v).detach().cpu().clone() for k, v in loop.observed().items()}
+    trace.observed = copies(loop.observed())
     names = {id(p): n for n, p in model.named_parameters()}
-    trace.state = {k: whole(v).detach().cpu().clone() for k, v in model.state_dict().items()}
-    trace.user = {f"your model's {k}": whole(v).detach().cpu().clone() for k, v in setup.model.state_dict().items()}
+    trace.state = copies(model.state_dict())
+    trace.user = copies(setup.model.state_dict(), "your model's ")
     for index, state in (setup.optimizer.state_dict()["state"] if setup.optimizer is not None else {}).items():
-        trace.user.update({f"your optimizer's {index}.{k}": whole(v).detach().cpu().float().clone()
-                           for k, v in state.items() if isinstance(v, torch.Tensor)})
+        trace.user.update(copies(state, f"your optimizer's {index}.", floats=True))
     trace.trainable = {n: p.requires_grad for n, p in model.named_parameters()}
-    trace.ties = ties(model)
+    trace.ties = sorted(tuple(names) for names in tied_groups(model))  # in a fixed order
     trace.frozen_moved = [n for n, p in model.named_parameters() if n in frozen and not p.requires_grad and
                           (p.shape != frozen[n].shape or not torch.equal(p.detach(), frozen[n]))]  # (unfrozen: trains)
     # The optimizer's state through state_dict() (what the user saves), each place named by the model's parameter,
@@ -140,8 +132,7 @@ def train(run: Run, setup: Setup, steps: int, seed: int) -> Trace:
     states = saved["state"]
     trace.groups = [{k: v for k, v in group.items() if k not in KERNEL_CHOICES} for group in saved["param_groups"]]
     for index, key in enumerate(positions):
-        trace.optimizer[key] = {k: whole(v).detach().cpu().float().clone() for k, v in states.get(index, {}).items()
-                                if isinstance(v, torch.Tensor)}
+        trace.optimizer[key] = copies(states.get(index, {}), floats=True)
     return trace
 
 

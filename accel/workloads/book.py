@@ -28,7 +28,7 @@ class TinyCNN(nn.Module):
 
 class BookCNN(nn.Module):
     """The book's CNN (chapters 2 and 6) for 3x32x32 images: two 3x3 conv + ReLU + 2x2 max-pool blocks (3->32->64),
-    then Linear 4096->512->10: 2,122,186 parameters."""
+    then Linear 4096->512->10."""
 
     def __init__(self, classes: int = 10):
         super().__init__()
@@ -45,7 +45,7 @@ class BookCNN(nn.Module):
 
 
 def digits_datasets(seed: int = 0, test_fraction: float = 0.25) -> tuple[TensorDataset, TensorDataset]:
-    """sklearn's 1,797 real 8x8 digits, scaled to [0, 1], split into train and test sets."""
+    """sklearn's real 8x8 digits, scaled to [0, 1], split into train and test sets."""
     from sklearn.datasets import load_digits  # a test and demo dependency, not the library's: imported when used
 
     digits = load_digits()

@@ -59,7 +59,7 @@ def _classify(model: nn.Module, batch: Any) -> torch.Tensor:
 
 def _torchvision(name: str) -> Callable[[str], tuple]:
     def make(size: str):
-        import torchvision  # 1.3 s to import: paid when a torchvision workload is built, as transformers and timm
+        import torchvision  # slow to import: paid when a torchvision workload is built, as transformers and timm
 
         classes = 10 if size == "tiny" else 1000
         model = getattr(torchvision.models, name)(weights=None, num_classes=classes)

@@ -246,7 +246,7 @@ class Case:
         masked = self.model == "masked"
         loop = {**LOOPS, **BY_HAND}[self.loop]()
         step = functools.partial(step_fn, extra=extra, masked=masked, temperature=temperature,
-                                 inplace=loop.changes_inputs)
+                                 inplace=getattr(loop, "changes_inputs", False))
         return Setup(model, optimizer, loader, step_fn=step, loop=loop,
                      evaluate=functools.partial(evaluate, masked=masked))
 

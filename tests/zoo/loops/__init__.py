@@ -18,6 +18,8 @@ __all__ = ["BY_HAND", "LOOPS", "AddGroup", "Again", "Ema", "FrozenNorm", "HalfMi
            "Precompiled",
            "Scheduler", "SelfSharding", "Stream", "Swa", "TwoModels", "Unfreeze", "Validation", "Warmup", "layer"]
 
+# the zoo's own flags on a loop: holds_from_before (it keeps an object built before accelerate(), a scheduler) and
+# changes_inputs (it changes a batch tensor in place between forward and backward); unset: False
 LOOPS: dict[str, type[Loop]] = {loop.name: loop for loop in (
     Loop, OneCycle, LambdaDecay, Plateau, Warmup, LrWrites, Unfreeze, AddGroup, LateGroup, OwnCheckpoint, Validation,
     FrozenNorm, Hooks, Ema, Swa, Again, HalfMigrated, OwnAccumulation, TwoModels, Stream, Precompiled, InplaceInput)}

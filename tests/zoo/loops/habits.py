@@ -22,7 +22,6 @@ class ManualUpdate(Loop):
     (run.unscale_gradients()) clipped to 0.25, then each weight moved by hand. Never run.step()."""
 
     name = "manual_update"
-    needs_optimizer = False
     lr = 0.5
 
     def step(self, index, run, held, batch, loss_of):
