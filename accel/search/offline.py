@@ -9,8 +9,15 @@ import accel.search.cache as plancache
 from accel import clock
 from accel.errors import MeasureError, PlanError, Problem
 from accel.measure import Lab, TrainStep, Trial
-from accel.search.distribution import distribute
-from accel.search.results import TuneResult, cached_answer, expected_warmup, keep_answer, remember_warmup, timing_fields
+from accel.search.results import (
+    TuneResult,
+    cached_answer,
+    distribute,
+    expected_warmup,
+    keep_answer,
+    remember_warmup,
+    timing_fields,
+)
 from accel.search.settings import BUDGET_STEPS, MIN_BUDGET_S, SLOW_STOP, Auto, placed
 from accel.search.strategy import Comparison, Outcome, Search
 from accel.search.verdicts import run_ahead_s, warmup_fit

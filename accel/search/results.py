@@ -8,10 +8,14 @@ from typing import Any
 
 import accel.search.cache as plancache
 from accel import clock
+from accel.distributed.agreement import choose
 from accel.measure import Ratio
 from accel.plan import Plan
+from accel.plan.contract import REGISTRY, Capability
 from accel.run.report import render_table
 from accel.search.settings import COSTLY_GUESS_S
+
+SOURCE_WORDS = "the rest of the plan is the answer a single process measured on this setup"
 
 
 @dataclass
@@ -127,3 +131,24 @@ def expected_warmup(candidate: dict[str, dict], facts: dict[str, Any] | None, ca
 def remember_warmup(candidate: dict[str, dict], facts: dict[str, Any] | None, cache: Any, seconds: float) -> None:
     if facts is not None and cache:
         plancache.remember_warmup(plancache.warmup_parts(facts, candidate), seconds, cache)
+
+
+def distribute(result, model, optimizer, device: Any, launch, memory: int | None = None):
+    """A TuneResult for a launched job: with the wrapper by memory fit, a row and the why saying so, and where a cached
+    rest of the plan came from (once; unchanged in a single process)."""
+    if launch is None or launch.world_size <= 1:
+        return result
+    if not any(r.status == "memory fit" for r in result.rows):
+        chosen, why = choose(model, optimizer, device, launch.world_size, launch.local_world_size, memory)
+        plan = {k: v for k, v in result.plan.to_dict().items()
+                if Capability.MODEL_DISTRIBUTED not in REGISTRY[k].provides}
+        result.plan = Plan({**plan, **chosen})
+        result.rows.append(TuneRow(next(iter(chosen)), chosen, "memory fit", decision=why,
+                                   reason="chosen by memory fit, not timed"))
+        result.why = f"{why}; {result.why}" if result.why else why
+    if result.from_cache and SOURCE_WORDS not in result.why:
+        source = (f"{SOURCE_WORDS} ({result.settings.get('search', 'apart (accel.tune)')}, measured "
+                  f"{result.measured_at or 'at an unknown time'}, cache key {result.key[:12]}): every rank takes it")
+        head, sep, tail = result.why.partition("; ")
+        result.why = f"{head}; {source}{sep}{tail}" if sep else f"{result.why}; {source}" if result.why else source
+    return result

@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from accel import clock
+from accel.distributed.agreement import ChunkTimes
 from accel.measure import SETTLE_BELOW_S, Ratio, chunk_steps, paired, plan_label, round_order, synchronize
 from accel.plan.contract import Capability
-from accel.search.distribution import ChunkTimes
 from accel.search.results import expected_warmup, remember_warmup, timing_fields
 from accel.search.settings import BUDGET_STEPS, MIN_BUDGET_S, provides
 from accel.search.strategy import Comparison, Outcome
