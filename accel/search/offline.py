@@ -13,14 +13,14 @@ from accel.search.results import (
     TuneResult,
     cached_answer,
     distribute,
-    expected_warmup,
     keep_answer,
     remember_warmup,
+    run_ahead_s,
     timing_fields,
+    warmup_deadline,
 )
 from accel.search.settings import BUDGET_STEPS, MIN_BUDGET_S, SLOW_STOP, Auto, placed
 from accel.search.strategy import Comparison, Outcome, Search
-from accel.search.verdicts import run_ahead_s, warmup_fit
 
 
 def tune(model, optimizer, loader, device: Any = "auto", settings: Auto | None = None, **options: Any) -> TuneResult:
@@ -106,14 +106,11 @@ class Apart:
         note = ""
         if request.costly:
             reference = self.trial(request.reference)
-            candidate = {k: v for k, v in request.challengers[0].items() if k not in request.reference}
             ahead = run_ahead_s(self.settings.expected_steps, 0, reference.median_s or reference.settled_step_s)
-            fit = warmup_fit(*expected_warmup(candidate, self.facts, self.settings.cache),
-                             self.deadline - clock.now(), ahead)
-            if not fit.fits:
-                return [Outcome("not measured", fit.reason)]
-            if fit.past_budget:  # its warm-up and its rounds, on the run's allowance
-                self.deadline, note = clock.now() + 2 * fit.allowance_s, fit.reason
+            deadline, note = warmup_deadline(request.added, self.facts, self.settings.cache, self.deadline, ahead)
+            if deadline is None:
+                return [Outcome("not measured", note)]
+            self.deadline = deadline
         if clock.now() >= self.deadline:
             return [Outcome("not measured", "the budget ran out") for _ in request.challengers]
         reference = self.trial(request.reference)
@@ -129,7 +126,7 @@ class Apart:
                               warmup_s=round(trial.warmup_s, 4) if trial.first_s else None)
             out.warmup_s, out.reference_s = trial.warmup_s - reference.warmup_s, reference.median_s
         if request.costly and outcomes[0].status == "measured":
-            remember_warmup(candidate, self.facts, self.settings.cache, outcomes[0].warmup_s)
+            remember_warmup(request.added, self.facts, self.settings.cache, outcomes[0].warmup_s)
         return outcomes
 
     def _checked(self, trial: Trial) -> Outcome:

@@ -8,6 +8,7 @@ budget for with outcomes "not measured", so the sequence always runs to its end.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Generator
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,7 +17,33 @@ from accel.measure import Ratio, paired, plan_label
 from accel.plan import Plan
 from accel.search.results import TuneRow
 from accel.search.settings import Auto, candidates_of
-from accel.search.verdicts import established, payback, pays, words
+
+
+def established(ratio: Ratio | None, margin: float) -> bool:
+    """Faster than what it is compared with, with 95% confidence, and by more than the margin."""
+    return ratio is not None and bool(ratio.samples) and ratio.below(1.0) and ratio.estimate <= 1 - margin
+
+
+def pays(without: Ratio, margin: float) -> bool:
+    """The plan with an accelerator established faster than without it (``without``: without over with)."""
+    return established(Ratio([1 / s for s in without.samples]), margin)
+
+
+def words(ratio: Ratio, margin: float) -> str:
+    """'faster', 'not faster' (clearly not by the margin) or 'noisy' (the rounds cannot tell)."""
+    if established(ratio, margin):
+        return "faster"
+    return "not faster" if ratio.above(1 - margin) or ratio.estimate > 1 else "noisy"
+
+
+def payback(ratio: Ratio, step_s: float, extra_warmup_s: float, margin: float,
+            expected_steps: int | None) -> tuple[bool, int | None, bool]:
+    """A costly accelerator's verdict: (faster, the step its extra warm-up pays back at, kept)."""
+    gain_s = step_s * (1 - ratio.estimate) if ratio.samples else 0.0
+    break_even = math.ceil(extra_warmup_s / gain_s) if gain_s > 0 else None
+    faster = bool(ratio.samples) and ratio.below(1 - margin / 2) and ratio.estimate <= 1 - margin
+    return faster, break_even, faster and (expected_steps is None or (break_even or math.inf) < expected_steps)
+
 
 
 @dataclass
@@ -28,6 +55,11 @@ class Comparison:
     thresholds: tuple[float, ...]
     what: str  # what is measured now, in words (the report says it)
     costly: bool = False  # the challenger adds a costly accelerator: its warm-up must fit first
+
+    @property
+    def added(self) -> dict[str, dict]:
+        """What the (first) challenger adds to the reference (a costly candidate)."""
+        return {k: v for k, v in self.challengers[0].items() if k not in self.reference}
 
 
 @dataclass

@@ -14,16 +14,38 @@ from accel import clock
 from accel.distributed.agreement import ChunkTimes
 from accel.measure import SETTLE_BELOW_S, Ratio, chunk_steps, paired, plan_label, round_order, synchronize
 from accel.plan.contract import Capability
-from accel.search.results import expected_warmup, remember_warmup, timing_fields
-from accel.search.settings import BUDGET_STEPS, MIN_BUDGET_S, provides
+from accel.search.results import remember_warmup, run_ahead_s, timing_fields, warmup_deadline
+from accel.search.settings import BUDGET_STEPS, MIN_BUDGET_S, SLOW_STOP, provides
 from accel.search.strategy import Comparison, Outcome
-from accel.search.verdicts import beside, decided, run_ahead_s, stop_reason, warmup_fit
 from accel.search.words import say
 
 MIN_ROUNDS = 3  # rounds of a comparison before any verdict
 MAX_ROUNDS = 30
 MOST_STEPS = 4  # timed steps of a chunk at most: 3 rounds of 2 plans end by the 30th step of a run of short steps
 EXPECTED_SHARE = 0.3  # with expected_steps, the measurement spends at most this share of the plain run's time
+STOP_COST_S = 0.5  # a candidate is stopped only once its slowness cost this much in one chunk
+LEAST_STEPS = 2  # timed steps of the chunk before it can be stopped (one is a spike as much as a verdict)
+
+
+def decided(ratio: Ratio, thresholds: tuple[float, ...]) -> bool:
+    """More rounds would not change its verdict: confidently below the highest threshold or above the lowest."""
+    return ratio.below(max(thresholds)) or ratio.above(min(thresholds))
+
+
+def beside(reference: dict[int, float], round_index: int) -> float | None:
+    """The reference's step (round -> seconds) in this round, else its latest before; None before it ran."""
+    earlier = [r for r in reference if r <= round_index]
+    return reference[max(earlier)] if earlier else None
+
+
+def stop_reason(fastest_s: float, timed: int, reference_s: float | None, against: str = "the plain loop") -> str:
+    """Why the candidate stops now ("" when it does not): the fastest of ``timed`` steps over SLOW_STOP reference
+    steps, at a cost over STOP_COST_S."""
+    if reference_s is None or reference_s <= 0 or timed < LEAST_STEPS or fastest_s <= SLOW_STOP * reference_s \
+            or (fastest_s - reference_s) * timed <= STOP_COST_S:
+        return ""
+    return (f"its steps took {fastest_s:.3f} s or more, over {SLOW_STOP:g}x {against}'s {reference_s:.3f} s in the "
+            "round beside it")
 
 
 @dataclass
@@ -98,14 +120,13 @@ class Turns:
     def _begin(self, request: Comparison) -> None:
         self.request, self.note, self.reference = request, "", self.arm(request.reference)
         if request.costly:
-            candidate = {k: v for k, v in request.challengers[0].items() if k not in request.reference}
-            guess = expected_warmup(candidate, self.run.cache_key, self.run.settings.cache)
-            ahead = run_ahead_s(self.run.settings.expected_steps, self.run.steps, self.reference.median_s())
-            fit = self.run.ranks.decide(warmup_fit(*guess, self.deadline - clock.now(), ahead))  # rank 0's clock
-            if not fit.fits:
-                return self._answer([Outcome("not measured", fit.reason)])
-            if fit.past_budget:  # its warm-up and its rounds, on the run's allowance
-                self.deadline, self.note = clock.now() + 2 * fit.allowance_s, fit.reason
+            run = self.run
+            ahead = run_ahead_s(run.settings.expected_steps, run.steps, self.reference.median_s())
+            deadline, self.note = warmup_deadline(request.added, run.cache_key, run.settings.cache, self.deadline,
+                                                  ahead, run.ranks.decide)  # rank 0's clock
+            if deadline is None:
+                return self._answer([Outcome("not measured", self.note)])
+            self.deadline = deadline
             self.run.faults.capture.remove()  # compile would trace hooks on the model: no replay from here
         if self.run.ranks.past(self.deadline, clock.now()):
             self.cut = True
@@ -129,8 +150,8 @@ class Turns:
                                                                                           "the budget ran out")
             if self.request.costly and arm.first_s is not None:
                 arm.first_s = self.run.ranks.slowest(arm.first_s)  # the warm-up every rank waited for
-                remember_warmup({k: v for k, v in arm.plan.items() if k not in reference.plan}, self.run.cache_key,
-                                self.run.settings.cache, arm.first_s - (reference.median_s() or 0.0))
+                remember_warmup(self.request.added, self.run.cache_key, self.run.settings.cache,
+                                arm.first_s - (reference.median_s() or 0.0))
             outcomes.append(Outcome(arm.status, arm.reason, ratio, dict(arm.rounds),
                                     timing_fields(arm.median_s(), arm.first_s),
                                     (arm.first_s or 0.0) - (reference.median_s() or 0.0), reference.median_s(),
