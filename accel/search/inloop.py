@@ -89,7 +89,7 @@ class InLoopSearch:
         return self.phase in ("measuring", "chosen")
 
     @property
-    def arms(self) -> list:  # every plan that took (or waits for) turns, the plain loop first (turns.Arm)
+    def arms(self) -> list:  # every plan that took (or waits for) turns, the plain loop first (strategy.Arm)
         return self.turns.arms
 
     def backward(self, loss: torch.Tensor) -> None:

@@ -20,7 +20,7 @@ from accel.search.results import (
     warmup_deadline,
 )
 from accel.search.settings import BUDGET_STEPS, MIN_BUDGET_S, SLOW_STOP, Auto, placed
-from accel.search.strategy import Comparison, Outcome, Search
+from accel.search.strategy import Arm, Comparison, Search
 
 
 def tune(model, optimizer, loader, device: Any = "auto", settings: Auto | None = None, **options: Any) -> TuneResult:
@@ -102,17 +102,17 @@ class Apart:
             self.trials = [t for t in self.trials if t.run is not None] + [found]
         return found
 
-    def measure(self, request: Comparison) -> list[Outcome]:
+    def measure(self, request: Comparison) -> list[Arm]:
         note = ""
         if request.costly:
             reference = self.trial(request.reference)
             ahead = run_ahead_s(self.settings.expected_steps, 0, reference.median_s or reference.settled_step_s)
             deadline, note = warmup_deadline(request.added, self.facts, self.settings.cache, self.deadline, ahead)
             if deadline is None:
-                return [Outcome("not measured", note)]
+                return [Arm(request.challengers[0], "not measured", note)]
             self.deadline = deadline
         if clock.now() >= self.deadline:
-            return [Outcome("not measured", "the budget ran out") for _ in request.challengers]
+            return [Arm(plan, "not measured", "the budget ran out") for plan in request.challengers]
         reference = self.trial(request.reference)
         trials = [self.trial(plan) for plan in request.challengers]
         outcomes = [self._checked(t) for t in trials]
@@ -129,15 +129,15 @@ class Apart:
             remember_warmup(request.added, self.facts, self.settings.cache, outcomes[0].warmup_s)
         return outcomes
 
-    def _checked(self, trial: Trial) -> Outcome:
+    def _checked(self, trial: Trial) -> Arm:
         """Applied, trained, kept the loss, and not hopelessly slow (each first step over SLOW_STOP plain steps and
         over 0.5 s)."""
         if trial.status in ("refused", "failed"):
-            return Outcome(trial.status, trial.error)
+            return Arm(trial.plan, trial.status, trial.error)
         base = self.base
         loss, reference = (sum(t.check_losses) / len(t.check_losses) for t in (trial, base))
         loss_ok = abs(loss - reference) <= self.settings.tolerance * max(abs(reference), 1e-8)
-        out = Outcome(fields={"loss": loss, "loss_ok": loss_ok, "losses": list(trial.check_losses),
+        out = Arm(trial.plan, fields={"loss": loss, "loss_ok": loss_ok, "losses": list(trial.check_losses),
                               **timing_fields(first_s=trial.first_s[0])})
         fastest, base_step = min(trial.first_s), base.settled_step_s
         if not loss_ok:

@@ -12,11 +12,11 @@ from typing import Any
 
 from accel import clock
 from accel.distributed.agreement import ChunkTimes
-from accel.measure import SETTLE_BELOW_S, Ratio, chunk_steps, paired, plan_label, round_order, synchronize
+from accel.measure import SETTLE_BELOW_S, chunk_steps, round_order, synchronize
 from accel.plan.contract import Capability
 from accel.search.results import remember_warmup, run_ahead_s, timing_fields, warmup_deadline
 from accel.search.settings import BUDGET_STEPS, MIN_BUDGET_S, SLOW_STOP, provides
-from accel.search.strategy import Comparison, Outcome
+from accel.search.strategy import Arm, Comparison
 from accel.search.words import say
 
 MIN_ROUNDS = 3  # rounds of a comparison before any verdict
@@ -25,11 +25,6 @@ MOST_STEPS = 4  # timed steps of a chunk at most: 3 rounds of 2 plans end by the
 EXPECTED_SHARE = 0.3  # with expected_steps, the measurement spends at most this share of the plain run's time
 STOP_COST_S = 0.5  # a candidate is stopped only once its slowness cost this much in one chunk
 LEAST_STEPS = 2  # timed steps of the chunk before it can be stopped (one is a spike as much as a verdict)
-
-
-def decided(ratio: Ratio, thresholds: tuple[float, ...]) -> bool:
-    """More rounds would not change its verdict: confidently below the highest threshold or above the lowest."""
-    return ratio.below(max(thresholds)) or ratio.above(min(thresholds))
 
 
 def beside(reference: dict[int, float], round_index: int) -> float | None:
@@ -46,30 +41,6 @@ def stop_reason(fastest_s: float, timed: int, reference_s: float | None, against
         return ""
     return (f"its steps took {fastest_s:.3f} s or more, over {SLOW_STOP:g}x {against}'s {reference_s:.3f} s in the "
             "round beside it")
-
-
-@dataclass
-class Arm:
-    """One plan taking turns (a candidate, or the plain loop): its step per round, and how it ended."""
-
-    plan: dict[str, dict]
-    rounds: dict[int, float] = field(default_factory=dict)  # round -> its seconds per step in that round
-    status: str = "waiting"  # waiting, measuring, measured, refused, failed, loss off, stopped early, not measured
-    reason: str = ""
-    first_s: float | None = None  # its first step after the first switch to it (compile lands there)
-    steps: int = 0
-    against: Arm | None = None  # the reference of its last comparison
-
-    @property
-    def name(self) -> str:
-        return plan_label(self.plan)
-
-    def ratio_to(self, other: Arm) -> Ratio:
-        return paired(self.rounds, other.rounds)
-
-    def median_s(self) -> float | None:
-        ordered = sorted(self.rounds.values())
-        return ordered[len(ordered) // 2] if ordered else None
 
 
 @dataclass
@@ -92,7 +63,7 @@ class Turns:
     """Runs the search's comparisons on the steps of a plan="auto" run (inloop.InLoopSearch: ``run``)."""
 
     def __init__(self, run: Any):
-        self.run, self.arms = run, [Arm({}, status="measuring")]
+        self.run, self.arms = run, [Arm({}, "measuring")]
         self.plain = self.reference = self.active = self.arms[0]
         self.comparisons, self.request = run.strategy.comparisons(), None
         self.challengers: list[Arm] = []
@@ -125,12 +96,12 @@ class Turns:
             deadline, self.note = warmup_deadline(request.added, run.cache_key, run.settings.cache, self.deadline,
                                                   ahead, run.ranks.decide)  # rank 0's clock
             if deadline is None:
-                return self._answer([Outcome("not measured", self.note)])
+                return self._answer([Arm(request.challengers[0], "not measured", self.note)])
             self.deadline = deadline
             self.run.faults.capture.remove()  # compile would trace hooks on the model: no replay from here
         if self.run.ranks.past(self.deadline, clock.now()):
             self.cut = True
-            return self._answer([Outcome("not measured", "the budget ran out") for _ in request.challengers])
+            return self._answer([Arm(plan, "not measured", "the budget ran out") for plan in request.challengers])
         self.challengers = [self.arm(plan) for plan in request.challengers]
         for arm in self.challengers:
             if arm.status in ("waiting", "measuring", "measured"):  # one that could not run before is not tried again
@@ -138,32 +109,29 @@ class Turns:
         self.reference.status, self.first_round = "measuring", self.round
         self._next_round() if self._live() else self._end_comparison()
 
-    def _answer(self, outcomes: list[Outcome]) -> None:
+    def _answer(self, outcomes: list[Arm]) -> None:
         self._next(lambda: self.comparisons.send(outcomes))
 
     def _end_comparison(self) -> None:
-        reference, outcomes = self.reference, []
-        for arm in self.challengers:
-            ratio = arm.ratio_to(reference)
+        reference, challengers, self.challengers = self.reference, self.challengers, []
+        for arm in challengers:
+            arm.ratio, arm.reference_s, arm.note = arm.ratio_to(reference), reference.median_s(), self.note
             if arm.status in ("measuring", "measured"):
-                arm.status, arm.reason = ("measured", arm.reason) if ratio.samples else ("not measured",
-                                                                                          "the budget ran out")
+                arm.status, arm.reason = ("measured", arm.reason) if arm.ratio.samples else ("not measured",
+                                                                                              "the budget ran out")
             if self.request.costly and arm.first_s is not None:
                 arm.first_s = self.run.ranks.slowest(arm.first_s)  # the warm-up every rank waited for
                 remember_warmup(self.request.added, self.run.cache_key, self.run.settings.cache,
-                                arm.first_s - (reference.median_s() or 0.0))
-            outcomes.append(Outcome(arm.status, arm.reason, ratio, dict(arm.rounds),
-                                    timing_fields(arm.median_s(), arm.first_s),
-                                    (arm.first_s or 0.0) - (reference.median_s() or 0.0), reference.median_s(),
-                                    self.note))
-        self.challengers = []
+                                arm.first_s - (arm.reference_s or 0.0))
+            arm.fields, arm.warmup_s = timing_fields(arm.median_s(), arm.first_s), (arm.first_s or 0.0) - (
+                arm.reference_s or 0.0)
         reference.status = "measured" if reference is not self.plain else reference.status
-        self._answer(outcomes)
+        self._answer(challengers)
 
     def arm(self, plan: dict[str, dict]) -> Arm:
         found = next((a for a in self.arms if a.plan == plan), None)
         if found is None:
-            found = Arm(dict(plan))
+            found = Arm(dict(plan), "waiting")
             self.arms.append(found)
         return found
 
@@ -186,9 +154,9 @@ class Turns:
             return self._go(self.order[self.turn])
         self.round += 1
         if self.round - self.first_round >= MIN_ROUNDS:
-            for arm in self._live():
-                arm.status = ("measured" if decided(arm.ratio_to(self.reference), self.request.thresholds)
-                              else arm.status)
+            for arm, ratio in ((a, a.ratio_to(self.reference)) for a in self._live()):  # more rounds would not
+                if ratio.below(max(self.request.thresholds)) or ratio.above(min(self.request.thresholds)):  # change it
+                    arm.status = "measured"
         if not self._live() or self.round - self.first_round >= MAX_ROUNDS:
             return self._end_comparison()
         self._next_round()
