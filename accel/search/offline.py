@@ -19,7 +19,7 @@ from accel.search.results import (
     timing_fields,
     warmup_deadline,
 )
-from accel.search.settings import BUDGET_STEPS, MIN_BUDGET_S, SLOW_STOP, Auto, placed
+from accel.search.settings import SLOW_STOP, Auto, placed
 from accel.search.strategy import Arm, Comparison, Search
 
 
@@ -77,8 +77,7 @@ class Apart:
                    if base.status == "refused"
                    else MeasureError(f"the baseline (empty plan) cannot train: {base.error}"))
         self.lab.pace(base.settled_step_s, self.settings.chunk_steps)
-        budget = self.settings.budget_s
-        self.deadline += budget if budget is not None else max(MIN_BUDGET_S, BUDGET_STEPS * base.settled_step_s)
+        self.deadline = self.settings.deadline(self.deadline, base.settled_step_s)  # from the start
         comparisons = self.search.comparisons()
         try:
             request = next(comparisons)
@@ -138,7 +137,7 @@ class Apart:
         loss, reference = (sum(t.check_losses) / len(t.check_losses) for t in (trial, base))
         loss_ok = abs(loss - reference) <= self.settings.tolerance * max(abs(reference), 1e-8)
         out = Arm(trial.plan, fields={"loss": loss, "loss_ok": loss_ok, "losses": list(trial.check_losses),
-                              **timing_fields(first_s=trial.first_s[0])})
+                                      **timing_fields(first_s=trial.first_s[0])})
         fastest, base_step = min(trial.first_s), base.settled_step_s
         if not loss_ok:
             out.status, out.reason = "loss off", (f"loss {loss:.4f} vs baseline {reference:.4f} over the same first "

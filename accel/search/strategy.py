@@ -144,12 +144,12 @@ class Search:
         return bool(self.best) or (not self.noisy and self.first_measured is not False)
 
     @property
-    def best_why(self) -> str:
-        """How the best plan was measured: its interval against the plain loop, or each ratio that led to it."""
-        if len(self.path) == 1:
-            ratio = self.path[0][1]
-            return f"{ratio.low:.2f}-{ratio.high:.2f}, 90% interval" if ratio.rounds > 1 else "1 round"
-        return "; ".join(how for how, _ in self.path)
+    def gain(self) -> str:
+        """The best plan's step over the plain loop's, with its interval, or each ratio that led to it."""
+        ratio = self.path[0][1] if len(self.path) == 1 else None
+        how = ("; ".join(how for how, _ in self.path) if ratio is None else
+               f"{ratio.low:.2f}-{ratio.high:.2f}, 90% interval" if ratio.rounds > 1 else "1 round")
+        return f"{self.vs_plain:.2f}x the plain loop's step ({how})"
 
     def _row(self, plan: dict, out: Arm, reference: dict, decision: str, tests: str = "") -> TuneRow:
         ratio = out.ratio if out.ratio.samples else None
@@ -284,7 +284,7 @@ class Search:
         unmeasured = [r.name for r in self.rows[1:] if r.status == "not measured"]
         notes = "".join(f"; {n}" for n in self.notes)
         if self.best:
-            return f"{plan_label(self.best)}: {self.vs_plain:.2f}x the plain loop's step ({self.best_why}){at}{notes}"
+            return f"{plan_label(self.best)}: {self.gain}{at}{notes}"
         if unmeasured and not measured:
             return (f"the budget ran out before any candidate was compared with the plain loop ({', '.join(unmeasured)}"
                     f" not measured): the plain loop is kept (the empty plan), untested; give a larger budget_s{notes}")

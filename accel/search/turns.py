@@ -15,7 +15,7 @@ from accel.distributed.agreement import ChunkTimes
 from accel.measure import SETTLE_BELOW_S, chunk_steps, round_order, synchronize
 from accel.plan.contract import Capability
 from accel.search.results import remember_warmup, run_ahead_s, timing_fields, warmup_deadline
-from accel.search.settings import BUDGET_STEPS, MIN_BUDGET_S, SLOW_STOP, provides
+from accel.search.settings import SLOW_STOP, provides
 from accel.search.strategy import Arm, Comparison
 from accel.search.words import say
 
@@ -70,7 +70,7 @@ class Turns:
         self.round = self.first_round = self.turn = 0
         self.order: list[Arm] = []
         self.chunk, self.chunk_steps = Chunk(), 2  # timed steps per chunk, paced after the plain loop's first
-        self.deadline = run.started + (run.settings.budget_s if run.settings.budget_s is not None else MIN_BUDGET_S)
+        self.deadline = run.settings.deadline(run.started)
         self.turn_began, self.note, self.cut = run.started, "", False  # cut: a verdict the budget left unclear
         self.plain_wait = [0.0, 0.0]  # data wait and time of the plain loop's timed steps
 
@@ -236,8 +236,7 @@ class Turns:
     def _pace(self, step_s: float) -> None:
         settings = self.run.settings
         self.chunk_steps = chunk_steps(step_s, least=2, most=MOST_STEPS, target_s=self.run.chunk_s)
-        if settings.budget_s is None:
-            self.deadline = max(self.deadline, self.run.started + BUDGET_STEPS * step_s)
+        self.deadline = max(self.deadline, settings.deadline(self.run.started, step_s))  # (a warm-up past it stays)
         if settings.expected_steps:
             self.deadline = min(self.deadline, self.run.started + EXPECTED_SHARE * settings.expected_steps * step_s)
 

@@ -109,10 +109,10 @@ def say(run: Any) -> None:
             why, by = (f"from the cache (measured on this setup {result.measured_at}, key {result.key[:12]}): "
                        "nothing measured"), f"chosen by plan='auto' from the cache (measured {result.measured_at})"
         elif run.how.startswith("resumed") or not strategy.best:
-            why, by = result.why.split("; ")[0], f"taken by plan='auto' ({result.why.split('; ')[0]})"
+            why = result.why.split("; ")[0]
+            by = f"taken by plan='auto' ({why})"
         else:
-            why = f"{strategy.vs_plain:.2f}x the plain loop's step ({strategy.best_why})"
-            by = f"chosen by plan='auto': {why}"
+            why, by = strategy.gain, f"chosen by plan='auto': {strategy.gain}"
         words.chosen, words.chosen_at, words.chosen_why, words.by = plan, run.chosen_at, why, dict.fromkeys(plan, by)
         words.by.update({r.tests: f"chosen by plan='auto': {r.reason}" for r in result.rows  # the loader's wait
                          if r.decision == "chosen" and r.tests in plan and r.status == "by data wait"})
