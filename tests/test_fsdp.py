@@ -460,11 +460,11 @@ def test_two_ranks_train_a_group_added_later_over_your_own_parameters(tmp_path, 
         assert not any(torch.equal(mine, before) for mine, before in zip(rank["closed"], rank["before"]))
 
 
-# --- plan="auto" under a launcher: ddp or fsdp by memory fit (accel.search.distribution) ----------------------
+# --- plan="auto" under a launcher: ddp or fsdp by memory fit (accel.distributed.agreement) ----------------------
 
 
 def test_the_footprint_counts_adam_state_as_it_will_be_and_as_it_is():
-    from accel.search.distribution import footprint
+    from accel.distributed.agreement import footprint
 
     model = tiny_model()
     model.conv1.requires_grad_(False)  # frozen: no gradient, no state
@@ -484,7 +484,7 @@ def test_the_footprint_counts_adam_state_as_it_will_be_and_as_it_is():
 
 @pytest.mark.parametrize("room, expected", [(4.0, {"ddp": {}}), (1.2, {"fsdp": {}}), (0.5, {"fsdp": {}})])
 def test_ddp_where_the_state_fits_fsdp_where_only_its_shard_does(room, expected):
-    from accel.search.distribution import choose, footprint
+    from accel.distributed.agreement import choose, footprint
 
     model = tiny_model()
     optimizer = torch.optim.Adam(model.parameters())

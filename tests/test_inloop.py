@@ -639,7 +639,7 @@ def test_a_plan_that_changes_nothing_is_not_stopped_when_the_machine_gets_busy_r
 def test_the_stop_rule_pairs_each_chunk_with_the_plain_loops_round_beside_it():
     """The reference is the plain loop's step in the same round when it ran first there, else its latest round; and
     one slow step in a chunk is not a verdict: every timed step must be over SLOW_STOP plain steps."""
-    from accel.search.verdicts import beside, stop_reason
+    from accel.search.turns import beside, stop_reason
 
     assert beside({0: 0.01, 1: 0.5}, 1) == 0.5 and beside({0: 0.01, 1: 0.5}, 2) == 0.5 and beside({}, 0) is None
     assert beside({0: 0.01, 2: 0.3}, 1) == 0.01  # not the fastest ever: the latest before

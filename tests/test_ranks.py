@@ -1,11 +1,11 @@
-"""accel/search/distribution.py: the ranks of in-loop auto agree (the slowest rank's times, rank 0's decisions), and a
+"""accel/distributed/agreement.py: the ranks of in-loop auto agree (the slowest rank's times, rank 0's decisions), and a
 search holds the process group across its plan switches. Real 2-process gloo runs on loopback."""
 import json
 
 import pytest
 from scripts.launching import output, torchrun
 
-from accel.search.distribution import ChunkTimes, GroupHold, RankAgreement
+from accel.distributed.agreement import ChunkTimes, GroupHold, RankAgreement
 
 
 def test_a_single_process_agrees_with_itself_without_a_collective():

@@ -16,6 +16,7 @@ import torch
 import accel.search.cache as plancache
 from accel import clock
 from accel.api import accelerate
+from accel.distributed.agreement import in_step
 from accel.errors import AccelerateError, BypassWarning, CheckpointError, MeasureError, PlanError
 from accel.measure import TrainStep, plan_label
 from accel.modules import compiled
@@ -24,10 +25,9 @@ from accel.run import open_run
 from accel.run.checkpoint import read, saved_plan
 from accel.run.interrupts import deferred
 from accel.run.sharded_checkpoint import is_sharded_checkpoint
-from accel.search.distribution import distribute, in_step
 from accel.search.fault import Faults, summary
 from accel.search.loader import SearchLoader, loader_rows, time_data_wait
-from accel.search.results import TuneResult, TuneRow, cached_answer, keep_answer
+from accel.search.results import TuneResult, TuneRow, cached_answer, distribute, keep_answer
 from accel.search.settings import Auto, placed, provides
 from accel.search.strategy import Search
 from accel.search.turns import Turns
@@ -51,8 +51,12 @@ class InLoopSearch:
                                                                    (model, optimizer, loader))
         self.device, self.launch, self.hardware = placed(device)
         self.notes: list[str] = []
-        self.distributed, self.hold, self.ranks = in_step(self.launch, model, optimizer, self.device, settings,
-                                                          self.notes)
+        self.distributed, self.hold, self.ranks = in_step(self.launch, model, optimizer, self.device,
+                                                          settings.memory_per_rank)
+        if self.distributed:
+            self.notes.append(f"a launched job of {self.launch.world_size} ranks: every plan measured ran with "
+                              f"{plan_label(self.distributed)} (by memory fit), the same plan on every rank at every "
+                              "step, timed by the slowest rank and decided by rank 0")
         self.strategy, kinds = Search.of(settings, self.hardware, model, optimizer, loader, in_loop=True)
         self.copies, self.epochwise = kinds["copies"], kinds["epochwise"]
         try:
@@ -85,7 +89,7 @@ class InLoopSearch:
         return self.phase in ("measuring", "chosen")
 
     @property
-    def arms(self) -> list:  # every plan that took (or waits for) turns, the plain loop first (turns.Arm)
+    def arms(self) -> list:  # every plan that took (or waits for) turns, the plain loop first (strategy.Arm)
         return self.turns.arms
 
     def backward(self, loss: torch.Tensor) -> None:

@@ -9,11 +9,18 @@ import accel.search.cache as plancache
 from accel import clock
 from accel.errors import MeasureError, PlanError, Problem
 from accel.measure import Lab, TrainStep, Trial
-from accel.search.distribution import distribute
-from accel.search.results import TuneResult, cached_answer, expected_warmup, keep_answer, remember_warmup, timing_fields
-from accel.search.settings import BUDGET_STEPS, MIN_BUDGET_S, SLOW_STOP, Auto, placed
-from accel.search.strategy import Comparison, Outcome, Search
-from accel.search.verdicts import run_ahead_s, warmup_fit
+from accel.search.results import (
+    TuneResult,
+    cached_answer,
+    distribute,
+    keep_answer,
+    remember_warmup,
+    run_ahead_s,
+    timing_fields,
+    warmup_deadline,
+)
+from accel.search.settings import SLOW_STOP, Auto, placed
+from accel.search.strategy import Arm, Comparison, Search
 
 
 def tune(model, optimizer, loader, device: Any = "auto", settings: Auto | None = None, **options: Any) -> TuneResult:
@@ -70,8 +77,7 @@ class Apart:
                    if base.status == "refused"
                    else MeasureError(f"the baseline (empty plan) cannot train: {base.error}"))
         self.lab.pace(base.settled_step_s, self.settings.chunk_steps)
-        budget = self.settings.budget_s
-        self.deadline += budget if budget is not None else max(MIN_BUDGET_S, BUDGET_STEPS * base.settled_step_s)
+        self.deadline = self.settings.deadline(self.deadline, base.settled_step_s)  # from the start
         comparisons = self.search.comparisons()
         try:
             request = next(comparisons)
@@ -95,20 +101,17 @@ class Apart:
             self.trials = [t for t in self.trials if t.run is not None] + [found]
         return found
 
-    def measure(self, request: Comparison) -> list[Outcome]:
+    def measure(self, request: Comparison) -> list[Arm]:
         note = ""
         if request.costly:
             reference = self.trial(request.reference)
-            candidate = {k: v for k, v in request.challengers[0].items() if k not in request.reference}
             ahead = run_ahead_s(self.settings.expected_steps, 0, reference.median_s or reference.settled_step_s)
-            fit = warmup_fit(*expected_warmup(candidate, self.facts, self.settings.cache),
-                             self.deadline - clock.now(), ahead)
-            if not fit.fits:
-                return [Outcome("not measured", fit.reason)]
-            if fit.past_budget:  # its warm-up and its rounds, on the run's allowance
-                self.deadline, note = clock.now() + 2 * fit.allowance_s, fit.reason
+            deadline, note = warmup_deadline(request.added, self.facts, self.settings.cache, self.deadline, ahead)
+            if deadline is None:
+                return [Arm(request.challengers[0], "not measured", note)]
+            self.deadline = deadline
         if clock.now() >= self.deadline:
-            return [Outcome("not measured", "the budget ran out") for _ in request.challengers]
+            return [Arm(plan, "not measured", "the budget ran out") for plan in request.challengers]
         reference = self.trial(request.reference)
         trials = [self.trial(plan) for plan in request.challengers]
         outcomes = [self._checked(t) for t in trials]
@@ -122,19 +125,19 @@ class Apart:
                               warmup_s=round(trial.warmup_s, 4) if trial.first_s else None)
             out.warmup_s, out.reference_s = trial.warmup_s - reference.warmup_s, reference.median_s
         if request.costly and outcomes[0].status == "measured":
-            remember_warmup(candidate, self.facts, self.settings.cache, outcomes[0].warmup_s)
+            remember_warmup(request.added, self.facts, self.settings.cache, outcomes[0].warmup_s)
         return outcomes
 
-    def _checked(self, trial: Trial) -> Outcome:
+    def _checked(self, trial: Trial) -> Arm:
         """Applied, trained, kept the loss, and not hopelessly slow (each first step over SLOW_STOP plain steps and
         over 0.5 s)."""
         if trial.status in ("refused", "failed"):
-            return Outcome(trial.status, trial.error)
+            return Arm(trial.plan, trial.status, trial.error)
         base = self.base
         loss, reference = (sum(t.check_losses) / len(t.check_losses) for t in (trial, base))
         loss_ok = abs(loss - reference) <= self.settings.tolerance * max(abs(reference), 1e-8)
-        out = Outcome(fields={"loss": loss, "loss_ok": loss_ok, "losses": list(trial.check_losses),
-                              **timing_fields(first_s=trial.first_s[0])})
+        out = Arm(trial.plan, fields={"loss": loss, "loss_ok": loss_ok, "losses": list(trial.check_losses),
+                                      **timing_fields(first_s=trial.first_s[0])})
         fastest, base_step = min(trial.first_s), base.settled_step_s
         if not loss_ok:
             out.status, out.reason = "loss off", (f"loss {loss:.4f} vs baseline {reference:.4f} over the same first "

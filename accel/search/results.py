@@ -3,15 +3,20 @@ remembers through accel.search.cache: an established answer, and a costly candid
 from __future__ import annotations
 
 import datetime as _dt
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import accel.search.cache as plancache
 from accel import clock
+from accel.distributed.agreement import choose
 from accel.measure import Ratio
 from accel.plan import Plan
+from accel.plan.contract import REGISTRY, Capability
 from accel.run.report import render_table
 from accel.search.settings import COSTLY_GUESS_S
+
+SOURCE_WORDS = "the rest of the plan is the answer a single process measured on this setup"
 
 
 @dataclass
@@ -117,6 +122,9 @@ def keep_answer(result: TuneResult, facts: dict[str, Any] | None, cache: Any, es
         result.key = plancache.store(facts, result.to_dict(), cache)
 
 
+LONG_RUN_SHARE = 0.02  # in a run of known length, a costly warm-up may take this share of the run still ahead
+
+
 def expected_warmup(candidate: dict[str, dict], facts: dict[str, Any] | None, cache: Any) -> tuple[float, str]:
     """A costly candidate's warm-up and how that is known: as last measured on this setup, else assumed."""
     seen = plancache.known_warmup(plancache.warmup_parts(facts, candidate), cache) if facts and cache else None
@@ -127,3 +135,50 @@ def expected_warmup(candidate: dict[str, dict], facts: dict[str, Any] | None, ca
 def remember_warmup(candidate: dict[str, dict], facts: dict[str, Any] | None, cache: Any, seconds: float) -> None:
     if facts is not None and cache:
         plancache.remember_warmup(plancache.warmup_parts(facts, candidate), seconds, cache)
+
+
+def run_ahead_s(expected_steps: int | None, steps_done: int, step_s: float | None) -> float:
+    """The seconds the run still has ahead at this step time, when its length is known (else 0)."""
+    return max(expected_steps - steps_done, 0) * step_s if expected_steps and step_s else 0.0
+
+
+def warmup_fit(guess_s: float, known: str, left_s: float, ahead_s: float = 0.0) -> tuple[bool, float, str]:
+    """Whether a costly candidate's expected warm-up fits the budget left, or a small share of a run known to be long
+    (then kept only if it pays back); the seconds it may take past the budget (0: within it); why, past it or out."""
+    allowance, guess = LONG_RUN_SHARE * ahead_s, f"its warm-up (about {guess_s:.0f} s, {known})"
+    if left_s >= guess_s:
+        return True, 0.0, ""
+    if guess_s <= allowance:
+        return True, allowance, (f"tried past the budget: {guess} is within {LONG_RUN_SHARE:.0%} of the run still "
+                                 f"ahead ({ahead_s:.0f} s at the best plan's step), and a second run starts warm")
+    return False, 0.0, (f"{guess} does not fit the {max(left_s, 0):.0f} s of budget left"
+                        + (f", nor {LONG_RUN_SHARE:.0%} of the run still ahead ({ahead_s:.0f} s)" if ahead_s else ""))
+
+
+def warmup_deadline(candidate: dict[str, dict], facts: dict | None, cache: Any, deadline: float, ahead_s: float,
+                    agree: Callable = lambda fit: fit) -> tuple[float | None, str]:
+    """A costly candidate's deadline: the budget's, or its warm-up and rounds past it on the run's allowance; None
+    when its warm-up does not fit; and why (``agree``: every rank takes rank 0's verdict)."""
+    fits, allowance, why = agree(warmup_fit(*expected_warmup(candidate, facts, cache), deadline - clock.now(), ahead_s))
+    return (clock.now() + 2 * allowance if allowance else deadline) if fits else None, why
+
+
+def distribute(result, model, optimizer, device: Any, launch, memory: int | None = None):
+    """A TuneResult for a launched job: with the wrapper by memory fit, a row and the why saying so, and where a cached
+    rest of the plan came from (once; unchanged in a single process)."""
+    if launch is None or launch.world_size <= 1:
+        return result
+    if not any(r.status == "memory fit" for r in result.rows):
+        chosen, why = choose(model, optimizer, device, launch.world_size, launch.local_world_size, memory)
+        plan = {k: v for k, v in result.plan.to_dict().items()
+                if Capability.MODEL_DISTRIBUTED not in REGISTRY[k].provides}
+        result.plan = Plan({**plan, **chosen})
+        result.rows.append(TuneRow(next(iter(chosen)), chosen, "memory fit", decision=why,
+                                   reason="chosen by memory fit, not timed"))
+        result.why = f"{why}; {result.why}" if result.why else why
+    if result.from_cache and SOURCE_WORDS not in result.why:
+        source = (f"{SOURCE_WORDS} ({result.settings.get('search', 'apart (accel.tune)')}, measured "
+                  f"{result.measured_at or 'at an unknown time'}, cache key {result.key[:12]}): every rank takes it")
+        head, sep, tail = result.why.partition("; ")
+        result.why = f"{head}; {source}{sep}{tail}" if sep else f"{result.why}; {source}" if result.why else source
+    return result

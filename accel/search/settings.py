@@ -47,6 +47,10 @@ class Auto:
         """A step function given: the search measures copies apart."""
         return not (self.step_fn is None and self.loss_fn is None and self.split is None)
 
+    def deadline(self, started: float, step_s: float = 0.0) -> float:
+        """When the search's budget ends: budget_s, else the larger of MIN_BUDGET_S and BUDGET_STEPS plain steps."""
+        return started + (self.budget_s if self.budget_s is not None else max(MIN_BUDGET_S, BUDGET_STEPS * step_s))
+
     def key(self) -> dict[str, Any]:
         """What changes the answer (cache.KEY_SETTINGS)."""
         given = [Plan(c).to_dict() for c in self.candidates] if self.candidates is not None else "generated"

@@ -8,6 +8,7 @@ budget for with outcomes "not measured", so the sequence always runs to its end.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Generator
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,7 +17,28 @@ from accel.measure import Ratio, paired, plan_label
 from accel.plan import Plan
 from accel.search.results import TuneRow
 from accel.search.settings import Auto, candidates_of
-from accel.search.verdicts import established, payback, pays, words
+
+
+def established(ratio: Ratio | None, margin: float) -> bool:
+    """Faster than what it is compared with, with 95% confidence, and by more than the margin."""
+    return ratio is not None and bool(ratio.samples) and ratio.below(1.0) and ratio.estimate <= 1 - margin
+
+
+def words(ratio: Ratio, margin: float) -> str:
+    """'faster', 'not faster' (clearly not by the margin) or 'noisy' (the rounds cannot tell)."""
+    if established(ratio, margin):
+        return "faster"
+    return "not faster" if ratio.above(1 - margin) or ratio.estimate > 1 else "noisy"
+
+
+def payback(ratio: Ratio, step_s: float, extra_warmup_s: float, margin: float,
+            expected_steps: int | None) -> tuple[bool, int | None, bool]:
+    """A costly accelerator's verdict: (faster, the step its extra warm-up pays back at, kept)."""
+    gain_s = step_s * (1 - ratio.estimate) if ratio.samples else 0.0
+    break_even = math.ceil(extra_warmup_s / gain_s) if gain_s > 0 else None
+    faster = bool(ratio.samples) and ratio.below(1 - margin / 2) and ratio.estimate <= 1 - margin
+    return faster, break_even, faster and (expected_steps is None or (break_even or math.inf) < expected_steps)
+
 
 
 @dataclass
@@ -29,12 +51,19 @@ class Comparison:
     what: str  # what is measured now, in words (the report says it)
     costly: bool = False  # the challenger adds a costly accelerator: its warm-up must fit first
 
+    @property
+    def added(self) -> dict[str, dict]:
+        """What the (first) challenger adds to the reference (a costly candidate)."""
+        return {k: v for k, v in self.challengers[0].items() if k not in self.reference}
+
 
 @dataclass
-class Outcome:
-    """What an executor measured of one challenger."""
+class Arm:
+    """One plan as an executor measured it in a comparison (its answer to the strategy); in your loop the same record
+    takes its turns across comparisons (turns.py), its status current: waiting, measuring, then how it ended."""
 
-    status: str = "measured"  # measured, refused, failed, loss off, stopped early, not measured
+    plan: dict[str, dict] = field(default_factory=dict)
+    status: str = "measured"  # measured, refused, failed, loss off, stopped early, not measured (waiting, measuring)
     reason: str = ""
     ratio: Ratio = field(default_factory=Ratio)  # its step over the reference's, from the rounds both ran
     rounds: dict[int, float] = field(default_factory=dict)  # round -> its seconds per step
@@ -42,10 +71,24 @@ class Outcome:
     warmup_s: float = 0.0  # its first step beyond the reference's step (a costly candidate's warm-up)
     reference_s: float | None = None  # the reference's step in the same rounds
     note: str = ""  # the executor's word on its row (a warm-up tried past the budget)
+    first_s: float | None = None  # in your loop: its first step after the first switch to it (compile lands there)
+    steps: int = 0
+    against: Arm | None = None  # the reference of its last comparison
+
+    @property
+    def name(self) -> str:
+        return plan_label(self.plan)
 
     @property
     def usable(self) -> bool:
         return self.status == "measured" and bool(self.ratio.samples)
+
+    def ratio_to(self, other: Arm) -> Ratio:
+        return paired(self.rounds, other.rounds)
+
+    def median_s(self) -> float | None:
+        ordered = sorted(self.rounds.values())
+        return ordered[len(ordered) // 2] if ordered else None
 
 
 def stack_of(candidates: list[dict[str, dict]]) -> tuple[dict[str, dict], list[str]]:
@@ -101,14 +144,14 @@ class Search:
         return bool(self.best) or (not self.noisy and self.first_measured is not False)
 
     @property
-    def best_why(self) -> str:
-        """How the best plan was measured: its interval against the plain loop, or each ratio that led to it."""
-        if len(self.path) == 1:
-            ratio = self.path[0][1]
-            return f"{ratio.low:.2f}-{ratio.high:.2f}, 90% interval" if ratio.rounds > 1 else "1 round"
-        return "; ".join(how for how, _ in self.path)
+    def gain(self) -> str:
+        """The best plan's step over the plain loop's, with its interval, or each ratio that led to it."""
+        ratio = self.path[0][1] if len(self.path) == 1 else None
+        how = ("; ".join(how for how, _ in self.path) if ratio is None else
+               f"{ratio.low:.2f}-{ratio.high:.2f}, 90% interval" if ratio.rounds > 1 else "1 round")
+        return f"{self.vs_plain:.2f}x the plain loop's step ({how})"
 
-    def _row(self, plan: dict, out: Outcome, reference: dict, decision: str, tests: str = "") -> TuneRow:
+    def _row(self, plan: dict, out: Arm, reference: dict, decision: str, tests: str = "") -> TuneRow:
         ratio = out.ratio if out.ratio.samples else None
         to_plain = self.vs_plain if reference == self.best else 1.0 if not reference else None
         row = TuneRow(plan_label(plan), plan, out.status, plan_label(reference), ratio.to_dict() if ratio else None,
@@ -125,7 +168,7 @@ class Search:
                f"{added} on top: {ratio}" if not dropped else f"{plan_label(plan)}: {ratio}")
         self.best, self.path = dict(plan), [*(self.path if reference else []), (how, ratio)]
 
-    def comparisons(self) -> Generator[Comparison, list[Outcome], None]:
+    def comparisons(self) -> Generator[Comparison, list[Arm], None]:
         vs_plain = (1 - self.margin,)
         stack, left_out = stack_of(self.candidates) if not self.given else ({}, [])
         rivals = rival_stacks(self.candidates) if not self.given else []
@@ -162,7 +205,7 @@ class Search:
         for candidate in self.costly:
             yield from self._costly(candidate)
 
-    def _fastest(self, plans: list[dict], outs: list[Outcome], what: str) -> list[dict]:
+    def _fastest(self, plans: list[dict], outs: list[Arm], what: str) -> list[dict]:
         """The fastest established plan is chosen, unless one with fewer accelerators is not shown slower."""
         said = {"faster": "faster, not the fastest", "not faster": "not faster by the margin",
                 "noisy": "not established (noisy)"}
@@ -183,14 +226,14 @@ class Search:
         rows[best].decision = ": ".join(w for w in (what, "chosen") if w)
         return [plans[i] for _, i in sorted(won)]
 
-    def _ablations(self) -> Generator[Comparison, list[Outcome], None]:
+    def _ablations(self) -> Generator[Comparison, list[Arm], None]:
         """The best plan without each of its accelerators, against it: the one whose removal costs least goes when not
         shown to pay (one round, or more than the margin slower without it, keeps it)."""
         best, names, margin = self.best, list(self.best), self.margin
         trimmed = [{k: v for k, v in best.items() if k != name} for name in names]
         outs = yield Comparison(best, trimmed, (1 + margin,), f"whether each accelerator of {plan_label(best)} pays")
         drop = [(o.ratio.estimate, i) for i, o in enumerate(outs) if o.usable and o.ratio.rounds > 1
-                and o.ratio.estimate <= 1 + margin and not pays(o.ratio, margin)]
+                and o.ratio.estimate <= 1 + margin and not established(Ratio([1 / s for s in o.ratio.samples]), margin)]
         self._dropped = min(drop)[1] if drop else None
         for i, (name, plan, out) in enumerate(zip(names, trimmed, outs)):
             share = f"{1 / out.ratio.estimate:.2f} of the time with it" if out.usable else ""
@@ -200,7 +243,7 @@ class Search:
         if self._dropped is not None:
             self._adopt(trimmed[self._dropped], outs[self._dropped].ratio, best)
 
-    def _rival(self, rival: dict, stack: dict) -> Generator[Comparison, list[Outcome], None]:
+    def _rival(self, rival: dict, stack: dict) -> Generator[Comparison, list[Arm], None]:
         """A rival stack against the best plan so far: it takes over only when established faster."""
         reference, made_way = dict(self.best), ", ".join(name for name in stack if name not in rival) or "nothing"
         (out,) = yield Comparison(reference, [rival], (1 - self.margin,), f"the rival stack {plan_label(rival)} "
@@ -214,7 +257,7 @@ class Search:
             if won:
                 self._adopt(rival, out.ratio, reference)
 
-    def _costly(self, candidate: dict) -> Generator[Comparison, list[Outcome], None]:
+    def _costly(self, candidate: dict) -> Generator[Comparison, list[Arm], None]:
         """A costly accelerator (compile) on top of the best plan, kept when its warm-up pays back within the run."""
         reference, name = dict(self.best), "+".join(candidate)
         plan, on = {**reference, **candidate}, plan_label(reference) if reference else "the plain loop"
@@ -241,7 +284,7 @@ class Search:
         unmeasured = [r.name for r in self.rows[1:] if r.status == "not measured"]
         notes = "".join(f"; {n}" for n in self.notes)
         if self.best:
-            return f"{plan_label(self.best)}: {self.vs_plain:.2f}x the plain loop's step ({self.best_why}){at}{notes}"
+            return f"{plan_label(self.best)}: {self.gain}{at}{notes}"
         if unmeasured and not measured:
             return (f"the budget ran out before any candidate was compared with the plain loop ({', '.join(unmeasured)}"
                     f" not measured): the plain loop is kept (the empty plan), untested; give a larger budget_s{notes}")

@@ -11,43 +11,36 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from accel import clock
-from accel.measure import SETTLE_BELOW_S, Ratio, chunk_steps, paired, plan_label, round_order, synchronize
+from accel.distributed.agreement import ChunkTimes
+from accel.measure import SETTLE_BELOW_S, chunk_steps, round_order, synchronize
 from accel.plan.contract import Capability
-from accel.search.distribution import ChunkTimes
-from accel.search.results import expected_warmup, remember_warmup, timing_fields
-from accel.search.settings import BUDGET_STEPS, MIN_BUDGET_S, provides
-from accel.search.strategy import Comparison, Outcome
-from accel.search.verdicts import beside, decided, run_ahead_s, stop_reason, warmup_fit
+from accel.search.results import remember_warmup, run_ahead_s, timing_fields, warmup_deadline
+from accel.search.settings import SLOW_STOP, provides
+from accel.search.strategy import Arm, Comparison
 from accel.search.words import say
 
 MIN_ROUNDS = 3  # rounds of a comparison before any verdict
 MAX_ROUNDS = 30
 MOST_STEPS = 4  # timed steps of a chunk at most: 3 rounds of 2 plans end by the 30th step of a run of short steps
 EXPECTED_SHARE = 0.3  # with expected_steps, the measurement spends at most this share of the plain run's time
+STOP_COST_S = 0.5  # a candidate is stopped only once its slowness cost this much in one chunk
+LEAST_STEPS = 2  # timed steps of the chunk before it can be stopped (one is a spike as much as a verdict)
 
 
-@dataclass
-class Arm:
-    """One plan taking turns (a candidate, or the plain loop): its step per round, and how it ended."""
+def beside(reference: dict[int, float], round_index: int) -> float | None:
+    """The reference's step (round -> seconds) in this round, else its latest before; None before it ran."""
+    earlier = [r for r in reference if r <= round_index]
+    return reference[max(earlier)] if earlier else None
 
-    plan: dict[str, dict]
-    rounds: dict[int, float] = field(default_factory=dict)  # round -> its seconds per step in that round
-    status: str = "waiting"  # waiting, measuring, measured, refused, failed, loss off, stopped early, not measured
-    reason: str = ""
-    first_s: float | None = None  # its first step after the first switch to it (compile lands there)
-    steps: int = 0
-    against: Arm | None = None  # the reference of its last comparison
 
-    @property
-    def name(self) -> str:
-        return plan_label(self.plan)
-
-    def ratio_to(self, other: Arm) -> Ratio:
-        return paired(self.rounds, other.rounds)
-
-    def median_s(self) -> float | None:
-        ordered = sorted(self.rounds.values())
-        return ordered[len(ordered) // 2] if ordered else None
+def stop_reason(fastest_s: float, timed: int, reference_s: float | None, against: str = "the plain loop") -> str:
+    """Why the candidate stops now ("" when it does not): the fastest of ``timed`` steps over SLOW_STOP reference
+    steps, at a cost over STOP_COST_S."""
+    if reference_s is None or reference_s <= 0 or timed < LEAST_STEPS or fastest_s <= SLOW_STOP * reference_s \
+            or (fastest_s - reference_s) * timed <= STOP_COST_S:
+        return ""
+    return (f"its steps took {fastest_s:.3f} s or more, over {SLOW_STOP:g}x {against}'s {reference_s:.3f} s in the "
+            "round beside it")
 
 
 @dataclass
@@ -70,14 +63,14 @@ class Turns:
     """Runs the search's comparisons on the steps of a plan="auto" run (inloop.InLoopSearch: ``run``)."""
 
     def __init__(self, run: Any):
-        self.run, self.arms = run, [Arm({}, status="measuring")]
+        self.run, self.arms = run, [Arm({}, "measuring")]
         self.plain = self.reference = self.active = self.arms[0]
         self.comparisons, self.request = run.strategy.comparisons(), None
         self.challengers: list[Arm] = []
         self.round = self.first_round = self.turn = 0
         self.order: list[Arm] = []
         self.chunk, self.chunk_steps = Chunk(), 2  # timed steps per chunk, paced after the plain loop's first
-        self.deadline = run.started + (run.settings.budget_s if run.settings.budget_s is not None else MIN_BUDGET_S)
+        self.deadline = run.settings.deadline(run.started)
         self.turn_began, self.note, self.cut = run.started, "", False  # cut: a verdict the budget left unclear
         self.plain_wait = [0.0, 0.0]  # data wait and time of the plain loop's timed steps
 
@@ -98,18 +91,17 @@ class Turns:
     def _begin(self, request: Comparison) -> None:
         self.request, self.note, self.reference = request, "", self.arm(request.reference)
         if request.costly:
-            candidate = {k: v for k, v in request.challengers[0].items() if k not in request.reference}
-            guess = expected_warmup(candidate, self.run.cache_key, self.run.settings.cache)
-            ahead = run_ahead_s(self.run.settings.expected_steps, self.run.steps, self.reference.median_s())
-            fit = self.run.ranks.decide(warmup_fit(*guess, self.deadline - clock.now(), ahead))  # rank 0's clock
-            if not fit.fits:
-                return self._answer([Outcome("not measured", fit.reason)])
-            if fit.past_budget:  # its warm-up and its rounds, on the run's allowance
-                self.deadline, self.note = clock.now() + 2 * fit.allowance_s, fit.reason
+            run = self.run
+            ahead = run_ahead_s(run.settings.expected_steps, run.steps, self.reference.median_s())
+            deadline, self.note = warmup_deadline(request.added, run.cache_key, run.settings.cache, self.deadline,
+                                                  ahead, run.ranks.decide)  # rank 0's clock
+            if deadline is None:
+                return self._answer([Arm(request.challengers[0], "not measured", self.note)])
+            self.deadline = deadline
             self.run.faults.capture.remove()  # compile would trace hooks on the model: no replay from here
         if self.run.ranks.past(self.deadline, clock.now()):
             self.cut = True
-            return self._answer([Outcome("not measured", "the budget ran out") for _ in request.challengers])
+            return self._answer([Arm(plan, "not measured", "the budget ran out") for plan in request.challengers])
         self.challengers = [self.arm(plan) for plan in request.challengers]
         for arm in self.challengers:
             if arm.status in ("waiting", "measuring", "measured"):  # one that could not run before is not tried again
@@ -117,32 +109,29 @@ class Turns:
         self.reference.status, self.first_round = "measuring", self.round
         self._next_round() if self._live() else self._end_comparison()
 
-    def _answer(self, outcomes: list[Outcome]) -> None:
+    def _answer(self, outcomes: list[Arm]) -> None:
         self._next(lambda: self.comparisons.send(outcomes))
 
     def _end_comparison(self) -> None:
-        reference, outcomes = self.reference, []
-        for arm in self.challengers:
-            ratio = arm.ratio_to(reference)
+        reference, challengers, self.challengers = self.reference, self.challengers, []
+        for arm in challengers:
+            arm.ratio, arm.reference_s, arm.note = arm.ratio_to(reference), reference.median_s(), self.note
             if arm.status in ("measuring", "measured"):
-                arm.status, arm.reason = ("measured", arm.reason) if ratio.samples else ("not measured",
-                                                                                          "the budget ran out")
+                arm.status, arm.reason = ("measured", arm.reason) if arm.ratio.samples else ("not measured",
+                                                                                              "the budget ran out")
             if self.request.costly and arm.first_s is not None:
                 arm.first_s = self.run.ranks.slowest(arm.first_s)  # the warm-up every rank waited for
-                remember_warmup({k: v for k, v in arm.plan.items() if k not in reference.plan}, self.run.cache_key,
-                                self.run.settings.cache, arm.first_s - (reference.median_s() or 0.0))
-            outcomes.append(Outcome(arm.status, arm.reason, ratio, dict(arm.rounds),
-                                    timing_fields(arm.median_s(), arm.first_s),
-                                    (arm.first_s or 0.0) - (reference.median_s() or 0.0), reference.median_s(),
-                                    self.note))
-        self.challengers = []
+                remember_warmup(self.request.added, self.run.cache_key, self.run.settings.cache,
+                                arm.first_s - (arm.reference_s or 0.0))
+            arm.fields, arm.warmup_s = timing_fields(arm.median_s(), arm.first_s), (arm.first_s or 0.0) - (
+                arm.reference_s or 0.0)
         reference.status = "measured" if reference is not self.plain else reference.status
-        self._answer(outcomes)
+        self._answer(challengers)
 
     def arm(self, plan: dict[str, dict]) -> Arm:
         found = next((a for a in self.arms if a.plan == plan), None)
         if found is None:
-            found = Arm(dict(plan))
+            found = Arm(dict(plan), "waiting")
             self.arms.append(found)
         return found
 
@@ -165,9 +154,9 @@ class Turns:
             return self._go(self.order[self.turn])
         self.round += 1
         if self.round - self.first_round >= MIN_ROUNDS:
-            for arm in self._live():
-                arm.status = ("measured" if decided(arm.ratio_to(self.reference), self.request.thresholds)
-                              else arm.status)
+            for arm, ratio in ((a, a.ratio_to(self.reference)) for a in self._live()):  # more rounds would not
+                if ratio.below(max(self.request.thresholds)) or ratio.above(min(self.request.thresholds)):  # change it
+                    arm.status = "measured"
         if not self._live() or self.round - self.first_round >= MAX_ROUNDS:
             return self._end_comparison()
         self._next_round()
@@ -247,8 +236,7 @@ class Turns:
     def _pace(self, step_s: float) -> None:
         settings = self.run.settings
         self.chunk_steps = chunk_steps(step_s, least=2, most=MOST_STEPS, target_s=self.run.chunk_s)
-        if settings.budget_s is None:
-            self.deadline = max(self.deadline, self.run.started + BUDGET_STEPS * step_s)
+        self.deadline = max(self.deadline, settings.deadline(self.run.started, step_s))  # (a warm-up past it stays)
         if settings.expected_steps:
             self.deadline = min(self.deadline, self.run.started + EXPECTED_SHARE * settings.expected_steps * step_s)
 

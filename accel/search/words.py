@@ -9,6 +9,7 @@ from typing import Any
 from accel import clock
 from accel.measure import plan_label
 from accel.search.fault import summary
+from accel.search.strategy import Arm
 
 ASKED = "asked for"  # an accelerator's words for an option the plan gave: under auto, the plan was auto's
 COPY = ("it trains a copy of your model, which a switch back to another plan would leave behind: measured apart on "
@@ -20,20 +21,6 @@ def label(plan: dict[str, dict] | None) -> str:
 
 
 @dataclass
-class Seen:
-    """One candidate as far as it was measured."""
-
-    name: str
-    status: str  # measuring, measured, chosen, stopped early, loss off, refused, failed, not measured
-    against: str = "the plain loop"  # what it was compared with
-    ratio: str = ""  # "0.71 (0.66-0.77)": its step over that one's, with the 90% interval
-    estimate: float | None = None
-    reason: str = ""
-    rounds: int = 0
-    step_ms: float | None = None
-
-
-@dataclass
 class SearchState:
     phase: str = "measuring"  # measuring, chosen (measuring what budget is left), settled, ended early
     since_step: int = 0  # the step auto began measuring at
@@ -41,7 +28,7 @@ class SearchState:
     measuring: str = ""  # what is compared now
     in_place: dict[str, dict] = field(default_factory=dict)  # the plan in place now
     plain_ms: float | None = None  # the plain loop's step
-    candidates: list[Seen] = field(default_factory=list)
+    candidates: list[dict[str, Any]] = field(default_factory=list)  # each as far as it was measured (_seen)
     chosen: dict[str, dict] | None = None
     chosen_at: int | None = None  # the step of the first verdict
     settled_at: int | None = None  # the step the measuring ended at
@@ -69,7 +56,7 @@ class SearchState:
         return dataclasses.replace(row, reason=who + (f"; {row.reason}" if row.reason else ""), changes=changes)
 
     def headline(self) -> str:
-        so_far = "; ".join(f"{c.name} {c.ratio} of {c.against}'s step" for c in self.candidates if c.ratio)
+        so_far = "; ".join(f"{c['name']} {c['ratio']} of {c['against']}'s step" for c in self.candidates if c["ratio"])
         if self.phase == "ended early":
             return (f"ended at step {self.step} while measuring, before any verdict: nothing chosen, nothing cached"
                     + (f"; measured so far: {so_far}" if so_far else ""))
@@ -91,9 +78,9 @@ class SearchState:
     def lines(self) -> list[str]:
         body = [f"  the plain loop: {self.plain_ms:.1f} ms a step"] if self.plain_ms is not None else []
         for c in self.candidates:
-            ratio = f"{c.ratio} of {c.against}'s step" if c.ratio else ""
-            said = [part for part in (ratio, "" if c.status == "measured" else c.status, c.reason) if part]
-            body.append(f"  candidate {c.name}: {', '.join(said) or 'not measured yet'}")
+            ratio = f"{c['ratio']} of {c['against']}'s step" if c["ratio"] else ""
+            said = [part for part in (ratio, "" if c["status"] == "measured" else c["status"], c["reason"]) if part]
+            body.append(f"  candidate {c['name']}: {', '.join(said) or 'not measured yet'}")
         cost = self.cost
         if cost.get("steps"):
             body.append(f"  cost: {cost['measured_s']:.1f} s measuring over {cost['steps']} steps" + (
@@ -122,10 +109,10 @@ def say(run: Any) -> None:
             why, by = (f"from the cache (measured on this setup {result.measured_at}, key {result.key[:12]}): "
                        "nothing measured"), f"chosen by plan='auto' from the cache (measured {result.measured_at})"
         elif run.how.startswith("resumed") or not strategy.best:
-            why, by = result.why.split("; ")[0], f"taken by plan='auto' ({result.why.split('; ')[0]})"
+            why = result.why.split("; ")[0]
+            by = f"taken by plan='auto' ({why})"
         else:
-            why = f"{strategy.vs_plain:.2f}x the plain loop's step ({strategy.best_why})"
-            by = f"chosen by plan='auto': {why}"
+            why, by = strategy.gain, f"chosen by plan='auto': {strategy.gain}"
         words.chosen, words.chosen_at, words.chosen_why, words.by = plan, run.chosen_at, why, dict.fromkeys(plan, by)
         words.by.update({r.tests: f"chosen by plan='auto': {r.reason}" for r in result.rows  # the loader's wait
                          if r.decision == "chosen" and r.tests in plan and r.status == "by data wait"})
@@ -136,7 +123,7 @@ def say(run: Any) -> None:
                                           "establish its answer") + ")")
     chosen = words.chosen if run.phase in ("chosen", "settled") else None
     words.candidates = [_seen(a, chosen) for a in run.arms[1:] if a.status != "waiting" or a.rounds]
-    words.candidates += [Seen(plan_label(c), "not measured", reason=COPY) for c in run.copies]
+    words.candidates += [_seen(Arm(c, "not measured", COPY), None) for c in run.copies]
     words.faults = summary(run.faults.blames)
     elapsed, steps = (run.ended_at or clock.now()) - run.started, run.current.steps - words.since_step
     step_s = next((a.median_s() for a in run.arms if a.plan == chosen and a.rounds), None) or turns.plain.median_s()
@@ -144,10 +131,11 @@ def say(run: Any) -> None:
                   "extra_s": round(max(elapsed - steps * (step_s or 0.0), 0.0), 3)}
 
 
-def _seen(arm: Any, chosen: dict | None) -> Seen:
+def _seen(arm: Arm, chosen: dict | None) -> dict[str, Any]:
+    """One candidate as far as it was measured: its step over what it was compared with, with the 90% interval."""
     ratio = arm.ratio_to(arm.against) if arm.against is not None else None
-    against = "the plain loop" if arm.against is None or not arm.against.plan else arm.against.name
     median, measured = arm.median_s(), ratio is not None and bool(ratio.samples)
-    return Seen(arm.name, "chosen" if arm.plan == chosen else arm.status, against, str(ratio) if measured else "",
-                round(ratio.estimate, 4) if measured else None, arm.reason, len(arm.rounds),
-                round(median * 1000, 3) if median else None)
+    return {"name": arm.name, "status": "chosen" if arm.plan == chosen else arm.status,
+            "against": "the plain loop" if arm.against is None or not arm.against.plan else arm.against.name,
+            "ratio": str(ratio) if measured else "", "estimate": round(ratio.estimate, 4) if measured else None,
+            "reason": arm.reason, "rounds": len(arm.rounds), "step_ms": round(median * 1000, 3) if median else None}

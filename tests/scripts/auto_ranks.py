@@ -10,7 +10,7 @@ import sys
 import torch
 
 import accel
-from accel.search.distribution import footprint
+from accel.distributed.agreement import footprint
 from accel.testing import tiny_loader, tiny_model
 
 model = tiny_model()

@@ -1,4 +1,4 @@
-"""2 gloo ranks: plan="auto" in the user's own loop under a launcher (accel/search/distribution.py).
+"""2 gloo ranks: plan="auto" in the user's own loop under a launcher (accel/distributed/agreement.py).
 
 Each rank trains the same model with the same loop; auto measures two candidates against the plain loop with ddp
 in every arm. Each rank writes OUT_DIR/rankN.json: the plan of every step, the plan it settled on and when, whether

@@ -1,4 +1,4 @@
-"""2 gloo ranks: what in-loop auto needs under a launcher (accel/search/distribution.py).
+"""2 gloo ranks: what in-loop auto needs under a launcher (accel/distributed/agreement.py).
 
 While a GroupHold holds the group: a ddp run trains and closes, and a ddp + grad_clipping run trains on the same
 group (never destroyed in between); the ranks, given different local times, agree on the slowest and on rank 0's
@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 import accel
-from accel.search.distribution import ChunkTimes, GroupHold, RankAgreement, RanksDiverged
+from accel.distributed.agreement import ChunkTimes, GroupHold, RankAgreement, RanksDiverged
 from accel.testing import tiny_loader, tiny_model
 
 out = {}

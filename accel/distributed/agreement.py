@@ -1,11 +1,8 @@
-"""plan="auto" under a launcher: every rank runs the same plan at every step.
-
-The wrapper every rank runs is chosen by memory fit: ``model.distributed`` whole (ddp) where the training state fits
-FIT of a rank's memory (the device's total, never what is free now: the ranks agree without talking), else
-``model.sharded`` (fsdp); apart, the rest of the plan is a single process's cached answer. In your loop a chunk's
-times are the slowest rank's, any rank's non-finite loss counts, and every decision read from a rank's own clock or
-folder is rank 0's (``RankAgreement``); ``GroupHold`` keeps the process group across the plan switches. In a single
-process nothing makes a collective.
+"""What keeps a launched job's ranks in step while plan="auto" measures: the wrapper every rank runs, chosen by
+memory fit (``model.distributed`` whole where the training state fits FIT of a rank's memory, the device's total,
+never what is free now, so the ranks agree without talking; else ``model.sharded``); the collectives that give every
+rank the slowest rank's times and rank 0's decisions (``RankAgreement``); and ``GroupHold``, which keeps the process
+group across plan switches. In a single process nothing makes a collective.
 """
 from __future__ import annotations
 
@@ -19,17 +16,13 @@ import torch
 from accel.distributed.data_parallel import DEVICE_BACKEND
 from accel.distributed.group import BACKEND_DEVICE, join_group
 from accel.hardware.launcher import launcher_environment
-from accel.measure import plan_label
-from accel.plan import Plan
 from accel.plan.contract import REGISTRY, Capability
 from accel.run.journal import Journal
-from accel.search.results import TuneRow
 
 FIT = 0.5  # the training state may take this fraction of a rank's memory
 # tensors of optimizer state per trainable parameter element, for optimizers whose state is not there yet
 STATE_PER_PARAMETER = {"Adam": 2, "AdamW": 2, "Adamax": 2, "NAdam": 2, "RAdam": 2, "Adadelta": 2, "Rprop": 2,
                        "ASGD": 2, "Adagrad": 1, "SGD": 1, "RMSprop": 1, "Adafactor": 1}
-SOURCE_WORDS = "the rest of the plan is the answer a single process measured on this setup"
 
 
 @dataclass
@@ -99,27 +92,6 @@ def choose(model, optimizer, device: torch.device, world_size: int, local_world_
                                                    "host memory"))
     return {sharded: {}}, (f"{sharded}: {whole}: even {over} ({_gib(shard)}) it may not fit: more ranks or "
                            "activation_checkpointing would help")
-
-
-def distribute(result, model, optimizer, device: torch.device, launch, memory: int | None = None):
-    """A TuneResult for a launched job: with the wrapper by memory fit, a row and the why saying so, and where a cached
-    rest of the plan came from (once; unchanged in a single process)."""
-    if launch is None or launch.world_size <= 1:
-        return result
-    if not any(r.status == "memory fit" for r in result.rows):
-        chosen, why = choose(model, optimizer, device, launch.world_size, launch.local_world_size, memory)
-        plan = {k: v for k, v in result.plan.to_dict().items()
-                if Capability.MODEL_DISTRIBUTED not in REGISTRY[k].provides}
-        result.plan = Plan({**plan, **chosen})
-        result.rows.append(TuneRow(next(iter(chosen)), chosen, "memory fit", decision=why,
-                                   reason="chosen by memory fit, not timed"))
-        result.why = f"{why}; {result.why}" if result.why else why
-    if result.from_cache and SOURCE_WORDS not in result.why:
-        source = (f"{SOURCE_WORDS} ({result.settings.get('search', 'apart (accel.tune)')}, measured "
-                  f"{result.measured_at or 'at an unknown time'}, cache key {result.key[:12]}): every rank takes it")
-        head, sep, tail = result.why.partition("; ")
-        result.why = f"{head}; {source}{sep}{tail}" if sep else f"{result.why}; {source}" if result.why else source
-    return result
 
 
 def _gib(size: int) -> str:
@@ -222,14 +194,9 @@ class GroupHold:
         self.release()
 
 
-def in_step(launch, model, optimizer, device: torch.device, settings, notes: list[str]):
+def in_step(launch, model, optimizer, device: torch.device, memory: int | None = None):
     """(the wrapper every candidate carries by memory fit, the group held, the agreement); nothing in one process."""
     if launch is None or launch.world_size <= 1:
         return {}, GroupHold(), RankAgreement(None)
-    carried, _ = choose(model, optimizer, device, launch.world_size, launch.local_world_size,
-                                     settings.memory_per_rank)
-    hold = GroupHold(DEVICE_BACKEND.get(device.type, "gloo")).acquire()
-    notes.append(f"a launched job of {launch.world_size} ranks: every plan measured ran with {plan_label(carried)} (by "
-                 "memory fit), the same plan on every rank at every step, timed by the slowest rank and decided by "
-                 "rank 0")
-    return carried, hold, RankAgreement.current()
+    carried, _ = choose(model, optimizer, device, launch.world_size, launch.local_world_size, memory)
+    return carried, GroupHold(DEVICE_BACKEND.get(device.type, "gloo")).acquire(), RankAgreement.current()
