@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from accel.run.interrupts import deferred
+from accel.run.interrupts import clean_up, deferred
 from accel.run.shared_settings import Layer
 
 _MISSING = object()
@@ -120,20 +120,15 @@ class Journal:
         try:
             redo()
         except BaseException:
-            try:  # twice if a Ctrl-C lands on the call (accel.run.interrupts)
-                self._forget(entry)
-            except BaseException:
-                self._forget(entry)
-                raise
+            clean_up(self._forget, entry)
             raise
 
     def _forget(self, entry: Entry) -> None:
         """Undo a change whose redo failed or was interrupted, and drop its entry (once, however often called)."""
-        with deferred():
-            if any(e is entry for e in self.entries):
-                with contextlib.suppress(Exception):  # the redo's own error is the one to report
-                    entry.undo()
-                self.entries = [e for e in self.entries if e is not entry]
+        if any(e is entry for e in self.entries):
+            with contextlib.suppress(Exception):  # the redo's own error is the one to report
+                entry.undo()
+            self.entries = [e for e in self.entries if e is not entry]
 
     def layer(self, key: Hashable, what: str, read: Callable[[], Any], write: Callable[[Any], None],
               value: Any) -> None:

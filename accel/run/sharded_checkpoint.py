@@ -22,7 +22,7 @@ from accel.hardware.launcher import rank, world_size
 from accel.plan import same_options
 from accel.run.checkpoint import check_contents, checksum, encode_plan, load_file, on_rank_zero, write_error
 from accel.run.checkpoint_fit import gather_from_ranks, gathered, sharded_problems, this_rank, training_plan
-from accel.run.interrupts import held
+from accel.run.interrupts import clean_up
 from accel.run.thread_warnings import thread_filter
 
 FORMAT = 1
@@ -263,11 +263,7 @@ def load(run, path) -> dict[str, Any]:
     try:
         _set(run, read_into["model"], read_into.get("optimizer", {}), progress)
     except BaseException as error:  # a Ctrl-C too: the run as it was, never half from the checkpoint
-        try:  # twice if a Ctrl-C lands on the call (accel.run.interrupts)
-            held(_set, run, *backup)
-        except BaseException:
-            held(_set, run, *backup)
-            raise
+        clean_up(_set, run, *backup)
         if not isinstance(error, Exception):
             raise
         raise CheckpointError(f"{where} could not be restored ({type(error).__name__}: {error}); the run was put "

@@ -17,7 +17,7 @@ from accel.randomness import loader_generators, rng_state, set_rng_state
 from accel.run.checkpoint import load as load_checkpoint
 from accel.run.checkpoint import save as save_checkpoint
 from accel.run.checkpoint_fit import model_problems, optimizer_problems, stray_problems
-from accel.run.interrupts import autograd_kept, held
+from accel.run.interrupts import autograd_kept, clean_up
 
 
 class RunState:
@@ -64,11 +64,7 @@ class RunState:
             with autograd_kept():
                 self._restore(state)
         except BaseException:  # a Ctrl-C too: never a model half from the checkpoint, counters from before
-            try:  # twice if a Ctrl-C lands on the call (accel.run.interrupts)
-                held(self._restore, backup)
-            except BaseException:
-                held(self._restore, backup)
-                raise
+            clean_up(self._restore, backup)
             raise
 
     def _backup(self) -> dict[str, Any]:
