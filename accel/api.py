@@ -200,7 +200,7 @@ def accelerate(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None =
         report.decisions = ctx.decisions.summary()
         if yours is not None:
             ctx.model, report.decisions["your_compile"] = keep_your_compile(yours, ctx.model, applied)
-        report.stale = stale_objects(replaced)
+        report.stale = {what: STALE[what].format(name=name) for what, name in replaced.items()}  # never silent
         for text in report.stale.values():
             warnings.warn(f"accel: {text}", StaleWarning, stacklevel=2)
         run = Run(ctx, report, applied, states)
@@ -245,17 +245,12 @@ def keep_your_compile(yours: torch.nn.Module, model: torch.nn.Module, applied: l
             "module inside yours")
 
 
-STALE = {
+STALE = {  # what the user holds that no longer drives the training, and what to use instead
     "model": ("{name} replaced it with its own copy, which is what trains: your model.train()/eval(), hooks, EMA "
               "and state_dict() do not reach the training; use run.unwrap() (and run.model.train()/.eval()) instead"),
     "optimizer": ("{name} replaced it with its own, which is what steps: schedulers, learning-rate writes, "
                   "add_param_group and state_dict() on yours do not reach the training; use run.optimizer instead"),
 }
-
-
-def stale_objects(replaced: dict[str, str]) -> dict[str, str]:
-    """What the user holds that no longer drives the training, and what to use instead (never silent)."""
-    return {what: STALE[what].format(name=name) for what, name in replaced.items()}
 
 
 def describe(hardware: Hardware) -> str:

@@ -17,7 +17,7 @@ from typing import TypeVar
 import torch
 from torch.utils.data import DataLoader, IterableDataset, RandomSampler, SequentialSampler
 
-from accel.distributed.group import join_group
+from accel.distributed.group import BACKEND_DEVICE, join_group
 from accel.errors import Problem
 from accel.hardware import importable, is_accelerator
 from accel.plan.contract import Accelerator, GradientSync, State
@@ -25,7 +25,7 @@ from accel.plan.options import Options, option, positive
 from accel.run.loaders import rebuild_loader, rebuild_problem
 
 BACKENDS = ("auto", "gloo", "nccl", "xccl", "ccl", "mpi")
-DEVICE_BACKEND = {"cuda": "nccl", "xpu": "xccl"}  # every other device: gloo
+DEVICE_BACKEND = {device: backend for backend, device in BACKEND_DEVICE.items()}  # every other device: gloo
 BACKEND_DEVICES = {"nccl": ("cuda",), "xccl": ("xpu",), "gloo": ("cpu", "cuda"), "ccl": ("cpu", "xpu"),
                    "mpi": ("cpu", "cuda")}
 LAUNCHERS = ("RANK/WORLD_SIZE from accel launch or torchrun, OMPI_COMM_WORLD_*, PMI_*, or "

@@ -32,21 +32,22 @@ from accel.run.shared_settings import Layer
 _MISSING = object()
 
 
-def _threads() -> list[int]:
-    return [int(t) for t in os.listdir("/proc/self/task")] if os.path.isdir("/proc/self/task") else [0]
+def _each_thread(work: Callable[[int], None]) -> int:
+    """work(tid) for every thread of this process; returns how many it was done for."""
+    done = 0
+    for tid in [int(t) for t in os.listdir("/proc/self/task")] if os.path.isdir("/proc/self/task") else [0]:
+        try:
+            work(tid)
+            done += 1
+        except OSError:  # a thread that ended meanwhile
+            pass
+    return done
 
 
 def pin_process(cpus) -> int:
     """Set the affinity of every thread of this process (the OpenMP pool included); returns threads pinned."""
     cpus = tuple(cpus)
-    pinned = 0
-    for tid in _threads():
-        try:
-            os.sched_setaffinity(tid, cpus)
-            pinned += 1
-        except OSError:  # a thread that ended meanwhile
-            pass
-    return pinned
+    return _each_thread(lambda tid: os.sched_setaffinity(tid, cpus))
 
 
 @dataclass(frozen=True, eq=False)
@@ -67,25 +68,17 @@ class Affinity:
 def _affinity() -> Affinity | None:
     if not hasattr(os, "sched_getaffinity"):
         return None
-    threads = {}
-    for tid in _threads():
-        try:
-            threads[tid] = tuple(sorted(os.sched_getaffinity(tid)))
-        except OSError:  # a thread that ended meanwhile
-            pass
+    threads: dict[int, tuple[int, ...]] = {}
+    _each_thread(lambda tid: threads.__setitem__(tid, tuple(sorted(os.sched_getaffinity(tid)))))
     return Affinity(tuple(sorted(os.sched_getaffinity(0))), threads)
 
 
 def _pin(value: Affinity | tuple[int, ...]) -> None:
     """Pin every thread to these CPUs, or put back each thread's own affinity."""
-    if not isinstance(value, Affinity):
+    if isinstance(value, Affinity):
+        _each_thread(lambda tid: os.sched_setaffinity(tid, value.threads.get(tid, value.cpus)))
+    else:
         pin_process(value)
-        return
-    for tid in _threads():
-        try:
-            os.sched_setaffinity(tid, value.threads.get(tid, value.cpus))
-        except OSError:  # a thread that ended meanwhile
-            pass
 
 
 @dataclass
