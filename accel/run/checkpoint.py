@@ -26,7 +26,7 @@ from accel.files import disk_full, regular_file, space, write_atomically
 from accel.hardware.launcher import rank
 from accel.plan import Plan, same_options
 from accel.plan.untrusted import code_problems
-from accel.run.checkpoint_fit import gather_from_ranks, gathered, layout_problems, rank_problems, this_rank
+from accel.run import checkpoint_fit as fit
 
 FORMAT = 2
 CALLABLE = "__callable__"
@@ -117,7 +117,7 @@ def save(run, path) -> None:
     """Write the run's state to path; a collective when distributed (every rank calls it, rank 0 writes)."""
     path = Path(path)
     state = run.state_dict()
-    state.update(format=FORMAT, plan=encode_plan(state["plan"]), **gathered(run, state))
+    state.update(format=FORMAT, plan=encode_plan(state["plan"]), **fit.gathered(run, state))
     state = {k: v if k == "model" else plain_numbers(v) for k, v in state.items()}
 
     def write() -> None:
@@ -181,7 +181,7 @@ def on_rank_zero(work: Callable[[], None], path: Path, remove: Path | None = Non
             if remove is not None:
                 shutil.rmtree(remove, ignore_errors=True)
             failure = str(write_error(path, error))
-    failure = gather_from_ranks(failure)[0]
+    failure = fit.gather_from_ranks(failure)[0]
     if failure:
         raise CheckpointError(failure)
 
@@ -238,7 +238,7 @@ def check_contents(path, state: Any, form: int, required: tuple[str, ...]) -> No
     if missing:
         raise CheckpointError(f"{path}: incomplete accel checkpoint (format {form}), missing {missing}; nothing was "
                               "loaded")
-    wrong = layout_problems(state)
+    wrong = fit.layout_problems(state)
     if wrong:
         raise CheckpointError(f"{path}: not a checkpoint run.save wrote ({wrong[0]}); nothing was loaded")
     if state.get("checksum") != checksum(state):
@@ -269,14 +269,8 @@ def load(run, path) -> dict[str, Any]:
         raise CheckpointError(f"{path} was saved with the plan {brief(state['plan'], 300)}, but this run has "
                               f"{brief(mine, 300)}; create the run with plan=accel.run.checkpoint.saved_plan("
                               f"{str(path)!r})")
-    problems = rank_problems(state)
-    state = {**state, **this_rank(state)}  # before the fit checks: it warns when the world size changed
-    problems += run.state_problems(state)
-    if problems:
-        raise CheckpointError(f"{path} does not fit this run; nothing was loaded: " + "; ".join(problems))
-    try:
-        run.load_state_dict(state)
-    except Exception as error:
-        raise CheckpointError(f"{path} could not be restored ({type(error).__name__}: {error}); the run was put back "
-                              "as it was") from error
-    return {"step": state["step"], "epoch": state["epoch"], "path": str(path)}
+    problems = fit.rank_problems(state)
+    state = {**state, **fit.this_rank(state)}  # before the fit checks: it warns when the world size changed
+    fit.refuse_unfit(path, problems + run.state_problems(state))
+    return fit.restored(path, state, lambda: run.load_state_dict(state))
+
