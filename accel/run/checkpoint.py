@@ -32,18 +32,23 @@ FORMAT = 2
 CALLABLE = "__callable__"
 
 
+def each_value(fn: Callable[[Any], Any], value: Any) -> Any:
+    """fn applied to every value inside dicts, lists and tuples (a named tuple is one value)."""
+    if isinstance(value, dict):
+        return {k: each_value(fn, v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
+        return type(value)(each_value(fn, v) for v in value)
+    return fn(value)
+
+
 def encode_plan(plan_dict: dict[str, dict]) -> dict[str, dict]:
     """The plan's options with functions written as their import path (tensors stay tensors)."""
     def encode(value: Any) -> Any:
-        if isinstance(value, dict):
-            return {k: encode(v) for k, v in value.items()}
-        if isinstance(value, (list, tuple)):
-            return type(value)(encode(v) for v in value)
         if callable(value) and not isinstance(value, (torch.Tensor, type)):
             return {CALLABLE: f"{getattr(value, '__module__', '?')}:{getattr(value, '__qualname__', repr(value))}"}
         return value
 
-    return encode(plan_dict)
+    return each_value(encode, plan_dict)
 
 
 def decode_plan(encoded: dict[str, dict], path: Any = "") -> dict[str, dict]:
@@ -136,13 +141,7 @@ def plain_numbers(value: Any) -> Any:
     """``value`` with numpy's scalars as Python's (a learning rate a numpy schedule set, an option of np.float64):
     torch.load(weights_only=True) reads Python numbers, not numpy's. Tensors and the rest stay as they are."""
     numpy = sys.modules.get("numpy")  # no numpy imported: none of its scalars can be here
-    if numpy is not None and isinstance(value, numpy.generic):
-        return value.item()
-    if isinstance(value, dict):
-        return {k: plain_numbers(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
-        return type(value)(plain_numbers(v) for v in value)
-    return value
+    return each_value(lambda v: v.item() if numpy is not None and isinstance(v, numpy.generic) else v, value)
 
 
 def unreadable(state: dict[str, Any]) -> list[str]:
