@@ -192,12 +192,11 @@ class Journal:
         change is undone (accel.run.interrupts)."""
         failed = []
         with deferred():
-            for entry in reversed(self.entries):
-                if entry.kind != "process" or self.active:
-                    try:
-                        entry.undo()
-                    except Exception as error:
-                        failed.append(f"{entry.what}: {type(error).__name__}: {error}")
+            for entry in reversed(self._made()):
+                try:
+                    entry.undo()
+                except Exception as error:
+                    failed.append(f"{entry.what}: {type(error).__name__}: {error}")
             self.entries.clear()
             self.active = True
         if failed:
@@ -207,19 +206,15 @@ class Journal:
         """Undo the process-wide changes only, keeping them to redo (tune switching between candidates); their
         layers leave the registry, and ``resume`` puts them back in their place among the other runs'."""
         with deferred():
-            if self.active:
-                for entry in reversed(self.entries):
-                    if entry.kind == "process":
-                        entry.undo()
-                self.active = False
+            for entry in reversed(self._made("process")):
+                entry.undo()
+            self.active = False
 
     def resume(self) -> None:
         with deferred():
-            if not self.active:
-                for entry in self.entries:
-                    if entry.kind == "process":
-                        entry.redo()
-                self.active = True
+            for entry in [e for e in self.entries if e.kind == "process" and not self.active]:
+                entry.redo()
+            self.active = True
 
     def commit(self) -> None:
         """After a plan succeeded: the setup stays (the model on its device, the earlier run closed); the process
@@ -241,15 +236,17 @@ class Journal:
     def undo_all(self) -> None:
         """Undo every change, newest first, keeping them to redo (``redo_all``)."""
         with deferred():
-            for entry in reversed(self.entries):
-                if entry.kind != "process" or self.active:
-                    entry.undo()
+            for entry in reversed(self._made()):
+                entry.undo()
 
     def redo_all(self) -> None:
         with deferred():
-            for entry in self.entries:
-                if entry.kind != "process" or self.active:
-                    entry.redo()
+            for entry in self._made():
+                entry.redo()
+
+    def _made(self, kind: str = "") -> list[Entry]:
+        """The changes in effect (of one kind): every one but the process-wide ones while suspended."""
+        return [e for e in self.entries if (e.kind != "process" or self.active) and e.kind == (kind or e.kind)]
 
     def __repr__(self) -> str:
         return f"Journal({[e.what for e in self.entries]})"
