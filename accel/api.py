@@ -1,9 +1,6 @@
-"""accelerate(): decide and check the whole plan, then apply it in order; on any failure, roll everything back.
-
-The core resolves the launch (rank) and the device first; every accelerator decides, then checks, and all problems
-raise one PlanError with nothing changed. Then the model is placed and the accelerators apply in order, each change
-recorded in a journal, rolled back if one fails: the user's objects and the process are as they were.
-"""
+"""accelerate(): decide and check the whole plan (the launch and the device first; every problem in one PlanError,
+nothing changed), then place the model and apply the accelerators in order through a journal, all rolled back
+if one fails."""
 from __future__ import annotations
 
 import copy

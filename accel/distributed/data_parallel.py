@@ -1,12 +1,6 @@
-"""What ddp and fsdp share: joining the process group the launcher describes, this rank's device, and the loader
-sharded per rank. Not an accelerator itself: the base class of both.
-
-The backend follows the device (nccl on cuda, xccl on xpu, gloo on cpu; ccl when asked for and importable); the
-launcher's variables and the group are journaled, so a failed plan and ``run.close()`` take them back; with one
-run per model (a GAN's two, each with ddp), the group stays until the last run that joined it closes. Each rank
-gets a DistributedSampler shard of the loader that keeps the user's shuffle and generator seed; ``run.loader``
-calls ``set_epoch`` every epoch.
-"""
+"""What ddp and fsdp share (the base class of both, not an accelerator): joining the launcher's process group
+(journaled: the last run that joined it leaves it), this rank's device, and each rank's DistributedSampler shard of
+the loader, keeping the user's shuffle and seed. The backend follows the device unless asked for."""
 from __future__ import annotations
 
 import os

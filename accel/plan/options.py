@@ -1,9 +1,6 @@
-"""An accelerator's options: one frozen dataclass per accelerator, each field declared with ``option()``.
-
-Why a dataclass: an IDE sees the fields, they are checked in one place (``Options.problems``, before anything is
-touched), they cannot change once the plan is built, and ``to_dict()`` is what a checkpoint and the plan cache
-key keep. An accelerator reads its options as ``self.config.<name>``.
-"""
+"""An accelerator's options: one frozen dataclass per accelerator, each field declared with ``option()``, read as
+``self.config.<name>``: an IDE sees the fields, they are checked in one place before anything is touched
+(``Options.problems``), and they cannot change once the plan is built."""
 from __future__ import annotations
 
 import copy

@@ -1,20 +1,10 @@
 """The undo journal: every change an accelerator makes outside its own new objects, with how to undo and redo it.
 
-Three kinds of change go through a Journal:
-
-- ``process``: threads, CPU affinity, environment variables, backend flags, a process group;
-- ``setup``: what stays once the plan succeeded and is undone only if it fails: the user's tensors moved to the
-  run's device, an earlier run on the same model closed;
-- ``object``: how the user's own objects run, never what they hold: a pre-hook on a conv, a checkpointed forward,
-  ``fused=True`` in the optimizer's param groups. The run trains the user's objects themselves, so everything
-  the user does to them stays live; these changes are what makes them faster.
-
-accelerate() rolls everything back when a plan fails half-way, so the user's objects and the process are exactly
-as they were; run.close() undoes the process and object changes (the training it did stays); tune keeps one
-journal per candidate and switches candidates by undoing one and redoing the other.
-
-Process-wide values are shared by every open run, so a journal entry never remembers "the value before me":
-each is a layer of a ``Setting`` shared by the runs (accel/run/shared_settings.py says how).
+Its kinds: ``process`` (threads, affinity, environment, backend flags, a process group: each a layer of a value
+shared by every open run, accel/run/shared_settings.py), ``setup`` (undone only if the plan fails: the model moved
+to the run's device, an earlier run on it closed) and ``object`` (how the user's own objects run, never what they
+hold: a hook, a checkpointed forward, ``fused=True``; the run trains the user's objects, so what they do to them
+stays live). A failed plan rolls everything back; run.close() undoes the process and object changes.
 """
 from __future__ import annotations
 

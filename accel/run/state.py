@@ -1,8 +1,5 @@
-"""What a run saves and restores: its whole state as a dict, the checks that a saved one fits, run.save/run.load.
-
-A mixin of accel.run.Run, apart because it is one job: the model, the optimizer, the counters, each accelerator's
-State.state_dict(), the loader's sampler and generators, and the random state.
-"""
+"""What a run saves and restores (a mixin of accel.run.Run): its whole state as a dict, the check that a saved one
+fits, run.save and run.load."""
 from __future__ import annotations
 
 import copy
