@@ -20,13 +20,13 @@ from typing import Any
 
 import torch
 
+import accel.run.checkpoint_fit as fit
 from accel.batches import map_tensors
 from accel.errors import CheckpointError, PlanError, brief
 from accel.files import disk_full, regular_file, space, write_atomically
 from accel.hardware.launcher import rank
 from accel.plan import Plan, same_options
 from accel.plan.untrusted import code_problems
-from accel.run import checkpoint_fit as fit
 
 FORMAT = 2
 CALLABLE = "__callable__"

@@ -15,12 +15,12 @@ from typing import Any
 
 import torch
 
+import accel.run.checkpoint_fit as fit
 from accel.batches import map_tensors
 from accel.errors import CheckpointError, brief
 from accel.files import read_small, write_atomically, write_text
 from accel.hardware.launcher import rank, world_size
 from accel.plan import same_options
-from accel.run import checkpoint_fit as fit
 from accel.run.checkpoint import check_contents, checksum, encode_plan, load_file, on_rank_zero, write_error
 from accel.run.thread_warnings import thread_filter
 
