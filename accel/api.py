@@ -81,9 +81,8 @@ def prepare(model, optimizer, loader, plan: PlanSpec, device: Any = "auto", jour
         checked[accelerator.name] += [
             Problem(accelerator.name, f"needs the {what}: pass one to accel.accelerate(model, optimizer, loader, ...)",
                     kind="missing") for what in accelerator.requires if what in given and given[what] is None]
-    for accelerator in accelerators:
         if checked[accelerator.name]:
-            continue
+            continue  # it cannot decide without them
         ctx.deciding = accelerator.name
         try:
             accelerator.decide(ctx)
