@@ -121,20 +121,30 @@ def checksum(state: dict[str, Any]) -> str:
 def save(run, path) -> None:
     """Write the run's state to path; a collective when distributed (every rank calls it, rank 0 writes)."""
     path = Path(path)
-    state = run.state_dict()
-    state.update(format=FORMAT, plan=encode_plan(state["plan"]), **fit.gathered(run, state))
-    state = {k: v if k == "model" else plain_numbers(v) for k, v in state.items()}
+    state = saved(run, run.state_dict(), FORMAT)
 
     def write() -> None:
-        problems = unreadable(state)
-        if problems:
-            raise CheckpointError(f"{path}: not written: run.load reads tensors and plain data only (torch.load with "
-                                  f"weights_only), and could not read back " + "; ".join(problems))
+        refuse_unreadable(path, state)
         state["checksum"] = checksum(state)
         path.parent.mkdir(parents=True, exist_ok=True)
         write_atomically(path, lambda file: torch.save(state, file))
 
     on_rank_zero(write, path)
+
+
+def saved(run, state: dict[str, Any], form: int) -> dict[str, Any]:
+    """What both formats write of a run's state: its format, the plan as data, each rank's parts gathered (a
+    collective), numpy's scalars as Python's."""
+    state = {**state, "format": form, "plan": encode_plan(state["plan"]), **fit.gathered(run, state)}
+    return {k: v if k == "model" else plain_numbers(v) for k, v in state.items()}
+
+
+def refuse_unreadable(path, state: dict[str, Any]) -> None:
+    """Both formats: run.save refuses what run.load could not read back, rather than write it."""
+    problems = unreadable(state)
+    if problems:
+        raise CheckpointError(f"{path}: not written: run.load reads tensors and plain data only (torch.load with "
+                              f"weights_only), and could not read back " + "; ".join(problems))
 
 
 def plain_numbers(value: Any) -> Any:
