@@ -1,6 +1,7 @@
 """What both checkpoint formats share: each rank's part of the state (its random state, and the states of
-accelerators whose State is ``per_rank``), and whether a saved state fits a run, said in words before anything is
-loaded, for the single file (checkpoint.py) and the shards (sharded_checkpoint.py) alike."""
+accelerators whose State is ``per_rank``), whether a saved state fits a run, said in words before anything is
+loaded, and the load's end (refused whole, or restored), for the single file (checkpoint.py) and the shards
+(sharded_checkpoint.py) alike."""
 from __future__ import annotations
 
 import warnings
