@@ -9,8 +9,7 @@ accelerator contract); ``run/`` (the run and its checkpoints); ``accelerators/``
 the base of ddp and fsdp, helpers for scripts); ``measure/``; ``search/`` (tune, plan="auto", the plan cache);
 ``workloads/``; ``testing/``; ``cli/``.
 """
-import accel.accelerators  # noqa: E402,F401  (registers the built-in accelerators)
-import accel.run.checkpoint  # noqa: E402,F401
+import accel.accelerators  # noqa: F401  (registers the built-in accelerators)
 from accel.api import decide
 from accel.errors import (
                           AccelerateError,

@@ -1,9 +1,6 @@
-"""accelerate(): decide and check the whole plan, then apply it in order; on any failure, roll everything back.
-
-The core resolves the launch (rank) and the device first; every accelerator decides, then checks, and all problems
-raise one PlanError with nothing changed. Then the model is placed and the accelerators apply in order, each change
-recorded in a journal, rolled back if one fails: the user's objects and the process are as they were.
-"""
+"""accelerate(): decide and check the whole plan (the launch and the device first; every problem in one PlanError,
+nothing changed), then place the model and apply the accelerators in order through a journal, all rolled back
+if one fails."""
 from __future__ import annotations
 
 import copy
@@ -22,6 +19,7 @@ from accel.plan import Plan, PlanSpec
 from accel.plan.contract import Accelerator, Capability, GradientSync, State, packages
 from accel.run import Run, open_run
 from accel.run.context import Context, Decisions, placement
+from accel.run.interrupts import clean_up
 from accel.run.journal import Journal
 from accel.run.report import Report, Row
 from accel.run.run import _OPEN
@@ -83,9 +81,8 @@ def prepare(model, optimizer, loader, plan: PlanSpec, device: Any = "auto", jour
         checked[accelerator.name] += [
             Problem(accelerator.name, f"needs the {what}: pass one to accel.accelerate(model, optimizer, loader, ...)",
                     kind="missing") for what in accelerator.requires if what in given and given[what] is None]
-    for accelerator in accelerators:
         if checked[accelerator.name]:
-            continue
+            continue  # it cannot decide without them
         ctx.deciding = accelerator.name
         try:
             accelerator.decide(ctx)
@@ -145,33 +142,26 @@ def accelerate(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None =
     (plan, result)`` chooses the plan once an earlier run on the model is undone (accel.accelerate passes
     accel.tune's for plan="auto" apart); its result is the report's ``tuning``.
     """
-    _refuse_dropping_held_gradients(model._orig_mod if compiled(model) else model)
-    started = clock.now()
-    journal = Journal()
     yours = model if compiled(model) else None  # torch.compile(model) of your own: the plan works inside it
     model = model._orig_mod if yours is not None else model
+    _refuse_dropping_held_gradients(model)
+    started = clock.now()
+    journal = Journal()
     earlier = open_run(model)
     if earlier is not None:  # one run trains a model at a time: the earlier one's changes are undone first (before
         handed = earlier.journal.detach()  # plan="auto" measures copies of it), and put back if this plan is
         journal.change("the earlier run on this model closed", handed.undo_all,  # refused or fails
                        lambda: (handed.redo_all(), earlier.journal.attach(handed)), kind="setup")
+    applied: list[Accelerator] = []
+    states: dict[str, State] = {}  # each applied accelerator's per-run state, what its hooks are handed
+    replaced: dict[str, str] = {}  # "model"/"optimizer" -> the accelerator that replaced the user's
+    current = ""  # what is being applied ("": the plan is still being chosen and checked)
     try:
         plan, tuning = resolve(yours if yours is not None else model, optimizer, loader, device) if resolve \
             else (plan, None)
         ctx, accelerators, skips = prepare(model, optimizer, loader, plan, device, journal)
-    except BaseException:
-        try:  # twice if a Ctrl-C lands on the call (accel.run.interrupts)
-            _roll_back(journal, earlier, model)
-        except BaseException:
-            _roll_back(journal, earlier, model)
-            raise
-        raise
-    report = Report(device=str(ctx.device), hardware=describe(ctx.hardware), tuning=tuning)
-    applied: list[Accelerator] = []
-    states: dict[str, State] = {}  # each applied accelerator's per-run state, what its hooks are handed
-    replaced: dict[str, str] = {}  # "model"/"optimizer" -> the accelerator that replaced the user's
-    current = "placement"
-    try:
+        report = Report(device=str(ctx.device), hardware=describe(ctx.hardware), tuning=tuning)
+        current = "placement"
         _place(ctx)
         for accelerator in accelerators:
             current = accelerator.name
@@ -206,7 +196,7 @@ def accelerate(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None =
         report.decisions = ctx.decisions.summary()
         if yours is not None:
             ctx.model, report.decisions["your_compile"] = keep_your_compile(yours, ctx.model, applied)
-        report.stale = stale_objects(replaced)
+        report.stale = {what: STALE[what].format(name=name) for what, name in replaced.items()}  # never silent
         for text in report.stale.values():
             warnings.warn(f"accel: {text}", StaleWarning, stacklevel=2)
         run = Run(ctx, report, applied, states)
@@ -215,12 +205,8 @@ def accelerate(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None =
         report.setup_s = clock.now() - started
         ctx.journal.commit()  # last: no check for signals lies between it and the return
     except BaseException as error:
-        try:  # twice if a Ctrl-C lands on the call (accel.run.interrupts): rolling back again changes nothing
-            _roll_back(ctx.journal, earlier, model)
-        except BaseException:
-            _roll_back(ctx.journal, earlier, model)
-            raise
-        if isinstance(error, Exception) and not isinstance(error, PlanError):
+        clean_up(_roll_back, journal, earlier, model)  # (accel.run.interrupts: rolling back again changes nothing)
+        if current and isinstance(error, Exception) and not isinstance(error, PlanError):
             raise AccelerateError(f"{current} failed while being applied: {type(error).__name__}: {error}; every "
                                   "change was rolled back (your objects and the process are as they were)") from error
         raise
@@ -233,7 +219,7 @@ def _roll_back(journal: Journal, earlier: Run | None, model: torch.nn.Module) ->
     try:
         journal.rollback()
     except RuntimeError as undo_error:  # said, never hiding why the plan failed
-        warnings.warn(f"accel: {undo_error}", stacklevel=3)
+        warnings.warn(f"accel: {undo_error}", stacklevel=4)
     if earlier is not None:
         earlier.closed = False
         _OPEN[model] = weakref.ref(earlier)
@@ -255,17 +241,12 @@ def keep_your_compile(yours: torch.nn.Module, model: torch.nn.Module, applied: l
             "module inside yours")
 
 
-STALE = {
+STALE = {  # what the user holds that no longer drives the training, and what to use instead
     "model": ("{name} replaced it with its own copy, which is what trains: your model.train()/eval(), hooks, EMA "
               "and state_dict() do not reach the training; use run.unwrap() (and run.model.train()/.eval()) instead"),
     "optimizer": ("{name} replaced it with its own, which is what steps: schedulers, learning-rate writes, "
                   "add_param_group and state_dict() on yours do not reach the training; use run.optimizer instead"),
 }
-
-
-def stale_objects(replaced: dict[str, str]) -> dict[str, str]:
-    """What the user holds that no longer drives the training, and what to use instead (never silent)."""
-    return {what: STALE[what].format(name=name) for what, name in replaced.items()}
 
 
 def describe(hardware: Hardware) -> str:

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from scripts.launching import one_rank_env
 
 import accel
 from accel.run.checkpoint import CheckpointError, saved_plan
@@ -153,3 +154,19 @@ def test_a_checkpoint_written_by_0_3_loads_with_each_accelerators_state():
     assert run.accelerator_state_dict("amp").keys() == {"scaler"}
     assert run.accelerator_state_dict("grad_accumulation").keys() == {"micro", "grads"}
     run.close()
+
+
+def test_a_sharded_checkpoint_keeps_numpy_scalars_as_plain_numbers(tmp_path, monkeypatch):
+    """What run.save does for a file (attack6: an np.float64 option), it does for fsdp's folder of shards too: its
+    accel.pt holds Python's numbers, which run.load (torch.load with weights_only) reads back."""
+    for key, value in one_rank_env().items():  # torchrun --nproc-per-node 1: a gloo group of one in this process
+        monkeypatch.setenv(key, value)
+    model = tiny_model()
+    run = accel.accelerate(model, tiny_optimizer(model), tiny_loader(), plan={"fsdp": {"timeout_s": np.float64(60)}},
+                           device="cpu")
+    try:
+        train_steps(run, epochs=1)
+        run.save(tmp_path / "ckpt")
+        assert run.load(tmp_path / "ckpt")["step"] == run.steps
+    finally:
+        run.close()

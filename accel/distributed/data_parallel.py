@@ -1,12 +1,6 @@
-"""What ddp and fsdp share: joining the process group the launcher describes, this rank's device, and the loader
-sharded per rank. Not an accelerator itself: the base class of both.
-
-The backend follows the device (nccl on cuda, xccl on xpu, gloo on cpu; ccl when asked for and importable); the
-launcher's variables and the group are journaled, so a failed plan and ``run.close()`` take them back; with one
-run per model (a GAN's two, each with ddp), the group stays until the last run that joined it closes. Each rank
-gets a DistributedSampler shard of the loader that keeps the user's shuffle and generator seed; ``run.loader``
-calls ``set_epoch`` every epoch.
-"""
+"""What ddp and fsdp share (the base class of both, not an accelerator): joining the launcher's process group
+(journaled: the last run that joined it leaves it), this rank's device, and each rank's DistributedSampler shard of
+the loader, keeping the user's shuffle and seed. The backend follows the device unless asked for."""
 from __future__ import annotations
 
 import os
@@ -17,7 +11,7 @@ from typing import TypeVar
 import torch
 from torch.utils.data import DataLoader, IterableDataset, RandomSampler, SequentialSampler
 
-from accel.distributed.group import join_group
+from accel.distributed.group import BACKEND_DEVICE, join_group
 from accel.errors import Problem
 from accel.hardware import importable, is_accelerator
 from accel.plan.contract import Accelerator, GradientSync, State
@@ -25,7 +19,7 @@ from accel.plan.options import Options, option, positive
 from accel.run.loaders import rebuild_loader, rebuild_problem
 
 BACKENDS = ("auto", "gloo", "nccl", "xccl", "ccl", "mpi")
-DEVICE_BACKEND = {"cuda": "nccl", "xpu": "xccl"}  # every other device: gloo
+DEVICE_BACKEND = {device: backend for backend, device in BACKEND_DEVICE.items()}  # every other device: gloo
 BACKEND_DEVICES = {"nccl": ("cuda",), "xccl": ("xpu",), "gloo": ("cpu", "cuda"), "ccl": ("cpu", "xpu"),
                    "mpi": ("cpu", "cuda")}
 LAUNCHERS = ("RANK/WORLD_SIZE from accel launch or torchrun, OMPI_COMM_WORLD_*, PMI_*, or "

@@ -12,31 +12,13 @@ from datetime import timedelta
 
 import torch
 
-from accel.hardware.launcher import Launch, _initialized, launcher_environment, rank
+from accel.hardware.launcher import Launch, _initialized, rank
 from accel.run.shared_settings import set_by_runs
 
 __all__ = ["BACKEND_DEVICE", "EXIT_BARRIER_S", "all_reduce_mean", "drain_gloo_workers", "gloo_workers_busy",
-           "init_process_group", "is_main_process", "join_group", "leave_group"]
+           "is_main_process", "join_group", "leave_group"]
 
 EXIT_BARRIER_S = 30
-
-
-def init_process_group(backend: str, timeout_s: float, environ=os.environ) -> Launch:
-    """Map the launcher's variables (keeping any the user set) and join the group through env://."""
-    import torch.distributed as dist
-
-    launch = launcher_environment(environ)
-    if launch is None:
-        raise RuntimeError("no launcher environment: start with accel launch, torchrun, mpirun or srun")
-    for key, value in launch.to_env().items():
-        environ.setdefault(key, value)
-    if not dist.is_initialized():
-        timeout = timedelta(seconds=timeout_s)
-        store = _attempt_store(launch, environ, timeout)
-        dist.init_process_group(backend, init_method=None if store else "env://", store=store, rank=launch.rank,
-                                world_size=launch.world_size, timeout=timeout)
-        atexit.register(leave_group)  # a group left to the interpreter's exit can abort it ("terminate called ...")
-    return launch
 
 
 def leave_group() -> None:
@@ -98,9 +80,10 @@ def drain_gloo_workers(limit_s: float = DRAIN_LIMIT_S, calm_polls: int = 3, poll
 atexit.register(drain_gloo_workers)
 
 
-def _attempt_store(launch: Launch, environ, timeout: timedelta):
+def _attempt_store(launch: Launch, timeout: timedelta):
     """torchrun's agent store under a prefix per restart (its static rendezvous keeps one store across restarts, whose
     ranks would read the killed attempt's addresses: pytorch/pytorch#135712), or None outside torchrun."""
+    environ = os.environ
     if environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return None
     from torch.distributed import PrefixStore, TCPStore
@@ -119,13 +102,18 @@ def join_group(journal, launch, backend: str, timeout_s: float) -> None:
         if key not in os.environ or set_by_runs(("environ", key)):
             journal.setenv(key, value)
     journal.layer("process group", f"process group ({backend})", torch.distributed.is_initialized,
-                  lambda joined: _join_or_leave(joined, backend, timeout_s), True)
+                  lambda joined: _join_or_leave(joined, launch, backend, timeout_s), True)
 
 
-def _join_or_leave(joined: bool, backend: str, timeout_s: float) -> None:
-    """Join the group or leave it (a barrier first: a rank leaving while a peer still talks aborts it)."""
+def _join_or_leave(joined: bool, launch: Launch, backend: str, timeout_s: float) -> None:
+    """Join the group through env:// (join_group set the launcher's variables) or leave it (a barrier first: a rank
+    leaving while a peer still talks aborts it)."""
     if joined and not torch.distributed.is_initialized():
-        init_process_group(backend, timeout_s)
+        timeout = timedelta(seconds=timeout_s)
+        store = _attempt_store(launch, timeout)
+        torch.distributed.init_process_group(backend, init_method=None if store else "env://", store=store,
+                                             rank=launch.rank, world_size=launch.world_size, timeout=timeout)
+        atexit.register(leave_group)  # a group left to the interpreter's exit can abort it ("terminate called ...")
     elif not joined and torch.distributed.is_initialized():
         leave_group()
 

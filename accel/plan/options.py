@@ -1,9 +1,6 @@
-"""An accelerator's options: one frozen dataclass per accelerator, each field declared with ``option()``.
-
-Why a dataclass: an IDE sees the fields, they are checked in one place (``Options.problems``, before anything is
-touched), they cannot change once the plan is built, and ``to_dict()`` is what a checkpoint and the plan cache
-key keep. An accelerator reads its options as ``self.config.<name>``.
-"""
+"""An accelerator's options: one frozen dataclass per accelerator, each field declared with ``option()``, read as
+``self.config.<name>``: an IDE sees the fields, they are checked in one place before anything is touched
+(``Options.problems``), and they cannot change once the plan is built."""
 from __future__ import annotations
 
 import copy
@@ -52,13 +49,9 @@ def option(default: Any, types: tuple[type, ...] | None = None, *, choices: tupl
            check: Callable[[Any], str | None] | None = None, allowed: str = "", help: str = "") -> Any:
     """A field of an Options dataclass: its default and how a value is checked (types default to the default's)."""
     spec = Option(default, types or (type(default),), choices, check, allowed, help)
-    return default_field(spec)
-
-
-def default_field(spec: Option) -> Any:
-    if isinstance(spec.default, (list, dict, set)):  # a fresh copy per instance, as dataclasses require
-        return dataclasses.field(default_factory=lambda: copy.copy(spec.default), metadata={"option": spec})
-    return dataclasses.field(default=spec.default, metadata={"option": spec})
+    if isinstance(default, (list, dict, set)):  # a fresh copy per instance, as dataclasses require
+        return dataclasses.field(default_factory=lambda: copy.copy(default), metadata={"option": spec})
+    return dataclasses.field(default=default, metadata={"option": spec})
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import difflib
-import heapq
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -155,26 +154,17 @@ def order(accelerators: list[Accelerator]) -> tuple[list[Accelerator], list[Prob
                     seen_pairs.add(pair)
                     problems.append(Problem(a.name, f"conflicts with {other.name} ({token!r}): list one of them",
                                             allowed=f"{a.name} or {other.name}", kind="conflict"))
-    by_name = {a.name: a for a in accelerators}
-    indegree = {a.name: 0 for a in accelerators}
-    for _, later in edges:
-        indegree[later] += 1
-    ready = [(int(a.stage), a.name) for a in accelerators if indegree[a.name] == 0]
-    heapq.heapify(ready)
     ordered: list[Accelerator] = []
-    while ready:
-        _, name = heapq.heappop(ready)
-        ordered.append(by_name[name])
-        for earlier, later in edges:
-            if earlier == name:
-                indegree[later] -= 1
-                if indegree[later] == 0:
-                    heapq.heappush(ready, (int(by_name[later].stage), later))
-    if len(ordered) < len(accelerators):
-        stuck = sorted(n for n, d in indegree.items() if d > 0)
-        problems.append(Problem("plan", f"the after/before declarations of {', '.join(stuck)} form a cycle",
-                                kind="conflict"))
-        ordered += sorted((by_name[n] for n in stuck), key=lambda a: (int(a.stage), a.name))
+    left = sorted(accelerators, key=lambda a: (int(a.stage), a.name))
+    while left:  # the first, by stage and name, of those whose earlier ones are all placed
+        waiting = {later for earlier, later in edges if any(a.name == earlier for a in left)}
+        ready = [a for a in left if a.name not in waiting]
+        if not ready:
+            stuck = ", ".join(sorted(a.name for a in left))
+            problems.append(Problem("plan", f"the after/before declarations of {stuck} form a cycle", kind="conflict"))
+            return ordered + left, problems
+        ordered.append(ready[0])
+        left.remove(ready[0])
     return ordered, problems
 
 

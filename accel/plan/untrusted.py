@@ -1,17 +1,10 @@
 """What accel reads from files: how large it may unfold, and what a plan from a file accel wrote may set.
 
-Any file (a plan file, a checkpoint, a cache entry) may hold a structure that is small on disk and huge once
-unfolded: YAML aliases and pickle's shared references point at one list from many places, so each level
-multiplies what a walk over it visits (a 349-byte YAML plan unfolds to billions of values). ``unfolding``
-walks it once, counting every visit, and stops at a limit, before anything else walks it.
-
-Plans read from files accel wrote: a checkpoint's plan (run.load, saved_plan) and the plans the cache remembered.
-
-Such a file is data that whoever could write it chose (a checkpoint from elsewhere, a shared cache folder), so a
-plan from it is held to more than a plan of your own code: it imports nothing (functions are found only where
-they are already imported: accel.run.checkpoint.resolve), and it may not set an option that makes accel run a
-program or load code when the plan is applied. Those options are listed here; everything else in a plan is
-plain values that the accelerators check.
+A file (a plan, a checkpoint, a cache entry) may be small on disk and huge once unfolded (YAML aliases and
+pickle's shared references point at one list from many places): ``unfolding`` counts a walk's visits and stops
+at a limit, before anything else walks it. A plan from a file accel wrote (a checkpoint's, the cache's) is data
+whoever could write the file chose: it imports nothing (accel.run.checkpoint.resolve) and may not set an option
+that makes accel run a program or load code (``CODE_OPTIONS``).
 """
 from __future__ import annotations
 

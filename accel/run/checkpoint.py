@@ -20,30 +20,35 @@ from typing import Any
 
 import torch
 
+import accel.run.checkpoint_fit as fit
 from accel.batches import map_tensors
 from accel.errors import CheckpointError, PlanError, brief
 from accel.files import disk_full, regular_file, space, write_atomically
 from accel.hardware.launcher import rank
 from accel.plan import Plan, same_options
 from accel.plan.untrusted import code_problems
-from accel.run.checkpoint_fit import gather_from_ranks, gathered, layout_problems, rank_problems, this_rank
 
 FORMAT = 2
 CALLABLE = "__callable__"
 
 
+def each_value(fn: Callable[[Any], Any], value: Any) -> Any:
+    """fn applied to every value inside dicts, lists and tuples (a named tuple is one value)."""
+    if isinstance(value, dict):
+        return {k: each_value(fn, v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
+        return type(value)(each_value(fn, v) for v in value)
+    return fn(value)
+
+
 def encode_plan(plan_dict: dict[str, dict]) -> dict[str, dict]:
     """The plan's options with functions written as their import path (tensors stay tensors)."""
     def encode(value: Any) -> Any:
-        if isinstance(value, dict):
-            return {k: encode(v) for k, v in value.items()}
-        if isinstance(value, (list, tuple)):
-            return type(value)(encode(v) for v in value)
         if callable(value) and not isinstance(value, (torch.Tensor, type)):
             return {CALLABLE: f"{getattr(value, '__module__', '?')}:{getattr(value, '__qualname__', repr(value))}"}
         return value
 
-    return encode(plan_dict)
+    return each_value(encode, plan_dict)
 
 
 def decode_plan(encoded: dict[str, dict], path: Any = "") -> dict[str, dict]:
@@ -116,15 +121,10 @@ def checksum(state: dict[str, Any]) -> str:
 def save(run, path) -> None:
     """Write the run's state to path; a collective when distributed (every rank calls it, rank 0 writes)."""
     path = Path(path)
-    state = run.state_dict()
-    state.update(format=FORMAT, plan=encode_plan(state["plan"]), **gathered(run, state))
-    state = {k: v if k == "model" else plain_numbers(v) for k, v in state.items()}
+    state = saved(run, run.state_dict(), FORMAT)
 
     def write() -> None:
-        problems = unreadable(state)
-        if problems:
-            raise CheckpointError(f"{path}: not written: run.load reads tensors and plain data only (torch.load with "
-                                  f"weights_only), and could not read back " + "; ".join(problems))
+        refuse_unreadable(path, state)
         state["checksum"] = checksum(state)
         path.parent.mkdir(parents=True, exist_ok=True)
         write_atomically(path, lambda file: torch.save(state, file))
@@ -132,17 +132,26 @@ def save(run, path) -> None:
     on_rank_zero(write, path)
 
 
+def saved(run, state: dict[str, Any], form: int) -> dict[str, Any]:
+    """What both formats write of a run's state: its format, the plan as data, each rank's parts gathered (a
+    collective), numpy's scalars as Python's."""
+    state = {**state, "format": form, "plan": encode_plan(state["plan"]), **fit.gathered(run, state)}
+    return {k: v if k == "model" else plain_numbers(v) for k, v in state.items()}
+
+
+def refuse_unreadable(path, state: dict[str, Any]) -> None:
+    """Both formats: run.save refuses what run.load could not read back, rather than write it."""
+    problems = unreadable(state)
+    if problems:
+        raise CheckpointError(f"{path}: not written: run.load reads tensors and plain data only (torch.load with "
+                              f"weights_only), and could not read back " + "; ".join(problems))
+
+
 def plain_numbers(value: Any) -> Any:
     """``value`` with numpy's scalars as Python's (a learning rate a numpy schedule set, an option of np.float64):
     torch.load(weights_only=True) reads Python numbers, not numpy's. Tensors and the rest stay as they are."""
     numpy = sys.modules.get("numpy")  # no numpy imported: none of its scalars can be here
-    if numpy is not None and isinstance(value, numpy.generic):
-        return value.item()
-    if isinstance(value, dict):
-        return {k: plain_numbers(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
-        return type(value)(plain_numbers(v) for v in value)
-    return value
+    return each_value(lambda v: v.item() if numpy is not None and isinstance(v, numpy.generic) else v, value)
 
 
 def unreadable(state: dict[str, Any]) -> list[str]:
@@ -181,7 +190,7 @@ def on_rank_zero(work: Callable[[], None], path: Path, remove: Path | None = Non
             if remove is not None:
                 shutil.rmtree(remove, ignore_errors=True)
             failure = str(write_error(path, error))
-    failure = gather_from_ranks(failure)[0]
+    failure = fit.gather_from_ranks(failure)[0]
     if failure:
         raise CheckpointError(failure)
 
@@ -238,7 +247,7 @@ def check_contents(path, state: Any, form: int, required: tuple[str, ...]) -> No
     if missing:
         raise CheckpointError(f"{path}: incomplete accel checkpoint (format {form}), missing {missing}; nothing was "
                               "loaded")
-    wrong = layout_problems(state)
+    wrong = fit.layout_problems(state)
     if wrong:
         raise CheckpointError(f"{path}: not a checkpoint run.save wrote ({wrong[0]}); nothing was loaded")
     if state.get("checksum") != checksum(state):
@@ -269,14 +278,8 @@ def load(run, path) -> dict[str, Any]:
         raise CheckpointError(f"{path} was saved with the plan {brief(state['plan'], 300)}, but this run has "
                               f"{brief(mine, 300)}; create the run with plan=accel.run.checkpoint.saved_plan("
                               f"{str(path)!r})")
-    problems = rank_problems(state)
-    state = {**state, **this_rank(state)}  # before the fit checks: it warns when the world size changed
-    problems += run.state_problems(state)
-    if problems:
-        raise CheckpointError(f"{path} does not fit this run; nothing was loaded: " + "; ".join(problems))
-    try:
-        run.load_state_dict(state)
-    except Exception as error:
-        raise CheckpointError(f"{path} could not be restored ({type(error).__name__}: {error}); the run was put back "
-                              "as it was") from error
-    return {"step": state["step"], "epoch": state["epoch"], "path": str(path)}
+    problems = fit.rank_problems(state)
+    state = {**state, **fit.this_rank(state)}  # before the fit checks: it warns when the world size changed
+    fit.refuse_unfit(path, problems + run.state_problems(state))
+    return fit.restored(path, state, lambda: run.load_state_dict(state))
+

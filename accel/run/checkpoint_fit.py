@@ -1,14 +1,17 @@
 """What both checkpoint formats share: each rank's part of the state (its random state, and the states of
-accelerators whose State is ``per_rank``), and whether a saved state fits a run, said in words before anything is
-loaded, for the single file (checkpoint.py) and the shards (sharded_checkpoint.py) alike."""
+accelerators whose State is ``per_rank``), whether a saved state fits a run, said in words before anything is
+loaded, and the load's end (refused whole, or restored), for the single file (checkpoint.py) and the shards
+(sharded_checkpoint.py) alike."""
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from accel.errors import CheckpointError
 from accel.hardware.launcher import rank, world_size
 from accel.plan.contract import REGISTRY, Stage
 from accel.plan.untrusted import unfolding
@@ -179,17 +182,15 @@ def _fits(state: torch.Size, param: torch.Size, total: int) -> bool:
     return len(state) == 1 and state[0] == total
 
 
-def sharded_problems(where: Path, model_state: dict, meta: dict, run) -> list[str]:
-    """Whether a sharded checkpoint fits the run: names and global shapes (from DCP's metadata), the optimizer's
-    class, the per-rank states, and no state of an accelerator the run did not apply."""
-    import torch.distributed.checkpoint as dcp
-
-    saved = dcp.FileSystemReader(str(where)).read_metadata().state_dict_metadata
-    shapes = {k[len("model."):]: getattr(v, "size", None) for k, v in saved.items() if k.startswith("model.")}
-    saved_class = meta.get("optimizer_class")
-    names = set(meta.get("accelerators", {})) | {n for part in meta.get("accelerators_per_rank", []) for n in part}
-    problems = model_problems(shapes, model_state)
-    problems += optimizer_problems(run.optimizer, saved_class, saved_class is not None) + rank_problems(meta)
+def fit_problems(run, saved: dict[str, Any], model: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """Why a saved state does not fit the run, for both formats: the model's keys and shapes (``model``: the saved
+    tensors, or the shapes in DCP's metadata, against ``current``), the optimizer (its class; where its state is in
+    hand, one file, its groups and state shapes), and no state of an accelerator the run did not apply."""
+    names = set(saved.get("accelerators", {})) | {n for part in saved.get("accelerators_per_rank", []) for n in part}
+    optimizer = saved.get("optimizer")  # absent from a sharded checkpoint's accel.pt: DCP's files hold it
+    present = optimizer is not None if "optimizer" in saved else saved.get("optimizer_class") is not None
+    problems = model_problems(model, current)
+    problems += optimizer_problems(run.optimizer, saved.get("optimizer_class"), present, optimizer)
     return problems + stray_problems(names, run)
 
 
@@ -205,3 +206,19 @@ def stray_problems(saved_names: set[str], run) -> list[str]:
     stray = sorted(set(training_plan(dict.fromkeys(saved_names))) - {a.name for a in run.accelerators})
     return [f"state of accelerators this run did not apply: {stray}"] if stray else []
 
+
+def refuse_unfit(path, problems: list[str]) -> None:
+    """Both formats: a state that does not fit the run is refused whole, before anything changes."""
+    if problems:
+        raise CheckpointError(f"{path} does not fit this run; nothing was loaded: " + "; ".join(problems))
+
+
+def restored(path, saved: dict[str, Any], put: Callable[[], None]) -> dict[str, Any]:
+    """Both formats: ``put()`` the checked state into the run (one that fails puts the run back as it was, and says
+    so); {"step", "epoch", "path"}."""
+    try:
+        put()
+    except Exception as error:
+        raise CheckpointError(f"{path} could not be restored ({type(error).__name__}: {error}); the run was put back "
+                              "as it was") from error
+    return {"step": saved["step"], "epoch": saved["epoch"], "path": str(path)}

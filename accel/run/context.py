@@ -47,19 +47,12 @@ class Decisions:
     def rank(self) -> int:
         return self.launch.rank if self.launch else 0
 
-    @property
-    def world_size(self) -> int:
-        return self.launch.world_size if self.launch else 1
-
-    @property
-    def local_rank(self) -> int:
-        return self.launch.local_rank if self.launch else 0
-
     def summary(self) -> dict[str, str]:
         """Every decision that was made, as text for the report."""
         shown = {"device": str(self.device)}
         if self.launch:
-            shown["rank"] = f"{self.rank}/{self.world_size} (local {self.local_rank}, {self.launch.launcher})"
+            launch = self.launch
+            shown["rank"] = f"{launch.rank}/{launch.world_size} (local {launch.local_rank}, {launch.launcher})"
         for name in self.by:
             value = self.extra[name] if name in self.extra else getattr(self, name)
             shown[name] = shown_value(value)

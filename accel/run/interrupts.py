@@ -1,8 +1,8 @@
 """Critical sections that a Ctrl-C cannot tear: inside ``deferred()``, SIGINT (and a SIGTERM handled in Python) is
 noted, not handled, and delivered when the outermost section ends. Where accel changes two things together (a journal
 entry and its change, a checkpoint's tensors and counters), an interrupt in between leaves a state no undo repairs.
-A signal that lands on the call of a clean-up skips it, so a clean-up is idempotent and called again from ``except
-BaseException`` (``held``). Only the main thread receives signals; SIGKILL is met by atomic renames (accel.files).
+A signal that lands on the call of a clean-up skips it, so a clean-up is idempotent and ``clean_up`` calls it
+again. Only the main thread receives signals; SIGKILL is met by atomic renames (accel.files).
 """
 from __future__ import annotations
 
@@ -62,7 +62,13 @@ def autograd_kept() -> Iterator[None]:
         raise
 
 
-def held(work, *args) -> None:
-    """work(*args) with signals held (``deferred``): the clean-up of the pattern in the module's docstring."""
-    with deferred():
-        work(*args)
+def clean_up(work, *args) -> None:
+    """work(*args) with signals held (``deferred``), and once more if a signal lands on the call before it holds them:
+    the clean-up of the pattern in the module's docstring (``work`` is idempotent)."""
+    try:
+        with deferred():
+            work(*args)
+    except BaseException:
+        with deferred():
+            work(*args)
+        raise

@@ -1,20 +1,10 @@
 """The undo journal: every change an accelerator makes outside its own new objects, with how to undo and redo it.
 
-Three kinds of change go through a Journal:
-
-- ``process``: threads, CPU affinity, environment variables, backend flags, a process group;
-- ``setup``: what stays once the plan succeeded and is undone only if it fails: the user's tensors moved to the
-  run's device, an earlier run on the same model closed;
-- ``object``: how the user's own objects run, never what they hold: a pre-hook on a conv, a checkpointed forward,
-  ``fused=True`` in the optimizer's param groups. The run trains the user's objects themselves, so everything
-  the user does to them stays live; these changes are what makes them faster.
-
-accelerate() rolls everything back when a plan fails half-way, so the user's objects and the process are exactly
-as they were; run.close() undoes the process and object changes (the training it did stays); tune keeps one
-journal per candidate and switches candidates by undoing one and redoing the other.
-
-Process-wide values are shared by every open run, so a journal entry never remembers "the value before me":
-each is a layer of a ``Setting`` shared by the runs (accel/run/shared_settings.py says how).
+Its kinds: ``process`` (threads, affinity, environment, backend flags, a process group: each a layer of a value
+shared by every open run, accel/run/shared_settings.py), ``setup`` (undone only if the plan fails: the model moved
+to the run's device, an earlier run on it closed) and ``object`` (how the user's own objects run, never what they
+hold: a hook, a checkpointed forward, ``fused=True``; the run trains the user's objects, so what they do to them
+stays live). A failed plan rolls everything back; run.close() undoes the process and object changes.
 """
 from __future__ import annotations
 
@@ -26,27 +16,28 @@ from typing import Any
 
 import torch
 
-from accel.run.interrupts import deferred
+from accel.run.interrupts import clean_up, deferred
 from accel.run.shared_settings import Layer
 
 _MISSING = object()
 
 
-def _threads() -> list[int]:
-    return [int(t) for t in os.listdir("/proc/self/task")] if os.path.isdir("/proc/self/task") else [0]
+def _each_thread(work: Callable[[int], None]) -> int:
+    """work(tid) for every thread of this process; returns how many it was done for."""
+    done = 0
+    for tid in [int(t) for t in os.listdir("/proc/self/task")] if os.path.isdir("/proc/self/task") else [0]:
+        try:
+            work(tid)
+            done += 1
+        except OSError:  # a thread that ended meanwhile
+            pass
+    return done
 
 
 def pin_process(cpus) -> int:
     """Set the affinity of every thread of this process (the OpenMP pool included); returns threads pinned."""
     cpus = tuple(cpus)
-    pinned = 0
-    for tid in _threads():
-        try:
-            os.sched_setaffinity(tid, cpus)
-            pinned += 1
-        except OSError:  # a thread that ended meanwhile
-            pass
-    return pinned
+    return _each_thread(lambda tid: os.sched_setaffinity(tid, cpus))
 
 
 @dataclass(frozen=True, eq=False)
@@ -67,25 +58,17 @@ class Affinity:
 def _affinity() -> Affinity | None:
     if not hasattr(os, "sched_getaffinity"):
         return None
-    threads = {}
-    for tid in _threads():
-        try:
-            threads[tid] = tuple(sorted(os.sched_getaffinity(tid)))
-        except OSError:  # a thread that ended meanwhile
-            pass
+    threads: dict[int, tuple[int, ...]] = {}
+    _each_thread(lambda tid: threads.__setitem__(tid, tuple(sorted(os.sched_getaffinity(tid)))))
     return Affinity(tuple(sorted(os.sched_getaffinity(0))), threads)
 
 
 def _pin(value: Affinity | tuple[int, ...]) -> None:
     """Pin every thread to these CPUs, or put back each thread's own affinity."""
-    if not isinstance(value, Affinity):
+    if isinstance(value, Affinity):
+        _each_thread(lambda tid: os.sched_setaffinity(tid, value.threads.get(tid, value.cpus)))
+    else:
         pin_process(value)
-        return
-    for tid in _threads():
-        try:
-            os.sched_setaffinity(tid, value.threads.get(tid, value.cpus))
-        except OSError:  # a thread that ended meanwhile
-            pass
 
 
 @dataclass
@@ -120,20 +103,15 @@ class Journal:
         try:
             redo()
         except BaseException:
-            try:  # twice if a Ctrl-C lands on the call (accel.run.interrupts)
-                self._forget(entry)
-            except BaseException:
-                self._forget(entry)
-                raise
+            clean_up(self._forget, entry)
             raise
 
     def _forget(self, entry: Entry) -> None:
         """Undo a change whose redo failed or was interrupted, and drop its entry (once, however often called)."""
-        with deferred():
-            if any(e is entry for e in self.entries):
-                with contextlib.suppress(Exception):  # the redo's own error is the one to report
-                    entry.undo()
-                self.entries = [e for e in self.entries if e is not entry]
+        if any(e is entry for e in self.entries):
+            with contextlib.suppress(Exception):  # the redo's own error is the one to report
+                entry.undo()
+            self.entries = [e for e in self.entries if e is not entry]
 
     def layer(self, key: Hashable, what: str, read: Callable[[], Any], write: Callable[[Any], None],
               value: Any) -> None:
@@ -204,12 +182,11 @@ class Journal:
         change is undone (accel.run.interrupts)."""
         failed = []
         with deferred():
-            for entry in reversed(self.entries):
-                if entry.kind != "process" or self.active:
-                    try:
-                        entry.undo()
-                    except Exception as error:
-                        failed.append(f"{entry.what}: {type(error).__name__}: {error}")
+            for entry in reversed(self._made()):
+                try:
+                    entry.undo()
+                except Exception as error:
+                    failed.append(f"{entry.what}: {type(error).__name__}: {error}")
             self.entries.clear()
             self.active = True
         if failed:
@@ -219,19 +196,15 @@ class Journal:
         """Undo the process-wide changes only, keeping them to redo (tune switching between candidates); their
         layers leave the registry, and ``resume`` puts them back in their place among the other runs'."""
         with deferred():
-            if self.active:
-                for entry in reversed(self.entries):
-                    if entry.kind == "process":
-                        entry.undo()
-                self.active = False
+            for entry in reversed(self._made("process")):
+                entry.undo()
+            self.active = False
 
     def resume(self) -> None:
         with deferred():
-            if not self.active:
-                for entry in self.entries:
-                    if entry.kind == "process":
-                        entry.redo()
-                self.active = True
+            for entry in [e for e in self.entries if e.kind == "process" and not self.active]:
+                entry.redo()
+            self.active = True
 
     def commit(self) -> None:
         """After a plan succeeded: the setup stays (the model on its device, the earlier run closed); the process
@@ -253,15 +226,17 @@ class Journal:
     def undo_all(self) -> None:
         """Undo every change, newest first, keeping them to redo (``redo_all``)."""
         with deferred():
-            for entry in reversed(self.entries):
-                if entry.kind != "process" or self.active:
-                    entry.undo()
+            for entry in reversed(self._made()):
+                entry.undo()
 
     def redo_all(self) -> None:
         with deferred():
-            for entry in self.entries:
-                if entry.kind != "process" or self.active:
-                    entry.redo()
+            for entry in self._made():
+                entry.redo()
+
+    def _made(self, kind: str = "") -> list[Entry]:
+        """The changes in effect (of one kind): every one but the process-wide ones while suspended."""
+        return [e for e in self.entries if (e.kind != "process" or self.active) and e.kind == (kind or e.kind)]
 
     def __repr__(self) -> str:
         return f"Journal({[e.what for e in self.entries]})"

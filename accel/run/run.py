@@ -184,16 +184,13 @@ class Run(RunState):
 
     def accelerator(self, name: str) -> Accelerator:
         """The applied accelerator of that name: its options are ``.config``; its run state is ``run.state(name)``."""
-        for accelerator in self.accelerators:
-            if accelerator.name == name:
-                return accelerator
-        raise KeyError(f"no applied accelerator {name!r} in this run; applied: {[a.name for a in self.accelerators]}")
+        if name not in self.states:
+            raise KeyError(f"no applied accelerator {name!r} in this run; applied: {list(self.states)}")
+        return next(a for a in self.accelerators if a.name == name)
 
     def state(self, name: str) -> State:
         """The per-run state of the applied accelerator of that name (grad_clipping's ``last_norm``...)."""
-        if name not in self.states:
-            raise KeyError(f"no applied accelerator {name!r} in this run; applied: {list(self.states)}")
-        return self.states[name]
+        return self.states[self.accelerator(name).name]
 
     def accelerator_state_dict(self, name: str) -> dict[str, Any]:
         """What run.save keeps of one accelerator (its state's state_dict)."""

@@ -15,14 +15,13 @@ from typing import Any
 
 import torch
 
+import accel.run.checkpoint as single
+import accel.run.checkpoint_fit as fit
 from accel.batches import map_tensors
 from accel.errors import CheckpointError, brief
 from accel.files import read_small, write_atomically, write_text
 from accel.hardware.launcher import rank, world_size
 from accel.plan import same_options
-from accel.run.checkpoint import check_contents, checksum, encode_plan, load_file, on_rank_zero, write_error
-from accel.run.checkpoint_fit import gather_from_ranks, gathered, sharded_problems, this_rank, training_plan
-from accel.run.interrupts import held
 from accel.run.thread_warnings import thread_filter
 
 FORMAT = 1
@@ -83,7 +82,7 @@ def save(run, path) -> Path:
                               "returned False (an optimizer step)")
     name = f"step-{run.steps:09d}"
     partial = root / f".{name}.partial"
-    on_rank_zero(lambda: _prepare(root), root)
+    single.on_rank_zero(lambda: _prepare(root), root)
     model_state, optimizer_state = _states(run)
     try:
         with _quiet():
@@ -93,13 +92,11 @@ def save(run, path) -> Path:
             shutil.rmtree(partial, ignore_errors=True)
         if _cause(error) is None:  # a Ctrl-C
             raise
-        raise write_error(root, _cause(error)) from error
-    state = run.state_dict(model=False)
-    parts = gathered(run, state)
+        raise single.write_error(root, _cause(error)) from error
+    meta = single.saved(run, run.state_dict(model=False), FORMAT)
     mine = {f.name: (f.stat().st_size, _digest(f)) for f in partial.glob(f"__{rank()}_*")}
-    files = {k: v for part in gather_from_ranks(mine) for k, v in part.items()}
-    meta = {**state, "format": FORMAT, "plan": encode_plan(state["plan"]), **parts, "files": files}
-    on_rank_zero(lambda: _finish(root, partial, name, meta), root, partial)
+    meta["files"] = {k: v for part in fit.gather_from_ranks(mine) for k, v in part.items()}
+    single.on_rank_zero(lambda: _finish(root, partial, name, meta), root, partial)
     return root / read_small(root / LATEST).decode().strip()  # every rank, after rank 0 switched it
 
 
@@ -111,8 +108,9 @@ def _prepare(root: Path) -> None:
 
 def _finish(root: Path, partial: Path, name: str, meta: dict) -> None:
     """Rank 0: accel.pt, the folder renamed whole, ``latest`` switched to it, the older ones removed."""
+    single.refuse_unreadable(root, meta)
     meta["files"][".metadata"] = ((partial / ".metadata").stat().st_size, _digest(partial / ".metadata"))
-    meta["checksum"] = checksum(meta)
+    meta["checksum"] = single.checksum(meta)
     write_atomically(partial / META, lambda handle: torch.save(meta, handle))
     final, again = root / name, 1
     while final.exists():  # the same step saved again (after a restart): a new folder, so that latest always
@@ -160,8 +158,8 @@ def read(path) -> tuple[Path, dict[str, Any]]:
     if not (where / META).exists():
         raise CheckpointError(f"{where}: torn checkpoint: no {META} (the save did not finish, or this is not a "
                               "checkpoint accel wrote)")
-    meta = load_file(where / META)
-    check_contents(where / META, meta, FORMAT, ("plan", "step", "epoch", "rng", "world_size", "files"))
+    meta = single.load_file(where / META)
+    single.check_contents(where / META, meta, FORMAT, ("plan", "step", "epoch", "rng", "world_size", "files"))
     files = sorted(meta["files"].items())
     missing = [name for name, _ in files if not (where / name).is_file()]
     if missing:
@@ -170,7 +168,7 @@ def read(path) -> tuple[Path, dict[str, Any]]:
     # each rank hashes its share of the files (every file is read once for the hash, not once per rank)
     changed = [name for name, (size, digest) in files[rank()::world_size()]
                if (where / name).stat().st_size != size or _digest(where / name) != digest]
-    changed = sorted(n for part in gather_from_ranks(changed) for n in part)
+    changed = sorted(n for part in fit.gather_from_ranks(changed) for n in part)
     if changed:
         raise CheckpointError(f"{where}: {changed[0]} differs from what was saved (size or hash): corrupted or torn; "
                               "nothing was loaded")
@@ -238,15 +236,15 @@ def load(run, path) -> dict[str, Any]:
     import torch.distributed.checkpoint as dcp
 
     where, meta = read(path)
-    mine = encode_plan(run.plan.to_dict())
-    if not same_options(training_plan(meta["plan"]), training_plan(mine)):
+    mine = single.encode_plan(run.plan.to_dict())
+    if not same_options(fit.training_plan(meta["plan"]), fit.training_plan(mine)):
         raise CheckpointError(f"{where} was saved with the plan {brief(meta['plan'], 300)}, but this run has "
                               f"{brief(mine, 300)}; create the run with the same plan (ddp and fsdp may differ: "
                               "the shards load at any world size, or in one process)")
     model, optimizer = _states(run)
-    problems = sharded_problems(where, model, meta, run)
-    if problems:
-        raise CheckpointError(f"{where} does not fit this run; nothing was loaded: " + "; ".join(problems))
+    saved = dcp.FileSystemReader(str(where)).read_metadata().state_dict_metadata  # names and global shapes
+    shapes = {k[len("model."):]: getattr(v, "size", None) for k, v in saved.items() if k.startswith("model.")}
+    fit.refuse_unfit(where, fit.rank_problems(meta) + fit.fit_problems(run, meta, shapes, model))
     read_into = {"model": _copy(model), "optimizer": _copy(optimizer)}  # the run's own stay until all is read
     if run.optimizer is None:
         del read_into["optimizer"]
@@ -258,18 +256,6 @@ def load(run, path) -> dict[str, Any]:
             raise
         raise CheckpointError(f"{where}: the shards could not be read ({type(error).__name__}: {error}); nothing "
                               "was loaded") from error
-    progress = {**meta, **this_rank(meta)}
+    state = (read_into["model"], read_into.get("optimizer", {}), {**meta, **fit.this_rank(meta)})
     backup = (_copy(model), _copy(optimizer), _copy(run.state_dict(model=False)))  # accelerators hand out live tensors
-    try:
-        _set(run, read_into["model"], read_into.get("optimizer", {}), progress)
-    except BaseException as error:  # a Ctrl-C too: the run as it was, never half from the checkpoint
-        try:  # twice if a Ctrl-C lands on the call (accel.run.interrupts)
-            held(_set, run, *backup)
-        except BaseException:
-            held(_set, run, *backup)
-            raise
-        if not isinstance(error, Exception):
-            raise
-        raise CheckpointError(f"{where} could not be restored ({type(error).__name__}: {error}); the run was put "
-                              "back as it was") from error
-    return {"step": meta["step"], "epoch": meta["epoch"], "path": str(where)}
+    return fit.restored(where, meta, lambda: run.restore_or_put_back(lambda parts: _set(run, *parts), state, backup))

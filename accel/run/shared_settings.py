@@ -25,11 +25,9 @@ def _same(a: Any, b: Any) -> bool:
 
 @dataclass(eq=False)
 class Setting:
-    """One process-wide value, how to read and write it, and the layers open runs put on it (the module's
-    docstring says why)."""
+    """One process-wide value and the layers open runs put on it (the module's docstring says why); each layer
+    knows how to read and write it."""
 
-    read: Callable[[], Any]
-    write: Callable[[Any], None]
     base: Any  # the value under every layer: before the first run, or the user's own last write
     layers: list[Layer] = field(default_factory=list)  # oldest first (by Layer.order)
 
@@ -37,10 +35,9 @@ class Setting:
         """The value the layers say it has."""
         return self.layers[-1].value if self.layers else self.base
 
-    def adopt_user_write(self) -> None:
-        """If the value is not what the layers set, the user set it: that value wins, and the layers give up
-        their claim (undoing them then changes nothing)."""
-        now = self.read()
+    def adopt_user_write(self, now: Any) -> None:
+        """If the value (``now``) is not what the layers set, the user set it: that value wins, and the layers give
+        up their claim (undoing them then changes nothing)."""
         if self.layers and not _same(now, self.layers[-1].value):
             self.layers.clear()
         if not self.layers:
@@ -63,22 +60,20 @@ class Layer:
         """Lay this value on its setting, in the place it was made (a redo by tune or by a failed accelerate()
         goes back under the runs made after it); it goes live when it is the newest layer."""
         with _LOCK:
-            setting = _SETTINGS.get(self.key)
-            if setting is None:
-                setting = _SETTINGS[self.key] = Setting(self.read, self.write, base=None)  # read just below
-            setting.adopt_user_write()
+            setting = _SETTINGS.setdefault(self.key, Setting(base=None))  # its base is read just below
+            setting.adopt_user_write(self.read())
             if self in setting.layers:
                 return
             index = bisect.bisect([layer.order for layer in setting.layers], self.order)
             setting.layers.insert(index, self)
             if setting.layers[-1] is self:
                 try:
-                    setting.write(self.value)
-                    self.value = setting.read()  # what the value reads as (e.g. the affinity, sorted)
+                    self.write(self.value)
+                    self.value = self.read()  # what the value reads as (e.g. the affinity, sorted)
                 except BaseException:
                     setting.layers.remove(self)
                     with contextlib.suppress(Exception):  # the write's own error is the one to report
-                        setting.write(setting.live())
+                        self.write(setting.live())
                     self._forget(setting)
                     raise
 
@@ -89,7 +84,7 @@ class Layer:
             setting = _SETTINGS.get(self.key)
             if setting is None:
                 return
-            setting.adopt_user_write()  # every run that opens or closes sees the user's writes
+            setting.adopt_user_write(self.read())  # every run that opens or closes sees the user's writes
             if self not in setting.layers:
                 self._forget(setting)
                 return
@@ -97,7 +92,7 @@ class Layer:
             setting.layers.remove(self)
             try:
                 if newest:
-                    setting.write(setting.live())
+                    self.write(setting.live())
             finally:
                 self._forget(setting)
 
@@ -110,5 +105,5 @@ def set_by_runs(key: Hashable) -> bool:
     """Whether an open run set this value (``("environ", name)``, ``"torch threads"``, ...), and the user has
     not set it since: such a value is no user's choice to keep."""
     with _LOCK:
-        setting = _SETTINGS.get(key)
-        return setting is not None and bool(setting.layers) and _same(setting.read(), setting.layers[-1].value)
+        newest = _SETTINGS[key].layers[-1] if key in _SETTINGS and _SETTINGS[key].layers else None
+        return newest is not None and _same(newest.read(), newest.value)

@@ -1,11 +1,9 @@
-"""What a run saves and restores: its whole state as a dict, the checks that a saved one fits, run.save/run.load.
-
-A mixin of accel.run.Run, apart because it is one job: the model, the optimizer, the counters, each accelerator's
-State.state_dict(), the loader's sampler and generators, and the random state.
-"""
+"""What a run saves and restores (a mixin of accel.run.Run): its whole state as a dict, the check that a saved one
+fits, run.save and run.load."""
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -16,8 +14,8 @@ from accel.plan.contract import Capability
 from accel.randomness import loader_generators, rng_state, set_rng_state
 from accel.run.checkpoint import load as load_checkpoint
 from accel.run.checkpoint import save as save_checkpoint
-from accel.run.checkpoint_fit import model_problems, optimizer_problems, stray_problems
-from accel.run.interrupts import autograd_kept, held
+from accel.run.checkpoint_fit import fit_problems
+from accel.run.interrupts import autograd_kept, clean_up
 
 
 class RunState:
@@ -46,11 +44,7 @@ class RunState:
 
     def state_problems(self, state: dict[str, Any]) -> list[str]:
         """Why a state does not fit this run (model keys and shapes, the optimizer, accelerators), or nothing."""
-        current = self.unwrap().state_dict()
-        problems = model_problems(state["model"], current)
-        problems += optimizer_problems(self.optimizer, state.get("optimizer_class"), state["optimizer"] is not None,
-                                       state["optimizer"])
-        return problems + stray_problems(set(state.get("accelerators", {})), self)
+        return fit_problems(self, state, state["model"], self.unwrap().state_dict())
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what state_dict() returned. Everything is checked first: a ValueError names every part that
@@ -59,16 +53,16 @@ class RunState:
         problems = self.state_problems(state)
         if problems:
             raise ValueError("; ".join(problems))
-        backup = self._backup()
+        self.restore_or_put_back(self._restore, state, self._backup())
+
+    def restore_or_put_back(self, restore: Callable[[Any], None], state: Any, backup: Any) -> None:
+        """restore(state); one that fails half-way, or is interrupted (a Ctrl-C), restores the backup: never a model
+        half from the checkpoint, counters from before."""
         try:
             with autograd_kept():
-                self._restore(state)
-        except BaseException:  # a Ctrl-C too: never a model half from the checkpoint, counters from before
-            try:  # twice if a Ctrl-C lands on the call (accel.run.interrupts)
-                held(self._restore, backup)
-            except BaseException:
-                held(self._restore, backup)
-                raise
+                restore(state)
+        except BaseException:
+            clean_up(restore, backup)
             raise
 
     def _backup(self) -> dict[str, Any]:

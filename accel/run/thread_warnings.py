@@ -13,7 +13,7 @@ import warnings
 from collections.abc import Iterator
 from typing import Any
 
-from accel.run.interrupts import deferred
+from accel.run.interrupts import clean_up, deferred
 
 _LOCK = threading.RLock()
 _active: dict[tuple[str, str], _ThreadMatch] = {}  # (action, pattern) -> its entry's matcher while a block uses it
@@ -44,11 +44,7 @@ def thread_filter(action: str, message: str = "") -> Iterator[None]:
         _claim(action, message, token)
         yield
     finally:
-        try:
-            _release(action, message, token)
-        except BaseException:
-            _release(action, message, token)
-            raise
+        clean_up(_release, action, message, token)
 
 
 def _claim(action: str, message: str, token: object) -> None:
@@ -62,7 +58,7 @@ def _claim(action: str, message: str, token: object) -> None:
 
 
 def _release(action: str, message: str, token: object) -> None:
-    with deferred(), _LOCK:
+    with _LOCK:  # (inside clean_up: signals held)
         matcher, me = _active.get((action, message)), threading.get_ident()
         if matcher is None or token not in matcher.threads.get(me, ()):
             return
@@ -95,11 +91,7 @@ def captured() -> Iterator[list[warnings.WarningMessage]]:
         with thread_filter("always"):
             yield caught
     finally:
-        try:
-            _unhook(caught)
-        except BaseException:
-            _unhook(caught)
-            raise
+        clean_up(_unhook, caught)
 
 
 def _hook(caught: list) -> None:
@@ -112,7 +104,7 @@ def _hook(caught: list) -> None:
 
 def _unhook(caught: list) -> None:
     global _shown_before
-    with deferred(), _LOCK:
+    with _LOCK:  # (inside clean_up: signals held)
         mine = _captures.get(threading.get_ident(), [])
         if not any(c is caught for c in mine):
             return
