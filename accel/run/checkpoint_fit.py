@@ -66,7 +66,8 @@ def layout_problems(saved: dict[str, Any]) -> list[str]:
         if value is None:
             return True
         state, groups = (value.get("state"), value.get("param_groups")) if isinstance(value, dict) else (None, None)
-        return (isinstance(state, dict) and all(integer(i) and isinstance(s, dict) for i, s in state.items())
+        return (isinstance(state, dict) and all(integer(i) and isinstance(s, dict) or isinstance(i, str)
+                                                 for i, s in state.items())  # a name: an optimizer-wide value
                 and isinstance(groups, list) and all(isinstance(g, dict) and isinstance(g.get("params"), list)
                                                      and all(integer(i) for i in g["params"]) for g in groups))
 
