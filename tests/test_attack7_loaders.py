@@ -1,0 +1,49 @@
+"""attack7: run.loader and the loop's own sampler epochs, workers, streams (accel/run/device_loader.py)."""
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+import accel
+
+
+def sharded(seed=0):
+    data = TensorDataset(torch.arange(16.).unsqueeze(1))
+    sampler = DistributedSampler(data, num_replicas=1, rank=0, shuffle=True, seed=seed)
+    return sampler, DataLoader(data, batch_size=4, sampler=sampler)
+
+
+def orders(loader, sampler, epochs):
+    """The loop of pytorch/examples' imagenet and most launched scripts: the sampler told each epoch's number."""
+    seen = []
+    for epoch in epochs:
+        sampler.set_epoch(epoch)
+        seen.append([batch[0].flatten().tolist() for batch in loader])
+    return seen
+
+
+def test_a_loop_that_numbers_its_epochs_from_one_keeps_its_shuffle():
+    """``for epoch in range(1, epochs + 1): train_sampler.set_epoch(epoch)`` (or from a resumed start_epoch): run.loader
+    called set_epoch again with its own count from 0, overriding the loop's, so with plan=[] every epoch read other
+    batches than the plain loop, without a word. A loop that tells its sampler the epoch keeps its own numbering."""
+    sampler, loader = sharded()
+    plain = orders(loader, sampler, range(1, 4))
+    sampler, loader = sharded()
+    model = nn.Linear(1, 1)
+    run = accel.accelerate(model, torch.optim.SGD(model.parameters(), lr=0.1), loader, plan=[])
+    try:
+        assert orders(run.loader, sampler, range(1, 4)) == plain
+    finally:
+        run.close()
+
+
+def test_a_loop_that_never_tells_the_sampler_still_gets_a_new_order_each_epoch():
+    """The run's counter still drives a sampler the loop leaves alone (tests/test_run.py pins it)."""
+    sampler, loader = sharded()
+    model = nn.Linear(1, 1)
+    run = accel.accelerate(model, torch.optim.SGD(model.parameters(), lr=0.1), loader, plan=[])
+    try:
+        first, second = ([batch[0].flatten().tolist() for batch in run.loader] for _ in range(2))
+    finally:
+        run.close()
+    reference = [orders(loader, sampler, [epoch])[0] for epoch in (0, 1)]
+    assert [first, second] == reference
