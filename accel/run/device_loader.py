@@ -41,6 +41,7 @@ class DeviceLoader:
             loader.read_by_a_run = True
         self.stop_when_idle = False  # stop the workers once no epoch is open (a rebuilt loader handed over)
         self.stopped: str | None = None  # why the workers were stopped under an open epoch (said if it goes on)
+        self.told = getattr(getattr(loader, "sampler", None), "epoch", None)  # the sampler's epoch, as last set here
 
     def __iter__(self) -> Iterator[Any]:
         batches = self.start_epoch()
@@ -55,8 +56,9 @@ class DeviceLoader:
     def start_epoch(self) -> Iterator[Any]:
         """The wrapped loader's batches for the next epoch, as they come (its sampler told the epoch)."""
         sampler = getattr(self.loader, "sampler", None)
-        if hasattr(sampler, "set_epoch"):
-            sampler.set_epoch(self.epoch)
+        if hasattr(sampler, "set_epoch") and getattr(sampler, "epoch", None) == self.told:  # else the loop set it
+            sampler.set_epoch(self.epoch)  # itself (set_epoch(epoch) from 1, or its start_epoch): its order stays
+            self.told = getattr(sampler, "epoch", None)
         self.epoch += 1
         if self.handed_over and not self.read_by_a_run:  # the loop kept it (train_loader = run.loader) past one
             warnings.warn("accel: run.loader: a new epoch on the loader of a run that accelerate() again took over: "
