@@ -47,3 +47,29 @@ def test_a_loop_that_never_tells_the_sampler_still_gets_a_new_order_each_epoch()
         run.close()
     reference = [orders(loader, sampler, [epoch])[0] for epoch in (0, 1)]
     assert [first, second] == reference
+
+
+def shuffled(n):
+    return DataLoader(TensorDataset(torch.arange(float(n)).unsqueeze(1)), batch_size=4, shuffle=True)
+
+
+def paired(first, second):
+    """The loop of CycleGAN, FixMatch and domain adaptation: two loaders read side by side."""
+    return [(a[0].flatten().tolist(), b[0].flatten().tolist()) for a, b in zip(first, second)]
+
+
+def test_run_loader_zipped_with_another_loader_reads_the_plain_loops_batches():
+    """iter(DataLoader) draws the epoch's seeds from torch's random state at once; iter(run.loader) drew them only at
+    its first batch, after zip() had called iter() on the other loader, so under plan=[] (exact) both loaders read
+    other batches than the plain loop's, silently."""
+    torch.manual_seed(0)
+    labelled, unlabelled = shuffled(16), shuffled(16)
+    plain = [paired(labelled, unlabelled) for _ in range(2)]
+    torch.manual_seed(0)
+    labelled, unlabelled = shuffled(16), shuffled(16)
+    model = nn.Linear(1, 1)
+    run = accel.accelerate(model, torch.optim.SGD(model.parameters(), lr=0.1), labelled, plan=[])
+    try:
+        assert [paired(run.loader, unlabelled) for _ in range(2)] == plain
+    finally:
+        run.close()
