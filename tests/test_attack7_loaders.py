@@ -1,4 +1,5 @@
 """attack7: run.loader and the loop's own sampler epochs, workers, streams (accel/run/device_loader.py)."""
+import pytest
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
@@ -49,8 +50,9 @@ def test_a_loop_that_never_tells_the_sampler_still_gets_a_new_order_each_epoch()
     assert [first, second] == reference
 
 
-def shuffled(n):
-    return DataLoader(TensorDataset(torch.arange(float(n)).unsqueeze(1)), batch_size=4, shuffle=True)
+def shuffled(n, workers=0):
+    return DataLoader(TensorDataset(torch.arange(float(n)).unsqueeze(1)), batch_size=4, shuffle=True,
+                      num_workers=workers)
 
 
 def paired(first, second):
@@ -58,18 +60,22 @@ def paired(first, second):
     return [(a[0].flatten().tolist(), b[0].flatten().tolist()) for a, b in zip(first, second)]
 
 
-def test_run_loader_zipped_with_another_loader_reads_the_plain_loops_batches():
+@pytest.mark.parametrize("workers, run_first", [(0, False), (2, True)], ids=["run-second", "workers-run-first"])
+def test_run_loader_zipped_with_another_loader_reads_the_plain_loops_batches(workers, run_first):
     """iter(DataLoader) draws the epoch's seeds from torch's random state at once; iter(run.loader) drew them only at
-    its first batch, after zip() had called iter() on the other loader, so under plan=[] (exact) both loaders read
-    other batches than the plain loop's, silently."""
-    torch.manual_seed(0)
-    labelled, unlabelled = shuffled(16), shuffled(16)
-    plain = [paired(labelled, unlabelled) for _ in range(2)]
-    torch.manual_seed(0)
-    labelled, unlabelled = shuffled(16), shuffled(16)
+    its first batch, after zip() had called iter() on the other loader (or drawn its first batch), so under plan=[]
+    (exact) both loaders read other batches than the plain loop's, silently."""
+    def side_by_side(labelled, unlabelled):
+        return paired(labelled, unlabelled) if run_first else paired(unlabelled, labelled)
+
     model = nn.Linear(1, 1)
+    torch.manual_seed(0)
+    labelled, unlabelled = shuffled(16, workers), shuffled(16)
+    plain = [side_by_side(labelled, unlabelled) for _ in range(2)]
+    torch.manual_seed(0)
+    labelled, unlabelled = shuffled(16, workers), shuffled(16)
     run = accel.accelerate(model, torch.optim.SGD(model.parameters(), lr=0.1), labelled, plan=[])
     try:
-        assert [paired(run.loader, unlabelled) for _ in range(2)] == plain
+        assert [side_by_side(run.loader, unlabelled) for _ in range(2)] == plain
     finally:
         run.close()
