@@ -44,10 +44,12 @@ class DeviceLoader:
         self.told = getattr(getattr(loader, "sampler", None), "epoch", None)  # the sampler's epoch, as last set here
 
     def __iter__(self) -> Iterator[Any]:
-        batches = self.start_epoch()
+        batches = self.start_epoch()  # now, as iter(DataLoader) draws its seeds: zip(run.loader, other) keeps its order
         if not self._move and not self.transforms and self.drawn is None:
-            yield from batches
-            return
+            return batches
+        return self._prepared(batches)
+
+    def _prepared(self, batches: Iterator[Any]) -> Iterator[Any]:
         for batch in batches:
             if self.drawn is not None:
                 self.drawn()
