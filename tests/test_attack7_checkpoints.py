@@ -1,6 +1,7 @@
 """attack7: checkpoints run.save writes and run.load then refuses as 'not what run.save writes' (the load-time
 layout check, checkpoint_fit.layout_problems, holds more than what run.save writes: commit ddc49d2 checked only
 that each part unpickles). Each found by saving a real run and loading it into the same one."""
+import pytest
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, Sampler, TensorDataset
@@ -69,3 +70,32 @@ def test_a_sampler_whose_seed_is_not_an_integer_does_not_make_its_checkpoints_un
     """run.load restores a sampler's seed only when it is an integer torch's generators take (or None); a user
     sampler's seed of another kind (text here) was written anyway, and every checkpoint of the run was refused."""
     saved_and_loaded(tmp_path, sampler=TextSeedSampler(16))
+
+
+def test_under_fsdp_an_optimizer_state_kept_under_a_name_is_refused_by_name(monkeypatch, tmp_path):
+    """torch's distributed checkpoint gathers an optimizer's state per parameter: run.save under fsdp raised a bare
+    KeyError('global_step') from inside torch for the optimizer above. It is a CheckpointError naming the key, and
+    the checkpoint saved before it stays the one ``latest`` names."""
+    from scripts.launching import one_rank_env
+
+    from accel.errors import CheckpointError
+    from accel.workloads import TinyGPT
+
+    for key, value in one_rank_env().items():
+        monkeypatch.setenv(key, value)
+    torch.manual_seed(0)
+    model = TinyGPT()
+    optimizer = CountingSophia(model.parameters(), lr=0.01)
+    ids = torch.randint(0, 64, (8, 17), generator=torch.Generator().manual_seed(0))
+    loader = DataLoader(TensorDataset(ids[:, :-1], ids[:, 1:]), batch_size=4)
+    run = accel.accelerate(model, optimizer, loader, plan=["fsdp"], device="cpu")
+    try:
+        run.save(tmp_path / "ckpt")  # before any step: the optimizer has no state of its own yet
+        for x, y in run.loader:
+            run.backward(nn.functional.cross_entropy(run.model(x).flatten(0, 1), y.flatten()))
+            run.step()
+        with pytest.raises(CheckpointError, match="global_step"):
+            run.save(tmp_path / "ckpt")  # fails on main: KeyError 'global_step' from get_state_dict
+        assert (tmp_path / "ckpt" / "latest").read_text().strip() == "step-000000000"
+    finally:
+        run.close()
