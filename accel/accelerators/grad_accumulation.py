@@ -10,13 +10,14 @@ Its card: docs/accelerators/grad_accumulation.md.
 """
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from accel.errors import Skip
+from accel.errors import LoopWarning, Skip
 from accel.plan.contract import Accelerator, Call, Capability, Keeps, Stage, State, StepSchedule, register
 from accel.plan.options import Options, at_least, option
 
@@ -40,6 +41,8 @@ class GradAccumulationState(State):
     micro: int = 0  # micro-batches since the last optimizer step
     divided: bool = False  # the gradients hold a loss it divided (since the last optimizer step)
     idle: bool = False  # the loop went around the run (accel/run/watch.py): it stands aside
+    lrs: tuple = ()  # the learning rates at the last run.step() that held the update
+    lr_moved: bool = False  # they changed before the update (a scheduler stepped every batch): said once
 
     def state_dict(self) -> dict[str, Any]:
         params = dict(self.model.named_parameters())
@@ -117,8 +120,17 @@ class GradAccumulation(Accelerator[GradAccumulationOptions, GradAccumulationStat
              proceed: Callable[[torch.optim.Optimizer], bool]) -> bool:
         if state.idle:
             return proceed(optimizer)
+        lrs = tuple(float(lr) if isinstance(lr, torch.Tensor) else lr
+                    for lr in (group.get("lr") for group in optimizer.param_groups))
+        if state.micro and lrs != state.lrs and not state.lr_moved:
+            state.lr_moved = True
+            warnings.warn("accel: grad_accumulation: the learning rate changed between run.step() calls that held the "
+                          "update (a scheduler stepped on every batch): the schedule runs once per batch, "
+                          f"{self.config.steps} times per update; step it when run.step() returns False",
+                          LoopWarning, stacklevel=4)
         state.micro += 1
         if state.micro < self.config.steps:
+            state.lrs = lrs
             return False  # keep accumulating: no update, gradients kept
         state.micro, state.divided = 0, False
         return proceed(optimizer)
