@@ -55,3 +55,29 @@ def test_a_scheduler_stepped_on_every_micro_batch_is_said():
 def test_a_scheduler_stepped_on_each_update_is_not_warned():
     """The card's loop: ``if not run.step(): scheduler.step()``."""
     assert no_trainer_epoch(2, every_batch=False) == []
+
+
+def test_a_run_resumed_mid_accumulation_is_not_warned(tmp_path):
+    """The learning rates seen while holding are not in the checkpoint: a run loaded mid-accumulation compares none."""
+    def build():
+        torch.manual_seed(0)
+        model = nn.Linear(4, 2)
+        loader = DataLoader(TensorDataset(torch.randn(8, 4), torch.randn(8, 2)), batch_size=2)
+        return model, torch.optim.SGD(model.parameters(), lr=0.1), loader
+
+    plan = {"grad_accumulation": {"steps": 4}}
+    run = accel.accelerate(*build(), plan=plan)
+    batches = iter(run.loader)
+    x, y = next(batches)
+    run.backward(nn.functional.mse_loss(run.model(x), y))
+    run.step()
+    run.save(tmp_path / "run.pt")
+    run.close()
+    again = accel.accelerate(*build(), plan=plan)
+    again.load(tmp_path / "run.pt")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", LoopWarning)
+        for x, y in again.loader:
+            again.backward(nn.functional.mse_loss(again.model(x), y))
+            again.step()
+    again.close()
