@@ -41,7 +41,7 @@ class GradAccumulationState(State):
     micro: int = 0  # micro-batches since the last optimizer step
     divided: bool = False  # the gradients hold a loss it divided (since the last optimizer step)
     idle: bool = False  # the loop went around the run (accel/run/watch.py): it stands aside
-    lrs: tuple = ()  # the learning rates at the last run.step() that held the update
+    lrs: tuple = ()  # the learning rates at the last run.step() that held the update (none after run.load)
     lr_moved: bool = False  # they changed before the update (a scheduler stepped every batch): said once
 
     def state_dict(self) -> dict[str, Any]:
@@ -122,7 +122,7 @@ class GradAccumulation(Accelerator[GradAccumulationOptions, GradAccumulationStat
             return proceed(optimizer)
         lrs = tuple(float(lr) if isinstance(lr, torch.Tensor) else lr
                     for lr in (group.get("lr") for group in optimizer.param_groups))
-        if state.micro and lrs != state.lrs and not state.lr_moved:
+        if state.micro and state.lrs and lrs != state.lrs and not state.lr_moved:
             state.lr_moved = True
             warnings.warn("accel: grad_accumulation: the learning rate changed between run.step() calls that held the "
                           "update (a scheduler stepped on every batch): the schedule runs once per batch, "
