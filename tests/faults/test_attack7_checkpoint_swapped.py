@@ -15,7 +15,7 @@ from accel.testing import tiny_loader, tiny_model, tiny_optimizer
 
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="named pipes")
-def test_a_checkpoint_swapped_for_a_pipe_mid_load_is_refused_at_once(tmp_path):
+def test_a_checkpoint_swapped_for_a_pipe_mid_load_is_read_as_opened_or_refused_at_once(tmp_path):
     model = tiny_model()
     run = accel.accelerate(model, tiny_optimizer(model), tiny_loader(), [], device="cpu")
     path = tmp_path / "ckpt.pt"
@@ -51,4 +51,4 @@ def test_a_checkpoint_swapped_for_a_pipe_mid_load_is_refused_at_once(tmp_path):
         loading.join(timeout=20)
     run.close()
     assert not waited, "run.load waited on the pipe put in the checkpoint's place"
-    assert outcome and isinstance(outcome[0], CheckpointError), outcome
+    assert outcome == ["loaded"] or isinstance(outcome[0], CheckpointError), outcome  # the file as opened, or refused
