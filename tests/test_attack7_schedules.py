@@ -81,3 +81,22 @@ def test_a_run_resumed_mid_accumulation_is_not_warned(tmp_path):
             again.backward(nn.functional.mse_loss(again.model(x), y))
             again.step()
     again.close()
+
+
+def test_a_scheduler_stepped_each_epoch_with_an_update_across_the_epochs_end_is_not_warned():
+    """8 batches an epoch, 3 per update: one update holds the last batches of an epoch and the first of the next,
+    and a per-epoch StepLR moves the rate inside it, once an epoch: not a scheduler stepped every batch."""
+    torch.manual_seed(0)
+    model = nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+    loader = DataLoader(TensorDataset(torch.randn(16, 4), torch.randn(16, 2)), batch_size=2)
+    run = accel.accelerate(model, optimizer, loader, plan={"grad_accumulation": {"steps": 3}})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", LoopWarning)
+        for _ in range(4):
+            for x, y in run.loader:
+                run.backward(nn.functional.mse_loss(run.model(x), y))
+                run.step()
+            scheduler.step()
+    run.close()
