@@ -42,7 +42,8 @@ class GradAccumulationState(State):
     divided: bool = False  # the gradients hold a loss it divided (since the last optimizer step)
     idle: bool = False  # the loop went around the run (accel/run/watch.py): it stands aside
     lrs: tuple = ()  # the learning rates at the last run.step() that held the update (none after run.load)
-    lr_moved: bool = False  # they changed before the update (a scheduler stepped every batch): said once
+    lr_moved: bool = False  # they changed while this update was held
+    moving: int = 0  # updates in a row held while they changed: 2 is a scheduler stepped every batch (said)
 
     def state_dict(self) -> dict[str, Any]:
         params = dict(self.model.named_parameters())
@@ -122,15 +123,16 @@ class GradAccumulation(Accelerator[GradAccumulationOptions, GradAccumulationStat
             return proceed(optimizer)
         lrs = tuple(float(lr) if isinstance(lr, torch.Tensor) else lr
                     for lr in (group.get("lr") for group in optimizer.param_groups))
-        if state.micro and state.lrs and lrs != state.lrs and not state.lr_moved:
-            state.lr_moved = True
-            warnings.warn("accel: grad_accumulation: the learning rate changed between run.step() calls that held the "
-                          "update (a scheduler stepped on every batch): the schedule runs once per batch, "
-                          f"{self.config.steps} times per update; step it when run.step() returns False",
-                          LoopWarning, stacklevel=4)
+        state.lr_moved |= bool(state.micro and state.lrs and lrs != state.lrs)  # (an epoch's scheduler: once)
         state.micro += 1
         if state.micro < self.config.steps:
             state.lrs = lrs
             return False  # keep accumulating: no update, gradients kept
+        state.moving, state.lr_moved = state.moving + 1 if state.lr_moved else 0, False
+        if state.moving == 2:
+            warnings.warn("accel: grad_accumulation: the learning rate changed between run.step() calls that held the "
+                          "update (a scheduler stepped on every batch): the schedule runs once per batch, "
+                          f"{self.config.steps} times per update; step it when run.step() returns False",
+                          LoopWarning, stacklevel=4)
         state.micro, state.divided = 0, False
         return proceed(optimizer)
