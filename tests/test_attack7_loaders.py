@@ -100,11 +100,9 @@ def test_the_loader_plan_zipped_with_another_loader_reads_the_plain_loops_batche
         run.close()
 
 
-@pytest.mark.xfail(strict=True, reason="a new run's loader takes the sampler's epoch as it finds it for the one it "
-                   "set itself, so a loop that tells the sampler before accelerate() has it overridden by the run's "
-                   "count; telling the loop's set_epoch calls from the run's (the journal patching the sampler's "
-                   "set_epoch for the run's life) would fix it (accel/run/device_loader.py, trimrun)")
 def test_a_loop_that_tells_its_sampler_before_accelerate_each_epoch_keeps_its_shuffle():
+    """A new run's loader took the sampler's epoch as it found it (the loop's 1) for the one it had set itself, and
+    overrode it with the run's count."""
     sampler, loader = sharded()
     plain = orders(loader, sampler, range(1, 4))
     sampler, loader = sharded()
