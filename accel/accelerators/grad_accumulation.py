@@ -9,13 +9,14 @@ Its card: docs/accelerators/grad_accumulation.md.
 """
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from accel.errors import Skip
+from accel.errors import LoopWarning, Skip
 from accel.plan.contract import Accelerator, Call, Capability, Keeps, Stage, State, StepSchedule, register
 from accel.plan.options import Options, at_least, option
 
@@ -39,6 +40,9 @@ class GradAccumulationState(State):
     micro: int = 0  # micro-batches since the last optimizer step
     divided: bool = False  # the gradients hold a loss it divided (since the last optimizer step)
     idle: bool = False  # the loop went around the run (accel/run/watch.py): it stands aside
+    lrs: tuple = ()  # the learning rates at the last run.step() that held the update (none after run.load)
+    lr_moved: bool = False  # they changed while this update was held
+    moving: int = 0  # updates in a row held while they changed: 2 is a scheduler stepped every batch (said)
 
     def state_dict(self) -> dict[str, Any]:
         params = dict(self.model.named_parameters())
@@ -116,8 +120,18 @@ class GradAccumulation(Accelerator[GradAccumulationOptions, GradAccumulationStat
              proceed: Callable[[torch.optim.Optimizer], bool]) -> bool:
         if state.idle:
             return proceed(optimizer)
+        lrs = tuple(float(lr) if isinstance(lr, torch.Tensor) else lr
+                    for lr in (group.get("lr") for group in optimizer.param_groups))
+        state.lr_moved |= bool(state.micro and state.lrs and lrs != state.lrs)  # (an epoch's scheduler: once)
         state.micro += 1
         if state.micro < self.config.steps:
+            state.lrs = lrs
             return False  # keep accumulating: no update, gradients kept
+        state.moving, state.lr_moved = state.moving + 1 if state.lr_moved else 0, False
+        if state.moving == 2:
+            warnings.warn("accel: grad_accumulation: the learning rate changed between run.step() calls that held the "
+                          "update (a scheduler stepped on every batch): the schedule runs once per batch, "
+                          f"{self.config.steps} times per update; step it when run.step() returns False",
+                          LoopWarning, stacklevel=4)
         state.micro, state.divided = 0, False
         return proceed(optimizer)

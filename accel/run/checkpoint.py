@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import hashlib
 import io
+import os
 import re
 import shutil
+import stat
 import sys
 import types
 import zipfile
@@ -23,7 +25,7 @@ import torch
 import accel.run.checkpoint_fit as fit
 from accel.batches import map_tensors
 from accel.errors import CheckpointError, PlanError, brief
-from accel.files import disk_full, regular_file, space, write_atomically
+from accel.files import disk_full, space, write_atomically
 from accel.hardware.launcher import rank
 from accel.plan import Plan, same_options
 from accel.plan.untrusted import code_problems
@@ -218,22 +220,30 @@ def load_file(path: Path) -> Any:
     """What torch.save wrote to path, tensors and plain data only; a CheckpointError says why it cannot be read."""
     if not path.exists():
         raise CheckpointError(f"{path}: no such file")
-    if not regular_file(path):
-        raise CheckpointError(f"{path}: {'is a directory' if path.is_dir() else 'not a regular file'}, not a "
-                              "checkpoint file")
-    if path.stat().st_size == 0:
-        raise CheckpointError(f"{path}: the file is empty (a save that never wrote, or a truncated copy)")
-    if not zipfile.is_zipfile(path):  # torch.save writes a zip archive; its end is missing when truncated
-        raise CheckpointError(f"{path}: not a whole torch checkpoint (truncated or corrupted, or another kind of "
-                              "file: torch.save writes a zip archive)")
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except (zipfile.BadZipFile, EOFError, RuntimeError, OSError, ValueError) as error:
-        raise CheckpointError(f"{path}: not a whole torch checkpoint (truncated or corrupted): "
-                              f"{type(error).__name__}: {first_line(error)}") from error
-    except Exception as error:  # e.g. an UnpicklingError: objects weights_only refuses
-        raise CheckpointError(f"{path}: not an accel checkpoint (it holds objects beyond tensors and plain data: "
-                              f"{type(error).__name__})") from error
+    try:  # opened once, and checked as opened: a pipe put in its place after a check would be waited on
+        file = open(path, "rb", opener=lambda name, flags: os.open(name, flags | os.O_NONBLOCK))  # a pipe: at once
+    except IsADirectoryError:
+        raise CheckpointError(f"{path}: is a directory, not a checkpoint file") from None
+    except OSError as error:
+        raise CheckpointError(f"{path}: cannot be opened ({type(error).__name__}: {first_line(error)})") from error
+    with file:
+        status = os.fstat(file.fileno())
+        if not stat.S_ISREG(status.st_mode):
+            raise CheckpointError(f"{path}: not a regular file, not a checkpoint file")
+        if status.st_size == 0:
+            raise CheckpointError(f"{path}: the file is empty (a save that never wrote, or a truncated copy)")
+        if not zipfile.is_zipfile(file):  # torch.save writes a zip archive; its end is missing when truncated
+            raise CheckpointError(f"{path}: not a whole torch checkpoint (truncated or corrupted, or another kind of "
+                                  "file: torch.save writes a zip archive)")
+        file.seek(0)
+        try:
+            return torch.load(file, map_location="cpu", weights_only=True)
+        except (zipfile.BadZipFile, EOFError, RuntimeError, OSError, ValueError) as error:
+            raise CheckpointError(f"{path}: not a whole torch checkpoint (truncated or corrupted): "
+                                  f"{type(error).__name__}: {first_line(error)}") from error
+        except Exception as error:  # e.g. an UnpicklingError: objects weights_only refuses
+            raise CheckpointError(f"{path}: not an accel checkpoint (it holds objects beyond tensors and plain data: "
+                                  f"{type(error).__name__})") from error
 
 
 def check_contents(path, state: Any, form: int, required: tuple[str, ...]) -> None:

@@ -69,7 +69,8 @@ def layout_problems(saved: dict[str, Any]) -> list[str]:
         if value is None:
             return True
         state, groups = (value.get("state"), value.get("param_groups")) if isinstance(value, dict) else (None, None)
-        return (isinstance(state, dict) and all(integer(i) and isinstance(s, dict) for i, s in state.items())
+        return (isinstance(state, dict) and all(integer(i) and isinstance(s, dict) or isinstance(i, str)
+                                                 for i, s in state.items())  # a name: an optimizer-wide value
                 and isinstance(groups, list) and all(isinstance(g, dict) and isinstance(g.get("params"), list)
                                                      and all(integer(i) for i in g["params"]) for g in groups))
 
@@ -80,8 +81,7 @@ def layout_problems(saved: dict[str, Any]) -> list[str]:
     kinds = {"plan": lambda v: mapping(v, lambda o: isinstance(o, dict)), "model": tensors, "optimizer": optimizer,
              "optimizer_class": lambda v: v is None or isinstance(v, str), "step": integer, "epoch": integer,
              "optimizer_steps": integer, "world_size": integer, "holding_gradients": lambda v: isinstance(v, bool),
-             "sampler": lambda v: mapping(v, lambda n: n is None or isinstance(n, int) and not isinstance(n, bool)
-                                            and -2**63 <= n < 2**64),  # seeds torch.Generator.manual_seed takes
+             "sampler": lambda v: mapping(v, seed_value),
              "rng": lambda v: isinstance(v, dict) or (isinstance(v, list) and v and all(isinstance(r, dict)
                                                                                          for r in v)),
              "accelerators": lambda v: mapping(v, lambda a: isinstance(a, dict)),
@@ -91,6 +91,12 @@ def layout_problems(saved: dict[str, Any]) -> list[str]:
              "files": files}
     wrong = sorted(name for name, ok in kinds.items() if name in saved and not ok(saved[name]))
     return [f"its {', '.join(wrong)} {'is' if len(wrong) == 1 else 'are'} not what run.save writes"] if wrong else []
+
+
+def seed_value(value: Any) -> bool:
+    """Whether run.save keeps this sampler value and run.load restores it: None, or an integer
+    torch.Generator.manual_seed takes. Another kind (a user sampler's text seed) stays as the user's script sets it."""
+    return value is None or isinstance(value, int) and not isinstance(value, bool) and -2**63 <= value < 2**64
 
 
 def rank_problems(saved: dict[str, Any]) -> list[str]:

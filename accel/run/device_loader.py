@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import warnings
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -20,6 +21,19 @@ def _yielded_all(iterator: Any) -> bool | None:
         return iterator._num_yielded >= len(iterator)
     except (AttributeError, TypeError):
         return None
+
+
+_TOLD: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # sampler -> the epoch a run last set on it
+
+
+def _last_told(sampler: Any) -> Any:
+    """The epoch a run last set on this sampler; for one no run set yet, its epoch if still torch's first (0),
+    else a mark no epoch equals: the loop set it (before accelerate(), each epoch) and keeps setting it."""
+    try:
+        return _TOLD[sampler]
+    except (KeyError, TypeError):  # (a sampler that cannot be weakly referenced is judged afresh by each run)
+        epoch = getattr(sampler, "epoch", None)
+        return epoch if epoch in (None, 0) else _END
 
 
 class DeviceLoader:
@@ -41,12 +55,15 @@ class DeviceLoader:
             loader.read_by_a_run = True
         self.stop_when_idle = False  # stop the workers once no epoch is open (a rebuilt loader handed over)
         self.stopped: str | None = None  # why the workers were stopped under an open epoch (said if it goes on)
+        self.told = _last_told(getattr(loader, "sampler", None))  # the sampler's epoch as a run last set it
 
     def __iter__(self) -> Iterator[Any]:
-        batches = self.start_epoch()
+        batches = self.start_epoch()  # now, as iter(DataLoader) draws its seeds: zip(run.loader, other) keeps its order
         if not self._move and not self.transforms and self.drawn is None:
-            yield from batches
-            return
+            return batches
+        return self._prepared(batches)
+
+    def _prepared(self, batches: Iterator[Any]) -> Iterator[Any]:
         for batch in batches:
             if self.drawn is not None:
                 self.drawn()
@@ -55,8 +72,9 @@ class DeviceLoader:
     def start_epoch(self) -> Iterator[Any]:
         """The wrapped loader's batches for the next epoch, as they come (its sampler told the epoch)."""
         sampler = getattr(self.loader, "sampler", None)
-        if hasattr(sampler, "set_epoch"):
-            sampler.set_epoch(self.epoch)
+        if hasattr(sampler, "set_epoch") and getattr(sampler, "epoch", None) == self.told:  # else the loop set it
+            sampler.set_epoch(self.epoch)  # itself (set_epoch(epoch) from 1, or its start_epoch): its order stays
+            self.told = _TOLD[sampler] = getattr(sampler, "epoch", None)
         self.epoch += 1
         if self.handed_over and not self.read_by_a_run:  # the loop kept it (train_loader = run.loader) past one
             warnings.warn("accel: run.loader: a new epoch on the loader of a run that accelerate() again took over: "

@@ -42,7 +42,7 @@ def _quiet():
     return thread_filter("ignore", ".*assuming the intent is to (load|save) in a single process")
 
 
-def _states(run) -> tuple[dict, dict]:
+def _states(run, path) -> tuple[dict, dict]:
     """The model's and optimizer's state, keyed by parameter name, as DTensor shards under FSDP."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
 
@@ -51,6 +51,12 @@ def _states(run) -> tuple[dict, dict]:
     run.watch.stepping = True  # get_state_dict steps an optimizer without state once (to create it): not the loop's
     try:
         return get_state_dict(run.unwrap(), run.optimizer)
+    except KeyError:  # get_state_dict maps every key of the optimizer's state to a parameter
+        named = sorted(str(key) for key in run.optimizer.state if not isinstance(key, torch.Tensor))
+        if not named:
+            raise
+        raise CheckpointError(f"{path}: torch's distributed checkpoint keeps an optimizer's state per parameter, and "
+                              f"this optimizer keeps {named} under a name of its own") from None
     finally:
         run.watch.stepping = False
 
@@ -83,7 +89,7 @@ def save(run, path) -> Path:
     name = f"step-{run.steps:09d}"
     partial = root / f".{name}.partial"
     single.on_rank_zero(lambda: _prepare(root), root)
-    model_state, optimizer_state = _states(run)
+    model_state, optimizer_state = _states(run, root)
     try:
         with _quiet():
             dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=str(partial))
@@ -241,7 +247,7 @@ def load(run, path) -> dict[str, Any]:
         raise CheckpointError(f"{where} was saved with the plan {brief(meta['plan'], 300)}, but this run has "
                               f"{brief(mine, 300)}; create the run with the same plan (ddp and fsdp may differ: "
                               "the shards load at any world size, or in one process)")
-    model, optimizer = _states(run)
+    model, optimizer = _states(run, where)
     saved = dcp.FileSystemReader(str(where)).read_metadata().state_dict_metadata  # names and global shapes
     shapes = {k[len("model."):]: getattr(v, "size", None) for k, v in saved.items() if k.startswith("model.")}
     fit.refuse_unfit(where, fit.rank_problems(meta) + fit.fit_problems(run, meta, shapes, model))

@@ -13,8 +13,9 @@ from accel.errors import CheckpointError
 from accel.plan.contract import Capability
 from accel.randomness import loader_generators, rng_state, set_rng_state
 from accel.run.checkpoint import load as load_checkpoint
+from accel.run.checkpoint import plain_numbers
 from accel.run.checkpoint import save as save_checkpoint
-from accel.run.checkpoint_fit import fit_problems
+from accel.run.checkpoint_fit import fit_problems, seed_value
 from accel.run.interrupts import autograd_kept, clean_up
 
 
@@ -37,7 +38,8 @@ class RunState:
             "optimizer_steps": self.optimizer_steps,
             "holding_gradients": self.holding_gradients,  # held by a step schedule: each rank's own, unreduced
             "epoch": self.loader.epoch if self.loader is not None else 0,
-            "sampler": {k: getattr(sampler, k) for k in ("seed", "epoch", "num_replicas") if hasattr(sampler, k)},
+            "sampler": {k: value for k in ("seed", "epoch", "num_replicas")
+                        if hasattr(sampler, k) and seed_value(value := plain_numbers(getattr(sampler, k)))},
             "loader_generators": [g.get_state() for g in generators],
             "rng": rng_state(),
         }
