@@ -100,6 +100,28 @@ def test_the_loader_plan_zipped_with_another_loader_reads_the_plain_loops_batche
         run.close()
 
 
+def test_the_loader_plan_zipped_with_another_loader_each_of_its_own_generator_reads_the_plain_loops_batches():
+    """The loader card's way around the xfail above: both loaders given their own generator= keep both orders (one
+    alone is not enough: the other still draws from torch's random state, where the rebuilt loader draws too)."""
+    def loaders():
+        torch.manual_seed(0)
+        data = TensorDataset(torch.arange(16.).unsqueeze(1))
+        first, second = (DataLoader(data, batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(seed))
+                         for seed in (1, 2))
+        return first, second
+
+    labelled, unlabelled = loaders()
+    plain = [paired(labelled, unlabelled) for _ in range(2)]
+    labelled, unlabelled = loaders()
+    model = nn.Linear(1, 1)
+    run = accel.accelerate(model, torch.optim.SGD(model.parameters(), lr=0.1), labelled,
+                           plan={"loader": {"num_workers": 1}})
+    try:
+        assert [paired(run.loader, unlabelled) for _ in range(2)] == plain
+    finally:
+        run.close()
+
+
 def test_a_loop_that_tells_its_sampler_before_accelerate_each_epoch_keeps_its_shuffle():
     """A new run's loader took the sampler's epoch as it found it (the loop's 1) for the one it had set itself, and
     overrode it with the run's count."""
