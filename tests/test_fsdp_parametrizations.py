@@ -1,0 +1,80 @@
+"""fsdp with amp on models whose weights come from torch's parametrizations (spectral_norm, weight_norm, orthogonal,
+one of the user's own): the same training as amp alone, their parameters kept float32 as amp keeps them. Before,
+FSDP2 handed spectral_norm's power iteration a bfloat16 weight beside its float32 vectors, and the first forward
+raised ("addmv input tensors must have the same dtype")."""
+import pytest
+import torch
+from scripts.launching import one_rank_env
+from torch import nn
+from torch.nn.utils import parametrizations, parametrize
+from zoo import Case, Net, Residual
+
+import accel
+from accel.testing import check_equivalence
+
+AMP = {"amp": {"dtype": "bfloat16"}}  # forced: this CPU may emulate it, the training is the same
+
+
+@pytest.fixture
+def one_rank_group(monkeypatch):
+    """A real gloo process group of one rank, as `torchrun --nproc-per-node 1` gives (joined, not ended, by runs)."""
+    for key, value in one_rank_env().items():
+        monkeypatch.setenv(key, value)
+    torch.distributed.init_process_group("gloo", rank=0, world_size=1)
+    yield
+    torch.distributed.destroy_process_group()
+
+
+class Positive(nn.Module):
+    """A parametrization of the user's own: the tensor the module uses is |original| + 0.5."""
+
+    def forward(self, original):
+        return original.abs() + 0.5
+
+
+def gained(module: nn.Module, shape: tuple[int, ...]) -> nn.Module:
+    """The module with a parametrized gain of its own multiplying its output: a parametrization on a block or on
+    the root, not on a leaf."""
+    module.gain = nn.Parameter(torch.ones(shape))
+    parametrize.register_parametrization(module, "gain", Positive())
+    module.register_forward_hook(lambda mod, args, out: out * mod.gain)
+    return module
+
+
+def spectral_weight_norm_orthogonal(net: Net) -> None:
+    parametrizations.spectral_norm(net.conv2)  # power iteration on float32 buffers in every training forward
+    parametrizations.weight_norm(net.conv1)
+    parametrizations.orthogonal(net.fc)
+
+
+def gained_blocks_and_root(net: Net) -> None:
+    net.blocks = nn.Sequential(*[gained(Residual(8), (8, 1, 1)) for _ in range(2)])
+    gained(net, (10,))
+
+
+def parametrized(change, **net):
+    """The zoo's digits training, over a Net changed by `change` before its optimizer is built."""
+    def build():
+        setup = Case().build()
+        torch.manual_seed(0)
+        setup.model = Net(**net)
+        change(setup.model)
+        setup.optimizer = torch.optim.SGD(setup.model.parameters(), lr=0.05)
+        return setup
+    return build
+
+
+@pytest.mark.parametrize("change, fsdp", [
+    (spectral_weight_norm_orthogonal, {}),
+    (gained_blocks_and_root, {"blocks": ["ParametrizedResidual"]}),  # parametrize renames the class it changes
+])
+def test_fsdp_with_amp_trains_parametrized_weights_as_amp_alone(one_rank_group, change, fsdp):
+    result = check_equivalence([{"fsdp": fsdp}, AMP], parametrized(change), steps=3)
+    assert result.ok and result.applied == ["amp", "fsdp"], result
+
+
+def test_the_report_names_the_modules_kept_float32(one_rank_group):
+    setup = parametrized(spectral_weight_norm_orthogonal, batchnorm=True)()
+    run = accel.accelerate(setup.model, setup.optimizer, setup.loader, plan=[{"fsdp": {}}, AMP], device="cpu")
+    assert run.report.row("fsdp").changes["float32"].startswith("conv1, norm, conv2, fc sharded with float32")
+    run.close()
