@@ -1,7 +1,8 @@
 """fsdp with amp on models whose weights come from torch's parametrizations (spectral_norm, weight_norm, orthogonal,
 one of the user's own): the same training as amp alone, their parameters kept float32 as amp keeps them. Before,
 FSDP2 handed spectral_norm's power iteration a bfloat16 weight beside its float32 vectors, and the first forward
-raised ("addmv input tensors must have the same dtype")."""
+raised ("addmv input tensors must have the same dtype"); a precompiled model raising there left torch's autograd
+switch off for the rest of the process, so the next plain training failed in backward."""
 import pytest
 import torch
 from scripts.launching import one_rank_env
@@ -77,4 +78,37 @@ def test_the_report_names_the_modules_kept_float32(one_rank_group):
     setup = parametrized(spectral_weight_norm_orthogonal, batchnorm=True)()
     run = accel.accelerate(setup.model, setup.optimizer, setup.loader, plan=[{"fsdp": {}}, AMP], device="cpu")
     assert run.report.row("fsdp").changes["float32"].startswith("conv1, norm, conv2, fc sharded with float32")
+    run.close()
+
+
+class Centers(nn.Module):
+    """center loss's class centers, moved toward each class's features under no_grad in every training forward."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Linear(64, 16)
+        self.register_buffer("centers", torch.zeros(10, 16))
+
+    @torch.no_grad()
+    def update(self, features, labels):
+        self.centers.index_add_(0, labels, 0.1 * (features - self.centers[labels]))
+
+    def forward(self, images, labels):
+        features = self.body(images.flatten(1))
+        self.update(features, labels)
+        return (features - self.centers[labels]).pow(2).sum(1).mean()
+
+
+@pytest.mark.parametrize("plan", [[], [AMP]])
+def test_a_compiled_forward_that_raises_under_no_grad_leaves_autograd_on(plan):
+    """dynamo leaves the autograd switch off when its graph raises inside a no_grad region (eager puts it back):
+    run.autocast() puts it back as it was, as the eager forward would have."""
+    model = torch.compile(Centers(), backend="eager")
+    run = accel.accelerate(model, torch.optim.SGD(model.parameters(), lr=0.1), None, plan=plan, device="cpu")
+    with pytest.raises(IndexError), run.autocast():  # a label out of range: the user's mistake, at run time
+        run.model(torch.randn(4, 1, 8, 8), torch.tensor([1, 2, 10, 3]))
+    assert torch.is_grad_enabled()
+    with run.autocast():
+        loss = run.model(torch.randn(4, 1, 8, 8), torch.tensor([1, 2, 9, 3]))
+    run.backward(loss)
     run.close()
