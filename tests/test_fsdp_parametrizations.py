@@ -2,7 +2,8 @@
 one of the user's own): the same training as amp alone, their parameters kept float32 as amp keeps them. Before,
 FSDP2 handed spectral_norm's power iteration a bfloat16 weight beside its float32 vectors, and the first forward
 raised ("addmv input tensors must have the same dtype"); a precompiled model raising there left torch's autograd
-switch off for the rest of the process, so the next plain training failed in backward."""
+switch off for the rest of the process, so the next plain training failed in backward. And a fully_shard that fails
+partway (a parametrized block sharded twice did) gives back what it sharded before."""
 import pytest
 import torch
 from scripts.launching import one_rank_env
@@ -53,12 +54,12 @@ def gained_blocks_and_root(net: Net) -> None:
     gained(net, (10,))
 
 
-def parametrized(change, **net):
+def parametrized(change, model=Net, **net):
     """The zoo's digits training, over a Net changed by `change` before its optimizer is built."""
     def build():
         setup = Case().build()
         torch.manual_seed(0)
-        setup.model = Net(**net)
+        setup.model = model(**net)
         change(setup.model)
         setup.optimizer = torch.optim.SGD(setup.model.parameters(), lr=0.05)
         return setup
@@ -112,3 +113,26 @@ def test_a_compiled_forward_that_raises_under_no_grad_leaves_autograd_on(plan):
         loss = run.model(torch.randn(4, 1, 8, 8), torch.tensor([1, 2, 9, 3]))
     run.backward(loss)
     run.close()
+
+
+class Stack(nn.Module):
+    """Layers held in a ModuleList, which has no forward of its own, and a head."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList([nn.Linear(64, 64) for _ in range(2)])
+        self.head = nn.Linear(64, 10)
+
+    def forward(self, images):
+        x = images.flatten(1)
+        for layer in self.layers:
+            x = torch.relu(layer(x))
+        return self.head(x)
+
+
+def test_a_fully_shard_that_fails_gives_back_the_modules_sharded_before_it(one_rank_group):
+    """FSDP2 refuses a ModuleList (no forward) after the head was sharded: before, the head kept FSDP's class, hooks
+    and DTensor parameters while the failure said every change was rolled back."""
+    result = check_equivalence([{"fsdp": {"blocks": ["ModuleList", "Linear"]}}],
+                               parametrized(lambda _: None, model=Stack), steps=2)
+    assert "fully_shard does not support containers" in result.failed and not result.objects_changed, result

@@ -46,6 +46,13 @@ def shard_model(model: nn.Module, blocks: list[nn.Module], own: dict | None = No
                       classes=[(m, type(m)) for m in model.modules()])
     before = {(id(m), where): set(held) for m in model.modules() for where, held in _holders(m).items()}
     own = own or {}
+
+    def recorded() -> Sharding:
+        for m in model.modules():
+            for where, held in _holders(m).items():
+                record.added += [(m, where, key) for key in set(held) - before.get((id(m), where), set())]
+        return record
+
     try:
         chosen = {*own, *blocks, model}
         for module in [m for m in reversed(list(model.modules())) if m in chosen]:
@@ -53,11 +60,10 @@ def shard_model(model: nn.Module, blocks: list[nn.Module], own: dict | None = No
             record.sharded.append(module)
             if sum_reductions:
                 module.set_force_sum_reduction_for_comms(True)
-    finally:
-        for m in model.modules():
-            for where, held in _holders(m).items():
-                record.added += [(m, where, key) for key in set(held) - before.get((id(m), where), set())]
-    return record
+    except BaseException:  # a fully_shard that raised (a ModuleList named a block): those before it given back
+        unshard_model(recorded())
+        raise
+    return recorded()
 
 
 def unshard_model(record: Sharding) -> None:
