@@ -20,6 +20,7 @@ from accel.modules import compile_seconds, compiled
 from accel.plan.contract import Accelerator, Capability, GradientSync, LossScaler, State, StepSchedule, overrides
 from accel.run.context import Context
 from accel.run.device_loader import DeviceLoader
+from accel.run.interrupts import autograd_kept
 from accel.run.report import Report
 from accel.run.state import RunState
 from accel.run.watch import Watch
@@ -131,12 +132,15 @@ class Run(RunState):
                 accelerator.release_held_gradients(self, state)
 
     def autocast(self) -> contextlib.AbstractContextManager:
-        """The contexts the plan chose for the forward pass and the loss: autocast (a no-op when none did)."""
-        return self._entered() if self._contexts else contextlib.nullcontext()
+        """The contexts the plan chose for the forward pass and the loss (autocast), and torch's autograd switch put
+        back as it was at ``with`` if the block raises: a compiled forward (torch.compile, dynamo) that raises inside
+        a ``no_grad`` region (spectral_norm's power iteration) leaves it off for the rest of the process."""
+        return self._entered()
 
     @contextlib.contextmanager
     def _entered(self) -> Iterator[None]:
         with contextlib.ExitStack() as stack:  # entered at `with`; one that fails exits those before it
+            stack.enter_context(autograd_kept())
             for accelerator in self._contexts:
                 context = accelerator.forward_context(self, self.states[accelerator.name])
                 if context is not None:

@@ -13,6 +13,7 @@ import warnings
 
 import torch
 from torch import nn
+from torch.nn.utils import parametrize
 
 from accel.accelerators.fsdp.config import FSDPOptions, FSDPState
 from accel.accelerators.fsdp.held import held_by_parameter, reduce_into_shards
@@ -32,6 +33,15 @@ from accel.optim import foreign_tensors
 from accel.plan.contract import SAME_MATH, Capability, Stage, dtype_name, register
 
 __all__ = ["FSDP", "FSDPOptions", "FSDPState"]
+
+
+def keeps_float32(module: nn.Module) -> bool:
+    """A module whose parameters stay float32 under amp: a BatchNorm (autocast runs it in fp32), or a module with a
+    parametrization (spectral_norm, weight_norm, orthogonal), whose weight is computed in the module's own code,
+    with float32 buffers beside it (spectral_norm's power iteration fails on a bfloat16 weight)."""
+    norm = isinstance(module, nn.modules.batchnorm._BatchNorm) and any(
+        p is not None for p in module._parameters.values())
+    return norm or parametrize.is_parametrized(module)
 
 
 @register
@@ -117,9 +127,8 @@ class FSDP(DataParallel[FSDPOptions, FSDPState]):
         kwargs = {"mesh": mesh, "reshard_after_forward": config.reshard_after_forward, "mp_policy": policy,
                   "offload_policy": CPUOffloadPolicy() if config.cpu_offload else OffloadPolicy()}
         model, state = ctx.model, FSDPState(changes=changes)  # state.sharding: the model's sharding now
-        norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)
-                 and any(p is not None for p in m._parameters.values())] if dtype is not None else []
-        own = {m: {"mp_policy": MixedPrecisionPolicy()} for m in norms}  # autocast runs BatchNorm in fp32
+        kept = [m for m in model.modules() if keeps_float32(m)] if dtype is not None else []
+        own = {m: {"mp_policy": MixedPrecisionPolicy()} for m in kept}
 
         # torch 2.8's gloo reduce-scatter summed under ReduceOp.AVG; SUM and a division are right everywhere
         sums = torch.distributed.get_backend(mesh.get_group()) == "gloo"
@@ -161,8 +170,10 @@ class FSDP(DataParallel[FSDPOptions, FSDPState]):
         changes["reshard_after_forward"] = config.reshard_after_forward
         if dtype is not None:
             changes["mixed_precision"] = f"param_dtype={dtype_name(dtype)}, reduce_dtype={dtype_name(reduce)}"
-            if norms:
-                changes["batch_norms"] = f"{len(norms)} sharded on their own in float32 (autocast runs them in fp32)"
+            if kept:
+                changes["float32"] = (listed([names[id(m)] or "the root" for m in kept]) + " sharded with float32 "
+                                      "parameters, as amp alone keeps them (autocast runs BatchNorm in fp32, and a "
+                                      "parametrization computes its weight with float32 buffers)")
         if config.cpu_offload:
             changes["cpu_offload"] = "shards, gradients and optimizer state in host memory; the step runs there"
         changes["parameters"] = ("replaced in place by DTensor shards (your optimizer's groups hold them, and a "

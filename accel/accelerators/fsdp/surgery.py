@@ -36,7 +36,8 @@ def _holders(module: nn.Module) -> dict[str, dict]:
 def shard_model(model: nn.Module, blocks: list[nn.Module], own: dict | None = None, sum_reductions: bool = False,
                 **kwargs) -> Sharding:
     """fully_shard each block, then the root, recording what changes (the model is changed in place); ``own``
-    maps modules sharded first, on their own, to the options they take instead (BatchNorm in fp32 under amp).
+    maps modules sharded on their own to the options they take instead (float32 under amp; one may be a block, the
+    root, or hold one). Each module is sharded once, inside ones before those around them, as FSDP2 needs.
     ``sum_reductions``: gradients reduced with SUM and divided by the world size apart, never with ReduceOp.AVG."""
     from torch.distributed.fsdp import fully_shard
 
@@ -45,17 +46,24 @@ def shard_model(model: nn.Module, blocks: list[nn.Module], own: dict | None = No
                       classes=[(m, type(m)) for m in model.modules()])
     before = {(id(m), where): set(held) for m in model.modules() for where, held in _holders(m).items()}
     own = own or {}
+
+    def recorded() -> Sharding:
+        for m in model.modules():
+            for where, held in _holders(m).items():
+                record.added += [(m, where, key) for key in set(held) - before.get((id(m), where), set())]
+        return record
+
     try:
-        for module in [*own, *blocks, model]:
+        chosen = {*own, *blocks, model}
+        for module in [m for m in reversed(list(model.modules())) if m in chosen]:
             fully_shard(module, **{**kwargs, **own.get(module, {})})
             record.sharded.append(module)
             if sum_reductions:
                 module.set_force_sum_reduction_for_comms(True)
-    finally:
-        for m in model.modules():
-            for where, held in _holders(m).items():
-                record.added += [(m, where, key) for key in set(held) - before.get((id(m), where), set())]
-    return record
+    except BaseException:  # a fully_shard that raised (a ModuleList named a block): those before it given back
+        unshard_model(recorded())
+        raise
+    return recorded()
 
 
 def unshard_model(record: Sharding) -> None:
