@@ -136,3 +136,24 @@ def test_a_fully_shard_that_fails_gives_back_the_modules_sharded_before_it(one_r
     result = check_equivalence([{"fsdp": {"blocks": ["ModuleList", "Linear"]}}],
                                parametrized(lambda _: None, model=Stack), steps=2)
     assert "fully_shard does not support containers" in result.failed and not result.objects_changed, result
+
+
+def tie_two_blocks(net: Net) -> None:
+    net.blocks[1].conv.weight = net.blocks[0].conv.weight  # one weight in two blocks (ALBERT-style sharing)
+
+
+def tie_block_to_head(net: Net) -> None:
+    net.blocks[0].norm.weight = net.norm.weight  # a block's parameter tied to one outside every block
+
+
+@pytest.mark.parametrize("change", [tie_two_blocks, tie_block_to_head])
+def test_blocks_with_a_tied_parameter_are_left_to_the_roots_group(one_rank_group, change):
+    """FSDP2 raised at the first forward ("shared with a parameter already managed by another FSDP group"), mid
+    training: a block with a parameter also held outside it is sharded with the root instead, and the row says so."""
+    build = parametrized(change, blocks=2, batchnorm=True)
+    result = check_equivalence(["fsdp"], build, steps=3)
+    assert result.ok and result.applied == ["fsdp"], result
+    setup = build()
+    run = accel.accelerate(setup.model, setup.optimizer, setup.loader, plan=["fsdp"], device="cpu")
+    assert "left to the root's group" in run.report.row("fsdp").changes["tied"], run.report
+    run.close()

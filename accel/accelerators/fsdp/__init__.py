@@ -44,6 +44,21 @@ def keeps_float32(module: nn.Module) -> bool:
     return norm or parametrize.is_parametrized(module)
 
 
+def tied_apart(model: nn.Module, modules: list[nn.Module], names: dict[int, str]) -> tuple[list, list]:
+    """(the modules none of whose parameters is also held outside them, the others): a tied embedding and head, or
+    two blocks sharing a weight, cannot be sharded in two FSDP groups."""
+    holders: dict[int, list[str]] = {}
+    for name, parameter in model.named_parameters(remove_duplicate=False):
+        holders.setdefault(id(parameter), []).append(name)
+
+    def tied(module: nn.Module) -> bool:
+        prefix = f"{names[id(module)]}."
+        return any(not name.startswith(prefix) for p in module.parameters() for name in holders[id(p)])
+
+    split = [tied(m) for m in modules]
+    return [m for m, t in zip(modules, split) if not t], [m for m, t in zip(modules, split) if t]
+
+
 @register
 class FSDP(DataParallel[FSDPOptions, FSDPState]):
     """Fully sharded data parallel (FSDP2): parameters, gradients and optimizer state split over the ranks."""
@@ -116,8 +131,11 @@ class FSDP(DataParallel[FSDPOptions, FSDPState]):
         config = self.config
         changes = self.join(ctx)
         world = ctx.decisions.launch.world_size
-        blocks = outermost(ctx.model, self.block_classes(ctx.model)[0])
         names = {id(m): name for name, m in ctx.model.named_modules()}
+        blocks, tied = tied_apart(ctx.model, outermost(ctx.model, self.block_classes(ctx.model)[0]), names)
+        if tied:  # FSDP2 refuses, at the first forward, one parameter in two groups: the root's group holds it
+            changes["tied"] = listed([names[id(m)] for m in tied]) + " left to the root's group: a parameter of " \
+                "each is tied to one outside it"
         kinds = sorted({type(m).__name__ for m in blocks})  # before FSDP renames the classes
         dtype = ctx.decisions.compute_dtype
         reduce = torch.float32 if config.reduce_dtype == "float32" else dtype
@@ -127,7 +145,8 @@ class FSDP(DataParallel[FSDPOptions, FSDPState]):
         kwargs = {"mesh": mesh, "reshard_after_forward": config.reshard_after_forward, "mp_policy": policy,
                   "offload_policy": CPUOffloadPolicy() if config.cpu_offload else OffloadPolicy()}
         model, state = ctx.model, FSDPState(changes=changes)  # state.sharding: the model's sharding now
-        kept = [m for m in model.modules() if keeps_float32(m)] if dtype is not None else []
+        kept = tied_apart(model, [m for m in model.modules() if keeps_float32(m) and m is not model], names)[0] + (
+            [model] if keeps_float32(model) else []) if dtype is not None else []
         own = {m: {"mp_policy": MixedPrecisionPolicy()} for m in kept}
 
         # torch 2.8's gloo reduce-scatter summed under ReduceOp.AVG; SUM and a division are right everywhere
