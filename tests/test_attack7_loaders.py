@@ -86,34 +86,29 @@ def test_run_loader_zipped_with_another_loader_reads_the_plain_loops_batches(wor
                    "iterator does, so another loader drawing from the same state in between (zip) reads other batches; "
                    "the card says exact. A fix belongs to accel/accelerators/loader.py (trimacc)")
 def test_the_loader_plan_zipped_with_another_loader_reads_the_plain_loops_batches():
-    model = nn.Linear(1, 1)
-    torch.manual_seed(0)
-    labelled, unlabelled = shuffled(16), shuffled(16)
-    plain = [paired(labelled, unlabelled) for _ in range(2)]
-    torch.manual_seed(0)
-    labelled, unlabelled = shuffled(16), shuffled(16)
-    run = accel.accelerate(model, torch.optim.SGD(model.parameters(), lr=0.1), labelled,
-                           plan={"loader": {"num_workers": 1}})
-    try:
-        assert [paired(run.loader, unlabelled) for _ in range(2)] == plain
-    finally:
-        run.close()
+    assert_zipped_as_plain(lambda: (shuffled(16), shuffled(16)))
+
+
+def own_generators():
+    data = TensorDataset(torch.arange(16.).unsqueeze(1))
+    return tuple(DataLoader(data, batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(seed))
+                 for seed in (1, 2))
 
 
 def test_the_loader_plan_zipped_with_another_loader_each_of_its_own_generator_reads_the_plain_loops_batches():
     """The loader card's way around the xfail above: both loaders given their own generator= keep both orders (one
     alone is not enough: the other still draws from torch's random state, where the rebuilt loader draws too)."""
-    def loaders():
-        torch.manual_seed(0)
-        data = TensorDataset(torch.arange(16.).unsqueeze(1))
-        first, second = (DataLoader(data, batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(seed))
-                         for seed in (1, 2))
-        return first, second
+    assert_zipped_as_plain(own_generators)
 
+
+def assert_zipped_as_plain(loaders):
+    """zip(run.loader, other) under a loader plan with workers reads what zip(loader, other) reads."""
+    torch.manual_seed(0)
     labelled, unlabelled = loaders()
     plain = [paired(labelled, unlabelled) for _ in range(2)]
+    model = nn.Linear(1, 1)  # before the seed: its initialization draws from torch's random state
+    torch.manual_seed(0)
     labelled, unlabelled = loaders()
-    model = nn.Linear(1, 1)
     run = accel.accelerate(model, torch.optim.SGD(model.parameters(), lr=0.1), labelled,
                            plan={"loader": {"num_workers": 1}})
     try:
