@@ -1,0 +1,73 @@
+"""attack8: a Ctrl-C that lands on the call of a clean-up (the instant accel starts putting things back after a
+failure) must still leave everything put back. accel.run.interrupts.clean_up says it calls the clean-up again "if
+a signal lands on the call"; a signal handled as the clean-up function is entered (CPython checks for signals on
+entering a function) is raised before clean_up's own ``try``, so neither call runs.
+
+The signal is real (os.kill to this process, handled by Python's own SIGINT handler); a profile hook chooses the
+instant: the entry of the named clean-up function, once."""
+import contextlib
+import os
+import signal
+import sys
+
+import pytest
+import torch
+from injectors import objects, process_state, warm_up
+
+import accel
+from accel.plan.contract import Accelerator, Stage, register, unregister
+from accel.run import interrupts, open_run, thread_warnings
+
+
+class FailsWhileApplied(Accelerator):
+    """A user accelerator whose apply fails after the threads accelerator changed the process."""
+    name = "attack8_fails_while_applied"
+    stage = Stage.STEP
+
+    def apply(self, ctx):
+        raise RuntimeError("the user's accelerator failed")
+
+
+@pytest.fixture
+def failing():
+    register(FailsWhileApplied)
+    yield
+    unregister(FailsWhileApplied.name)
+
+
+@contextlib.contextmanager
+def ctrl_c_on_entering(code, caller):
+    """One real SIGINT to this process as the function of ``code`` is entered from ``caller``'s (its first call)."""
+    sent = []
+
+    def profile(frame, event, arg):
+        if event == "call" and frame.f_code is code and frame.f_back.f_code is caller and not sent:
+            sent.append(1)
+            os.kill(os.getpid(), signal.SIGINT)
+
+    sys.setprofile(profile)
+    try:
+        yield sent
+    finally:
+        sys.setprofile(None)
+
+
+CALLERS = {"accelerate's rollback": accel.api.accelerate, "captured's unhook": thread_warnings.captured.__wrapped__,
+           "thread_filter's release": thread_warnings.thread_filter.__wrapped__}
+
+
+@pytest.mark.parametrize("caller", CALLERS)
+def test_a_ctrl_c_on_the_call_of_a_clean_up_still_puts_accelerate_back(failing, caller):
+    warm_up()
+    before = process_state()
+    model, optimizer, loader = objects()
+    weights = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(KeyboardInterrupt), ctrl_c_on_entering(interrupts.clean_up.__code__,
+                                                                   CALLERS[caller].__code__) as sent:
+        accel.accelerate(model, optimizer, loader, plan={"threads": {"threads": 1}, "channels_last": {},
+                                                         FailsWhileApplied.name: {}}, device="cpu")
+    assert sent, "the plan never reached its rollback"
+    assert process_state() == before  # threads and its variables put back
+    assert open_run(model) is None
+    assert all(torch.equal(p, w) for p, w in zip(model.parameters(), weights))
+    assert not model._forward_pre_hooks and not model._forward_hooks
