@@ -71,3 +71,35 @@ def test_a_ctrl_c_on_the_call_of_a_clean_up_still_puts_accelerate_back(failing, 
     assert open_run(model) is None
     assert all(torch.equal(p, w) for p, w in zip(model.parameters(), weights))
     assert not model._forward_pre_hooks and not model._forward_hooks
+
+
+def test_a_second_ctrl_c_on_the_call_of_a_load_s_put_back_leaves_the_run_as_it_was(tmp_path):
+    """The first Ctrl-C tears the load once it restored the weights; the second lands as the backup is put back."""
+    from accel.run.state import RunState
+
+    model, optimizer, loader = objects(seed=3)
+    run = accel.accelerate(model, optimizer, loader, plan={"grad_clipping": {"max_norm": 1.0}}, device="cpu")
+    run.save(tmp_path / "ckpt.pt")
+    run.close()
+    model, optimizer, loader = objects()
+    run = accel.accelerate(model, optimizer, loader, plan={"grad_clipping": {"max_norm": 1.0}}, device="cpu")
+    weights = [v.clone() for v in run.unwrap().state_dict().values()]
+    targets = [RunState.restore_progress.__code__, interrupts.clean_up.__code__]  # the weights already loaded
+
+    def hook(frame, event, arg):  # a hook that raised is unset: the first signal is sent by one, the second by another
+        if event == "call" and targets and frame.f_code is targets[0]:
+            targets.pop(0)
+            os.kill(os.getpid(), signal.SIGINT)
+
+    sys.setprofile(hook)
+    sys.settrace(hook)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run.load(tmp_path / "ckpt.pt")
+    finally:
+        sys.setprofile(None)
+        sys.settrace(None)
+    assert not targets, "the load never reached its put-back"
+    assert all(torch.equal(a, b) for a, b in zip(run.unwrap().state_dict().values(), weights))
+    assert run.steps == 0 and torch.is_grad_enabled()
+    run.close()
