@@ -103,3 +103,35 @@ def test_a_second_ctrl_c_on_the_call_of_a_load_s_put_back_leaves_the_run_as_it_w
     assert all(torch.equal(a, b) for a, b in zip(run.unwrap().state_dict().values(), weights))
     assert run.steps == 0 and torch.is_grad_enabled()
     run.close()
+
+
+def test_a_ctrl_c_as_a_held_section_ends_leaves_no_phantom_ctrl_c_for_the_next(tmp_path):
+    """Two Ctrl-Cs on one run.close(): the first while its changes are undone (held), the second just as the
+    section puts Python's handler back. One KeyboardInterrupt is right; the first must not stay noted, to be
+    delivered at the end of the next held section (the next accelerate(), with no key pressed)."""
+    warm_up()
+    model, optimizer, loader = objects()
+    run = accel.accelerate(model, optimizer, loader, plan={"threads": {"threads": 1}}, device="cpu")
+    section, sent = interrupts.deferred.__wrapped__.__code__, []
+
+    def profile(frame, event, arg):
+        if event == "c_call" and arg is torch.set_num_threads and not sent:  # the threads layer taken off: held
+            sent.append("held")
+            os.kill(os.getpid(), signal.SIGINT)
+        elif event == "c_return" and frame.f_back is not None and frame.f_back.f_code is section and \
+                frame.f_code is signal.signal.__code__ and sent == ["held"]:  # Python's handler is back
+            sent.append("as the section ends")
+            os.kill(os.getpid(), signal.SIGINT)
+
+    sys.setprofile(profile)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run.close()
+    finally:
+        sys.setprofile(None)
+    assert sent == ["held", "as the section ends"]
+    try:  # no key pressed from here on
+        run.close()
+        accel.accelerate(*objects(1), plan={"threads": {"threads": 1}}, device="cpu").close()
+    except KeyboardInterrupt:
+        pytest.fail("a Ctrl-C handled already was delivered again at the end of a later held section")
