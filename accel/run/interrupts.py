@@ -30,6 +30,8 @@ def deferred() -> Iterator[None]:
         yield
         return
     previous = {}
+    if not _depth:  # a note left by a section whose end a second signal interrupted (that one was delivered)
+        _arrived.clear()
     for signum in HELD if not _depth else ():  # an inner section leaves holding and delivering to the outermost
         handler = signal.getsignal(signum)
         if callable(handler):  # a Python handler: KeyboardInterrupt's, or the user's own
