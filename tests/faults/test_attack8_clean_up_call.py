@@ -135,3 +135,34 @@ def test_a_ctrl_c_as_a_held_section_ends_leaves_no_phantom_ctrl_c_for_the_next(t
         accel.accelerate(*objects(1), plan={"threads": {"threads": 1}}, device="cpu").close()
     except KeyboardInterrupt:
         pytest.fail("a Ctrl-C handled already was delivered again at the end of a later held section")
+
+
+def test_a_sigterm_as_a_held_section_begins_leaves_ctrl_c_working():
+    """A script's own SIGTERM handler that raises (SystemExit, caught to save and go on), run as a held section
+    begins, between holding SIGINT and holding SIGTERM: the section never started, and must not keep SIGINT held
+    (every later Ctrl-C noted and never delivered)."""
+    warm_up()
+    run = accel.accelerate(*objects(), plan={"threads": {"threads": 1}}, device="cpu")
+    section, sent = interrupts.deferred.__wrapped__.__code__, []
+
+    def terminated(signum, frame):
+        raise SystemExit("terminated")
+
+    def profile(frame, event, arg):
+        if (event == "c_return" and not sent and frame.f_back is not None and frame.f_back.f_code is section
+                and frame.f_code is signal.signal.__code__ and signal.getsignal(signal.SIGINT) is not
+                user_int):  # SIGINT held, SIGTERM not yet
+            sent.append(1)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    user_int, user_term = signal.getsignal(signal.SIGINT), signal.signal(signal.SIGTERM, terminated)
+    sys.setprofile(profile)
+    try:
+        with pytest.raises(SystemExit):
+            run.close()
+    finally:
+        sys.setprofile(None)
+        signal.signal(signal.SIGTERM, user_term)
+    assert sent
+    assert signal.getsignal(signal.SIGINT) is user_int
+    run.close()
