@@ -29,20 +29,20 @@ def deferred() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = {}
-    if not _depth:  # a note left by a section whose end a second signal interrupted (that one was delivered)
+    previous, outermost = {}, not _depth
+    if outermost:  # a note left by a section whose end a second signal interrupted (that one was delivered)
         _arrived.clear()
-    for signum in HELD if not _depth else ():  # an inner section leaves holding and delivering to the outermost
-        handler = signal.getsignal(signum)
-        if callable(handler):  # a Python handler: KeyboardInterrupt's, or the user's own
-            previous[signum] = handler
-            signal.signal(signum, _note)
     _depth += 1
-    try:
+    try:  # (holding inside: a handler that raises between holding SIGINT and SIGTERM leaves nothing held)
+        for signum in HELD if outermost else ():  # an inner section leaves holding and delivering to the outermost
+            handler = signal.getsignal(signum)
+            if callable(handler):  # a Python handler: KeyboardInterrupt's, or the user's own
+                previous[signum] = handler
+                signal.signal(signum, _note)
         yield
     finally:
         _depth -= 1
-        if not _depth:
+        if outermost:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
             arrived = [s for s in _arrived if s in previous]
