@@ -36,6 +36,22 @@ def failing():
 
 
 @contextlib.contextmanager
+def profiled(hook):
+    """sys.setprofile(hook) for the block."""
+    sys.setprofile(hook)
+    try:
+        yield
+    finally:
+        sys.setprofile(None)
+
+
+def deferred_sets_a_handler(frame) -> bool:
+    """Whether this frame is signal.signal called by deferred() (holding, or putting Python's handler back)."""
+    return frame.f_code is signal.signal.__code__ and frame.f_back is not None and \
+        frame.f_back.f_code is interrupts.deferred.__wrapped__.__code__
+
+
+@contextlib.contextmanager
 def ctrl_c_on_entering(code, caller):
     """One real SIGINT to this process as the function of ``code`` is entered from ``caller``'s (its first call)."""
     sent = []
@@ -45,11 +61,8 @@ def ctrl_c_on_entering(code, caller):
             sent.append(1)
             os.kill(os.getpid(), signal.SIGINT)
 
-    sys.setprofile(profile)
-    try:
+    with profiled(profile):
         yield sent
-    finally:
-        sys.setprofile(None)
 
 
 CALLERS = {"accelerate's rollback": accel.api.accelerate, "captured's unhook": thread_warnings.captured.__wrapped__,
@@ -105,30 +118,25 @@ def test_a_second_ctrl_c_on_the_call_of_a_load_s_put_back_leaves_the_run_as_it_w
     run.close()
 
 
-def test_a_ctrl_c_as_a_held_section_ends_leaves_no_phantom_ctrl_c_for_the_next(tmp_path):
+def test_a_ctrl_c_as_a_held_section_ends_leaves_no_phantom_ctrl_c_for_the_next():
     """Two Ctrl-Cs on one run.close(): the first while its changes are undone (held), the second just as the
     section puts Python's handler back. One KeyboardInterrupt is right; the first must not stay noted, to be
     delivered at the end of the next held section (the next accelerate(), with no key pressed)."""
     warm_up()
     model, optimizer, loader = objects()
     run = accel.accelerate(model, optimizer, loader, plan={"threads": {"threads": 1}}, device="cpu")
-    section, sent = interrupts.deferred.__wrapped__.__code__, []
+    sent = []
 
     def profile(frame, event, arg):
         if event == "c_call" and arg is torch.set_num_threads and not sent:  # the threads layer taken off: held
             sent.append("held")
             os.kill(os.getpid(), signal.SIGINT)
-        elif event == "c_return" and frame.f_back is not None and frame.f_back.f_code is section and \
-                frame.f_code is signal.signal.__code__ and sent == ["held"]:  # Python's handler is back
+        elif event == "c_return" and deferred_sets_a_handler(frame) and sent == ["held"]:  # Python's handler is back
             sent.append("as the section ends")
             os.kill(os.getpid(), signal.SIGINT)
 
-    sys.setprofile(profile)
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            run.close()
-    finally:
-        sys.setprofile(None)
+    with profiled(profile), pytest.raises(KeyboardInterrupt):
+        run.close()
     assert sent == ["held", "as the section ends"]
     try:  # no key pressed from here on
         run.close()
@@ -143,25 +151,22 @@ def test_a_sigterm_as_a_held_section_begins_leaves_ctrl_c_working():
     (every later Ctrl-C noted and never delivered)."""
     warm_up()
     run = accel.accelerate(*objects(), plan={"threads": {"threads": 1}}, device="cpu")
-    section, sent = interrupts.deferred.__wrapped__.__code__, []
+    sent = []
 
     def terminated(signum, frame):
         raise SystemExit("terminated")
 
     def profile(frame, event, arg):
-        if (event == "c_return" and not sent and frame.f_back is not None and frame.f_back.f_code is section
-                and frame.f_code is signal.signal.__code__ and signal.getsignal(signal.SIGINT) is not
-                user_int):  # SIGINT held, SIGTERM not yet
+        if event == "c_return" and not sent and deferred_sets_a_handler(frame) and \
+                signal.getsignal(signal.SIGINT) is not user_int:  # SIGINT held, SIGTERM not yet
             sent.append(1)
             os.kill(os.getpid(), signal.SIGTERM)
 
     user_int, user_term = signal.getsignal(signal.SIGINT), signal.signal(signal.SIGTERM, terminated)
-    sys.setprofile(profile)
     try:
-        with pytest.raises(SystemExit):
+        with profiled(profile), pytest.raises(SystemExit):
             run.close()
     finally:
-        sys.setprofile(None)
         signal.signal(signal.SIGTERM, user_term)
     assert sent
     assert signal.getsignal(signal.SIGINT) is user_int
