@@ -205,7 +205,11 @@ def accelerate(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None =
         report.setup_s = clock.now() - started
         ctx.journal.commit()  # last: no check for signals lies between it and the return
     except BaseException as error:
-        clean_up(_roll_back, journal, earlier, model)  # (accel.run.interrupts: rolling back again changes nothing)
+        try:  # twice if a Ctrl-C lands on the call (accel.run.interrupts): rolling back again changes nothing
+            clean_up(_roll_back, journal, earlier, model)
+        except BaseException:
+            clean_up(_roll_back, journal, earlier, model)
+            raise
         if current and isinstance(error, Exception) and not isinstance(error, PlanError):
             raise AccelerateError(f"{current} failed while being applied: {type(error).__name__}: {error}; every "
                                   "change was rolled back (your objects and the process are as they were)") from error

@@ -1,6 +1,7 @@
 """The run's loader: the user's batches (or a loader an accelerator rebuilt) moved to the run's device."""
 from __future__ import annotations
 
+import contextlib
 import warnings
 import weakref
 from collections.abc import Callable, Iterator
@@ -31,7 +32,7 @@ def _last_told(sampler: Any) -> Any:
     else a mark no epoch equals: the loop set it (before accelerate(), each epoch) and keeps setting it."""
     try:
         return _TOLD[sampler]
-    except (KeyError, TypeError):  # (a sampler that cannot be weakly referenced is judged afresh by each run)
+    except (KeyError, TypeError):  # (a sampler that cannot be weakly referenced or hashed is judged afresh by each run)
         epoch = getattr(sampler, "epoch", None)
         return epoch if epoch in (None, 0) else _END
 
@@ -74,7 +75,9 @@ class DeviceLoader:
         sampler = getattr(self.loader, "sampler", None)
         if hasattr(sampler, "set_epoch") and getattr(sampler, "epoch", None) == self.told:  # else the loop set it
             sampler.set_epoch(self.epoch)  # itself (set_epoch(epoch) from 1, or its start_epoch): its order stays
-            self.told = _TOLD[sampler] = getattr(sampler, "epoch", None)
+            self.told = getattr(sampler, "epoch", None)
+            with contextlib.suppress(TypeError):  # (a sampler no dict can key: each run judges it afresh)
+                _TOLD[sampler] = self.told
         self.epoch += 1
         if self.handed_over and not self.read_by_a_run:  # the loop kept it (train_loader = run.loader) past one
             warnings.warn("accel: run.loader: a new epoch on the loader of a run that accelerate() again took over: "

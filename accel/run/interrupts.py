@@ -1,8 +1,9 @@
 """Critical sections that a Ctrl-C cannot tear: inside ``deferred()``, SIGINT (and a SIGTERM handled in Python) is
 noted, not handled, and delivered when the outermost section ends. Where accel changes two things together (a journal
 entry and its change, a checkpoint's tensors and counters), an interrupt in between leaves a state no undo repairs.
-A signal that lands on the call of a clean-up skips it, so a clean-up is idempotent and ``clean_up`` calls it
-again. Only the main thread receives signals; SIGKILL is met by atomic renames (accel.files).
+A signal that lands on the call of a clean-up skips it (CPython handles signals as a function is entered, before its
+first ``try``), so a clean-up is idempotent and its caller calls it again from its own ``except BaseException``.
+Only the main thread receives signals; SIGKILL is met by atomic renames (accel.files).
 """
 from __future__ import annotations
 
@@ -28,18 +29,20 @@ def deferred() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = {}
-    for signum in HELD if not _depth else ():  # an inner section leaves holding and delivering to the outermost
-        handler = signal.getsignal(signum)
-        if callable(handler):  # a Python handler: KeyboardInterrupt's, or the user's own
-            previous[signum] = handler
-            signal.signal(signum, _note)
+    previous, outermost = {}, not _depth
+    if outermost:  # a note left by a section whose end a second signal interrupted (that one was delivered)
+        _arrived.clear()
     _depth += 1
-    try:
+    try:  # (holding inside: a handler that raises between holding SIGINT and SIGTERM leaves nothing held)
+        for signum in HELD if outermost else ():  # an inner section leaves holding and delivering to the outermost
+            handler = signal.getsignal(signum)
+            if callable(handler):  # a Python handler: KeyboardInterrupt's, or the user's own
+                previous[signum] = handler
+                signal.signal(signum, _note)
         yield
     finally:
         _depth -= 1
-        if not _depth:
+        if outermost:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
             arrived = [s for s in _arrived if s in previous]
@@ -63,12 +66,8 @@ def autograd_kept() -> Iterator[None]:
 
 
 def clean_up(work, *args) -> None:
-    """work(*args) with signals held (``deferred``), and once more if a signal lands on the call before it holds them:
-    the clean-up of the pattern in the module's docstring (``work`` is idempotent)."""
-    try:
-        with deferred():
-            work(*args)
-    except BaseException:
-        with deferred():
-            work(*args)
-        raise
+    """work(*args) with signals held (``deferred``): the clean-up of the pattern in the module's docstring. A signal
+    handled on entering this function skips it, so the caller calls it again from its own ``except BaseException``
+    (``work`` is idempotent); no helper can retry its own call."""
+    with deferred():
+        work(*args)

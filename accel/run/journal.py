@@ -103,7 +103,11 @@ class Journal:
         try:
             redo()
         except BaseException:
-            clean_up(self._forget, entry)
+            try:  # twice if a Ctrl-C lands on the call (accel.run.interrupts)
+                clean_up(self._forget, entry)
+            except BaseException:
+                clean_up(self._forget, entry)
+                raise
             raise
 
     def _forget(self, entry: Entry) -> None:

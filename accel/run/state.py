@@ -64,7 +64,11 @@ class RunState:
             with autograd_kept():
                 restore(state)
         except BaseException:
-            clean_up(restore, backup)
+            try:  # twice if a Ctrl-C lands on the call (accel.run.interrupts)
+                clean_up(restore, backup)
+            except BaseException:
+                clean_up(restore, backup)
+                raise
             raise
 
     def _backup(self) -> dict[str, Any]:

@@ -44,7 +44,11 @@ def thread_filter(action: str, message: str = "") -> Iterator[None]:
         _claim(action, message, token)
         yield
     finally:
-        clean_up(_release, action, message, token)
+        try:  # twice if a Ctrl-C lands on the call (accel.run.interrupts)
+            clean_up(_release, action, message, token)
+        except BaseException:
+            clean_up(_release, action, message, token)
+            raise
 
 
 def _claim(action: str, message: str, token: object) -> None:
@@ -91,7 +95,11 @@ def captured() -> Iterator[list[warnings.WarningMessage]]:
         with thread_filter("always"):
             yield caught
     finally:
-        clean_up(_unhook, caught)
+        try:  # twice if a Ctrl-C lands on the call (accel.run.interrupts)
+            clean_up(_unhook, caught)
+        except BaseException:
+            clean_up(_unhook, caught)
+            raise
 
 
 def _hook(caught: list) -> None:
