@@ -23,7 +23,7 @@ from accel.modules import compiled
 from accel.plan.contract import Capability
 from accel.run import open_run
 from accel.run.checkpoint import read, saved_plan
-from accel.run.interrupts import deferred
+from accel.run.interrupts import clean_up, deferred
 from accel.run.sharded_checkpoint import is_sharded_checkpoint
 from accel.search.fault import Faults, summary
 from accel.search.loader import SearchLoader, loader_rows, time_data_wait
@@ -145,13 +145,20 @@ class InLoopSearch:
         try:
             info = self.current.load(path)
         except BaseException:
-            self.switch(before)
-            self.turns.restart_chunk()
+            try:  # twice if a Ctrl-C lands on the call (accel.run.interrupts)
+                clean_up(self._switch_back, before)
+            except BaseException:
+                clean_up(self._switch_back, before)
+                raise
             raise
         if self.measuring:
             self._settle(f"resumed from {path}", plan=plan, why=f"resumed from {path}: its plan {plan_label(plan)} is "
                                                                 "taken as it was saved, nothing measured")
         return info
+
+    def _switch_back(self, plan: dict[str, dict]) -> None:
+        self.switch(plan)
+        self.turns.restart_chunk()
 
     def switch(self, plan: dict[str, dict], arm: Any = None) -> bool | None:
         """accelerate() on your objects with this plan: True when switched, False when it was in place, None when
