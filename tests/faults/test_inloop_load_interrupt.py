@@ -1,7 +1,7 @@
-"""plan="auto"'s run.load switches to the checkpoint's plan, then loads; a load that fails (here the file damaged as it is read)
-switches back to the plan that was in place. A Ctrl-C landing on that switch back's call (CPython handles a pending
-signal on entering a function) left the checkpoint's plan in place with nothing loaded. A real file damaged and a
-real signal, each timed by a profile hook (as tests/faults/test_attack8_clean_up_call.py)."""
+"""plan="auto"'s run.load switches to the checkpoint's plan, then loads; a load that fails (here the file damaged
+as it is read) switches back to the plan that was in place. A Ctrl-C landing on that switch back's call (CPython
+handles a pending signal on entering a function) left the checkpoint's plan in place with nothing loaded. A real
+file damaged and a real signal, each timed by a profile hook (as tests/faults/test_attack8_clean_up_call.py)."""
 import os
 import signal
 import sys
