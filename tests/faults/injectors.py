@@ -171,3 +171,13 @@ def in_thread(target, *args):
     if "error" in box:
         raise box["error"]
     return box.get("value")
+
+
+@contextlib.contextmanager
+def profiled(hook):
+    """sys.setprofile(hook) for the block."""
+    sys.setprofile(hook)
+    try:
+        yield
+    finally:
+        sys.setprofile(None)

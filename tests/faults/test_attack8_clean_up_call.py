@@ -12,7 +12,7 @@ import sys
 
 import pytest
 import torch
-from injectors import objects, process_state, warm_up
+from injectors import objects, process_state, profiled, warm_up
 
 import accel
 from accel.plan.contract import Accelerator, Stage, register, unregister
@@ -33,16 +33,6 @@ def failing():
     register(FailsWhileApplied)
     yield
     unregister(FailsWhileApplied.name)
-
-
-@contextlib.contextmanager
-def profiled(hook):
-    """sys.setprofile(hook) for the block."""
-    sys.setprofile(hook)
-    try:
-        yield
-    finally:
-        sys.setprofile(None)
 
 
 def deferred_sets_a_handler(frame) -> bool:

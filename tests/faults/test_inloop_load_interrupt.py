@@ -4,10 +4,9 @@ handles a pending signal on entering a function) left the checkpoint's plan in p
 file damaged and a real signal, each timed by a profile hook (as tests/faults/test_attack8_clean_up_call.py)."""
 import os
 import signal
-import sys
 
 import pytest
-from injectors import objects
+from injectors import objects, profiled
 
 import accel
 from accel.run import state
@@ -34,12 +33,8 @@ def test_a_second_ctrl_c_on_the_switch_back_still_puts_autos_plan_back(tmp_path,
             steps.append("ctrl-c")
             os.kill(os.getpid(), signal.SIGINT)
 
-    sys.setprofile(profile)
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            run.load(tmp_path / "run.pt")
-    finally:
-        sys.setprofile(None)
+    with profiled(profile), pytest.raises(KeyboardInterrupt):
+        run.load(tmp_path / "run.pt")
     assert steps == ["damaged", "ctrl-c"]
     assert run.current.plan.to_dict() == before and not run.current.closed, run.current.plan
     run.close()
