@@ -108,7 +108,7 @@ def ran(tmp_path_factory) -> dict[str, Ran]:
     for name, cls in BUILTIN.items():
         if any(package_version(p) is None for p in packages(cls)):
             continue
-        plan = [{name: {**cls.example, "optional": True}}]
+        plan = [{name: {**cls.Options.example, "optional": True}}]
         results[name] = real_run(plan, tmp_path_factory.mktemp(name))
         if results[name].statuses.get(name) == "skipped":
             results[name] = real_run(plan, tmp_path_factory.mktemp(name), workers=1)
@@ -153,7 +153,7 @@ def test_each_built_ins_options_are_a_frozen_dataclass_whose_defaults_construct(
         assert getattr(config, field.name) == field.metadata["option"].default
         with pytest.raises(dataclasses.FrozenInstanceError):
             setattr(config, field.name, getattr(config, field.name))
-    assert cls(**cls.example).config == cls.Options(**cls.example)
+    assert cls(**cls.Options.example).config == cls.Options(**cls.Options.example)
 
 
 # --- (c) nothing set on an accelerator after construction ---------------------------------------------------------
@@ -390,7 +390,7 @@ def test_options_and_state_come_from_the_type_arguments_or_the_base():
 
 
 def test_the_run_asks_the_roles_of_those_that_play_them():
-    played = {name: sorted(r.__name__ for r in ROLES if isinstance(cls(**cls.example), r))
+    played = {name: sorted(r.__name__ for r in ROLES if isinstance(cls(**cls.Options.example), r))
               for name, cls in BUILTIN.items()}
     assert {n: r for n, r in played.items() if r} == {"amp": ["LossScaler"], "ddp": ["GradientSync"],
                                                      "fsdp": ["GradientSync"], "grad_accumulation": ["StepSchedule"]}

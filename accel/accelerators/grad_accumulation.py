@@ -29,6 +29,7 @@ __all__ = ["GradAccumulation", "GradAccumulationOptions", "GradAccumulationState
 
 @dataclass(frozen=True, kw_only=True)
 class GradAccumulationOptions(Options):
+    example = {"steps": 2}
     steps: int = option(1, check=at_least(1), help="micro-batches per optimizer step")
 
 
@@ -68,7 +69,6 @@ class GradAccumulationState(State):
 class GradAccumulation(Accelerator[GradAccumulationOptions, GradAccumulationState],
                        StepSchedule[GradAccumulationState]):
     name = "grad_accumulation"
-    example = {"steps": 2}
     stage = Stage.STEP
     requires = ("optimizer",)
     provides = (Capability.STEP_SCHEDULE,)

@@ -26,6 +26,7 @@ def norm_type_problem(value) -> str | None:
 
 @dataclass(frozen=True, kw_only=True)
 class GradClippingOptions(Options):
+    example = {"max_norm": 1.0}
     max_norm: int | float | None = option(None, (int, float, type(None)), check=positive,
                                           help="largest total gradient norm")
     norm_type: int | float | str = option(2.0, (int, float, str), choices=("inf",), check=norm_type_problem,
@@ -43,7 +44,6 @@ class GradClippingState(State):
 @register
 class GradClipping(Accelerator[GradClippingOptions, GradClippingState]):
     name = "grad_clipping"
-    example = {"max_norm": 1.0}
     stage = Stage.STEP
     requires = ("optimizer",)
     provides = (Capability.GRADIENTS_CLIP,)

@@ -32,7 +32,8 @@ def accelerator_availability() -> dict[str, dict[str, Any]]:
                                  "requires": {pkg: package_version(pkg) for pkg in packages(cls)}}
         try:
             model = tiny_model()
-            _, _, skips = prepare(model, tiny_optimizer(model), tiny_loader(32), [cls(**cls.example)], device="cpu")
+            accelerator = cls(**cls.Options.example)
+            _, _, skips = prepare(model, tiny_optimizer(model), tiny_loader(32), [accelerator], device="cpu")
             entry["available"] = True
             entry["reason"] = (f"would be skipped here: {skips[name]}" if name in skips
                                else "its checks pass on cpu with a tiny model")

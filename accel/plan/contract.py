@@ -133,7 +133,6 @@ class Accelerator(Generic[OptionsT, StateT]):
     after: ClassVar[tuple[str, ...]] = ()  # names or capabilities applied before this one (within its stage)
     before: ClassVar[tuple[str, ...]] = ()
     conflicts: ClassVar[tuple[str, ...]] = ()  # names or capabilities that cannot be in the same plan
-    example: ClassVar[dict[str, Any]] = {}  # options that make a valid example (what `accel env` checks)
     # derived from the type arguments by __init_subclass__, never declared
     Options: ClassVar[type[Options]] = Options
     State: ClassVar[type[State]] = State

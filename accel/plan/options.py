@@ -61,6 +61,7 @@ class Options:
     optional: bool = option(False, help="skip (with the reason) instead of failing when a package or device is "
                                         "missing")
     owner: ClassVar[str] = ""  # the accelerator's name, for the problems
+    example: ClassVar[dict[str, Any]] = {}  # values that make a valid example where the defaults do not (`accel env`)
 
     @classmethod
     def specs(cls) -> dict[str, Option]:
