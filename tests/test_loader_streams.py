@@ -13,7 +13,7 @@ import accel
 from accel.accelerators.loader import Loader
 from accel.api import prepare
 from accel.errors import PlanError, Skip
-from accel.run.loaders import STREAM_BATCHES
+from accel.run.device_loader import STREAM_BATCHES
 from accel.testing import check_equivalence, process_state_restored, tiny_model
 
 SHARDS = "this IterableDataset shards its stream by worker and each worker batches its own shard"

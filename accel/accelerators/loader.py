@@ -21,7 +21,7 @@ from accel.hardware import format_cpu_list, hyperthread_siblings, is_accelerator
 from accel.hardware.launcher import cores_for_rank, rank_cores
 from accel.plan.contract import Accelerator, Capability, Stage, State, register
 from accel.plan.options import Options, at_least, option
-from accel.run.loaders import (
+from accel.run.device_loader import (
     STREAM_BATCHES,
     PinWorkers,
     rebuild_loader,

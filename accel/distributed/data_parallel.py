@@ -16,7 +16,7 @@ from accel.errors import Problem
 from accel.hardware import importable, is_accelerator
 from accel.plan.contract import Accelerator, GradientSync, State
 from accel.plan.options import Options, option, positive
-from accel.run.loaders import rebuild_loader, rebuild_problem
+from accel.run.device_loader import rebuild_loader, rebuild_problem
 
 BACKENDS = ("auto", "gloo", "nccl", "xccl", "ccl", "mpi")
 DEVICE_BACKEND = {device: backend for backend, device in BACKEND_DEVICE.items()}  # every other device: gloo

@@ -20,7 +20,7 @@ from accel.api import decide
 from accel.errors import AccelerateError, PlanError
 from accel.plan import Plan
 from accel.plan.contract import EXACT, REGISTRY, Keeps
-from accel.run.loaders import release_workers
+from accel.run.device_loader import release_workers
 from accel.search import accelerate
 from accel.testing.comparison import LEVELS, combined, compare, compare_tensors, distance  # noqa: F401  (tests import)
 from accel.testing.setup import Setup  # noqa: F401  (accel.testing.harness.Setup)

@@ -14,7 +14,7 @@ from accel.batches import map_tensors
 from accel.measure import TrainStep, endless
 from accel.modules import tied_groups
 from accel.run import Run
-from accel.run.loaders import release_workers
+from accel.run.device_loader import release_workers
 from accel.testing.setup import Setup
 from accel.testing.snapshots import snapshot, whole
 
