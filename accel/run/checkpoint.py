@@ -124,14 +124,19 @@ def save(run, path) -> None:
     """Write the run's state to path; a collective when distributed (every rank calls it, rank 0 writes)."""
     path = Path(path)
     state = saved(run, run.state_dict(), FORMAT)
+    on_rank_zero(lambda: write_state(path, state, path), path)
 
-    def write() -> None:
-        refuse_unreadable(path, state)
-        state["checksum"] = checksum(state)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomically(path, lambda file: torch.save(state, file))
 
-    on_rank_zero(write, path)
+def write_state(path: Path, state: dict[str, Any], checkpoint: Path) -> None:
+    """Both formats (the file, or the sharded checkpoint's accel.pt): refuse what run.load could not read back
+    rather than write it, else write it with its checksum, atomically."""
+    problems = unreadable(state)
+    if problems:
+        raise CheckpointError(f"{checkpoint}: not written: run.load reads tensors and plain data only (torch.load with "
+                              f"weights_only), and could not read back " + "; ".join(problems))
+    state["checksum"] = checksum(state)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomically(path, lambda file: torch.save(state, file))
 
 
 def saved(run, state: dict[str, Any], form: int) -> dict[str, Any]:
@@ -139,14 +144,6 @@ def saved(run, state: dict[str, Any], form: int) -> dict[str, Any]:
     collective), numpy's scalars as Python's."""
     state = {**state, "format": form, "plan": encode_plan(state["plan"]), **fit.gathered(run, state)}
     return {k: v if k == "model" else plain_numbers(v) for k, v in state.items()}
-
-
-def refuse_unreadable(path, state: dict[str, Any]) -> None:
-    """Both formats: run.save refuses what run.load could not read back, rather than write it."""
-    problems = unreadable(state)
-    if problems:
-        raise CheckpointError(f"{path}: not written: run.load reads tensors and plain data only (torch.load with "
-                              f"weights_only), and could not read back " + "; ".join(problems))
 
 
 def plain_numbers(value: Any) -> Any:
@@ -208,11 +205,11 @@ def first_line(error: BaseException) -> str:
     return str(error).strip().splitlines()[0] if str(error).strip() else ""
 
 
-def read(path) -> dict[str, Any]:
-    """The checkpoint's contents, checked whole: a CheckpointError names the file and what is wrong."""
-    path = Path(path)
-    state = load_file(path)
-    check_contents(path, state, FORMAT, ("plan", "model", "optimizer", "step", "epoch", "rng"))
+def read(path, form: int = FORMAT, required=("plan", "model", "optimizer", "step", "epoch", "rng")) -> dict[str, Any]:
+    """The checkpoint's contents (or a sharded one's accel.pt), checked whole: a CheckpointError names the file and
+    what is wrong."""
+    state = load_file(Path(path))
+    check_contents(path, state, form, required)
     return state
 
 

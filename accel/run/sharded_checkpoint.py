@@ -19,7 +19,7 @@ import accel.run.checkpoint as single
 import accel.run.checkpoint_fit as fit
 from accel.batches import map_tensors
 from accel.errors import CheckpointError, brief
-from accel.files import read_small, write_atomically, write_text
+from accel.files import read_small, write_text
 from accel.hardware.launcher import rank, world_size
 from accel.plan import same_options
 from accel.run.thread_warnings import thread_filter
@@ -114,10 +114,8 @@ def _prepare(root: Path) -> None:
 
 def _finish(root: Path, partial: Path, name: str, meta: dict) -> None:
     """Rank 0: accel.pt, the folder renamed whole, ``latest`` switched to it, the older ones removed."""
-    single.refuse_unreadable(root, meta)
     meta["files"][".metadata"] = ((partial / ".metadata").stat().st_size, _digest(partial / ".metadata"))
-    meta["checksum"] = single.checksum(meta)
-    write_atomically(partial / META, lambda handle: torch.save(meta, handle))
+    single.write_state(partial / META, meta, root)
     final, again = root / name, 1
     while final.exists():  # the same step saved again (after a restart): a new folder, so that latest always
         again += 1  # names a whole one, switched in one step
@@ -164,8 +162,7 @@ def read(path) -> tuple[Path, dict[str, Any]]:
     if not (where / META).exists():
         raise CheckpointError(f"{where}: torn checkpoint: no {META} (the save did not finish, or this is not a "
                               "checkpoint accel wrote)")
-    meta = single.load_file(where / META)
-    single.check_contents(where / META, meta, FORMAT, ("plan", "step", "epoch", "rng", "world_size", "files"))
+    meta = single.read(where / META, FORMAT, ("plan", "step", "epoch", "rng", "world_size", "files"))
     files = sorted(meta["files"].items())
     missing = [name for name, _ in files if not (where / name).is_file()]
     if missing:
