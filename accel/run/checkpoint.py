@@ -280,13 +280,17 @@ def load(run, path) -> dict[str, Any]:
     """Restore a checkpoint into a run created with the same plan; {"step", "epoch", "path"}. Nothing changes
     unless everything fits; a restore that fails half-way puts the run back as it was."""
     state = read(path)
-    mine = encode_plan(run.plan.to_dict())
-    if not same_options(state["plan"], mine):
-        raise CheckpointError(f"{path} was saved with the plan {brief(state['plan'], 300)}, but this run has "
-                              f"{brief(mine, 300)}; create the run with plan=accel.run.checkpoint.saved_plan("
-                              f"{str(path)!r})")
+    refuse_another_plan(run, path, state["plan"], f"plan=accel.run.checkpoint.saved_plan({str(path)!r})")
     problems = fit.rank_problems(state)
     state = {**state, **fit.this_rank(state)}  # before the fit checks: it warns when the world size changed
     fit.refuse_unfit(path, problems + run.state_problems(state))
     return fit.restored(path, state, lambda: run.load_state_dict(state))
 
+
+def refuse_another_plan(run, path, saved: dict[str, dict], way: str, training: bool = False) -> None:
+    """Both formats: a checkpoint loads into a run of the plan it was saved with (``training``: the same but for
+    ddp and fsdp, for shards, which load at any world size); else a CheckpointError says the ``way`` to that run."""
+    mine, compared = encode_plan(run.plan.to_dict()), fit.training_plan if training else dict
+    if not same_options(compared(saved), compared(mine)):
+        raise CheckpointError(f"{path} was saved with the plan {brief(saved, 300)}, but this run has "
+                              f"{brief(mine, 300)}; create the run with {way}")

@@ -18,10 +18,9 @@ import torch
 import accel.run.checkpoint as single
 import accel.run.checkpoint_fit as fit
 from accel.batches import map_tensors
-from accel.errors import CheckpointError, brief
+from accel.errors import CheckpointError
 from accel.files import read_small, write_text
 from accel.hardware.launcher import rank, world_size
-from accel.plan import same_options
 from accel.run.thread_warnings import thread_filter
 
 FORMAT = 1
@@ -239,11 +238,8 @@ def load(run, path) -> dict[str, Any]:
     import torch.distributed.checkpoint as dcp
 
     where, meta = read(path)
-    mine = single.encode_plan(run.plan.to_dict())
-    if not same_options(fit.training_plan(meta["plan"]), fit.training_plan(mine)):
-        raise CheckpointError(f"{where} was saved with the plan {brief(meta['plan'], 300)}, but this run has "
-                              f"{brief(mine, 300)}; create the run with the same plan (ddp and fsdp may differ: "
-                              "the shards load at any world size, or in one process)")
+    single.refuse_another_plan(run, where, meta["plan"], "the same plan (ddp and fsdp may differ: the shards load at "
+                               "any world size, or in one process)", training=True)
     model, optimizer = _states(run, where)
     saved = dcp.FileSystemReader(str(where)).read_metadata().state_dict_metadata  # names and global shapes
     shapes = {k[len("model."):]: getattr(v, "size", None) for k, v in saved.items() if k.startswith("model.")}
