@@ -7,6 +7,8 @@ one, in this process, as torchrun --nproc-per-node 1 would start), is saved and 
 it was given."""
 import ast
 import dataclasses
+import inspect
+import types
 import typing
 from dataclasses import dataclass
 from pathlib import Path
@@ -338,6 +340,16 @@ HOOKS = ("candidates", "decide", "check", "apply", "forward_context", "backward"
          "bypassed")
 ROLES = {contract.LossScaler: ("grad_scaler", "unscale_gradients"), contract.StepSchedule: ("accumulating",),
          contract.GradientSync: ("gradient_sync", "held_gradients", "release_held_gradients")}
+
+
+def test_the_contract_is_ten_hooks_and_eight_attributes():
+    """Issue 39's budget (at most 12 hooks and 8 attributes): a hook or a flag for one accelerator shows here first.
+    Options and State come from the type arguments, config and explicit from the constructor: none is declared."""
+    derived = ("Options", "State", "config", "explicit")
+    attributes = [n for n in inspect.get_annotations(Accelerator) if n not in derived]
+    assert attributes == ["name", "stage", "keeps", "requires", "provides", "after", "before", "conflicts"]
+    methods = [n for n, v in vars(Accelerator).items() if isinstance(v, (types.FunctionType, classmethod))]
+    assert [n for n in methods if not n.startswith("_") and n != "to_dict"] == list(HOOKS)
 
 
 def hints(function) -> dict:
