@@ -280,7 +280,7 @@ def test_a_rebuilt_loader_is_decided_by_the_data_wait_and_joins_at_the_next_epoc
     rows = {row.name: row for row in run.report.tuning.rows}
     assert rows["loader"].status == "by data wait" and rows["loader"].decision == "chosen", rows["loader"]
     assert "joins at the next epoch" in rows["loader"].reason, rows["loader"]
-    assert run.pending is not None and "loader" in run.pending
+    assert run.loader.pending is not None and "loader" in run.loader.pending
     before = run.steps
     train(run, len(loader))  # the next epoch: the rebuilt loader serves it
     assert "loader" in run.plan.names() and run.current.loader.loader.num_workers == 1

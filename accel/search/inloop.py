@@ -26,7 +26,7 @@ from accel.run.checkpoint import read, saved_plan
 from accel.run.interrupts import clean_up, deferred
 from accel.run.sharded_checkpoint import is_sharded_checkpoint
 from accel.search.fault import Faults, summary
-from accel.search.loader import SearchLoader, loader_rows, time_data_wait
+from accel.search.loader import SearchLoader
 from accel.search.results import TuneResult, TuneRow, cached_answer, distribute, keep_answer
 from accel.search.settings import Auto, placed, provides
 from accel.search.strategy import Search
@@ -71,9 +71,9 @@ class InLoopSearch:
         self.phase, self.how = "measuring", ""  # measuring, chosen (measuring what budget is left), settled
         self.saved: dict[str, dict] = {}  # accelerator name -> its state when its plan last stepped aside
         self.result: TuneResult | None = None
-        self.cache_key = self.pending = self.chosen_at = self.settled_at = self.ended_at = self.data_timing = None
-        self.data_wait_s, self.switch_s, self.switched_at = 0.0, 0.0, clock.now()
-        self.loader_read = self.stepping = self.bypassed = self.switching = False
+        self.cache_key = self.chosen_at = self.settled_at = self.ended_at = None
+        self.switch_s, self.switched_at = 0.0, clock.now()
+        self.stepping = self.bypassed = self.switching = False
         mine = weakref.WeakMethod(self._optimizer_steps)  # your optimizer must not keep a dropped search alive
         self.watching = optimizer.register_step_pre_hook(lambda *args: mine() and mine()(*args))
         self.turns = Turns(self)
@@ -100,7 +100,7 @@ class InLoopSearch:
         self.current.backward(loss)
 
     def step(self) -> bool:
-        timing = self.measuring and self.data_timing is not None
+        timing = self.measuring and self.loader.timing is not None
         if self.measuring and not timing:
             self.turns.before_update()
         self.stepping = True
@@ -108,9 +108,9 @@ class InLoopSearch:
             skipped = self.current.step()
         finally:
             self.stepping = False
-        if timing:
-            time_data_wait(self)
-        elif self.measuring:
+        if timing and self.loader.timed(self.current.steps):
+            self.finish()
+        elif self.measuring and not timing:
             self.search.step = self.current.steps
             self.turns.after_step()
         return skipped
@@ -195,12 +195,11 @@ class InLoopSearch:
     def _take(self, plan: dict[str, dict]) -> None:
         """The chosen plan now, but a rebuilt loader only from the next epoch."""
         now = {k: v for k, v in plan.items() if not provides({k: v}, Capability.DATA_LOADER)}
-        self.pending = plan if now != plan else None
+        self.loader.pending = plan if now != plan else None
         self.switch(now)
 
     def on_batch(self, batch: Any) -> None:
         """Each batch of run.loader: a bypass said before ends the search; the first looks the setup up in the cache."""
-        self.loader_read = True
         if self.bypassed and self.measuring:
             self._end_bypassed()
         if self.cache_key is not None or not self.settings.cache or not self.measuring:
@@ -246,8 +245,8 @@ class InLoopSearch:
 
     def finish(self) -> None:
         """The plan chosen is taken (a rebuilt loader at the next epoch, after the data wait is timed: loader.py)."""
-        if self.epochwise and not self.turns.plain_wait[1] and self.data_timing is None:
-            self.data_timing = ()  # begins after the next step
+        if self.epochwise and not self.loader.plain[1] and self.loader.timing is None:
+            self.loader.timing = ()  # begins after the next step
             return
         self._settle("the budget ran out before every verdict was clear" if self.turns.cut else "settled")
 
@@ -271,12 +270,12 @@ class InLoopSearch:
         rows[0].median_ms = round(plain.median_s() * 1000, 3) if plain.rounds else None
         rows[0].vs_baseline, rows[0].reason = 1.0, f"{len(plain.rounds)} rounds, {plain.steps} steps"
         chosen = dict(strategy.best if plan is None else plan)
-        loaders, said = loader_rows(self, chosen, self.epochwise if plan is None else [])
+        loaders, said = self.loader.rows(chosen, self.epochwise if plan is None else [])
         rows += loaders
         rows += [TuneRow(plan_label(c), c, "not measured", reason=COPY) for c in self.copies]
         notes = self.notes + summary(self.faults.blames) + (
             ["your loop never iterated run.loader, so the cache was neither read nor written (its key needs a batch)"]
-            if not self.loader_read and self.settings.cache and len(self.arms) > 1 else [])
+            if not self.loader.read and self.settings.cache and len(self.arms) > 1 else [])
         nothing = not strategy.candidates and not strategy.costly and not self.epochwise
         if said and not why and not strategy.best:  # the steps stay the plain loop's; the loader joins
             why = said

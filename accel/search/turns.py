@@ -72,7 +72,6 @@ class Turns:
         self.chunk, self.chunk_steps = Chunk(), 2  # timed steps per chunk, paced after the plain loop's first
         self.deadline = run.settings.deadline(run.started)
         self.turn_began, self.note, self.cut = run.started, "", False  # cut: a verdict the budget left unclear
-        self.plain_wait = [0.0, 0.0]  # data wait and time of the plain loop's timed steps
 
     def start(self) -> None:
         self._next(lambda: next(self.comparisons))
@@ -174,7 +173,7 @@ class Turns:
             arm.plan, Capability.SETUP_COSTLY))
         self.chunk.untimed = 0 if later else 1
         if later:
-            self.chunk.starts(self.run.switched_at, self.run.data_wait_s)
+            self.chunk.starts(self.run.switched_at, self.run.loader.waited_s)
         say(self.run)
 
     def restart_chunk(self) -> None:
@@ -194,7 +193,7 @@ class Turns:
             synchronize(run.device)
             now = clock.now()
             arm.first_s = now - run.switched_at if arm.first_s is None else arm.first_s
-            return chunk.starts(now, run.data_wait_s)
+            return chunk.starts(now, run.loader.waited_s)
         timed, against = chunk.steps - chunk.untimed, None if arm is self.reference else self.reference
         if run.device.type == "cpu":  # (on an accelerator, reading the time every step would wait for the device)
             now = clock.now()
@@ -227,8 +226,8 @@ class Turns:
         else:
             arm.rounds[self.round] = step_s
             if arm is self.plain:
-                self.plain_wait[0] += run.data_wait_s - chunk.wait_at_start
-                self.plain_wait[1] += elapsed
+                run.loader.plain[0] += run.loader.waited_s - chunk.wait_at_start
+                run.loader.plain[1] += elapsed
                 if len(arm.rounds) == 1:
                     self._pace(step_s)
         self._next_turn()
