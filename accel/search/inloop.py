@@ -68,10 +68,9 @@ class InLoopSearch:
         self.current.report.search = self.search
         self.faults = Faults(model, settings.tolerance)  # losses that are not finite, judged under the plain loop
         self.loader = SearchLoader(self)
-        self.phase, self.how = "measuring", ""  # measuring, chosen (measuring what budget is left), settled
         self.saved: dict[str, dict] = {}  # accelerator name -> its state when its plan last stepped aside
         self.result: TuneResult | None = None
-        self.cache_key = self.chosen_at = self.settled_at = self.ended_at = None
+        self.cache_key = self.ended_at = None
         self.switch_s, self.switched_at = 0.0, clock.now()
         self.stepping = self.bypassed = self.switching = False
         mine = weakref.WeakMethod(self._optimizer_steps)  # your optimizer must not keep a dropped search alive
@@ -83,6 +82,10 @@ class InLoopSearch:
         if "current" not in self.__dict__:
             raise AttributeError(name)
         return getattr(self.current, name)
+
+    @property
+    def phase(self) -> str:  # measuring, chosen (measuring what budget is left), settled, ended early
+        return self.search.phase
 
     @property
     def measuring(self) -> bool:
@@ -118,7 +121,7 @@ class InLoopSearch:
     def close(self) -> None:
         """Close the run; while auto measured, the report says what it chose so far (or nothing)."""
         if self.phase == "measuring":
-            self.phase, self.search.cached = "ended early", "nothing cached"
+            self.search.phase, self.search.cached = "ended early", "nothing cached"
             say(self)
         elif self.phase == "chosen":
             self._settle(ENDED, switch=False)
@@ -237,7 +240,7 @@ class InLoopSearch:
 
     def choose(self) -> None:
         """The first verdict is in: said and remembered at once; what budget is left measures on."""
-        self.phase, self.chosen_at = "chosen", self.current.steps
+        self.search.phase, self.search.chosen_at = "chosen", self.current.steps
         self.result = self.current.report.tuning = self._result()
         keep_answer(self.result, self.cache_key, self.settings.cache,
                     self.strategy.established and not self.distributed)
@@ -252,8 +255,9 @@ class InLoopSearch:
 
     def _settle(self, how: str, why: str = "", plan: dict | None = None, result: TuneResult | None = None,
                 switch: bool = True) -> None:
-        self.phase, self.how, self.settled_at, self.ended_at = "settled", how, self.current.steps, clock.now()
-        self.chosen_at = self.current.steps if self.chosen_at is None else self.chosen_at
+        search, self.ended_at = self.search, clock.now()
+        search.phase, search.how, search.settled_at = "settled", how, self.current.steps
+        search.chosen_at = self.current.steps if search.chosen_at is None else search.chosen_at
         self.result = result or self._result(why, plan)
         if switch:
             self._take(self.result.plan.to_dict())
@@ -285,7 +289,7 @@ class InLoopSearch:
                    ) + (f"; {said}" if said else "")
         record = {**self.settings.key(), "search": "your loop",
                   "budget_s": round(self.turns.deadline - self.started, 1),
-                  "chosen_at_step": self.chosen_at, "settled_at_step": self.current.steps,
+                  "chosen_at_step": self.search.chosen_at, "settled_at_step": self.current.steps,
                   "switch_s": round(self.switch_s, 3)}
         return self._for_ranks(TuneResult.measured(chosen, rows, why + "".join(f"; {n}" for n in notes),
                                                    rows[0].median_ms, clock.now() - self.started, record,

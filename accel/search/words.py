@@ -98,22 +98,21 @@ class SearchState:
 def say(run: Any) -> None:
     """Bring the words up to date from an InLoopSearch, in place (every plan's report holds them)."""
     words, turns, result, strategy = run.search, run.turns, run.result, run.strategy
-    words.phase = run.phase
-    words.step, words.settled_at, words.how = run.current.steps, run.settled_at, run.how
+    words.step = run.current.steps
     words.in_place = {k: v for k, v in run.current.plan.to_dict().items() if k not in run.distributed}
     words.measuring = turns.request.what if turns.request is not None else ""
     words.plain_ms = round(turns.plain.median_s() * 1000, 3) if turns.plain.rounds else None
-    if result is not None and run.phase in ("chosen", "settled"):
+    if result is not None and words.phase in ("chosen", "settled"):
         plan = {k: v for k, v in result.plan.to_dict().items() if k not in run.distributed}
         if result.from_cache:
             why, by = (f"from the cache (measured on this setup {result.measured_at}, key {result.key[:12]}): "
                        "nothing measured"), f"chosen by plan='auto' from the cache (measured {result.measured_at})"
-        elif run.how.startswith("resumed") or not strategy.best:
+        elif words.how.startswith("resumed") or not strategy.best:
             why = result.why.split("; ")[0]
             by = f"taken by plan='auto' ({why})"
         else:
             why, by = strategy.gain, f"chosen by plan='auto': {strategy.gain}"
-        words.chosen, words.chosen_at, words.chosen_why, words.by = plan, run.chosen_at, why, dict.fromkeys(plan, by)
+        words.chosen, words.chosen_why, words.by = plan, why, dict.fromkeys(plan, by)
         words.by.update({r.tests: f"chosen by plan='auto': {r.reason}" for r in result.rows  # the loader's wait
                          if r.decision == "chosen" and r.tests in plan and r.status == "by data wait"})
         words.cached = (f"cached for the next run of this setup (key {result.key[:12]})" if result.key else
@@ -121,7 +120,7 @@ def say(run: Any) -> None:
                                           if run.cache_key is None else "measured under a launcher: the cache keeps "
                                           "a single process's answers" if run.distributed else "the search could not "
                                           "establish its answer") + ")")
-    chosen = words.chosen if run.phase in ("chosen", "settled") else None
+    chosen = words.chosen if words.phase in ("chosen", "settled") else None
     words.candidates = [_seen(a, chosen) for a in run.arms[1:] if a.status != "waiting" or a.rounds]
     words.candidates += [_seen(Arm(c, "not measured", COPY), None) for c in run.copies]
     words.faults = summary(run.faults.blames)
