@@ -14,7 +14,6 @@ from accel.search.results import (
     cached_answer,
     distribute,
     keep_answer,
-    remember_warmup,
     run_ahead_s,
     timing_fields,
     warmup_deadline,
@@ -125,7 +124,7 @@ class Apart:
                               warmup_s=round(trial.warmup_s, 4) if trial.first_s else None)
             out.warmup_s, out.reference_s = trial.warmup_s - reference.warmup_s, reference.median_s
         if request.costly and outcomes[0].status == "measured":
-            remember_warmup(request.added, self.facts, self.settings.cache, outcomes[0].warmup_s)
+            plancache.remember_warmup(self.facts, request.added, outcomes[0].warmup_s, self.settings.cache)
         return outcomes
 
     def _checked(self, trial: Trial) -> Arm:

@@ -127,14 +127,9 @@ LONG_RUN_SHARE = 0.02  # in a run of known length, a costly warm-up may take thi
 
 def expected_warmup(candidate: dict[str, dict], facts: dict[str, Any] | None, cache: Any) -> tuple[float, str]:
     """A costly candidate's warm-up and how that is known: as last measured on this setup, else assumed."""
-    seen = plancache.known_warmup(plancache.warmup_parts(facts, candidate), cache) if facts and cache else None
+    seen = plancache.known_warmup(facts, candidate, cache)
     return (seen, "as measured on this setup before") if seen is not None else (
         COSTLY_GUESS_S, "assumed before one is measured here")
-
-
-def remember_warmup(candidate: dict[str, dict], facts: dict[str, Any] | None, cache: Any, seconds: float) -> None:
-    if facts is not None and cache:
-        plancache.remember_warmup(plancache.warmup_parts(facts, candidate), seconds, cache)
 
 
 def run_ahead_s(expected_steps: int | None, steps_done: int, step_s: float | None) -> float:

@@ -10,11 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import accel.search.cache as plancache
 from accel import clock
 from accel.distributed.agreement import ChunkTimes
 from accel.measure import SETTLE_BELOW_S, chunk_steps, round_order, synchronize
 from accel.plan.contract import Capability
-from accel.search.results import remember_warmup, run_ahead_s, timing_fields, warmup_deadline
+from accel.search.results import run_ahead_s, timing_fields, warmup_deadline
 from accel.search.settings import SLOW_STOP, provides
 from accel.search.strategy import Arm, Comparison
 from accel.search.words import say
@@ -120,10 +121,10 @@ class Turns:
                                                                                               "the budget ran out")
             if self.request.costly and arm.first_s is not None:
                 arm.first_s = self.run.ranks.slowest(arm.first_s)  # the warm-up every rank waited for
-                remember_warmup(self.request.added, self.run.cache_key, self.run.settings.cache,
-                                arm.first_s - (arm.reference_s or 0.0))
             arm.fields, arm.warmup_s = timing_fields(arm.median_s(), arm.first_s), (arm.first_s or 0.0) - (
                 arm.reference_s or 0.0)
+            if self.request.costly and arm.first_s is not None:
+                plancache.remember_warmup(self.run.cache_key, self.request.added, arm.warmup_s, self.run.settings.cache)
         reference.status = "measured" if reference is not self.plain else reference.status
         self._answer(challengers)
 
