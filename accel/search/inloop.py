@@ -20,7 +20,6 @@ from accel.distributed.agreement import in_step
 from accel.errors import AccelerateError, BypassWarning, CheckpointError, MeasureError, PlanError
 from accel.measure import TrainStep, plan_label
 from accel.modules import compiled
-from accel.plan.contract import Capability
 from accel.run import open_run
 from accel.run.checkpoint import read, saved_plan
 from accel.run.interrupts import clean_up, deferred
@@ -28,7 +27,7 @@ from accel.run.sharded_checkpoint import is_sharded_checkpoint
 from accel.search.fault import Faults, summary
 from accel.search.loader import SearchLoader
 from accel.search.results import TuneResult, TuneRow, cached_answer, distribute, keep_answer
-from accel.search.settings import Auto, placed, provides
+from accel.search.settings import Auto, placed
 from accel.search.strategy import Search
 from accel.search.turns import Turns
 from accel.search.words import COPY, SearchState, say
@@ -195,12 +194,6 @@ class InLoopSearch:
                         run.load_accelerator_state(accelerator.name, self.saved[accelerator.name])
         return True
 
-    def _take(self, plan: dict[str, dict]) -> None:
-        """The chosen plan now, but a rebuilt loader only from the next epoch."""
-        now = {k: v for k, v in plan.items() if not provides({k: v}, Capability.DATA_LOADER)}
-        self.loader.pending = plan if now != plan else None
-        self.switch(now)
-
     def on_batch(self, batch: Any) -> None:
         """Each batch of run.loader: a bypass said before ends the search; the first looks the setup up in the cache."""
         if self.bypassed and self.measuring:
@@ -260,7 +253,7 @@ class InLoopSearch:
         search.chosen_at = self.current.steps if search.chosen_at is None else search.chosen_at
         self.result = result or self._result(why, plan)
         if switch:
-            self._take(self.result.plan.to_dict())
+            self.switch(self.loader.now(self.result.plan.to_dict()))
         self.current.report.tuning = self.result
         if result is None:  # an established answer of a single process (launched jobs take those)
             keep_answer(self.result, self.cache_key, self.settings.cache,

@@ -9,7 +9,9 @@ from typing import Any
 
 from accel import clock
 from accel.measure import plan_label
+from accel.plan.contract import Capability
 from accel.search.results import TuneRow
+from accel.search.settings import provides
 
 DATA_WAIT = 0.10  # a rebuilt loader (workers) pays when the loop waits this fraction of its step for data
 DATA_STEPS = 8  # steps timed for the data wait alone, when no comparison timed the plain loop
@@ -60,6 +62,12 @@ class SearchLoader:
             return False
         self.plain = [self.waited_s - wait, clock.now() - began]
         return True
+
+    def now(self, plan: dict[str, dict]) -> dict[str, dict]:
+        """The chosen plan to take now: a rebuilt loader in it waits (pending) for the next epoch's start."""
+        now = {k: v for k, v in plan.items() if not provides({k: v}, Capability.DATA_LOADER)}
+        self.pending = plan if now != plan else None
+        return now
 
     def rows(self, chosen: dict, candidates: list[dict]) -> tuple[list[TuneRow], str]:
         """The rebuilt loaders' rows, each decided by the loop's wait for data (``chosen`` takes those that join), and
