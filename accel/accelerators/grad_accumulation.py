@@ -120,8 +120,8 @@ class GradAccumulation(Accelerator[GradAccumulationOptions, GradAccumulationStat
              proceed: Callable[[torch.optim.Optimizer], bool]) -> bool:
         if state.idle:
             return proceed(optimizer)
-        lrs = tuple(float(lr) if isinstance(lr, torch.Tensor) else lr
-                    for lr in (group.get("lr") for group in optimizer.param_groups))
+        lrs = tuple(lr if not isinstance(lr, torch.Tensor) else float(lr) if lr.device.type == "cpu" else id(lr)
+                    for lr in (group.get("lr") for group in optimizer.param_groups))  # (reading a device's: a sync)
         state.lr_moved |= bool(state.micro and state.lrs and lrs != state.lrs)  # (an epoch's scheduler: once)
         state.micro += 1
         if state.micro < self.config.steps:
