@@ -431,7 +431,8 @@ def test_the_one_search_remembers_only_an_answer_it_established_and_drops_nothin
         if kind == "not measured":
             return Arm({}, "not measured", "the budget ran out")
         return Arm({}, "failed", "broke") if kind == "failed" else Arm(ratio=Ratio(samples[kind]))
-    search = Search([{"threads": {}}, {"channels_last": {}}], [], False, 0.02, None)
+    search = Search(accel.Auto(margin=0.02), {"stepwise": [{"threads": {}}, {"channels_last": {}}], "costly": [],
+                                              "given": False})
     steps = search.comparisons()
     request = next(steps)
     assert request.reference == {} and request.challengers == [{"threads": {}, "channels_last": {}}]
@@ -524,15 +525,15 @@ def test_compile_is_tried_when_its_warm_up_fits_the_budget_or_a_small_share_of_a
         regional, left_s, expected_steps, done, step_s):
     """Both searches start compile when its expected warm-up fits the budget left; in a run of known length also
     when it is within 2% of the run still ahead (then past the budget, and said so); never otherwise."""
-    from accel.search.results import LONG_RUN_SHARE, expected_warmup, run_ahead_s, warmup_fit
+    from accel.search.results import LONG_RUN_SHARE, run_ahead_s, warmup_fit
     from accel.search.settings import COSTLY_GUESS_S
 
     candidate = {"compile": {"regional": True} if regional else {}}
     ahead = run_ahead_s(expected_steps, done, step_s)
     assert ahead >= 0 and (ahead == 0 if not expected_steps or step_s is None or done >= expected_steps else ahead > 0)
-    guess, known = expected_warmup(candidate, None, False)  # nothing remembered: the assumed warm-up
-    assert guess == COSTLY_GUESS_S and "assumed" in known
-    fits, allowance_s, reason = warmup_fit(guess, known, left_s, ahead)
+    guess = COSTLY_GUESS_S  # nothing remembered: the assumed warm-up
+    fits, allowance_s, reason = warmup_fit(candidate, None, False, left_s, ahead)
+    assert f"about {guess:.0f} s, assumed" in reason or not reason
     assert f"about {guess:.0f} s" in reason or not reason
     assert fits == (guess <= left_s or guess <= LONG_RUN_SHARE * ahead)
     past_budget = allowance_s > 0

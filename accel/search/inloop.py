@@ -24,13 +24,13 @@ from accel.run import open_run
 from accel.run.checkpoint import read, saved_plan
 from accel.run.interrupts import clean_up, deferred
 from accel.run.sharded_checkpoint import is_sharded_checkpoint
-from accel.search.fault import Faults, summary
+from accel.search.fault import Faults
 from accel.search.loader import SearchLoader
-from accel.search.results import TuneResult, TuneRow, cached_answer, distribute, keep_answer
-from accel.search.settings import Auto, placed
+from accel.search.results import TuneResult, cached_answer, distribute
+from accel.search.settings import Auto, candidates_of, placed
 from accel.search.strategy import Search
 from accel.search.turns import Turns
-from accel.search.words import COPY, SearchState, say
+from accel.search.words import SearchState, say, verdict
 
 CHUNK_S = 0.5  # a chunk's timed steps take about this long (tests shorten it here)
 ENDED = "the run ended while it measured what budget was left"
@@ -56,7 +56,8 @@ class InLoopSearch:
             self.notes.append(f"a launched job of {self.launch.world_size} ranks: every plan measured ran with "
                               f"{plan_label(self.distributed)} (by memory fit), the same plan on every rank at every "
                               "step, timed by the slowest rank and decided by rank 0")
-        self.strategy, kinds = Search.of(settings, self.hardware, model, optimizer, loader, in_loop=True)
+        kinds = candidates_of(settings, self.hardware, model, optimizer, loader, in_loop=True)
+        self.strategy = Search(settings, kinds)
         self.copies, self.epochwise = kinds["copies"], kinds["epochwise"]
         try:
             self.current = accelerate(model, optimizer, loader, plan=dict(self.distributed), device=device)
@@ -186,7 +187,7 @@ class InLoopSearch:
             finally:
                 self.switched_at = clock.now()
                 self.switch_s += self.switched_at - began
-            self.current, self.switching, run.report.search = run, False, self.search
+            self.current, self.switching, run.report.search, run.report.tuning = run, False, self.search, self.result
             self.faults.capture.attach()  # after the plan's own hooks on your model
             for accelerator in run.accelerators:  # those handed over by the run before already have theirs
                 if accelerator.name not in leaving and accelerator.name in self.saved:
@@ -205,7 +206,7 @@ class InLoopSearch:
                                              self.settings.key())
         result = self.ranks.decide(cached_answer(self.cache_key, self.settings.cache, self.started))  # rank 0's
         if result is not None:
-            result = self._for_ranks(result)
+            result = self.for_ranks(result)
             result.settings = {**result.settings, "settled_at_step": self.current.steps}
             self._settle("from the cache", result=result)
 
@@ -234,9 +235,7 @@ class InLoopSearch:
     def choose(self) -> None:
         """The first verdict is in: said and remembered at once; what budget is left measures on."""
         self.search.phase, self.search.chosen_at = "chosen", self.current.steps
-        self.result = self.current.report.tuning = self._result()
-        keep_answer(self.result, self.cache_key, self.settings.cache,
-                    self.strategy.established and not self.distributed)
+        self.result = self.current.report.tuning = verdict(self)
         say(self)
 
     def finish(self) -> None:
@@ -251,44 +250,13 @@ class InLoopSearch:
         search, self.ended_at = self.search, clock.now()
         search.phase, search.how, search.settled_at = "settled", how, self.current.steps
         search.chosen_at = self.current.steps if search.chosen_at is None else search.chosen_at
-        self.result = result or self._result(why, plan)
+        self.result = self.current.report.tuning = verdict(self, why, plan, result)
         if switch:
             self.switch(self.loader.now(self.result.plan.to_dict()))
-        self.current.report.tuning = self.result
-        if result is None:  # an established answer of a single process (launched jobs take those)
-            keep_answer(self.result, self.cache_key, self.settings.cache,
-                        self.strategy.established and not self.distributed and not why)
         self.faults.capture.remove()
         say(self)
 
-    def _result(self, why: str = "", plan: dict | None = None) -> TuneResult:
-        """The table and the answer so far, with a rebuilt loader decided by the loop's wait for data."""
-        strategy, plain, rows = self.strategy, self.turns.plain, list(self.strategy.rows)
-        rows[0].median_ms = round(plain.median_s() * 1000, 3) if plain.rounds else None
-        rows[0].vs_baseline, rows[0].reason = 1.0, f"{len(plain.rounds)} rounds, {plain.steps} steps"
-        chosen = dict(strategy.best if plan is None else plan)
-        loaders, said = self.loader.rows(chosen, self.epochwise if plan is None else [])
-        rows += loaders
-        rows += [TuneRow(plan_label(c), c, "not measured", reason=COPY) for c in self.copies]
-        notes = self.notes + summary(self.faults.blames) + (
-            ["your loop never iterated run.loader, so the cache was neither read nor written (its key needs a batch)"]
-            if not self.loader.read and self.settings.cache and len(self.arms) > 1 else [])
-        nothing = not strategy.candidates and not strategy.costly and not self.epochwise
-        if said and not why and not strategy.best:  # the steps stay the plain loop's; the loader joins
-            why = said
-        else:
-            why = (why or ("nothing to measure: no accelerator offers a candidate for this model on this hardware"
-                           if nothing else strategy.why(f", at step {self.current.steps} of your loop"))
-                   ) + (f"; {said}" if said else "")
-        record = {**self.settings.key(), "search": "your loop",
-                  "budget_s": round(self.turns.deadline - self.started, 1),
-                  "chosen_at_step": self.search.chosen_at, "settled_at_step": self.current.steps,
-                  "switch_s": round(self.switch_s, 3)}
-        return self._for_ranks(TuneResult.measured(chosen, rows, why + "".join(f"; {n}" for n in notes),
-                                                   rows[0].median_ms, clock.now() - self.started, record,
-                                                   established=strategy.established))
-
-    def _for_ranks(self, result: TuneResult) -> TuneResult:
+    def for_ranks(self, result: TuneResult) -> TuneResult:
         return distribute(result, *self.objects[:2], self.device, self.launch, self.settings.memory_per_rank)
 
     def _open_run(self) -> Any:

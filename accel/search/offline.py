@@ -18,7 +18,7 @@ from accel.search.results import (
     timing_fields,
     warmup_deadline,
 )
-from accel.search.settings import SLOW_STOP, Auto, placed
+from accel.search.settings import SLOW_STOP, Auto, candidates_of, placed
 from accel.search.strategy import Arm, Comparison, Search
 
 
@@ -48,7 +48,7 @@ def tune(model, optimizer, loader, device: Any = "auto", settings: Auto | None =
     if result is not None:
         lab.close()
         return distribute(result, model, optimizer, device, launch, settings.memory_per_rank)
-    search = Search.of(settings, hardware, model, optimizer, loader, in_loop=False)[0]
+    search = Search(settings, candidates_of(settings, hardware, model, optimizer, loader, in_loop=False))
     apart = Apart(lab, search, settings, facts, started)
     try:
         apart.run()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as _dt
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import accel.search.cache as plancache
@@ -78,16 +78,13 @@ class TuneResult:
         return next(r for r in self.rows if r.name == name)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"plan": self.plan.to_dict(), "why": self.why, "baseline_ms": self.baseline_ms,
-                "elapsed_s": round(self.elapsed_s, 2), "settings": self.settings, "ablation": self.ablation,
-                "from_cache": self.from_cache, "measured_at": self.measured_at, "key": self.key,
-                "established": self.established, "rows": [asdict(r) for r in self.rows]}
+        return {**{f.name: getattr(self, f.name) for f in fields(self)}, "plan": self.plan.to_dict(), "ablation":
+                self.ablation, "elapsed_s": round(self.elapsed_s, 2), "rows": [asdict(r) for r in self.rows]}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TuneResult:
-        return cls(Plan(data["plan"]), [TuneRow(**r) for r in data["rows"]], data["why"], data["baseline_ms"],
-                   data["elapsed_s"], data["settings"], data.get("from_cache", False), data.get("measured_at", ""),
-                   data.get("key", ""), data.get("established", True))
+        known = {k: v for k, v in data.items() if k in {f.name for f in fields(cls)}}
+        return cls(**{**known, "plan": Plan(data["plan"]), "rows": [TuneRow(**r) for r in data["rows"]]})
 
     def __str__(self) -> str:
         source = (f"from the cache (measured {self.measured_at}, key {self.key[:12]})" if self.from_cache
@@ -125,21 +122,19 @@ def keep_answer(result: TuneResult, facts: dict[str, Any] | None, cache: Any, es
 LONG_RUN_SHARE = 0.02  # in a run of known length, a costly warm-up may take this share of the run still ahead
 
 
-def expected_warmup(candidate: dict[str, dict], facts: dict[str, Any] | None, cache: Any) -> tuple[float, str]:
-    """A costly candidate's warm-up and how that is known: as last measured on this setup, else assumed."""
-    seen = plancache.known_warmup(facts, candidate, cache)
-    return (seen, "as measured on this setup before") if seen is not None else (
-        COSTLY_GUESS_S, "assumed before one is measured here")
-
-
 def run_ahead_s(expected_steps: int | None, steps_done: int, step_s: float | None) -> float:
     """The seconds the run still has ahead at this step time, when its length is known (else 0)."""
     return max(expected_steps - steps_done, 0) * step_s if expected_steps and step_s else 0.0
 
 
-def warmup_fit(guess_s: float, known: str, left_s: float, ahead_s: float = 0.0) -> tuple[bool, float, str]:
-    """Whether a costly candidate's expected warm-up fits the budget left, or a small share of a run known to be long
-    (then kept only if it pays back); the seconds it may take past the budget (0: within it); why, past it or out."""
+def warmup_fit(candidate: dict[str, dict], facts: dict[str, Any] | None, cache: Any, left_s: float,
+               ahead_s: float = 0.0) -> tuple[bool, float, str]:
+    """Whether a costly candidate's warm-up (as last measured on this setup, else assumed) fits the budget left, or a
+    small share of a run known to be long (then kept only if it pays back); the seconds it may take past the budget
+    (0: within it); why, past it or out."""
+    seen = plancache.known_warmup(facts, candidate, cache)
+    guess_s, known = (COSTLY_GUESS_S, "assumed before one is measured here") if seen is None else (
+        seen, "as measured on this setup before")
     allowance, guess = LONG_RUN_SHARE * ahead_s, f"its warm-up (about {guess_s:.0f} s, {known})"
     if left_s >= guess_s:
         return True, 0.0, ""
@@ -154,7 +149,7 @@ def warmup_deadline(candidate: dict[str, dict], facts: dict | None, cache: Any, 
                     agree: Callable = lambda fit: fit) -> tuple[float | None, str]:
     """A costly candidate's deadline: the budget's, or its warm-up and rounds past it on the run's allowance; None
     when its warm-up does not fit; and why (``agree``: every rank takes rank 0's verdict)."""
-    fits, allowance, why = agree(warmup_fit(*expected_warmup(candidate, facts, cache), deadline - clock.now(), ahead_s))
+    fits, allowance, why = agree(warmup_fit(candidate, facts, cache, deadline - clock.now(), ahead_s))
     return (clock.now() + 2 * allowance if allowance else deadline) if fits else None, why
 
 

@@ -16,7 +16,7 @@ from typing import Any
 from accel.measure import Ratio, paired, plan_label
 from accel.plan import Plan
 from accel.search.results import TuneRow
-from accel.search.settings import Auto, candidates_of
+from accel.search.settings import Auto
 
 
 def established(ratio: Ratio | None, margin: float) -> bool:
@@ -120,16 +120,10 @@ class Search:
     """The decisions of one search and its table: ``comparisons()`` yields what to measure next and is sent each
     comparison's outcomes (one per challenger); ``best`` is the plan chosen so far ({}: the plain loop)."""
 
-    @classmethod
-    def of(cls, settings: Auto, hardware: Any, model, optimizer, loader, in_loop: bool) -> tuple[Search, dict]:
-        """The search of these settings here, and its candidates by kind (settings.candidates_of)."""
-        kinds = candidates_of(settings, hardware, model, optimizer, loader, in_loop)
-        return cls(kinds["stepwise"], kinds["costly"], kinds["given"], settings.margin, settings.expected_steps), kinds
-
-    def __init__(self, candidates: list[dict[str, dict]], costly: list[dict[str, dict]], given: bool,
-                 margin: float, expected_steps: int | None):
-        self.candidates, self.costly, self.given = candidates, costly, given
-        self.margin, self.expected_steps = margin, expected_steps
+    def __init__(self, settings: Auto, kinds: dict[str, Any]):
+        """``kinds``: the candidates by kind (settings.candidates_of)."""
+        self.candidates, self.costly, self.given = kinds["stepwise"], kinds["costly"], kinds["given"]
+        self.margin, self.expected_steps = settings.margin, settings.expected_steps
         self.rows = [TuneRow("eager", {}, "measured", decision="baseline (the plain loop)")]
         self.notes: list[str] = []
         self.best: dict[str, dict] = {}
