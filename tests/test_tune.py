@@ -423,7 +423,8 @@ def test_the_one_search_remembers_only_an_answer_it_established_and_drops_nothin
     """The strategy alone, fed outcomes as an executor would: the stack the hardware predicts first; nothing measured
     for lack of time, or rounds that reached no verdict, is a gap (never remembered); an ablation cut to one round,
     or one that says the accelerator pays, keeps it; one alike drops it (what does not pay goes)."""
-    from accel.search.strategy import Arm, Search
+    from accel.search.results import Arm
+    from accel.search.strategy import Search
 
     samples = {"faster": [0.5, 0.52, 0.49], "slower": [1.5, 1.6, 1.4], "noisy": [0.3, 2.0, 0.9, 1.4],
                "alike": [1.0, 0.99, 1.01], "one round": [0.99]}

@@ -76,7 +76,7 @@ class InLoopSearch:
         mine = weakref.WeakMethod(self._optimizer_steps)  # your optimizer must not keep a dropped search alive
         self.watching = optimizer.register_step_pre_hook(lambda *args: mine() and mine()(*args))
         self.turns = Turns(self)
-        self.turns.start()
+        self.turns.answer()
 
     def __getattr__(self, name: str) -> Any:
         if "current" not in self.__dict__:
@@ -92,7 +92,7 @@ class InLoopSearch:
         return self.phase in ("measuring", "chosen")
 
     @property
-    def arms(self) -> list:  # every plan that took (or waits for) turns, the plain loop first (strategy.Arm)
+    def arms(self) -> list:  # every plan that took (or waits for) turns, the plain loop first (results.Arm)
         return self.turns.arms
 
     def backward(self, loss: torch.Tensor) -> None:

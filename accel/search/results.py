@@ -1,5 +1,6 @@
-"""What a search found (a row per candidate and the result with its plan, one table for both searches), and what it
-remembers through accel.search.cache: an established answer, and a costly candidate's warm-up."""
+"""What a search asks and finds: the comparisons its strategy asks for and the arms that answer them (in your loop and
+apart alike), a row per candidate and the result with its plan (one table for both searches), and what it remembers
+through accel.search.cache: an established answer, and a costly candidate's warm-up."""
 from __future__ import annotations
 
 import datetime as _dt
@@ -10,11 +11,11 @@ from typing import Any
 import accel.search.cache as plancache
 from accel import clock
 from accel.distributed.agreement import choose
-from accel.measure import Ratio
+from accel.measure import Ratio, paired, plan_label
 from accel.plan import Plan
 from accel.plan.contract import REGISTRY, Capability
 from accel.run.report import render_table
-from accel.search.settings import COSTLY_GUESS_S
+from accel.search.settings import COSTLY_GUESS_S, Auto
 
 SOURCE_WORDS = "the rest of the plan is the answer a single process measured on this setup"
 
@@ -145,12 +146,73 @@ def warmup_fit(candidate: dict[str, dict], facts: dict[str, Any] | None, cache: 
                         + (f", nor {LONG_RUN_SHARE:.0%} of the run still ahead ({ahead_s:.0f} s)" if ahead_s else ""))
 
 
-def warmup_deadline(candidate: dict[str, dict], facts: dict | None, cache: Any, deadline: float, ahead_s: float,
-                    agree: Callable = lambda fit: fit) -> tuple[float | None, str]:
-    """A costly candidate's deadline: the budget's, or its warm-up and rounds past it on the run's allowance; None
-    when its warm-up does not fit; and why (``agree``: every rank takes rank 0's verdict)."""
-    fits, allowance, why = agree(warmup_fit(candidate, facts, cache, deadline - clock.now(), ahead_s))
-    return (clock.now() + 2 * allowance if allowance else deadline) if fits else None, why
+@dataclass
+class Comparison:
+    """A reference and its challengers, measured in the same rounds until each ratio is decided at ``thresholds``."""
+
+    reference: dict[str, dict]
+    challengers: list[dict[str, dict]]
+    thresholds: tuple[float, ...]
+    what: str  # what is measured now, in words (the report says it)
+    costly: bool = False  # the challenger adds a costly accelerator: its warm-up must fit first
+
+    @property
+    def added(self) -> dict[str, dict]:
+        """What the (first) challenger adds to the reference (a costly candidate)."""
+        return {k: v for k, v in self.challengers[0].items() if k not in self.reference}
+
+
+@dataclass
+class Arm:
+    """One plan as an executor measured it in a comparison (its answer to the strategy); in your loop the same record
+    takes its turns across comparisons (turns.py), its status current: waiting, measuring, then how it ended."""
+
+    plan: dict[str, dict] = field(default_factory=dict)
+    status: str = "measured"  # measured, refused, failed, loss off, stopped early, not measured (waiting, measuring)
+    reason: str = ""
+    ratio: Ratio = field(default_factory=Ratio)  # its step over the reference's, from the rounds both ran
+    rounds: dict[int, float] = field(default_factory=dict)  # round -> its seconds per step
+    fields: dict[str, Any] = field(default_factory=dict)  # its row's numbers (median_ms, first_step_s, loss...)
+    warmup_s: float = 0.0  # its first step beyond the reference's step (a costly candidate's warm-up)
+    reference_s: float | None = None  # the reference's step in the same rounds
+    note: str = ""  # the executor's word on its row (a warm-up tried past the budget)
+    first_s: float | None = None  # in your loop: its first step after the first switch to it (compile lands there)
+    steps: int = 0
+    against: Arm | None = None  # the reference of its last comparison
+
+    @property
+    def name(self) -> str:
+        return plan_label(self.plan)
+
+    @property
+    def usable(self) -> bool:
+        return self.status == "measured" and bool(self.ratio.samples)
+
+    def ratio_to(self, other: Arm) -> Ratio:
+        return paired(self.rounds, other.rounds)
+
+    def median_s(self) -> float | None:
+        ordered = sorted(self.rounds.values())
+        return ordered[len(ordered) // 2] if ordered else None
+
+
+OUT = "the budget ran out"
+
+
+def admit(request: Comparison, settings: Auto, facts: dict | None, deadline: float, steps_done: int,
+          step_s: float | None, agree: Callable = lambda verdict: verdict) -> tuple[float, str, list[Arm]]:
+    """A comparison's deadline (a costly warm-up may go past the budget on a long run's allowance), the word on its
+    rows, and its outcomes when it is not measured: the warm-up does not fit, or the budget ran out (``agree``: every
+    rank takes rank 0's verdict)."""
+    note = ""
+    if request.costly:
+        ahead = run_ahead_s(settings.expected_steps, steps_done, step_s)
+        fits, allowance, note = agree(warmup_fit(request.added, facts, settings.cache, deadline - clock.now(), ahead))
+        if not fits:
+            return deadline, note, [Arm(request.challengers[0], "not measured", note)]
+        deadline = clock.now() + 2 * allowance if allowance else deadline
+    out = [Arm(plan, "not measured", OUT) for plan in request.challengers] if agree(clock.now() >= deadline) else []
+    return deadline, note, out
 
 
 def distribute(result, model, optimizer, device: Any, launch, memory: int | None = None):

@@ -15,9 +15,8 @@ from accel import clock
 from accel.distributed.agreement import ChunkTimes
 from accel.measure import SETTLE_BELOW_S, chunk_steps, round_order, synchronize
 from accel.plan.contract import Capability
-from accel.search.results import run_ahead_s, timing_fields, warmup_deadline
+from accel.search.results import OUT, Arm, Comparison, admit, timing_fields
 from accel.search.settings import SLOW_STOP, provides
-from accel.search.strategy import Arm, Comparison
 from accel.search.words import say
 
 MIN_ROUNDS = 3  # rounds of a comparison before any verdict
@@ -74,14 +73,12 @@ class Turns:
         self.deadline = run.settings.deadline(run.started)
         self.turn_began, self.note, self.cut = run.started, "", False  # cut: a verdict the budget left unclear
 
-    def start(self) -> None:
-        self._next(lambda: next(self.comparisons))
-
-    def _next(self, ask) -> None:
-        """The next comparison, begun; the run chooses at the first verdict and finishes after the last."""
+    def answer(self, outcomes: list[Arm] | None = None) -> None:
+        """The strategy is sent these outcomes (None: it begins) and its next comparison begun; the run chooses at the
+        first verdict and finishes after the last."""
         was = self.run.strategy.decided
         try:
-            request = ask()
+            request = self.comparisons.send(outcomes)
         except StopIteration:
             return self.run.finish()
         if self.run.strategy.decided and not was:
@@ -89,19 +86,14 @@ class Turns:
         self._begin(request)
 
     def _begin(self, request: Comparison) -> None:
-        self.request, self.note, self.reference = request, "", self.arm(request.reference)
+        run, self.request, self.reference = self.run, request, self.arm(request.reference)
+        self.deadline, self.note, unmeasured = admit(request, run.settings, run.cache_key, self.deadline, run.steps,
+                                                     self.reference.median_s(), run.ranks.decide)  # rank 0's clock
+        if unmeasured:
+            self.cut = self.cut or unmeasured[0].reason == OUT
+            return self.answer(unmeasured)
         if request.costly:
-            run = self.run
-            ahead = run_ahead_s(run.settings.expected_steps, run.steps, self.reference.median_s())
-            deadline, self.note = warmup_deadline(request.added, run.cache_key, run.settings.cache, self.deadline,
-                                                  ahead, run.ranks.decide)  # rank 0's clock
-            if deadline is None:
-                return self._answer([Arm(request.challengers[0], "not measured", self.note)])
-            self.deadline = deadline
-            self.run.faults.capture.remove()  # compile would trace hooks on the model: no replay from here
-        if self.run.ranks.past(self.deadline, clock.now()):
-            self.cut = True
-            return self._answer([Arm(plan, "not measured", "the budget ran out") for plan in request.challengers])
+            run.faults.capture.remove()  # compile would trace hooks on the model: no replay from here
         self.challengers = [self.arm(plan) for plan in request.challengers]
         for arm in self.challengers:
             if arm.status in ("waiting", "measuring", "measured"):  # one that could not run before is not tried again
@@ -109,16 +101,12 @@ class Turns:
         self.reference.status, self.first_round = "measuring", self.round
         self._next_round() if self._live() else self._end_comparison()
 
-    def _answer(self, outcomes: list[Arm]) -> None:
-        self._next(lambda: self.comparisons.send(outcomes))
-
     def _end_comparison(self) -> None:
         reference, challengers, self.challengers = self.reference, self.challengers, []
         for arm in challengers:
             arm.ratio, arm.reference_s, arm.note = arm.ratio_to(reference), reference.median_s(), self.note
             if arm.status in ("measuring", "measured"):
-                arm.status, arm.reason = ("measured", arm.reason) if arm.ratio.samples else ("not measured",
-                                                                                              "the budget ran out")
+                arm.status, arm.reason = ("measured", arm.reason) if arm.ratio.samples else ("not measured", OUT)
             if self.request.costly and arm.first_s is not None:
                 arm.first_s = self.run.ranks.slowest(arm.first_s)  # the warm-up every rank waited for
             arm.fields, arm.warmup_s = timing_fields(arm.median_s(), arm.first_s), (arm.first_s or 0.0) - (
@@ -126,7 +114,7 @@ class Turns:
             if self.request.costly and arm.first_s is not None:
                 plancache.remember_warmup(self.run.cache_key, self.request.added, arm.warmup_s, self.run.settings.cache)
         reference.status = "measured" if reference is not self.plain else reference.status
-        self._answer(challengers)
+        self.answer(challengers)
 
     def arm(self, plan: dict[str, dict]) -> Arm:
         found = next((a for a in self.arms if a.plan == plan), None)

@@ -9,8 +9,7 @@ from typing import Any
 from accel import clock
 from accel.measure import plan_label
 from accel.search.fault import summary
-from accel.search.results import TuneResult, TuneRow, keep_answer
-from accel.search.strategy import Arm
+from accel.search.results import Arm, TuneResult, TuneRow, keep_answer
 
 ASKED = "asked for"  # an accelerator's words for an option the plan gave: under auto, the plan was auto's
 COPY = ("it trains a copy of your model, which a switch back to another plan would leave behind: measured apart on "
