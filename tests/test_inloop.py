@@ -284,7 +284,7 @@ def test_a_rebuilt_loader_is_decided_by_the_data_wait_and_joins_at_the_next_epoc
     before = run.steps
     train(run, len(loader))  # the next epoch: the rebuilt loader serves it
     assert "loader" in run.plan.names() and run.current.loader.loader.num_workers == 1
-    assert run.steps == before + len(loader)
+    assert run.steps == before + len(loader) and run.report.tuning is run.result  # the table stays in the report
     run.close()
     assert loader.num_workers == 0
 
