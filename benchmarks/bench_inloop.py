@@ -68,7 +68,7 @@ def measure(name: str, size: str, budget: float, rounds: int, chunk: int, total:
     arms = [a.plan for a in run.arms if not provides(a.plan, Capability.DATA_LOADER)
             and not provides(a.plan, Capability.SETUP_COSTLY)]  # those join at an epoch, or only on top
     plans = {accel.measure.plan_label(p): p for p in [{}, *arms]}
-    print(f"{name}: auto's first verdict at step {run.chosen_at}, settled at step {settled_step} after "
+    print(f"{name}: auto's first verdict at step {run.search.chosen_at}, settled at step {settled_step} after "
           f"{measured_s:.1f} s on {accel.measure.plan_label(chosen)}", flush=True)
     print(run.report.tuning, flush=True)
     run.close()
@@ -97,8 +97,8 @@ def measure(name: str, size: str, budget: float, rounds: int, chunk: int, total:
         per_round["auto/best"].append(auto_total / (total * times[best][r]))
         per_round["auto/plain"].append(auto_total / (total * times["eager"][r]))
     result = {"workload": name, "size": size, "batch": loader.batch_size, "steps": total, "budget_s": budget,
-              "measurement_s": round(measured_s, 1),
-              "chosen_step": run.chosen_at, "settled_step": settled_step, "auto_plan": auto_label, "best_fixed": best,
+              "measurement_s": round(measured_s, 1), "chosen_step": run.search.chosen_at,
+              "settled_step": settled_step, "auto_plan": auto_label, "best_fixed": best,
               "step_ms": {k: round(v * 1000, 1) for k, v in step.items()},
               "total_s": {k: round(v, 1) for k, v in totals.items()},
               "auto/best": round(totals["auto"] / totals["best fixed"], 3),

@@ -188,8 +188,9 @@ def auto_in_loop(workload, net, opt, loader, args) -> tuple[Any, float, int, str
                     break
         tuning = run.report.tuning  # its plan, whole: a rebuilt loader would join run.plan only at the next epoch
         print(tuning, flush=True)  # what it measured, what not and why (compile's turns too)
-        print(f"auto's first verdict at step {run.chosen_at}, settled at step {run.settled_at}", flush=True)
-        return tuning.plan, time.perf_counter() - started, run.settled_at, tuning.why
+        search = run.search
+        print(f"auto's first verdict at step {search.chosen_at}, settled at step {search.settled_at}", flush=True)
+        return tuning.plan, time.perf_counter() - started, search.settled_at, tuning.why
     finally:
         run.close()
 

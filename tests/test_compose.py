@@ -465,7 +465,7 @@ def test_plan_auto_on_a_generator_that_never_reads_its_loader_says_so(user_state
     result = g.report.tuning
     rows = {row.name: row for row in result.rows}
     assert rows["loader"].status == "not measured" and "never iterated run.loader" in rows["loader"].reason
-    assert rows["loader"].decision != "chosen" and "loader" not in g.plan.names() and g.pending is None
+    assert rows["loader"].decision != "chosen" and "loader" not in g.plan.names() and g.loader.pending is None
     assert "the cache was neither read nor written" in result.why
     assert rows["fused_optimizer"].status != "not measured"  # the stepwise candidate took its turns
     g.close()

@@ -203,7 +203,7 @@ def test_candidates_confidently_no_faster_than_the_plain_loop_end_the_search_wit
         rows = {row.name: row for row in run.report.tuning.rows}
         for name in ("sleepy", "drowsy"):
             assert rows[name].decision == "not faster by the margin" and rows[name].ratio["rounds"] >= 3, rows[name]
-        assert run.how == "settled" and run.turns.round < 6, (run.how, run.turns.round)
+        assert run.search.how == "settled" and run.turns.round < 6, (run.search.how, run.turns.round)
         assert run.plan.names() == [] and "plain loop is kept" in run.report.tuning.why
         run.close()
     finally:
@@ -280,11 +280,11 @@ def test_a_rebuilt_loader_is_decided_by_the_data_wait_and_joins_at_the_next_epoc
     rows = {row.name: row for row in run.report.tuning.rows}
     assert rows["loader"].status == "by data wait" and rows["loader"].decision == "chosen", rows["loader"]
     assert "joins at the next epoch" in rows["loader"].reason, rows["loader"]
-    assert run.pending is not None and "loader" in run.pending
+    assert run.loader.pending is not None and "loader" in run.loader.pending
     before = run.steps
     train(run, len(loader))  # the next epoch: the rebuilt loader serves it
     assert "loader" in run.plan.names() and run.current.loader.loader.num_workers == 1
-    assert run.steps == before + len(loader)
+    assert run.steps == before + len(loader) and run.report.tuning is run.result  # the table stays in the report
     run.close()
     assert loader.num_workers == 0
 
@@ -783,7 +783,7 @@ def test_a_settled_run_says_auto_chose_each_accelerator_with_the_measured_ratio(
         state = run.report.to_dict()["search"]
         assert state["phase"] == "settled" and state["chosen"] == run.plan.to_dict() and "not cached" in state["cached"]
         assert f"auto: chose {'+'.join(run.plan.names())}: 0.70x" in text, text
-        assert f"settled at step {run.settled_at}" in text and state["cost"]["steps"] == run.steps, text
+        assert f"settled at step {run.search.settled_at}" in text and state["cost"]["steps"] == run.steps, text
     finally:
         run.close()
 
@@ -1016,10 +1016,10 @@ def test_the_quickstart_reaches_its_verdict_before_step_40_and_a_second_run_take
     predicted = result.rows[1]
     assert predicted.decision.startswith("the stack the hardware predicts") and predicted.against == "eager", result
     assert "fused_optimizer" in predicted.plan and predicted.ratio["estimate"] == pytest.approx(3.5 / 5), predicted
-    assert first.chosen_at < 40 and first.steps == 69, (first.chosen_at, str(first.report))
+    assert first.search.chosen_at < 40 and first.steps == 69, (first.search.chosen_at, str(first.report))
     assert "fused_optimizer" in result.plan.names() and result.key, result  # chosen, kept for the next run
     text = str(first.report)
-    assert f"first verdict at step {first.chosen_at}" in text and said_plainly(text), text
+    assert f"first verdict at step {first.search.chosen_at}" in text and said_plainly(text), text
     second = quickstart(tmp_path, monkeypatch)
-    assert second.chosen_at == 0 and second.report.tuning.from_cache, second.report
+    assert second.search.chosen_at == 0 and second.report.tuning.from_cache, second.report
     assert second.plan.to_dict() == result.plan.to_dict() and "from the cache" in str(second.report)

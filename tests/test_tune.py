@@ -423,7 +423,8 @@ def test_the_one_search_remembers_only_an_answer_it_established_and_drops_nothin
     """The strategy alone, fed outcomes as an executor would: the stack the hardware predicts first; nothing measured
     for lack of time, or rounds that reached no verdict, is a gap (never remembered); an ablation cut to one round,
     or one that says the accelerator pays, keeps it; one alike drops it (what does not pay goes)."""
-    from accel.search.strategy import Arm, Search
+    from accel.search.results import Arm
+    from accel.search.strategy import Search
 
     samples = {"faster": [0.5, 0.52, 0.49], "slower": [1.5, 1.6, 1.4], "noisy": [0.3, 2.0, 0.9, 1.4],
                "alike": [1.0, 0.99, 1.01], "one round": [0.99]}
@@ -431,7 +432,8 @@ def test_the_one_search_remembers_only_an_answer_it_established_and_drops_nothin
         if kind == "not measured":
             return Arm({}, "not measured", "the budget ran out")
         return Arm({}, "failed", "broke") if kind == "failed" else Arm(ratio=Ratio(samples[kind]))
-    search = Search([{"threads": {}}, {"channels_last": {}}], [], False, 0.02, None)
+    search = Search(accel.Auto(margin=0.02), {"stepwise": [{"threads": {}}, {"channels_last": {}}], "costly": [],
+                                              "given": False})
     steps = search.comparisons()
     request = next(steps)
     assert request.reference == {} and request.challengers == [{"threads": {}, "channels_last": {}}]
@@ -524,15 +526,15 @@ def test_compile_is_tried_when_its_warm_up_fits_the_budget_or_a_small_share_of_a
         regional, left_s, expected_steps, done, step_s):
     """Both searches start compile when its expected warm-up fits the budget left; in a run of known length also
     when it is within 2% of the run still ahead (then past the budget, and said so); never otherwise."""
-    from accel.search.results import LONG_RUN_SHARE, expected_warmup, run_ahead_s, warmup_fit
+    from accel.search.results import LONG_RUN_SHARE, run_ahead_s, warmup_fit
     from accel.search.settings import COSTLY_GUESS_S
 
     candidate = {"compile": {"regional": True} if regional else {}}
     ahead = run_ahead_s(expected_steps, done, step_s)
     assert ahead >= 0 and (ahead == 0 if not expected_steps or step_s is None or done >= expected_steps else ahead > 0)
-    guess, known = expected_warmup(candidate, None, False)  # nothing remembered: the assumed warm-up
-    assert guess == COSTLY_GUESS_S and "assumed" in known
-    fits, allowance_s, reason = warmup_fit(guess, known, left_s, ahead)
+    guess = COSTLY_GUESS_S  # nothing remembered: the assumed warm-up
+    fits, allowance_s, reason = warmup_fit(candidate, None, False, left_s, ahead)
+    assert f"about {guess:.0f} s, assumed" in reason or not reason
     assert f"about {guess:.0f} s" in reason or not reason
     assert fits == (guess <= left_s or guess <= LONG_RUN_SHARE * ahead)
     past_budget = allowance_s > 0

@@ -149,7 +149,7 @@ def test_a_refused_load_changes_nothing_and_the_search_goes_on(tmp_path):
         assert after == before[:5] and all(torch.equal(v, before[5][k]) for k, v in model.state_dict().items())
         while run.phase != "settled":
             train(run, 1)
-        assert run.how == "settled"
+        assert run.search.how == "settled"
         run.close()
 
 

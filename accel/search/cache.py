@@ -121,23 +121,26 @@ def store(parts: dict[str, Any], result: dict[str, Any], where: Any = True, what
 WARMUP_FACTS = ("model", "batch", "device", "cpu", "versions")  # what a warm-up (compile's) depends on
 
 
-def warmup_parts(parts: dict[str, Any], candidate: dict[str, dict]) -> dict[str, Any]:
-    """The facts of a costly candidate's warm-up, from a search's key facts."""
-    return {**{k: parts[k] for k in WARMUP_FACTS}, "candidate": candidate}
+def _warmup(facts: dict[str, Any], candidate: dict[str, dict]) -> dict[str, Any]:
+    return {**{k: facts.get(k) for k in WARMUP_FACTS}, "candidate": candidate}
 
 
-def known_warmup(parts: dict[str, Any], where: Any = True) -> float | None:
-    """Seconds this candidate's warm-up took when last measured on these facts (warmup_parts), or None."""
-    entry = lookup(parts, cache_dir(where) / "warmups")
+def known_warmup(facts: dict[str, Any] | None, candidate: dict[str, dict], where: Any = True) -> float | None:
+    """Seconds a costly candidate's warm-up took when last measured on this setup (a search's key facts), or None
+    (never, or no cache)."""
+    entry = lookup(_warmup(facts, candidate), cache_dir(where) / "warmups") if facts and where else None
     seconds = entry.get("seconds") if entry else None
     ok = isinstance(seconds, (int, float)) and not isinstance(seconds, bool) and 0 <= seconds < float("inf")
     return float(seconds) if ok else None
 
 
-def remember_warmup(parts: dict[str, Any], seconds: float, where: Any = True) -> None:
-    """Keep a measured warm-up (the candidate's first steps beyond as many steady steps)."""
-    store(parts, {"plan": parts["candidate"], "seconds": round(max(seconds, 0.0), 3),
-                  "measured_at": datetime.datetime.now().isoformat(timespec="seconds")}, cache_dir(where) / "warmups")
+def remember_warmup(facts: dict[str, Any] | None, candidate: dict[str, dict], seconds: float, where: Any = True
+                    ) -> None:
+    """Keep a measured warm-up (the candidate's first steps beyond as many steady steps), where there is a cache."""
+    if facts and where:
+        store(_warmup(facts, candidate), {"plan": candidate, "seconds": round(max(seconds, 0.0), 3),
+                                          "measured_at": datetime.datetime.now().isoformat(timespec="seconds")},
+              cache_dir(where) / "warmups")
 
 
 def entries(where: Any = True) -> list[dict[str, Any]]:

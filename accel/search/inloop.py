@@ -20,18 +20,17 @@ from accel.distributed.agreement import in_step
 from accel.errors import AccelerateError, BypassWarning, CheckpointError, MeasureError, PlanError
 from accel.measure import TrainStep, plan_label
 from accel.modules import compiled
-from accel.plan.contract import Capability
 from accel.run import open_run
 from accel.run.checkpoint import read, saved_plan
 from accel.run.interrupts import clean_up, deferred
 from accel.run.sharded_checkpoint import is_sharded_checkpoint
-from accel.search.fault import Faults, summary
-from accel.search.loader import SearchLoader, loader_rows, time_data_wait
-from accel.search.results import TuneResult, TuneRow, cached_answer, distribute, keep_answer
-from accel.search.settings import Auto, placed, provides
+from accel.search.fault import Faults
+from accel.search.loader import SearchLoader
+from accel.search.results import TuneResult, cached_answer, distribute
+from accel.search.settings import Auto, candidates_of, placed
 from accel.search.strategy import Search
 from accel.search.turns import Turns
-from accel.search.words import COPY, SearchState, say
+from accel.search.words import SearchState, say, verdict
 
 CHUNK_S = 0.5  # a chunk's timed steps take about this long (tests shorten it here)
 ENDED = "the run ended while it measured what budget was left"
@@ -57,7 +56,8 @@ class InLoopSearch:
             self.notes.append(f"a launched job of {self.launch.world_size} ranks: every plan measured ran with "
                               f"{plan_label(self.distributed)} (by memory fit), the same plan on every rank at every "
                               "step, timed by the slowest rank and decided by rank 0")
-        self.strategy, kinds = Search.of(settings, self.hardware, model, optimizer, loader, in_loop=True)
+        kinds = candidates_of(settings, self.hardware, model, optimizer, loader, in_loop=True)
+        self.strategy = Search(settings, kinds)
         self.copies, self.epochwise = kinds["copies"], kinds["epochwise"]
         try:
             self.current = accelerate(model, optimizer, loader, plan=dict(self.distributed), device=device)
@@ -68,16 +68,15 @@ class InLoopSearch:
         self.current.report.search = self.search
         self.faults = Faults(model, settings.tolerance)  # losses that are not finite, judged under the plain loop
         self.loader = SearchLoader(self)
-        self.phase, self.how = "measuring", ""  # measuring, chosen (measuring what budget is left), settled
         self.saved: dict[str, dict] = {}  # accelerator name -> its state when its plan last stepped aside
         self.result: TuneResult | None = None
-        self.cache_key = self.pending = self.chosen_at = self.settled_at = self.ended_at = self.data_timing = None
-        self.data_wait_s, self.switch_s, self.switched_at = 0.0, 0.0, clock.now()
-        self.loader_read = self.stepping = self.bypassed = self.switching = False
+        self.cache_key = self.ended_at = None
+        self.switch_s, self.switched_at = 0.0, clock.now()
+        self.stepping = self.bypassed = self.switching = False
         mine = weakref.WeakMethod(self._optimizer_steps)  # your optimizer must not keep a dropped search alive
         self.watching = optimizer.register_step_pre_hook(lambda *args: mine() and mine()(*args))
         self.turns = Turns(self)
-        self.turns.start()
+        self.turns.answer()
 
     def __getattr__(self, name: str) -> Any:
         if "current" not in self.__dict__:
@@ -85,11 +84,15 @@ class InLoopSearch:
         return getattr(self.current, name)
 
     @property
+    def phase(self) -> str:  # measuring, chosen (measuring what budget is left), settled, ended early
+        return self.search.phase
+
+    @property
     def measuring(self) -> bool:
         return self.phase in ("measuring", "chosen")
 
     @property
-    def arms(self) -> list:  # every plan that took (or waits for) turns, the plain loop first (strategy.Arm)
+    def arms(self) -> list:  # every plan that took (or waits for) turns, the plain loop first (results.Arm)
         return self.turns.arms
 
     def backward(self, loss: torch.Tensor) -> None:
@@ -100,7 +103,7 @@ class InLoopSearch:
         self.current.backward(loss)
 
     def step(self) -> bool:
-        timing = self.measuring and self.data_timing is not None
+        timing = self.measuring and self.loader.timing is not None
         if self.measuring and not timing:
             self.turns.before_update()
         self.stepping = True
@@ -108,9 +111,9 @@ class InLoopSearch:
             skipped = self.current.step()
         finally:
             self.stepping = False
-        if timing:
-            time_data_wait(self)
-        elif self.measuring:
+        if timing and self.loader.timed(self.current.steps):
+            self.finish()
+        elif self.measuring and not timing:
             self.search.step = self.current.steps
             self.turns.after_step()
         return skipped
@@ -118,7 +121,7 @@ class InLoopSearch:
     def close(self) -> None:
         """Close the run; while auto measured, the report says what it chose so far (or nothing)."""
         if self.phase == "measuring":
-            self.phase, self.search.cached = "ended early", "nothing cached"
+            self.search.phase, self.search.cached = "ended early", "nothing cached"
             say(self)
         elif self.phase == "chosen":
             self._settle(ENDED, switch=False)
@@ -184,7 +187,7 @@ class InLoopSearch:
             finally:
                 self.switched_at = clock.now()
                 self.switch_s += self.switched_at - began
-            self.current, self.switching, run.report.search = run, False, self.search
+            self.current, self.switching, run.report.search, run.report.tuning = run, False, self.search, self.result
             self.faults.capture.attach()  # after the plan's own hooks on your model
             for accelerator in run.accelerators:  # those handed over by the run before already have theirs
                 if accelerator.name not in leaving and accelerator.name in self.saved:
@@ -192,15 +195,8 @@ class InLoopSearch:
                         run.load_accelerator_state(accelerator.name, self.saved[accelerator.name])
         return True
 
-    def _take(self, plan: dict[str, dict]) -> None:
-        """The chosen plan now, but a rebuilt loader only from the next epoch."""
-        now = {k: v for k, v in plan.items() if not provides({k: v}, Capability.DATA_LOADER)}
-        self.pending = plan if now != plan else None
-        self.switch(now)
-
     def on_batch(self, batch: Any) -> None:
         """Each batch of run.loader: a bypass said before ends the search; the first looks the setup up in the cache."""
-        self.loader_read = True
         if self.bypassed and self.measuring:
             self._end_bypassed()
         if self.cache_key is not None or not self.settings.cache or not self.measuring:
@@ -210,7 +206,7 @@ class InLoopSearch:
                                              self.settings.key())
         result = self.ranks.decide(cached_answer(self.cache_key, self.settings.cache, self.started))  # rank 0's
         if result is not None:
-            result = self._for_ranks(result)
+            result = self.for_ranks(result)
             result.settings = {**result.settings, "settled_at_step": self.current.steps}
             self._settle("from the cache", result=result)
 
@@ -238,61 +234,29 @@ class InLoopSearch:
 
     def choose(self) -> None:
         """The first verdict is in: said and remembered at once; what budget is left measures on."""
-        self.phase, self.chosen_at = "chosen", self.current.steps
-        self.result = self.current.report.tuning = self._result()
-        keep_answer(self.result, self.cache_key, self.settings.cache,
-                    self.strategy.established and not self.distributed)
+        self.search.phase, self.search.chosen_at = "chosen", self.current.steps
+        self.result = self.current.report.tuning = verdict(self)
         say(self)
 
     def finish(self) -> None:
         """The plan chosen is taken (a rebuilt loader at the next epoch, after the data wait is timed: loader.py)."""
-        if self.epochwise and not self.turns.plain_wait[1] and self.data_timing is None:
-            self.data_timing = ()  # begins after the next step
+        if self.epochwise and not self.loader.plain[1] and self.loader.timing is None:
+            self.loader.timing = ()  # begins after the next step
             return
         self._settle("the budget ran out before every verdict was clear" if self.turns.cut else "settled")
 
     def _settle(self, how: str, why: str = "", plan: dict | None = None, result: TuneResult | None = None,
                 switch: bool = True) -> None:
-        self.phase, self.how, self.settled_at, self.ended_at = "settled", how, self.current.steps, clock.now()
-        self.chosen_at = self.current.steps if self.chosen_at is None else self.chosen_at
-        self.result = result or self._result(why, plan)
+        search, self.ended_at = self.search, clock.now()
+        search.phase, search.how, search.settled_at = "settled", how, self.current.steps
+        search.chosen_at = self.current.steps if search.chosen_at is None else search.chosen_at
+        self.result = self.current.report.tuning = verdict(self, why, plan, result)
         if switch:
-            self._take(self.result.plan.to_dict())
-        self.current.report.tuning = self.result
-        if result is None:  # an established answer of a single process (launched jobs take those)
-            keep_answer(self.result, self.cache_key, self.settings.cache,
-                        self.strategy.established and not self.distributed and not why)
+            self.switch(self.loader.now(self.result.plan.to_dict()))
         self.faults.capture.remove()
         say(self)
 
-    def _result(self, why: str = "", plan: dict | None = None) -> TuneResult:
-        """The table and the answer so far, with a rebuilt loader decided by the loop's wait for data."""
-        strategy, plain, rows = self.strategy, self.turns.plain, list(self.strategy.rows)
-        rows[0].median_ms = round(plain.median_s() * 1000, 3) if plain.rounds else None
-        rows[0].vs_baseline, rows[0].reason = 1.0, f"{len(plain.rounds)} rounds, {plain.steps} steps"
-        chosen = dict(strategy.best if plan is None else plan)
-        loaders, said = loader_rows(self, chosen, self.epochwise if plan is None else [])
-        rows += loaders
-        rows += [TuneRow(plan_label(c), c, "not measured", reason=COPY) for c in self.copies]
-        notes = self.notes + summary(self.faults.blames) + (
-            ["your loop never iterated run.loader, so the cache was neither read nor written (its key needs a batch)"]
-            if not self.loader_read and self.settings.cache and len(self.arms) > 1 else [])
-        nothing = not strategy.candidates and not strategy.costly and not self.epochwise
-        if said and not why and not strategy.best:  # the steps stay the plain loop's; the loader joins
-            why = said
-        else:
-            why = (why or ("nothing to measure: no accelerator offers a candidate for this model on this hardware"
-                           if nothing else strategy.why(f", at step {self.current.steps} of your loop"))
-                   ) + (f"; {said}" if said else "")
-        record = {**self.settings.key(), "search": "your loop",
-                  "budget_s": round(self.turns.deadline - self.started, 1),
-                  "chosen_at_step": self.chosen_at, "settled_at_step": self.current.steps,
-                  "switch_s": round(self.switch_s, 3)}
-        return self._for_ranks(TuneResult.measured(chosen, rows, why + "".join(f"; {n}" for n in notes),
-                                                   rows[0].median_ms, clock.now() - self.started, record,
-                                                   established=strategy.established))
-
-    def _for_ranks(self, result: TuneResult) -> TuneResult:
+    def for_ranks(self, result: TuneResult) -> TuneResult:
         return distribute(result, *self.objects[:2], self.device, self.launch, self.settings.memory_per_rank)
 
     def _open_run(self) -> Any:

@@ -10,17 +10,17 @@ from accel import clock
 from accel.errors import MeasureError, PlanError, Problem
 from accel.measure import Lab, TrainStep, Trial
 from accel.search.results import (
+    Arm,
+    Comparison,
     TuneResult,
+    admit,
     cached_answer,
     distribute,
     keep_answer,
-    remember_warmup,
-    run_ahead_s,
     timing_fields,
-    warmup_deadline,
 )
-from accel.search.settings import SLOW_STOP, Auto, placed
-from accel.search.strategy import Arm, Comparison, Search
+from accel.search.settings import SLOW_STOP, Auto, candidates_of, placed
+from accel.search.strategy import Search
 
 
 def tune(model, optimizer, loader, device: Any = "auto", settings: Auto | None = None, **options: Any) -> TuneResult:
@@ -49,7 +49,7 @@ def tune(model, optimizer, loader, device: Any = "auto", settings: Auto | None =
     if result is not None:
         lab.close()
         return distribute(result, model, optimizer, device, launch, settings.memory_per_rank)
-    search = Search.of(settings, hardware, model, optimizer, loader, in_loop=False)[0]
+    search = Search(settings, candidates_of(settings, hardware, model, optimizer, loader, in_loop=False))
     apart = Apart(lab, search, settings, facts, started)
     try:
         apart.run()
@@ -102,17 +102,11 @@ class Apart:
         return found
 
     def measure(self, request: Comparison) -> list[Arm]:
-        note = ""
-        if request.costly:
-            reference = self.trial(request.reference)
-            ahead = run_ahead_s(self.settings.expected_steps, 0, reference.median_s or reference.settled_step_s)
-            deadline, note = warmup_deadline(request.added, self.facts, self.settings.cache, self.deadline, ahead)
-            if deadline is None:
-                return [Arm(request.challengers[0], "not measured", note)]
-            self.deadline = deadline
-        if clock.now() >= self.deadline:
-            return [Arm(plan, "not measured", "the budget ran out") for plan in request.challengers]
         reference = self.trial(request.reference)
+        step_s = reference.median_s or (reference.settled_step_s if reference.first_s else None)
+        self.deadline, note, unmeasured = admit(request, self.settings, self.facts, self.deadline, 0, step_s)
+        if unmeasured:
+            return unmeasured
         trials = [self.trial(plan) for plan in request.challengers]
         outcomes = [self._checked(t) for t in trials]
         live = [t for t, o in zip(trials, outcomes) if o.status == "measured"]
@@ -125,7 +119,7 @@ class Apart:
                               warmup_s=round(trial.warmup_s, 4) if trial.first_s else None)
             out.warmup_s, out.reference_s = trial.warmup_s - reference.warmup_s, reference.median_s
         if request.costly and outcomes[0].status == "measured":
-            remember_warmup(request.added, self.facts, self.settings.cache, outcomes[0].warmup_s)
+            plancache.remember_warmup(self.facts, request.added, outcomes[0].warmup_s, self.settings.cache)
         return outcomes
 
     def _checked(self, trial: Trial) -> Arm:

@@ -1,20 +1,21 @@
-"""What a search found (a row per candidate and the result with its plan, one table for both searches), and what it
-remembers through accel.search.cache: an established answer, and a costly candidate's warm-up."""
+"""What a search asks and finds: the comparisons its strategy asks for and the arms that answer them (in your loop and
+apart alike), a row per candidate and the result with its plan (one table for both searches), and what it remembers
+through accel.search.cache: an established answer, and a costly candidate's warm-up."""
 from __future__ import annotations
 
 import datetime as _dt
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import accel.search.cache as plancache
 from accel import clock
 from accel.distributed.agreement import choose
-from accel.measure import Ratio
+from accel.measure import Ratio, paired, plan_label
 from accel.plan import Plan
 from accel.plan.contract import REGISTRY, Capability
 from accel.run.report import render_table
-from accel.search.settings import COSTLY_GUESS_S
+from accel.search.settings import COSTLY_GUESS_S, Auto
 
 SOURCE_WORDS = "the rest of the plan is the answer a single process measured on this setup"
 
@@ -78,16 +79,13 @@ class TuneResult:
         return next(r for r in self.rows if r.name == name)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"plan": self.plan.to_dict(), "why": self.why, "baseline_ms": self.baseline_ms,
-                "elapsed_s": round(self.elapsed_s, 2), "settings": self.settings, "ablation": self.ablation,
-                "from_cache": self.from_cache, "measured_at": self.measured_at, "key": self.key,
-                "established": self.established, "rows": [asdict(r) for r in self.rows]}
+        return {**{f.name: getattr(self, f.name) for f in fields(self)}, "plan": self.plan.to_dict(), "ablation":
+                self.ablation, "elapsed_s": round(self.elapsed_s, 2), "rows": [asdict(r) for r in self.rows]}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TuneResult:
-        return cls(Plan(data["plan"]), [TuneRow(**r) for r in data["rows"]], data["why"], data["baseline_ms"],
-                   data["elapsed_s"], data["settings"], data.get("from_cache", False), data.get("measured_at", ""),
-                   data.get("key", ""), data.get("established", True))
+        known = {k: v for k, v in data.items() if k in {f.name for f in fields(cls)}}
+        return cls(**{**known, "plan": Plan(data["plan"]), "rows": [TuneRow(**r) for r in data["rows"]]})
 
     def __str__(self) -> str:
         source = (f"from the cache (measured {self.measured_at}, key {self.key[:12]})" if self.from_cache
@@ -125,26 +123,19 @@ def keep_answer(result: TuneResult, facts: dict[str, Any] | None, cache: Any, es
 LONG_RUN_SHARE = 0.02  # in a run of known length, a costly warm-up may take this share of the run still ahead
 
 
-def expected_warmup(candidate: dict[str, dict], facts: dict[str, Any] | None, cache: Any) -> tuple[float, str]:
-    """A costly candidate's warm-up and how that is known: as last measured on this setup, else assumed."""
-    seen = plancache.known_warmup(plancache.warmup_parts(facts, candidate), cache) if facts and cache else None
-    return (seen, "as measured on this setup before") if seen is not None else (
-        COSTLY_GUESS_S, "assumed before one is measured here")
-
-
-def remember_warmup(candidate: dict[str, dict], facts: dict[str, Any] | None, cache: Any, seconds: float) -> None:
-    if facts is not None and cache:
-        plancache.remember_warmup(plancache.warmup_parts(facts, candidate), seconds, cache)
-
-
 def run_ahead_s(expected_steps: int | None, steps_done: int, step_s: float | None) -> float:
     """The seconds the run still has ahead at this step time, when its length is known (else 0)."""
     return max(expected_steps - steps_done, 0) * step_s if expected_steps and step_s else 0.0
 
 
-def warmup_fit(guess_s: float, known: str, left_s: float, ahead_s: float = 0.0) -> tuple[bool, float, str]:
-    """Whether a costly candidate's expected warm-up fits the budget left, or a small share of a run known to be long
-    (then kept only if it pays back); the seconds it may take past the budget (0: within it); why, past it or out."""
+def warmup_fit(candidate: dict[str, dict], facts: dict[str, Any] | None, cache: Any, left_s: float,
+               ahead_s: float = 0.0) -> tuple[bool, float, str]:
+    """Whether a costly candidate's warm-up (as last measured on this setup, else assumed) fits the budget left, or a
+    small share of a run known to be long (then kept only if it pays back); the seconds it may take past the budget
+    (0: within it); why, past it or out."""
+    seen = plancache.known_warmup(facts, candidate, cache)
+    guess_s, known = (COSTLY_GUESS_S, "assumed before one is measured here") if seen is None else (
+        seen, "as measured on this setup before")
     allowance, guess = LONG_RUN_SHARE * ahead_s, f"its warm-up (about {guess_s:.0f} s, {known})"
     if left_s >= guess_s:
         return True, 0.0, ""
@@ -155,12 +146,73 @@ def warmup_fit(guess_s: float, known: str, left_s: float, ahead_s: float = 0.0) 
                         + (f", nor {LONG_RUN_SHARE:.0%} of the run still ahead ({ahead_s:.0f} s)" if ahead_s else ""))
 
 
-def warmup_deadline(candidate: dict[str, dict], facts: dict | None, cache: Any, deadline: float, ahead_s: float,
-                    agree: Callable = lambda fit: fit) -> tuple[float | None, str]:
-    """A costly candidate's deadline: the budget's, or its warm-up and rounds past it on the run's allowance; None
-    when its warm-up does not fit; and why (``agree``: every rank takes rank 0's verdict)."""
-    fits, allowance, why = agree(warmup_fit(*expected_warmup(candidate, facts, cache), deadline - clock.now(), ahead_s))
-    return (clock.now() + 2 * allowance if allowance else deadline) if fits else None, why
+@dataclass
+class Comparison:
+    """A reference and its challengers, measured in the same rounds until each ratio is decided at ``thresholds``."""
+
+    reference: dict[str, dict]
+    challengers: list[dict[str, dict]]
+    thresholds: tuple[float, ...]
+    what: str  # what is measured now, in words (the report says it)
+    costly: bool = False  # the challenger adds a costly accelerator: its warm-up must fit first
+
+    @property
+    def added(self) -> dict[str, dict]:
+        """What the (first) challenger adds to the reference (a costly candidate)."""
+        return {k: v for k, v in self.challengers[0].items() if k not in self.reference}
+
+
+@dataclass
+class Arm:
+    """One plan as an executor measured it in a comparison (its answer to the strategy); in your loop the same record
+    takes its turns across comparisons (turns.py), its status current: waiting, measuring, then how it ended."""
+
+    plan: dict[str, dict] = field(default_factory=dict)
+    status: str = "measured"  # measured, refused, failed, loss off, stopped early, not measured (waiting, measuring)
+    reason: str = ""
+    ratio: Ratio = field(default_factory=Ratio)  # its step over the reference's, from the rounds both ran
+    rounds: dict[int, float] = field(default_factory=dict)  # round -> its seconds per step
+    fields: dict[str, Any] = field(default_factory=dict)  # its row's numbers (median_ms, first_step_s, loss...)
+    warmup_s: float = 0.0  # its first step beyond the reference's step (a costly candidate's warm-up)
+    reference_s: float | None = None  # the reference's step in the same rounds
+    note: str = ""  # the executor's word on its row (a warm-up tried past the budget)
+    first_s: float | None = None  # in your loop: its first step after the first switch to it (compile lands there)
+    steps: int = 0
+    against: Arm | None = None  # the reference of its last comparison
+
+    @property
+    def name(self) -> str:
+        return plan_label(self.plan)
+
+    @property
+    def usable(self) -> bool:
+        return self.status == "measured" and bool(self.ratio.samples)
+
+    def ratio_to(self, other: Arm) -> Ratio:
+        return paired(self.rounds, other.rounds)
+
+    def median_s(self) -> float | None:
+        ordered = sorted(self.rounds.values())
+        return ordered[len(ordered) // 2] if ordered else None
+
+
+OUT = "the budget ran out"
+
+
+def admit(request: Comparison, settings: Auto, facts: dict | None, deadline: float, steps_done: int,
+          step_s: float | None, agree: Callable = lambda verdict: verdict) -> tuple[float, str, list[Arm]]:
+    """A comparison's deadline (a costly warm-up may go past the budget on a long run's allowance), the word on its
+    rows, and its outcomes when it is not measured: the warm-up does not fit, or the budget ran out (``agree``: every
+    rank takes rank 0's verdict)."""
+    note = ""
+    if request.costly:
+        ahead = run_ahead_s(settings.expected_steps, steps_done, step_s)
+        fits, allowance, note = agree(warmup_fit(request.added, facts, settings.cache, deadline - clock.now(), ahead))
+        if not fits:
+            return deadline, note, [Arm(request.challengers[0], "not measured", note)]
+        deadline = clock.now() + 2 * allowance if allowance else deadline
+    out = [Arm(plan, "not measured", OUT) for plan in request.challengers] if agree(clock.now() >= deadline) else []
+    return deadline, note, out
 
 
 def distribute(result, model, optimizer, device: Any, launch, memory: int | None = None):

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Generator
-from dataclasses import dataclass, field
 from typing import Any
 
 from accel.measure import Ratio, paired, plan_label
 from accel.plan import Plan
-from accel.search.results import TuneRow
-from accel.search.settings import Auto, candidates_of
+from accel.search.results import Arm, Comparison, TuneRow
+from accel.search.settings import Auto
 
 
 def established(ratio: Ratio | None, margin: float) -> bool:
@@ -39,56 +38,6 @@ def payback(ratio: Ratio, step_s: float, extra_warmup_s: float, margin: float,
     faster = bool(ratio.samples) and ratio.below(1 - margin / 2) and ratio.estimate <= 1 - margin
     return faster, break_even, faster and (expected_steps is None or (break_even or math.inf) < expected_steps)
 
-
-
-@dataclass
-class Comparison:
-    """A reference and its challengers, measured in the same rounds until each ratio is decided at ``thresholds``."""
-
-    reference: dict[str, dict]
-    challengers: list[dict[str, dict]]
-    thresholds: tuple[float, ...]
-    what: str  # what is measured now, in words (the report says it)
-    costly: bool = False  # the challenger adds a costly accelerator: its warm-up must fit first
-
-    @property
-    def added(self) -> dict[str, dict]:
-        """What the (first) challenger adds to the reference (a costly candidate)."""
-        return {k: v for k, v in self.challengers[0].items() if k not in self.reference}
-
-
-@dataclass
-class Arm:
-    """One plan as an executor measured it in a comparison (its answer to the strategy); in your loop the same record
-    takes its turns across comparisons (turns.py), its status current: waiting, measuring, then how it ended."""
-
-    plan: dict[str, dict] = field(default_factory=dict)
-    status: str = "measured"  # measured, refused, failed, loss off, stopped early, not measured (waiting, measuring)
-    reason: str = ""
-    ratio: Ratio = field(default_factory=Ratio)  # its step over the reference's, from the rounds both ran
-    rounds: dict[int, float] = field(default_factory=dict)  # round -> its seconds per step
-    fields: dict[str, Any] = field(default_factory=dict)  # its row's numbers (median_ms, first_step_s, loss...)
-    warmup_s: float = 0.0  # its first step beyond the reference's step (a costly candidate's warm-up)
-    reference_s: float | None = None  # the reference's step in the same rounds
-    note: str = ""  # the executor's word on its row (a warm-up tried past the budget)
-    first_s: float | None = None  # in your loop: its first step after the first switch to it (compile lands there)
-    steps: int = 0
-    against: Arm | None = None  # the reference of its last comparison
-
-    @property
-    def name(self) -> str:
-        return plan_label(self.plan)
-
-    @property
-    def usable(self) -> bool:
-        return self.status == "measured" and bool(self.ratio.samples)
-
-    def ratio_to(self, other: Arm) -> Ratio:
-        return paired(self.rounds, other.rounds)
-
-    def median_s(self) -> float | None:
-        ordered = sorted(self.rounds.values())
-        return ordered[len(ordered) // 2] if ordered else None
 
 
 def stack_of(candidates: list[dict[str, dict]]) -> tuple[dict[str, dict], list[str]]:
@@ -120,16 +69,10 @@ class Search:
     """The decisions of one search and its table: ``comparisons()`` yields what to measure next and is sent each
     comparison's outcomes (one per challenger); ``best`` is the plan chosen so far ({}: the plain loop)."""
 
-    @classmethod
-    def of(cls, settings: Auto, hardware: Any, model, optimizer, loader, in_loop: bool) -> tuple[Search, dict]:
-        """The search of these settings here, and its candidates by kind (settings.candidates_of)."""
-        kinds = candidates_of(settings, hardware, model, optimizer, loader, in_loop)
-        return cls(kinds["stepwise"], kinds["costly"], kinds["given"], settings.margin, settings.expected_steps), kinds
-
-    def __init__(self, candidates: list[dict[str, dict]], costly: list[dict[str, dict]], given: bool,
-                 margin: float, expected_steps: int | None):
-        self.candidates, self.costly, self.given = candidates, costly, given
-        self.margin, self.expected_steps = margin, expected_steps
+    def __init__(self, settings: Auto, kinds: dict[str, Any]):
+        """``kinds``: the candidates by kind (settings.candidates_of)."""
+        self.candidates, self.costly, self.given = kinds["stepwise"], kinds["costly"], kinds["given"]
+        self.margin, self.expected_steps = settings.margin, settings.expected_steps
         self.rows = [TuneRow("eager", {}, "measured", decision="baseline (the plain loop)")]
         self.notes: list[str] = []
         self.best: dict[str, dict] = {}

@@ -10,13 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import accel.search.cache as plancache
 from accel import clock
 from accel.distributed.agreement import ChunkTimes
 from accel.measure import SETTLE_BELOW_S, chunk_steps, round_order, synchronize
 from accel.plan.contract import Capability
-from accel.search.results import remember_warmup, run_ahead_s, timing_fields, warmup_deadline
+from accel.search.results import OUT, Arm, Comparison, admit, timing_fields
 from accel.search.settings import SLOW_STOP, provides
-from accel.search.strategy import Arm, Comparison
 from accel.search.words import say
 
 MIN_ROUNDS = 3  # rounds of a comparison before any verdict
@@ -72,16 +72,13 @@ class Turns:
         self.chunk, self.chunk_steps = Chunk(), 2  # timed steps per chunk, paced after the plain loop's first
         self.deadline = run.settings.deadline(run.started)
         self.turn_began, self.note, self.cut = run.started, "", False  # cut: a verdict the budget left unclear
-        self.plain_wait = [0.0, 0.0]  # data wait and time of the plain loop's timed steps
 
-    def start(self) -> None:
-        self._next(lambda: next(self.comparisons))
-
-    def _next(self, ask) -> None:
-        """The next comparison, begun; the run chooses at the first verdict and finishes after the last."""
+    def answer(self, outcomes: list[Arm] | None = None) -> None:
+        """The strategy is sent these outcomes (None: it begins) and its next comparison begun; the run chooses at the
+        first verdict and finishes after the last."""
         was = self.run.strategy.decided
         try:
-            request = ask()
+            request = self.comparisons.send(outcomes)
         except StopIteration:
             return self.run.finish()
         if self.run.strategy.decided and not was:
@@ -89,19 +86,14 @@ class Turns:
         self._begin(request)
 
     def _begin(self, request: Comparison) -> None:
-        self.request, self.note, self.reference = request, "", self.arm(request.reference)
+        run, self.request, self.reference = self.run, request, self.arm(request.reference)
+        self.deadline, self.note, unmeasured = admit(request, run.settings, run.cache_key, self.deadline, run.steps,
+                                                     self.reference.median_s(), run.ranks.decide)  # rank 0's clock
+        if unmeasured:
+            self.cut = self.cut or unmeasured[0].reason == OUT
+            return self.answer(unmeasured)
         if request.costly:
-            run = self.run
-            ahead = run_ahead_s(run.settings.expected_steps, run.steps, self.reference.median_s())
-            deadline, self.note = warmup_deadline(request.added, run.cache_key, run.settings.cache, self.deadline,
-                                                  ahead, run.ranks.decide)  # rank 0's clock
-            if deadline is None:
-                return self._answer([Arm(request.challengers[0], "not measured", self.note)])
-            self.deadline = deadline
-            self.run.faults.capture.remove()  # compile would trace hooks on the model: no replay from here
-        if self.run.ranks.past(self.deadline, clock.now()):
-            self.cut = True
-            return self._answer([Arm(plan, "not measured", "the budget ran out") for plan in request.challengers])
+            run.faults.capture.remove()  # compile would trace hooks on the model: no replay from here
         self.challengers = [self.arm(plan) for plan in request.challengers]
         for arm in self.challengers:
             if arm.status in ("waiting", "measuring", "measured"):  # one that could not run before is not tried again
@@ -109,24 +101,20 @@ class Turns:
         self.reference.status, self.first_round = "measuring", self.round
         self._next_round() if self._live() else self._end_comparison()
 
-    def _answer(self, outcomes: list[Arm]) -> None:
-        self._next(lambda: self.comparisons.send(outcomes))
-
     def _end_comparison(self) -> None:
         reference, challengers, self.challengers = self.reference, self.challengers, []
         for arm in challengers:
             arm.ratio, arm.reference_s, arm.note = arm.ratio_to(reference), reference.median_s(), self.note
             if arm.status in ("measuring", "measured"):
-                arm.status, arm.reason = ("measured", arm.reason) if arm.ratio.samples else ("not measured",
-                                                                                              "the budget ran out")
+                arm.status, arm.reason = ("measured", arm.reason) if arm.ratio.samples else ("not measured", OUT)
             if self.request.costly and arm.first_s is not None:
                 arm.first_s = self.run.ranks.slowest(arm.first_s)  # the warm-up every rank waited for
-                remember_warmup(self.request.added, self.run.cache_key, self.run.settings.cache,
-                                arm.first_s - (arm.reference_s or 0.0))
             arm.fields, arm.warmup_s = timing_fields(arm.median_s(), arm.first_s), (arm.first_s or 0.0) - (
                 arm.reference_s or 0.0)
+            if self.request.costly and arm.first_s is not None:
+                plancache.remember_warmup(self.run.cache_key, self.request.added, arm.warmup_s, self.run.settings.cache)
         reference.status = "measured" if reference is not self.plain else reference.status
-        self._answer(challengers)
+        self.answer(challengers)
 
     def arm(self, plan: dict[str, dict]) -> Arm:
         found = next((a for a in self.arms if a.plan == plan), None)
@@ -174,7 +162,7 @@ class Turns:
             arm.plan, Capability.SETUP_COSTLY))
         self.chunk.untimed = 0 if later else 1
         if later:
-            self.chunk.starts(self.run.switched_at, self.run.data_wait_s)
+            self.chunk.starts(self.run.switched_at, self.run.loader.waited_s)
         say(self.run)
 
     def restart_chunk(self) -> None:
@@ -194,7 +182,7 @@ class Turns:
             synchronize(run.device)
             now = clock.now()
             arm.first_s = now - run.switched_at if arm.first_s is None else arm.first_s
-            return chunk.starts(now, run.data_wait_s)
+            return chunk.starts(now, run.loader.waited_s)
         timed, against = chunk.steps - chunk.untimed, None if arm is self.reference else self.reference
         if run.device.type == "cpu":  # (on an accelerator, reading the time every step would wait for the device)
             now = clock.now()
@@ -227,8 +215,8 @@ class Turns:
         else:
             arm.rounds[self.round] = step_s
             if arm is self.plain:
-                self.plain_wait[0] += run.data_wait_s - chunk.wait_at_start
-                self.plain_wait[1] += elapsed
+                run.loader.plain[0] += run.loader.waited_s - chunk.wait_at_start
+                run.loader.plain[1] += elapsed
                 if len(arm.rounds) == 1:
                     self._pace(step_s)
         self._next_turn()

@@ -9,7 +9,7 @@ from typing import Any
 from accel import clock
 from accel.measure import plan_label
 from accel.search.fault import summary
-from accel.search.strategy import Arm
+from accel.search.results import Arm, TuneResult, TuneRow, keep_answer
 
 ASKED = "asked for"  # an accelerator's words for an option the plan gave: under auto, the plan was auto's
 COPY = ("it trains a copy of your model, which a switch back to another plan would leave behind: measured apart on "
@@ -95,33 +95,67 @@ class SearchState:
         return "\n".join(self.lines())
 
 
+def verdict(run: Any, why: str = "", plan: dict | None = None, result: TuneResult | None = None) -> TuneResult:
+    """The answer so far of an InLoopSearch (``result``: the cache's), remembered when established, and said: the
+    table, with a rebuilt loader decided by the loop's wait for data; what was chosen, why and whether it is cached."""
+    words, strategy = run.search, run.strategy
+    if result is None:
+        result = _table(run, why, plan)
+        keep_answer(result, run.cache_key, run.settings.cache, strategy.established and not run.distributed and not why)
+    chosen = {k: v for k, v in result.plan.to_dict().items() if k not in run.distributed}
+    if result.from_cache:
+        said, by = (f"from the cache (measured on this setup {result.measured_at}, key {result.key[:12]}): "
+                    "nothing measured"), f"chosen by plan='auto' from the cache (measured {result.measured_at})"
+    elif why or not strategy.best:
+        said = result.why.split("; ")[0]
+        by = f"taken by plan='auto' ({said})"
+    else:
+        said, by = strategy.gain, f"chosen by plan='auto': {strategy.gain}"
+    words.chosen, words.chosen_why, words.by = chosen, said, dict.fromkeys(chosen, by)
+    words.by.update({r.tests: f"chosen by plan='auto': {r.reason}" for r in result.rows  # the loader's wait
+                     if r.decision == "chosen" and r.tests in chosen and r.status == "by data wait"})
+    words.cached = (f"cached for the next run of this setup (key {result.key[:12]})" if result.key else
+                    "not cached (" + ("cache=False" if not run.settings.cache else "no batch was read for its key"
+                                      if run.cache_key is None else "measured under a launcher: the cache keeps "
+                                      "a single process's answers" if run.distributed else "the search could not "
+                                      "establish its answer") + ")")
+    return result
+
+
+def _table(run: Any, why: str, plan: dict | None) -> TuneResult:
+    """The table and the answer so far (``plan``, ``why``: taken without a verdict, as a checkpoint's)."""
+    strategy, plain, rows = run.strategy, run.turns.plain, list(run.strategy.rows)
+    rows[0].median_ms = round(plain.median_s() * 1000, 3) if plain.rounds else None
+    rows[0].vs_baseline, rows[0].reason = 1.0, f"{len(plain.rounds)} rounds, {plain.steps} steps"
+    chosen = dict(strategy.best if plan is None else plan)
+    loaders, loaded = run.loader.rows(chosen, run.epochwise if plan is None else [])
+    rows += loaders + [TuneRow(plan_label(c), c, "not measured", reason=COPY) for c in run.copies]
+    notes = run.notes + summary(run.faults.blames) + (
+        ["your loop never iterated run.loader, so the cache was neither read nor written (its key needs a batch)"]
+        if not run.loader.read and run.settings.cache and len(run.arms) > 1 else [])
+    nothing = not strategy.candidates and not strategy.costly and not run.epochwise
+    if loaded and not why and not strategy.best:  # the steps stay the plain loop's; the loader joins
+        why = loaded
+    else:
+        why = (why or ("nothing to measure: no accelerator offers a candidate for this model on this hardware"
+                       if nothing else strategy.why(f", at step {run.current.steps} of your loop"))
+               ) + (f"; {loaded}" if loaded else "")
+    record = {**run.settings.key(), "search": "your loop", "budget_s": round(run.turns.deadline - run.started, 1),
+              "chosen_at_step": run.search.chosen_at, "settled_at_step": run.current.steps,
+              "switch_s": round(run.switch_s, 3)}
+    return run.for_ranks(TuneResult.measured(chosen, rows, why + "".join(f"; {n}" for n in notes), rows[0].median_ms,
+                                             clock.now() - run.started, record, established=strategy.established))
+
+
 def say(run: Any) -> None:
-    """Bring the words up to date from an InLoopSearch, in place (every plan's report holds them)."""
-    words, turns, result, strategy = run.search, run.turns, run.result, run.strategy
-    words.phase = run.phase
-    words.step, words.settled_at, words.how = run.current.steps, run.settled_at, run.how
+    """Bring the words of what auto does now up to date from an InLoopSearch, in place (every plan's report holds
+    them)."""
+    words, turns = run.search, run.turns
+    words.step = run.current.steps
     words.in_place = {k: v for k, v in run.current.plan.to_dict().items() if k not in run.distributed}
     words.measuring = turns.request.what if turns.request is not None else ""
     words.plain_ms = round(turns.plain.median_s() * 1000, 3) if turns.plain.rounds else None
-    if result is not None and run.phase in ("chosen", "settled"):
-        plan = {k: v for k, v in result.plan.to_dict().items() if k not in run.distributed}
-        if result.from_cache:
-            why, by = (f"from the cache (measured on this setup {result.measured_at}, key {result.key[:12]}): "
-                       "nothing measured"), f"chosen by plan='auto' from the cache (measured {result.measured_at})"
-        elif run.how.startswith("resumed") or not strategy.best:
-            why = result.why.split("; ")[0]
-            by = f"taken by plan='auto' ({why})"
-        else:
-            why, by = strategy.gain, f"chosen by plan='auto': {strategy.gain}"
-        words.chosen, words.chosen_at, words.chosen_why, words.by = plan, run.chosen_at, why, dict.fromkeys(plan, by)
-        words.by.update({r.tests: f"chosen by plan='auto': {r.reason}" for r in result.rows  # the loader's wait
-                         if r.decision == "chosen" and r.tests in plan and r.status == "by data wait"})
-        words.cached = (f"cached for the next run of this setup (key {result.key[:12]})" if result.key else
-                        "not cached (" + ("cache=False" if not run.settings.cache else "no batch was read for its key"
-                                          if run.cache_key is None else "measured under a launcher: the cache keeps "
-                                          "a single process's answers" if run.distributed else "the search could not "
-                                          "establish its answer") + ")")
-    chosen = words.chosen if run.phase in ("chosen", "settled") else None
+    chosen = words.chosen if words.phase in ("chosen", "settled") else None
     words.candidates = [_seen(a, chosen) for a in run.arms[1:] if a.status != "waiting" or a.rounds]
     words.candidates += [_seen(Arm(c, "not measured", COPY), None) for c in run.copies]
     words.faults = summary(run.faults.blames)

@@ -266,7 +266,7 @@ def settle_auto(variant: Variant, device: torch.device, until: float) -> None:
         variant.step()
     synchronize(device)
     variant.extra.update(search_s=round(time.perf_counter() - started, 1), settled=run.phase == "settled",
-                         settled_at=run.settled_at, steps_in_search=run.steps)
+                         settled_at=run.search.settled_at, steps_in_search=run.steps)
     variant.first_s.append(timed(variant, 1, device))
 
 

@@ -52,7 +52,7 @@ def test_accel_cache_clear_removes_only_what_accel_wrote(tmp_path, monkeypatch, 
     """A shared ACCEL_CACHE_DIR: clear deleted every *.json and the whole compile/ folder."""
     monkeypatch.setenv("ACCEL_CACHE_DIR", str(tmp_path))
     plancache.store(FACTS, {"plan": {"amp": {}}}, tmp_path)
-    plancache.remember_warmup({**FACTS, "candidate": {"compile": {}}}, 3.0)
+    plancache.remember_warmup(FACTS, {"compile": {}}, 3.0)
     (tmp_path / "settings.json").write_text("{}")  # yours
     (tmp_path / "compile").mkdir()
     (tmp_path / "compile" / "notes.txt").write_text("yours")

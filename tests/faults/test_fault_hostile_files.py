@@ -170,11 +170,12 @@ def test_any_json_cache_entry_is_listed_and_looked_up_without_a_traceback(tmp_pa
         {**valid, "result": entry if where == "result" else {**valid["result"], "plan": entry}})
     name = f"{plancache.key_of(facts)}.json"
     (tmp_path / name).write_text(json.dumps(hostile))
-    (tmp_path / "warmups").mkdir(exist_ok=True)
-    (tmp_path / "warmups" / name).write_text(json.dumps(hostile))
+    plancache.remember_warmup(facts, {"compile": {}}, 1.0, tmp_path)  # then hostile, under the name it took
+    (warmup,) = (tmp_path / "warmups").glob("*.json")
+    warmup.write_text(json.dumps(hostile))
     found = plancache.lookup(facts, tmp_path)
     assert found is None or isinstance(found["plan"], dict)
-    seconds = plancache.known_warmup(facts, tmp_path)
+    seconds = plancache.known_warmup(facts, {"compile": {}}, tmp_path)
     assert seconds is None or seconds >= 0
     assert [e["key"] for e in plancache.entries(tmp_path)] == [name[:-5]]
 
