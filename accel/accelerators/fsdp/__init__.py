@@ -28,7 +28,7 @@ from accel.accelerators.fsdp.surgery import (
 from accel.distributed.data_parallel import LAUNCHERS, DataParallel
 from accel.errors import Problem, StaleWarning
 from accel.hardware import is_accelerator
-from accel.modules import listed, outermost, repeated_blocks
+from accel.modules import absent_classes, chosen_classes, listed, outermost, own_class
 from accel.optim import foreign_tensors
 from accel.plan.contract import SAME_MATH, Capability, Stage, dtype_name, register
 
@@ -69,14 +69,6 @@ class FSDP(DataParallel[FSDPOptions, FSDPState]):
     conflicts = (Capability.MODEL_DISTRIBUTED,)  # ddp
     keeps = SAME_MATH
 
-    def block_classes(self, model: nn.Module) -> tuple[set[str], list[str]]:
-        """The class names to shard one by one in this model, and those asked for that it does not have."""
-        blocks = self.config.blocks
-        if blocks == "auto":
-            return repeated_blocks(model), []
-        present = {type(m).__name__ for m in model.modules()}
-        return set(blocks) & present, sorted(set(blocks) - present)
-
     def group_backend(self, device: torch.device) -> str:
         """With cpu_offload the shards live in host memory, and what gathers or reduces them as DTensors (run.close(),
         clip_grad_norm_, checkpoints) runs collectives on CPU tensors, which nccl and xccl cannot carry: the group
@@ -107,11 +99,7 @@ class FSDP(DataParallel[FSDPOptions, FSDPState]):
             problems.append(Problem(self.name, "the model is already sharded by FSDP (fully_shard was called on it)",
                                     field="model", value=type(ctx.model).__name__,
                                     allowed="the model before fully_shard", kind="conflict"))
-        missing = self.block_classes(ctx.model)[1]
-        if missing:
-            problems.append(Problem(self.name, f"no module of class {missing} in the model", field="blocks",
-                                    value=config.blocks, allowed="class names of the model's modules, e.g. "
-                                    + ", ".join(sorted(repeated_blocks(ctx.model)) or ["TransformerBlock"])))
+        problems += absent_classes(self.name, "blocks", config.blocks, ctx.model, "TransformerBlock")
         if config.cpu_offload and not is_accelerator(ctx.device):
             problems.append(Problem(self.name, f"offloading to CPU memory needs an accelerator device; the device is "
                                     f"{ctx.device}, whose memory already is CPU memory", field="cpu_offload",
@@ -132,11 +120,11 @@ class FSDP(DataParallel[FSDPOptions, FSDPState]):
         changes = self.join(ctx)
         world = ctx.decisions.launch.world_size
         names = {id(m): name for name, m in ctx.model.named_modules()}
-        blocks, tied = tied_apart(ctx.model, outermost(ctx.model, self.block_classes(ctx.model)[0]), names)
+        blocks, tied = tied_apart(ctx.model, outermost(ctx.model, chosen_classes(ctx.model, config.blocks)[0]), names)
         if tied:  # FSDP2 refuses, at the first forward, one parameter in two groups: the root's group holds it
             changes["tied"] = listed([names[id(m)] for m in tied]) + " left to the root's group: a parameter of " \
                 "each is tied to one outside it"
-        kinds = sorted({type(m).__name__ for m in blocks})  # before FSDP renames the classes
+        kinds = sorted({own_class(m).__name__ for m in blocks})  # before FSDP renames the classes
         dtype = ctx.decisions.compute_dtype
         reduce = torch.float32 if config.reduce_dtype == "float32" else dtype
         policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=reduce) if dtype is not None else (

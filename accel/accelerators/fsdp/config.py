@@ -8,21 +8,15 @@ from torch import nn
 from accel.accelerators.fsdp.surgery import Originals, Sharding
 from accel.distributed.data_parallel import DataParallelOptions
 from accel.plan.contract import State
-from accel.plan.options import option
+from accel.plan.options import module_classes, option
 
 REDUCE_DTYPES = ("float32", "compute")
 
 
-def blocks_problem(value) -> str | None:
-    ok = isinstance(value, list) and value and all(isinstance(v, str) for v in value)
-    return None if ok else "must be a non-empty list of module class names"
-
-
 @dataclass(frozen=True, kw_only=True)
 class FSDPOptions(DataParallelOptions):
-    blocks: str | list[str] = option("auto", (str, list), choices=("auto",), check=blocks_problem,
-                                     help="class names of the modules to shard one by one; auto = the repeated "
-                                          "blocks")
+    blocks: str | list[str] = module_classes("class names of the modules to shard one by one; auto = the repeated "
+                                             "blocks")
     reshard_after_forward: bool = option(True, help="free each block's gathered weights after its forward "
                                                     "(gathered again for backward): less memory, more traffic")
     reduce_dtype: str = option("float32", choices=REDUCE_DTYPES,
