@@ -184,13 +184,14 @@ def listed(names: list[str], most: int = 8) -> str:
     return shown + (f", ... ({len(names)} in all)" if len(names) > most else "")
 
 
-def outermost(model: nn.Module, classes: set[str]) -> list[nn.Module]:
-    """The modules of these classes (names, as ``of_class`` reads them) that are not inside another one of them."""
+def outermost(model: nn.Module, classes: set[str] | type) -> list[nn.Module]:
+    """The modules under the root of these classes (names, as ``of_class`` reads them, or a class they are instances
+    of) that are not inside another one of them, in the model's order."""
     found: list[nn.Module] = []
 
     def walk(module: nn.Module) -> None:
         for child in module.children():
-            if of_class(child, classes):
+            if isinstance(child, classes) if isinstance(classes, type) else of_class(child, classes):
                 found.append(child)
             else:
                 walk(child)
