@@ -51,7 +51,7 @@ def qualified(cls: type) -> str:
 def own_class(module: nn.Module) -> type:
     """The module's class as the user wrote it: torch's parametrize gives a parametrized module a class of its own
     (``ParametrizedResidual``, one per module), made from that one."""
-    return type(module).__bases__[0] if parametrize.is_parametrized(module) else type(module)
+    return type(module).__bases__[-1] if parametrize.is_parametrized(module) else type(module)
 
 
 def class_names(model: nn.Module) -> dict[type, str]:
