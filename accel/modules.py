@@ -9,6 +9,9 @@ import sys
 
 import torch
 from torch import nn
+from torch.nn.utils import parametrize
+
+from accel.errors import Problem
 
 
 def compiled(module: nn.Module) -> bool:
@@ -45,10 +48,16 @@ def qualified(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
+def own_class(module: nn.Module) -> type:
+    """The module's class as the user wrote it: torch's parametrize gives a parametrized module a class of its own
+    (``ParametrizedResidual``, one per module), made from that one."""
+    return type(module).__bases__[-1] if parametrize.is_parametrized(module) else type(module)
+
+
 def class_names(model: nn.Module) -> dict[type, str]:
-    """Each class of the model's modules by a name that names it alone: its own, or where two classes share it
-    (peft's lora.Linear beside torch's Linear), its qualified name ('peft.tuners.lora.layer.Linear')."""
-    kinds = {type(m) for m in model.modules()}
+    """Each class of the model's modules (``own_class``) by a name that names it alone: its own, or where two classes
+    share it (peft's lora.Linear beside torch's Linear), its qualified name ('peft.tuners.lora.layer.Linear')."""
+    kinds = {own_class(m) for m in model.modules()}
     shared = collections.Counter(k.__name__ for k in kinds)
     return {k: k.__name__ if shared[k.__name__] == 1 else qualified(k) for k in kinds}
 
@@ -63,15 +72,36 @@ def is_block(module: nn.Module) -> bool:
 def repeated_blocks(model: nn.Module) -> set[str]:
     """Names of the classes of blocks (``is_block``) occurring at least twice, each class counted apart (by
     ``class_names``: two classes of one name are two names)."""
-    counts = collections.Counter(type(m) for m in model.modules() if m is not model and is_block(m))
+    counts = collections.Counter(own_class(m) for m in model.modules() if m is not model and is_block(m))
     names = class_names(model)
     return {names[kind] for kind, count in counts.items() if count >= 2}
 
 
+def names_of(module: nn.Module) -> set[str]:
+    """The names the module's class answers to, own and qualified: its class's and its ``own_class``'s."""
+    return {n for kind in (type(module), own_class(module)) for n in (kind.__name__, qualified(kind))}
+
+
 def of_class(module: nn.Module, classes: set[str]) -> bool:
-    """Whether the module's class is one of these names: its own name or its qualified one."""
-    kind = type(module)
-    return kind.__name__ in classes or qualified(kind) in classes
+    """Whether the module's class answers to one of these names (``names_of``)."""
+    return not names_of(module).isdisjoint(classes)
+
+
+def chosen_classes(model: nn.Module, names: str | list[str]) -> tuple[set[str], list[str]]:
+    """The classes of blocks an accelerator works on in the model (``names`` "auto": its repeated blocks; else these
+    class names, own or qualified), and the names given that no module of the model has."""
+    if names == "auto":
+        return repeated_blocks(model), []
+    present = set().union(*map(names_of, model.modules()))
+    return set(names) & present, sorted(set(names) - present)
+
+
+def absent_classes(owner: str, field: str, names: str | list[str], model: nn.Module, example: str) -> list[Problem]:
+    """The problem of class names given that no module of the model has, suggesting its repeated blocks."""
+    missing = chosen_classes(model, names)[1]
+    return [Problem(owner, f"no module of class {missing} in the model", field=field, value=names,
+                    allowed="class names of the model's modules, e.g. "
+                    + ", ".join(sorted(repeated_blocks(model)) or [example]))] if missing else []
 
 
 # flags by which a model checkpoints its own activations, and who sets them
@@ -154,13 +184,14 @@ def listed(names: list[str], most: int = 8) -> str:
     return shown + (f", ... ({len(names)} in all)" if len(names) > most else "")
 
 
-def outermost(model: nn.Module, classes: set[str]) -> list[nn.Module]:
-    """The modules of these classes (names, as ``of_class`` reads them) that are not inside another one of them."""
+def outermost(model: nn.Module, classes: set[str] | type) -> list[nn.Module]:
+    """The modules under the root of these classes (names, as ``of_class`` reads them, or a class they are instances
+    of) that are not inside another one of them, in the model's order."""
     found: list[nn.Module] = []
 
     def walk(module: nn.Module) -> None:
         for child in module.children():
-            if of_class(child, classes):
+            if isinstance(child, classes) if isinstance(classes, type) else of_class(child, classes):
                 found.append(child)
             else:
                 walk(child)

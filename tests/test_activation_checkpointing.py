@@ -83,6 +83,38 @@ def test_spectral_norm_recomputes_from_the_vectors_its_forward_read_and_is_no_bl
     assert report.row("activation_checkpointing").status == "applied" and found == [] and skipped == []
 
 
+class Symmetric(nn.Module):
+    def forward(self, weight):
+        return weight.triu() + weight.triu(1).transpose(0, 1)
+
+
+class Mixer(nn.Module):
+    """A block with a weight of its own under a parametrization: torch gives each such module a class of its own,
+    ParametrizedMixer, made from Mixer."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(8, 8)
+        self.weight = nn.Parameter(torch.randn(8, 8) / 8)
+        nn.utils.parametrize.register_parametrization(self, "weight", Symmetric())
+
+    def forward(self, x):
+        return x + torch.tanh(self.linear(x)) @ self.weight
+
+
+def test_parametrized_blocks_answer_to_their_own_class_name():
+    """Before: a parametrized Mixer's class was ParametrizedMixer (one per module), so modules=['Mixer'] found no
+    module, and 'auto' no repeated block."""
+    def make():
+        return nn.Sequential(Mixer(), Mixer(), nn.Linear(8, 10))
+
+    x, labels = torch.randn(4, 8, generator=torch.Generator().manual_seed(1)), torch.arange(4)
+    for modules in ("auto", ["Mixer"]):
+        found, report = differences(make, [{"activation_checkpointing": {"modules": modules}}],
+                                    lambda run, i: nn.functional.cross_entropy(run.model(x), labels))
+        assert report.row("activation_checkpointing").changes["modules"] == "2 x Mixer: 0, 1" and found == []
+
+
 class CondBlock(nn.Module):
     """A conditional discriminator's block: its input and its mean map concatenated, then a convolution; the plain
     training saves the concatenation, never the input itself."""

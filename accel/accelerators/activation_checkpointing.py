@@ -27,7 +27,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 from accel import modules
 from accel.errors import Problem, Skip
 from accel.plan.contract import EXACT, Accelerator, Capability, Stage, State, register
-from accel.plan.options import Options, option
+from accel.plan.options import Options, module_classes
 
 __all__ = ["ActivationCheckpointing", "ActivationCheckpointingOptions"]
 
@@ -35,11 +35,6 @@ ATOMS = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.d
          torch.memory_format, enum.Enum, slice, type(Ellipsis), types.FunctionType, types.BuiltinFunctionType)
 COPIES: WeakIdKeyDictionary = WeakIdKeyDictionary()  # a tensor handed to blocks -> (its version, weakref to the copy)
 WARNED: set[str] = set()
-
-
-def names_problem(value) -> str | None:
-    ok = isinstance(value, list) and value and all(isinstance(v, str) for v in value)
-    return None if ok else "must be a non-empty list of module class names"
 
 
 def copy_of(tensor: torch.Tensor) -> torch.Tensor:
@@ -230,8 +225,7 @@ def is_checkpointed(module: nn.Module) -> bool:
 
 @dataclass(frozen=True, kw_only=True)
 class ActivationCheckpointingOptions(Options):
-    modules: str | list = option("auto", (str, list), choices=("auto",), check=names_problem,
-                                 help="class names of the modules to checkpoint; auto = the repeated blocks")
+    modules: str | list = module_classes("class names of the modules to checkpoint; auto = the repeated blocks")
 
 
 @register
@@ -242,21 +236,13 @@ class ActivationCheckpointing(Accelerator[ActivationCheckpointingOptions, State]
     after = (Capability.MODEL_KERNELS, Capability.MODEL_LAYOUT)
     keeps = EXACT
 
-    def chosen_classes(self, model: nn.Module) -> tuple[set[str], list[str]]:
-        """The classes to checkpoint in the model as the user gave it (IPEX's, by apply, may be another), and the
-        named classes it does not have."""
-        if self.config.modules == "auto":
-            return modules.repeated_blocks(model), []
-        present = {n for m in model.modules() for n in (type(m).__name__, modules.qualified(type(m)))}
-        return set(self.config.modules) & present, sorted(set(self.config.modules) - present)
-
     def decide(self, ctx):
         own = modules.checkpoints_itself(ctx.model)
         if own:
             raise Skip(f"the model checkpoints its own activations already ({modules.listed(own, 3)}): checkpointing "
                        "them again would recompute them twice (and, under timm's, count BatchNorm's batches "
                        "otherwise); nothing to add")
-        classes, _ = self.chosen_classes(ctx.model)
+        classes, _ = modules.chosen_classes(ctx.model, self.config.modules)
         if self.config.modules == "auto" and not classes:
             raise Skip("the model has no repeated block (a class with children occurring twice): name the "
                        "modules to checkpoint with modules=[...]")
@@ -268,15 +254,10 @@ class ActivationCheckpointing(Accelerator[ActivationCheckpointingOptions, State]
                             field="model", value=type(ctx.model).__name__,
                             allowed="model.config.use_cache = False for training (as Hugging Face's own "
                             "gradient_checkpointing_enable() does)", kind="conflict")]
-        _, missing = self.chosen_classes(ctx.model)
-        if missing:
-            return [Problem(self.name, f"no module of class {missing} in the model", field="modules",
-                            value=self.config.modules, allowed="class names of the model's modules, e.g. "
-                            + ", ".join(sorted(modules.repeated_blocks(ctx.model)) or ["Bottleneck"]))]
-        return []
+        return modules.absent_classes(self.name, "modules", self.config.modules, ctx.model, "Bottleneck")
 
     def apply(self, ctx):
-        classes, _ = self.chosen_classes(ctx.user_model)  # what decide() chose, on the model it saw
+        classes, _ = modules.chosen_classes(ctx.user_model, self.config.modules)  # what decide() chose, on its model
         chosen = [ctx.model] if modules.of_class(ctx.model, classes) else modules.outermost(ctx.model, classes)
         if not chosen:  # e.g. IPEX replaced the named classes with its own
             raise Skip(f"no module of class {sorted(classes)} left in the model to checkpoint "
@@ -292,7 +273,7 @@ class ActivationCheckpointing(Accelerator[ActivationCheckpointingOptions, State]
                                    lambda m=module: setattr(m, "forward", types.MethodType(checkpointed_forward, m)),
                                    lambda m=module: m.__dict__.pop("forward", None), kind="object")
         kinds = modules.class_names(ctx.model)
-        return {"modules": f"{len(chosen)} x {', '.join(sorted({kinds[type(m)] for m in chosen}))}: "
+        return {"modules": f"{len(chosen)} x {', '.join(sorted({kinds[modules.own_class(m)] for m in chosen}))}: "
                            + modules.listed([names[id(m)] for m in chosen]),
                 "recompute": "their activations in backward (non-reentrant torch.utils.checkpoint), from copies "
                              "of what each block was handed"}

@@ -9,13 +9,12 @@ is named with a ``StaleWarning``. Its card: docs/accelerators/ddp.md.
 """
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 
 import torch
 
 from accel.distributed.data_parallel import LAUNCHERS, DataParallel, DataParallelOptions
-from accel.errors import Skip, StaleWarning
+from accel.errors import Skip
 from accel.hardware import is_accelerator
 from accel.modules import trainable
 from accel.plan.contract import SAME_MATH, Capability, Stage, State, register
@@ -91,14 +90,12 @@ class DDP(DataParallel[DDPOptions, DDPState]):
                     torch.distributed.all_reduce(param.grad)
                     param.grad.div_(state.world_size)
 
-    def step(self, run, state, optimizer, proceed):
-        if state.world_size > 1 and not state.warned and trainable(state.params) != state.registered:
-            state.warned = True
-            warnings.warn("accel: ddp: parameters were frozen or unfrozen after DDP wrapped the model; DDP "
-                          "synchronizes only those that required gradients then, so the ranks now train apart: "
-                          "call accel.accelerate() again after unfreezing (it wraps the model anew and continues "
-                          "the run)", StaleWarning, stacklevel=3)
-        return proceed(optimizer)
+    def stale(self, state):
+        if state.world_size > 1 and trainable(state.params) != state.registered:
+            return ("parameters were frozen or unfrozen after DDP wrapped the model; DDP synchronizes only those that "
+                    "required gradients then, so the ranks now train apart: call accel.accelerate() again after "
+                    "unfreezing (it wraps the model anew and continues the run)")
+        return None
 
     def unwrap(self, state, model):
         return model.module if model is state.wrapper else model

@@ -12,7 +12,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, RandomSampler, SequentialSampler
 
 from accel.distributed.group import BACKEND_DEVICE, join_group
-from accel.errors import Problem
+from accel.errors import Problem, StaleWarning
 from accel.hardware import importable, is_accelerator
 from accel.plan.contract import Accelerator, GradientSync, State
 from accel.plan.options import Options, option, positive
@@ -52,6 +52,16 @@ DS = TypeVar("DS", bound=State)
 class DataParallel(Accelerator[DO, DS], GradientSync[DS]):
     """The process group, the device and the loader's shard: what every data-parallel wrapper needs. A wrapper
     plays GradientSync: the run turns its gradient reduction off while a step schedule accumulates."""
+
+    def stale(self, state: DS) -> str | None:
+        """What the loop changed that the wrapper does not follow (said once per run, a StaleWarning), or None."""
+        return None
+
+    def step(self, run, state: DS, optimizer, proceed):
+        if not state.warned and (message := self.stale(state)):
+            state.warned = True
+            warnings.warn(f"accel: {self.name}: {message}", StaleWarning, stacklevel=3)
+        return proceed(optimizer)
 
     def held_gradients(self, state: DS) -> list[torch.Tensor]:
         """Gradients it holds unreduced outside ``.grad``: none (DDP accumulates in ``.grad``)."""

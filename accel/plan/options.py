@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 
 from accel.errors import Problem
 
-__all__ = ["Option", "Options", "at_least", "option", "positive"]
+__all__ = ["Option", "Options", "at_least", "module_classes", "option", "positive"]
 
 
 @dataclass(frozen=True)
@@ -94,3 +94,13 @@ def at_least(low: float) -> Callable[[Any], str | None]:
 
 def positive(value: Any) -> str | None:
     return None if value is None or value > 0 else "must be > 0"
+
+
+def class_names_problem(value: Any) -> str | None:
+    ok = isinstance(value, list) and value and all(isinstance(v, str) for v in value)
+    return None if ok else "must be a non-empty list of module class names"
+
+
+def module_classes(help: str) -> Any:
+    """A field naming the module classes an accelerator works on: "auto" (the repeated blocks) or class names."""
+    return option("auto", (str, list), choices=("auto",), check=class_names_problem, help=help)

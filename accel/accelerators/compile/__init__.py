@@ -87,11 +87,7 @@ def sharded_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
         from torch.distributed.fsdp import FSDPModule
     except ImportError:
         return []
-    found: list[tuple[str, torch.nn.Module]] = []
-    for name, module in model.named_modules():
-        if name and isinstance(module, FSDPModule) and not any(name.startswith(f"{n}.") for n, _ in found):
-            found.append((name, module))
-    return [module for _, module in found]
+    return outermost(model, FSDPModule)
 
 
 @register

@@ -9,30 +9,58 @@ your model, optimizer and parameters stay live. Its card: docs/accelerators/fsdp
 """
 from __future__ import annotations
 
-import warnings
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 from torch.nn.utils import parametrize
 
-from accel.accelerators.fsdp.config import FSDPOptions, FSDPState
-from accel.accelerators.fsdp.held import held_by_parameter, reduce_into_shards
 from accel.accelerators.fsdp.surgery import (
     Originals,
+    Sharding,
     gather_state,
+    held_by_parameter,
+    reduce_into_shards,
     shard_like,
     shard_model,
     swap_parameters,
     unshard_model,
 )
-from accel.distributed.data_parallel import LAUNCHERS, DataParallel
-from accel.errors import Problem, StaleWarning
+from accel.distributed.data_parallel import LAUNCHERS, DataParallel, DataParallelOptions
+from accel.errors import Problem
 from accel.hardware import is_accelerator
-from accel.modules import listed, outermost, repeated_blocks
+from accel.modules import absent_classes, chosen_classes, listed, outermost, own_class, tied_groups
 from accel.optim import foreign_tensors
-from accel.plan.contract import SAME_MATH, Capability, Stage, dtype_name, register
+from accel.plan.contract import SAME_MATH, Capability, Stage, State, dtype_name, register
+from accel.plan.options import module_classes, option
 
 __all__ = ["FSDP", "FSDPOptions", "FSDPState"]
+
+
+REDUCE_DTYPES = ("float32", "compute")
+
+
+@dataclass(frozen=True, kw_only=True)
+class FSDPOptions(DataParallelOptions):
+    blocks: str | list[str] = module_classes("class names of the modules to shard one by one; auto = the repeated "
+                                             "blocks")
+    reshard_after_forward: bool = option(True, help="free each block's gathered weights after its forward "
+                                                    "(gathered again for backward): less memory, more traffic")
+    reduce_dtype: str = option("float32", choices=REDUCE_DTYPES,
+                               help="with amp: reduce gradients in fp32, or in the compute dtype")
+    cpu_offload: bool = option(False, help="keep shards and optimizer state in host memory (accelerators only)")
+
+
+@dataclass
+class FSDPState(State):
+    """The model's sharding while the run holds it (None once run.close() or a later plan took it off; a failed
+    later plan puts it back, redone), and what the hooks follow."""
+
+    sharding: Sharding | None = None  # what fully_shard changed, to give the model back (surgery.py)
+    originals: Originals | None = None  # your own parameters while their shards train
+    params: list[tuple[str, nn.Parameter]] = field(default_factory=list)  # the shards, checked for gradient hooks
+    sync: bool = True  # reduce-scatter gradients in backward (False while a step schedule accumulates)
+    warned: bool = False  # the StaleWarning about a gradient hook on a shard was given
 
 
 def keeps_float32(module: nn.Module) -> bool:
@@ -47,13 +75,11 @@ def keeps_float32(module: nn.Module) -> bool:
 def tied_apart(model: nn.Module, modules: list[nn.Module], names: dict[int, str]) -> tuple[list, list]:
     """(the modules none of whose parameters is also held outside them, the others): a tied embedding and head, or
     two blocks sharing a weight, cannot be sharded in two FSDP groups."""
-    holders: dict[int, list[str]] = {}
-    for name, parameter in model.named_parameters(remove_duplicate=False):
-        holders.setdefault(id(parameter), []).append(name)
+    groups = tied_groups(model)
 
     def tied(module: nn.Module) -> bool:
         prefix = f"{names[id(module)]}."
-        return any(not name.startswith(prefix) for p in module.parameters() for name in holders[id(p)])
+        return any(len({name.startswith(prefix) for name in group}) > 1 for group in groups)
 
     split = [tied(m) for m in modules]
     return [m for m, t in zip(modules, split) if not t], [m for m, t in zip(modules, split) if t]
@@ -68,14 +94,6 @@ class FSDP(DataParallel[FSDPOptions, FSDPState]):
     provides = (Capability.MODEL_DISTRIBUTED, Capability.DATA_SHARD, Capability.MODEL_SHARDED)
     conflicts = (Capability.MODEL_DISTRIBUTED,)  # ddp
     keeps = SAME_MATH
-
-    def block_classes(self, model: nn.Module) -> tuple[set[str], list[str]]:
-        """The class names to shard one by one in this model, and those asked for that it does not have."""
-        blocks = self.config.blocks
-        if blocks == "auto":
-            return repeated_blocks(model), []
-        present = {type(m).__name__ for m in model.modules()}
-        return set(blocks) & present, sorted(set(blocks) - present)
 
     def group_backend(self, device: torch.device) -> str:
         """With cpu_offload the shards live in host memory, and what gathers or reduces them as DTensors (run.close(),
@@ -107,11 +125,7 @@ class FSDP(DataParallel[FSDPOptions, FSDPState]):
             problems.append(Problem(self.name, "the model is already sharded by FSDP (fully_shard was called on it)",
                                     field="model", value=type(ctx.model).__name__,
                                     allowed="the model before fully_shard", kind="conflict"))
-        missing = self.block_classes(ctx.model)[1]
-        if missing:
-            problems.append(Problem(self.name, f"no module of class {missing} in the model", field="blocks",
-                                    value=config.blocks, allowed="class names of the model's modules, e.g. "
-                                    + ", ".join(sorted(repeated_blocks(ctx.model)) or ["TransformerBlock"])))
+        problems += absent_classes(self.name, "blocks", config.blocks, ctx.model, "TransformerBlock")
         if config.cpu_offload and not is_accelerator(ctx.device):
             problems.append(Problem(self.name, f"offloading to CPU memory needs an accelerator device; the device is "
                                     f"{ctx.device}, whose memory already is CPU memory", field="cpu_offload",
@@ -132,11 +146,11 @@ class FSDP(DataParallel[FSDPOptions, FSDPState]):
         changes = self.join(ctx)
         world = ctx.decisions.launch.world_size
         names = {id(m): name for name, m in ctx.model.named_modules()}
-        blocks, tied = tied_apart(ctx.model, outermost(ctx.model, self.block_classes(ctx.model)[0]), names)
+        blocks, tied = tied_apart(ctx.model, outermost(ctx.model, chosen_classes(ctx.model, config.blocks)[0]), names)
         if tied:  # FSDP2 refuses, at the first forward, one parameter in two groups: the root's group holds it
             changes["tied"] = listed([names[id(m)] for m in tied]) + " left to the root's group: a parameter of " \
                 "each is tied to one outside it"
-        kinds = sorted({type(m).__name__ for m in blocks})  # before FSDP renames the classes
+        kinds = sorted({own_class(m).__name__ for m in blocks})  # before FSDP renames the classes
         dtype = ctx.decisions.compute_dtype
         reduce = torch.float32 if config.reduce_dtype == "float32" else dtype
         policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=reduce) if dtype is not None else (
@@ -202,18 +216,15 @@ class FSDP(DataParallel[FSDPOptions, FSDPState]):
         changes["checkpoints"] = "run.save writes a sharded DCP directory"
         return state
 
-    def step(self, run, state, optimizer, proceed):
-        if not state.warned:
-            hooked = [name for name, p in state.params
-                      if getattr(p, "_backward_hooks", None) or getattr(p, "_post_accumulate_grad_hooks", None)]
-            if hooked:
-                state.warned = True
-                warnings.warn(f"accel: fsdp: a gradient hook on the parameter(s) {hooked[:4]} never runs: under FSDP2 "
-                              "autograd computes the gradient of the gathered weight and the shard's gradient comes "
-                              "from the reduce-scatter; hook the module instead (register_full_backward_hook), or "
-                              "register the hook before accelerate() and run without fsdp", StaleWarning,
-                              stacklevel=3)
-        return proceed(optimizer)
+    def stale(self, state):
+        hooked = [name for name, p in state.params
+                  if getattr(p, "_backward_hooks", None) or getattr(p, "_post_accumulate_grad_hooks", None)]
+        if hooked:
+            return (f"a gradient hook on the parameter(s) {hooked[:4]} never runs: under FSDP2 autograd computes the "
+                    "gradient of the gathered weight and the shard's gradient comes from the reduce-scatter; hook the "
+                    "module instead (register_full_backward_hook), or register the hook before accelerate() and run "
+                    "without fsdp")
+        return None
 
     def gradient_sync(self, run, state, enabled):
         """Reduce-scatter gradients in backward (True), or keep accumulating them unreduced (False). The flag lives

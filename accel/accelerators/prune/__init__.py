@@ -22,15 +22,7 @@ from torch import nn
 from accel import randomness
 from accel.accelerators.prune.config import DEFAULT_CONFIG, PRUNERS, config_problems
 from accel.accelerators.prune.diagnosis import empty_message, same_for_every_input
-from accel.accelerators.prune.speedup import (
-    QUIET,
-    count,
-    nni_quiet,
-    output_shapes,
-    shape_changes,
-    speedup_class,
-    surgery,
-)
+from accel.accelerators.prune.speedup import count, nni_quiet, output_shapes, shape_changes, speed_up, surgery
 from accel.accelerators.prune.tracing import fx_trace, keep_outputs, structure_problems
 from accel.batches import describe_batch, move
 from accel.errors import Problem
@@ -146,10 +138,7 @@ class Prune(Accelerator[PruneOptions, State]):
         try:
             with randomness.kept(None), nni_quiet():
                 masks, _ = self._masks(pruning, model)
-                speedup = speedup_class()(model.eval(), move(dummy, device, False), masks,
-                                          graph_module=fx_trace(model), logger=QUIET)
-                speedup.dry_run = True  # the masks inferred, nothing rebuilt
-                speedup.speedup_model()
+                speedup = speed_up(model.eval(), move(dummy, device, False), masks, dry_run=True)
         except Exception:  # anything else NNI cannot do shows (and is named) while applying
             return []
         if not speedup.empty:
@@ -225,7 +214,7 @@ class Prune(Accelerator[PruneOptions, State]):
             taylor = (self._evaluator(ctx, model, optimizer, loss_of), config.taylor_steps) \
                 if config.pruner == "taylor" else ()
             masks, kept = self._masks(pruning, model, *taylor)
-            surgery(model, dummy, masks, speedup_class())
+            surgery(model, dummy, masks)
         for name, module in model.named_modules():  # NNI's new modules, and training steps, set one mode for all
             module.training = modes.get(name, modes[""])
         ctx.model = model.to(ctx.device)

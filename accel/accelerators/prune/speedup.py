@@ -65,7 +65,16 @@ def retie(model: nn.Module, tied: list[list[str]], shapes: dict[str, torch.Size]
             setattr(model.get_submodule(owner), attr, params[0])
 
 
-def surgery(model: nn.Module, dummy: Any, masks: dict, speedup: Any) -> None:
+def speed_up(model: nn.Module, dummy: Any, masks: dict, dry_run: bool = False) -> Any:
+    """NNI's ModelSpeedup (``speedup_class``) run on the model in place; with ``dry_run`` it only infers the masks
+    (its ``.empty``: the layers it would leave no channel)."""
+    speedup = speedup_class()(model, dummy, masks, graph_module=fx_trace(model), logger=QUIET)
+    speedup.dry_run = dry_run
+    speedup.speedup_model()
+    return speedup
+
+
+def surgery(model: nn.Module, dummy: Any, masks: dict) -> None:
     """ModelSpeedup in place, then put back what its new modules lose: ties, frozen flags and buffers of unchanged
     shape (BatchNorm statistics: NNI's first probe would update them, and new modules reset the batch count). The
     model is left in eval mode, so that no probe updates the statistics NNI copies for the kept channels."""
@@ -75,7 +84,7 @@ def surgery(model: nn.Module, dummy: Any, masks: dict, speedup: Any) -> None:
     buffers = buffer_values(model)
     model.eval()
     expected = output_shapes(model, dummy)
-    speedup(model, dummy, masks, graph_module=fx_trace(model), logger=QUIET).speedup_model()
+    speed_up(model, dummy, masks)
     found = output_shapes(model.eval(), dummy)  # NNI's new modules are made in training mode
     if found != expected:
         raise ValueError(f"pruning changed the model's output shape from {expected} to {found}: keep the layers "

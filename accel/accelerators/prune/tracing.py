@@ -34,28 +34,30 @@ def fx_trace(model: nn.Module) -> torch.fx.GraphModule:
         raise ValueError(f"torch.fx cannot trace {where}: {type(error).__name__}: {error}") from error
     return torch.fx.GraphModule(tracer.root, graph)
 
-def sets_features(module: nn.Module) -> bool:
-    """Whether a layer decides its own output features (a weight of 2+ dims: Conv, Linear): a change of its input
-    channels stops there. Norms, activations and pooling pass their input's channels on."""
-    return any(p.dim() > 1 for p in module.parameters())
+def sets_features(node: torch.fx.Node, modules: dict[str, nn.Module]) -> bool:
+    """Whether the node calls a layer that decides its own output features (a weight of 2+ dims: Conv, Linear): a
+    change of its input channels stops there. Norms, activations and pooling pass their input's channels on."""
+    return node.op == "call_module" and any(p.dim() > 1 for p in modules[node.target].parameters())
+
+
+def reached(starts, onward) -> list[torch.fx.Node]:
+    """Every node reached from ``starts`` (themselves included) going on to ``onward(node)`` from each, once each."""
+    stack, seen = list(starts), {}
+    while stack:
+        node = stack.pop()
+        if node not in seen:
+            seen[node] = None
+            stack.extend(onward(node))
+    return list(seen)
 
 
 def output_layers(graph: torch.fx.GraphModule) -> list[str]:
     """Layers whose output reaches the model's output through ops that keep its channels (activations, pooling,
     flatten, additions, BatchNorm): pruning their channels would change the output's shape."""
     modules = dict(graph.named_modules())
-    found, seen = set(), set()
-    stack = [node for node in graph.graph.nodes if node.op == "output"]
-    while stack:
-        node = stack.pop()
-        if node in seen:
-            continue
-        seen.add(node)
-        if node.op == "call_module" and sets_features(modules[node.target]):
-            found.add(node.target)
-        else:
-            stack.extend(node.all_input_nodes)
-    return sorted(found)
+    outputs = [node for node in graph.graph.nodes if node.op == "output"]
+    return sorted({node.target for node in reached(outputs, lambda n: [] if sets_features(n, modules)
+                                                   else n.all_input_nodes) if sets_features(node, modules)})
 
 
 def reshaped(graph: torch.fx.GraphModule, pruned: set[str]) -> dict[str, str]:
@@ -67,22 +69,12 @@ def reshaped(graph: torch.fx.GraphModule, pruned: set[str]) -> dict[str, str]:
         if node.op != "call_module" or node.target not in pruned:
             continue
         found.setdefault(node.target, node.target)
-        stack, seen = list(node.users), set()
-        while stack:
-            user = stack.pop()
-            if user in seen:
-                continue
-            seen.add(user)
-            if user.op == "call_module":
-                module = modules[user.target]
-                if next(module.parameters(), None) is not None:
-                    found.setdefault(user.target, node.target)
-                if sets_features(module):
-                    continue
-            for arg in user.all_input_nodes:  # weights a function reads (F.linear(x, self.weight))
+        for user in reached(node.users, lambda n: [] if sets_features(n, modules) else n.users):
+            if user.op == "call_module" and next(modules[user.target].parameters(), None) is not None:
+                found.setdefault(user.target, node.target)
+            for arg in user.all_input_nodes if not sets_features(user, modules) else ():  # weights F.linear reads
                 if arg.op == "get_attr":
                     found.setdefault(arg.target, node.target)
-            stack.extend(user.users)
     return found
 
 
