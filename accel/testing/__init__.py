@@ -25,8 +25,7 @@ from accel.testing.harness import Equivalence, check_equivalence  # noqa: F401  
 from accel.testing.setup import Held, Loop, Setup  # noqa: F401  (public)
 from accel.testing.snapshots import Snapshot, snapshot  # noqa: F401  (public)
 from accel.workloads.book import BookCNN, TinyCNN, accuracy, cifar_shaped, digits_datasets  # noqa: F401  (re-exported)
-from accel.workloads.miniatures import NormCNN
-from accel.workloads.tiny import tiny_loader, tiny_model, tiny_optimizer  # noqa: F401  (re-exported)
+from accel.workloads.miniatures import NormCNN, tiny_loader, tiny_model, tiny_optimizer  # noqa: F401  (re-exported)
 
 __all__ = ["Applied", "BookCNN", "Equivalence", "Held", "Loop", "Setup", "Snapshot", "TinyCNN", "accuracy",
            "apply_one", "check_equivalence", "cifar_shaped", "digits_datasets", "process_state_restored", "snapshot",

@@ -3,8 +3,7 @@ timm, torchvision, an LSTM: ``WORKLOADS``), small models shaped like GPT-2 and R
 """
 from accel.workloads.book import BookCNN, TinyCNN, accuracy, cifar_shaped, digits_datasets
 from accel.workloads.catalog import SIZES, WORKLOADS, Tagger, Workload
-from accel.workloads.miniatures import NormCNN, TinyGPT
-from accel.workloads.tiny import tiny_loader, tiny_model, tiny_optimizer
+from accel.workloads.miniatures import NormCNN, TinyGPT, tiny_loader, tiny_model, tiny_optimizer
 
 __all__ = ["SIZES", "WORKLOADS", "BookCNN", "NormCNN", "Tagger", "TinyCNN", "TinyGPT", "Workload", "accuracy",
            "cifar_shaped", "digits_datasets", "tiny_loader", "tiny_model", "tiny_optimizer"]
