@@ -105,7 +105,7 @@ def one_run(index: int, args) -> dict:
         if eager.status != "ready" or chosen.status != "ready":
             return {**row, "ratio": None, "verdict": f"failed: {eager.error or chosen.error}", "at_least_as_fast": None}
         lab.pace(eager.settled_step_s)
-        ratio = lab.compare(eager, chosen, (), min_rounds=args.rounds, max_rounds=args.rounds)
+        ratio = lab.rounds([chosen], eager, (), min_rounds=args.rounds, max_rounds=args.rounds)[id(chosen)]
     finally:
         lab.close()
     verdict = "faster" if ratio.below(1.0) else "slower" if ratio.above(1.0) else "not told apart"

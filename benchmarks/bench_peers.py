@@ -142,7 +142,7 @@ def accelerate_trial(lab: Lab, kwargs: dict) -> tuple[Trial, dict]:
         model, optimizer, loader = accelerator.prepare(model, optimizer, lab.loader)
         trial.run = AccelerateRun(accelerator, model, optimizer, loader, AccelerateState(), accelerator.device)
         lab.active = trial
-        lab.restore_randomness()
+        lab.start.restore()
         iterator = iter(loader)
         trial.first_s, trial.check_losses = timed_steps(trial.run, iterator, lab.check_steps, lab.step)
         trial.batches = itertools.chain(iterator, endless(loader))

@@ -384,7 +384,8 @@ class OrderLab(Lab):
 def test_rounds_alternate_which_plan_runs_first():
     """A B, B A, B A, A B: a load that rises or falls during the rounds weighs on both plans alike."""
     lab = OrderLab({"A": 1.0, "B": 1.0})
-    ratio = lab.compare(Trial({"name": "A"}), Trial({"name": "B"}), (0.5,), min_rounds=4, max_rounds=4)
+    challenger = Trial({"name": "B"})
+    ratio = lab.rounds([challenger], Trial({"name": "A"}), (0.5,), min_rounds=4, max_rounds=4)[id(challenger)]
     assert "".join(lab.order) == "ABBABAAB" and ratio.estimate == pytest.approx(1.0)
     lab = OrderLab({"A": 1.0, "B": 1.0, "C": 1.0})
     lab.rounds([Trial({"name": "B"}), Trial({"name": "C"})], Trial({"name": "A"}), (0.5,),

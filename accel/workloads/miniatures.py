@@ -1,7 +1,6 @@
 """Small models shaped like what people train, for tests and benchmarks: a GPT-style decoder and a CNN with
-BatchNorm in repeated stages. Random weights; sizes from arguments (GPT-2 small: ``TinyGPT.gpt2_small()``). And the
-tiny real objects of accel's own tests and of tests of your accelerator (the book's TinyCNN, an Adam over it, random
-1x8x8 images): for checking plumbing, not accuracy."""
+BatchNorm in repeated stages (random weights, sizes from arguments); and the tiny real objects of accel's tests and
+of tests of your accelerator (the book's TinyCNN, an Adam over it, random 1x8x8 images), for plumbing, not accuracy."""
 from __future__ import annotations
 
 from typing import Any
@@ -44,11 +43,6 @@ class TinyGPT(nn.Module):
         self.head.weight = self.tokens.weight  # tied, as GPT-2's
         for embedding in (self.tokens, self.positions):
             nn.init.normal_(embedding.weight, std=0.02)  # GPT-2's initialisation
-
-    @classmethod
-    def gpt2_small(cls) -> TinyGPT:
-        """GPT-2 small's shape: 12 layers, width 768, 12 heads, vocabulary 50257, context 1024 (124M parameters)."""
-        return cls(vocab=50257, width=768, layers=12, heads=12, context=1024)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         x = self.tokens(ids) + self.positions(torch.arange(ids.shape[1], device=ids.device))
