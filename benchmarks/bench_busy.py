@@ -28,7 +28,8 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import accel
 from accel.bench import build_model, make_optimizer
-from accel.measure import Lab, TrainStep, plan_label
+from accel.measure import TrainStep, plan_label
+from accel.measure.lab import Lab
 from accel.run.report import render_table
 
 # the load generator: pinned to one CPU, busy for a bounded time, then it prints its iterations and life time

@@ -48,7 +48,8 @@ from typing import Any
 import torch
 
 import accel
-from accel.measure import Lab, Ratio, TrainStep, Trial, endless, paired, plan_label, summarize, timed_steps
+from accel.measure import Ratio, TrainStep, endless, paired, plan_label, summarize, timed_steps
+from accel.measure.lab import Lab, Trial
 from accel.optim import rebuild_optimizer, same_params
 from accel.run.report import render_table
 from accel.workloads import WORKLOADS

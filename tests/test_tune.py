@@ -14,7 +14,8 @@ from virtual_clock import VirtualClock
 import accel
 import accel.clock
 from accel.hardware import ISA_FLAGS, probe
-from accel.measure import Lab, Ratio, Trial
+from accel.measure import Ratio
+from accel.measure.lab import Lab, Trial
 from accel.plan.contract import REGISTRY, Accelerator, Capability, Stage, register, unregister
 from accel.run.report import Report
 from accel.search import TuneResult, generate_candidates

@@ -12,8 +12,7 @@ import torch
 from accel import clock, randomness
 from accel.api import accelerate
 from accel.errors import MeasureError, PlanError
-from accel.measure.stats import Ratio, paired, round_order
-from accel.measure.steps import SETTLE_BELOW_S, TrainStep, chunk_steps, endless, timed_steps
+from accel.measure import SETTLE_BELOW_S, Ratio, TrainStep, chunk_steps, endless, paired, round_order, timed_steps
 from accel.optim import copy_with_optimizer
 from accel.plan import Plan
 
