@@ -24,12 +24,11 @@ from accel.run.report import Row
 from accel.testing.harness import Equivalence, check_equivalence  # noqa: F401  (public)
 from accel.testing.setup import Held, Loop, Setup  # noqa: F401  (public)
 from accel.testing.snapshots import Snapshot, snapshot  # noqa: F401  (public)
-from accel.workloads.book import BookCNN, TinyCNN, accuracy, cifar_shaped, digits_datasets  # noqa: F401  (re-exported)
-from accel.workloads.miniatures import NormCNN, tiny_loader, tiny_model, tiny_optimizer  # noqa: F401  (re-exported)
+from accel.workloads import NormCNN, digits_datasets, tiny_loader, tiny_model, tiny_optimizer  # noqa: F401  (public)
 
-__all__ = ["Applied", "BookCNN", "Equivalence", "Held", "Loop", "Setup", "Snapshot", "TinyCNN", "accuracy",
-           "apply_one", "check_equivalence", "cifar_shaped", "digits_datasets", "process_state_restored", "snapshot",
-           "tiny_loader", "tiny_model", "tiny_optimizer", "tiny_setup", "train_steps"]
+__all__ = ["Applied", "Equivalence", "Held", "Loop", "Setup", "Snapshot", "apply_one", "check_equivalence",
+           "process_state_restored", "snapshot", "tiny_loader", "tiny_model", "tiny_optimizer", "tiny_setup",
+           "train_steps"]
 
 
 def train_steps(run: Run, epochs: int = 1, loss_fn=nn.functional.cross_entropy) -> list[float]:
