@@ -24,7 +24,7 @@ from accel.search import inloop
 from accel.search import turns as turn_taking
 from accel.search.inloop import InLoopSearch
 from accel.testing import check_equivalence, tiny_loader, tiny_model, train_steps
-from accel.testing.harness import process_state
+from accel.testing.trace import process_state
 from accel.workloads import TinyCNN
 
 SLOW = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])

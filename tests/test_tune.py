@@ -20,7 +20,7 @@ from accel.plan.contract import REGISTRY, Accelerator, Capability, Stage, regist
 from accel.run.report import Report
 from accel.search import TuneResult, generate_candidates
 from accel.testing import snapshot, tiny_loader, tiny_model, tiny_optimizer
-from accel.testing.harness import process_state
+from accel.testing.trace import process_state
 
 CLOCK = VirtualClock()  # the step times of the tests that judge verdicts: only the test's models move it
 BASE_S = 0.01  # a forward of the plain model, on that clock
