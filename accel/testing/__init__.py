@@ -9,7 +9,7 @@ and says what changed.
 What a plan may change is the union of its applied accelerators' cards (``Accelerator.keeps``). Always checked: the
 user's objects and the process unchanged by accelerate(), the same batches, outputs' structure, parameter names,
 flags and ties, frozen parameters; by the card, the weights, optimizer state and losses (exact, float, tolerance, or
-changed). The parts: trace.py (what one training records), comparison.py (two under a card), setup.py (user code).
+changed). The parts: trace.py (the user's code, what one training of it records), comparison.py (two, by a card).
 """
 from __future__ import annotations
 
@@ -35,9 +35,8 @@ from accel.run.loaders import release_workers
 from accel.run.report import Row
 from accel.search import accelerate
 from accel.testing.comparison import combined, compare, distance
-from accel.testing.setup import Held, Loop, Setup
 from accel.testing.snapshots import Snapshot, same, snapshot
-from accel.testing.trace import Trace, process_state, trained
+from accel.testing.trace import Held, Loop, Setup, Trace, process_state, trained
 from accel.workloads import NormCNN, digits_datasets, tiny_loader, tiny_model, tiny_optimizer
 
 __all__ = ["Applied", "Equivalence", "Held", "Loop", "Setup", "Snapshot", "apply_one", "check_equivalence",
