@@ -16,7 +16,8 @@ from torch.utils.data import DataLoader, TensorDataset
 from accel import clock
 from accel.errors import PlanError
 from accel.hardware import probe
-from accel.measure import Lab, Ratio, TrainStep, matmul_peaks, peak_dtype, plan_label, summarize, training_flops
+from accel.measure import Ratio, TrainStep, matmul_peaks, peak_dtype, plan_label, summarize, training_flops
+from accel.measure.lab import Lab
 from accel.plan import Plan
 from accel.run.context import placement
 from accel.run.report import render_table

@@ -104,14 +104,6 @@ def read_small(path, limit: int = 1 << 20) -> bytes:
         os.close(handle)
 
 
-def regular_file(path) -> bool:
-    """Whether path is a regular file (following links): what may be opened without waiting on a pipe or device."""
-    try:
-        return stat.S_ISREG(os.stat(path).st_mode)
-    except OSError:
-        return False
-
-
 def write_text(path, text: str) -> None:
     write_atomically(path, lambda file: file.write(text.encode()))
 

@@ -32,7 +32,8 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import accel
 from accel.bench import build_model, make_optimizer
-from accel.measure import Lab, Ratio, TrainStep, endless, summarize, timed_steps
+from accel.measure import Ratio, TrainStep, endless, summarize, timed_steps
+from accel.measure.lab import Lab
 from accel.run.report import render_table
 
 PLANS = {"plain": {}, "checkpointed": {"activation_checkpointing": {}}}

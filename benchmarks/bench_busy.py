@@ -28,7 +28,8 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import accel
 from accel.bench import build_model, make_optimizer
-from accel.measure import Lab, TrainStep, plan_label
+from accel.measure import TrainStep, plan_label
+from accel.measure.lab import Lab
 from accel.run.report import render_table
 
 # the load generator: pinned to one CPU, busy for a bounded time, then it prints its iterations and life time
@@ -105,7 +106,7 @@ def one_run(index: int, args) -> dict:
         if eager.status != "ready" or chosen.status != "ready":
             return {**row, "ratio": None, "verdict": f"failed: {eager.error or chosen.error}", "at_least_as_fast": None}
         lab.pace(eager.settled_step_s)
-        ratio = lab.compare(eager, chosen, (), min_rounds=args.rounds, max_rounds=args.rounds)
+        ratio = lab.rounds([chosen], eager, (), min_rounds=args.rounds, max_rounds=args.rounds)[id(chosen)]
     finally:
         lab.close()
     verdict = "faster" if ratio.below(1.0) else "slower" if ratio.above(1.0) else "not told apart"

@@ -1,6 +1,6 @@
 """fsdp against ddp at 2 ranks: per-rank memory of parameters, gradients and optimizer state, and step time.
 
-The model is GPT-2 small's shape (accel.workloads.TinyGPT.gpt2_small(): 12 layers, width 768, vocabulary
+The model is GPT-2 small's shape (accel.workloads.TinyGPT with 12 layers, width 768, vocabulary
 50257, 124M parameters, random weights) with AdamW; each rank trains on its own batch of random tokens.
 
 Memory is measured on the tensors each rank holds after a step: the bytes of every distinct storage behind the
@@ -54,8 +54,8 @@ def held_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict
 
 def build(args):
     torch.manual_seed(0)
-    model = TinyGPT.gpt2_small() if not args.quick else TinyGPT(vocab=50257, width=256, layers=4, heads=4,
-                                                                   context=args.length)
+    model = TinyGPT(vocab=50257, width=768, layers=12, heads=12, context=1024) if not args.quick else \
+        TinyGPT(vocab=50257, width=256, layers=4, heads=4, context=args.length)  # GPT-2 small's shape, or a quick one
     return model, torch.optim.AdamW(model.parameters(), lr=1e-4)
 
 

@@ -48,7 +48,8 @@ from typing import Any
 import torch
 
 import accel
-from accel.measure import Lab, Ratio, TrainStep, Trial, endless, paired, plan_label, summarize, timed_steps
+from accel.measure import Ratio, TrainStep, endless, paired, plan_label, summarize, timed_steps
+from accel.measure.lab import Lab, Trial
 from accel.optim import rebuild_optimizer, same_params
 from accel.run.report import render_table
 from accel.workloads import WORKLOADS
@@ -142,7 +143,7 @@ def accelerate_trial(lab: Lab, kwargs: dict) -> tuple[Trial, dict]:
         model, optimizer, loader = accelerator.prepare(model, optimizer, lab.loader)
         trial.run = AccelerateRun(accelerator, model, optimizer, loader, AccelerateState(), accelerator.device)
         lab.active = trial
-        lab.restore_randomness()
+        lab.start.restore()
         iterator = iter(loader)
         trial.first_s, trial.check_losses = timed_steps(trial.run, iterator, lab.check_steps, lab.step)
         trial.batches = itertools.chain(iterator, endless(loader))

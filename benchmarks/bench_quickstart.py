@@ -21,8 +21,8 @@ import torch
 from torch.utils.data import DataLoader
 
 import accel
-from accel.testing import TinyCNN, train_steps
-from accel.workloads import digits_datasets
+from accel.testing import train_steps
+from accel.workloads import TinyCNN, digits_datasets
 
 
 def quickstart(epochs: int = 3) -> dict:

@@ -4,7 +4,8 @@ import torch
 from torch.utils.data import DataLoader
 
 import accel
-from accel.testing import TinyCNN, accuracy, digits_datasets, train_steps
+from accel.testing import train_steps
+from accel.workloads import TinyCNN, accuracy, digits_datasets
 
 EPOCHS = 4
 

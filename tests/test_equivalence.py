@@ -16,7 +16,7 @@ import accel
 from accel.hardware import ipex_problem, package_version
 from accel.plan.contract import REGISTRY
 from accel.testing import check_equivalence
-from accel.testing.harness import LEVELS, combined
+from accel.testing.comparison import LEVELS, combined
 
 OPTIONS = {  # a few configurations of each built-in, every one valid for every zoo case
     "threads": [{}, {"threads": 1}, {"affinity": False, "export_env": False}],
@@ -225,7 +225,7 @@ def test_the_harness_finds_what_a_plan_changes_beyond_its_card(monkeypatch):
 
 
 def reference_trace():
-    from accel.testing.harness import Trace
+    from accel.testing.trace import Trace
 
     return Trace(batches=["b0", "b1"], outputs=["float32[16, 10]", "float32[16, 10]"], losses=[2.3, 2.2],
                  state={"fc.weight": torch.ones(10, 4), "bn.num_batches_tracked": torch.tensor(2)},
@@ -314,7 +314,7 @@ BRANCHES = [(changed_batches, LEVELS, "batches"), (changed_second_output, LEVELS
 def test_every_comparison_of_the_harness_can_fail(change, levels, word, level):
     import copy
 
-    from accel.testing.harness import compare
+    from accel.testing.comparison import compare
 
     keeps = accel.Keeps(level, rtol=1e-3, atol=1e-4, loss_rtol=0.05)
     reference = reference_trace()

@@ -19,7 +19,7 @@ from accel.accelerators.compile import sharded_blocks
 from accel.errors import CheckpointError, StaleWarning
 from accel.plan.contract import Accelerator, Stage, register, unregister
 from accel.testing import check_equivalence, snapshot, tiny_loader, tiny_model
-from accel.testing.harness import process_state
+from accel.testing.trace import process_state
 from accel.workloads import TinyGPT
 
 NOT_LIVE = {"hooks": "a gradient hook on a sharded parameter: named by a StaleWarning (test below)",

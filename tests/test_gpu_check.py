@@ -119,7 +119,7 @@ def test_the_settings_docs_gpu_md_names_are_the_ones_the_check_reads():
 def test_the_harness_leaves_out_what_inductor_sets_in_the_environment_on_a_gpu(monkeypatch):
     """On a GPU, inductor sets TRITON_CACHE_DIR when it first loads a Triton kernel (and TRITON_PTXAS_PATH where it
     compiles one), whoever compiled: check_equivalence must not count that as a plan's change of the process."""
-    from accel.testing.harness import process_state
+    from accel.testing.trace import process_state
 
     before = process_state()
     monkeypatch.setenv("TRITON_CACHE_DIR", "/tmp/torchinductor_you/triton/0")

@@ -8,8 +8,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from accel.hardware import format_cpu_list, install_hint, loaded_openmp, parse_cpu_list, probe, resolve_device
-from accel.hardware.packages import EXTRAS
+from accel.hardware import EXTRAS, format_cpu_list, install_hint, loaded_openmp, parse_cpu_list, probe, resolve_device
 
 
 @given(st.sets(st.integers(0, 512), min_size=1))

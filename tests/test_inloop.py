@@ -23,8 +23,9 @@ from accel.plan.contract import Accelerator, Capability, Stage, State, register,
 from accel.search import inloop
 from accel.search import turns as turn_taking
 from accel.search.inloop import InLoopSearch
-from accel.testing import TinyCNN, check_equivalence, tiny_loader, tiny_model, train_steps
-from accel.testing.harness import process_state
+from accel.testing import check_equivalence, tiny_loader, tiny_model, train_steps
+from accel.testing.trace import process_state
+from accel.workloads import TinyCNN
 
 SLOW = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 STEPS = 24  # chunks of 2 timed steps (and 1 after each switch): the plan switches every few steps
@@ -985,7 +986,7 @@ def quickstart(cache, monkeypatch):
     """The README's Quickstart on digits (Adam, batch 64, 3 epochs: 69 steps) with plan="auto" and no settings, on
     the test's clock: a forward costs 3 ms, an update 2 ms, or 0.5 ms fused (the fused_optimizer the hardware
     predicts for Adam). The run, and the step its first verdict came at."""
-    from accel.workloads.book import digits_datasets
+    from accel.workloads import digits_datasets
 
     monkeypatch.setattr(inloop, "CHUNK_S", 0.5)  # as shipped: about 0.5 s of steps a chunk, at most 4 timed
     monkeypatch.setenv("ACCEL_CACHE_DIR", str(cache))

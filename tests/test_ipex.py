@@ -10,7 +10,8 @@ import torch
 import accel
 from accel.errors import PlanError
 from accel.hardware import ipex_problem
-from accel.testing import digits_datasets, snapshot, tiny_loader, tiny_model, tiny_optimizer, train_steps
+from accel.testing import snapshot, tiny_loader, tiny_model, tiny_optimizer, train_steps
+from accel.workloads import accuracy, digits_datasets
 
 TORCH = torch.__version__.split("+")[0]
 MISMATCHED = "2.7.0" if TORCH.startswith("2.8.") else "2.8.0"  # an IPEX that does not fit this torch
@@ -95,7 +96,7 @@ def test_ipex_optimize_trains_on_real_digits():
     assert snapshot(model, optimizer).changes(before) == []  # IPEX worked on copies
     losses = train_steps(run, epochs=3)
     assert sum(losses[-5:]) < 0.5 * sum(losses[:5])
-    assert accel.testing.accuracy(run.model, test) > 0.8
+    assert accuracy(run.model, test) > 0.8
 
 
 @pytest.mark.ipex

@@ -339,7 +339,7 @@ def test_a_few_adaptive_steps_on_a_small_tensor_pass_the_float_card_a_systematic
     eager, 1e-9 through channels_last's kernels, turned into RMSprop steps); the model as a whole stayed within
     1e-3. A float-card error that moves every element of a small tensor must still be reported."""
     from accel.plan.contract import Keeps
-    from accel.testing.harness import compare_tensors
+    from accel.testing.comparison import compare_tensors
 
     generator = torch.Generator().manual_seed(0)
     reference = {"conv1.weight": torch.randn(72, generator=generator),

@@ -14,12 +14,13 @@ from virtual_clock import VirtualClock
 import accel
 import accel.clock
 from accel.hardware import ISA_FLAGS, probe
-from accel.measure import Lab, Ratio, Trial
+from accel.measure import Ratio
+from accel.measure.lab import Lab, Trial
 from accel.plan.contract import REGISTRY, Accelerator, Capability, Stage, register, unregister
 from accel.run.report import Report
 from accel.search import TuneResult, generate_candidates
 from accel.testing import snapshot, tiny_loader, tiny_model, tiny_optimizer
-from accel.testing.harness import process_state
+from accel.testing.trace import process_state
 
 CLOCK = VirtualClock()  # the step times of the tests that judge verdicts: only the test's models move it
 BASE_S = 0.01  # a forward of the plain model, on that clock
@@ -384,7 +385,8 @@ class OrderLab(Lab):
 def test_rounds_alternate_which_plan_runs_first():
     """A B, B A, B A, A B: a load that rises or falls during the rounds weighs on both plans alike."""
     lab = OrderLab({"A": 1.0, "B": 1.0})
-    ratio = lab.compare(Trial({"name": "A"}), Trial({"name": "B"}), (0.5,), min_rounds=4, max_rounds=4)
+    challenger = Trial({"name": "B"})
+    ratio = lab.rounds([challenger], Trial({"name": "A"}), (0.5,), min_rounds=4, max_rounds=4)[id(challenger)]
     assert "".join(lab.order) == "ABBABAAB" and ratio.estimate == pytest.approx(1.0)
     lab = OrderLab({"A": 1.0, "B": 1.0, "C": 1.0})
     lab.rounds([Trial({"name": "B"}), Trial({"name": "C"})], Trial({"name": "A"}), (0.5,),

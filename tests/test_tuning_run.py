@@ -25,7 +25,7 @@ from accel.run import Run, open_run
 from accel.search import inloop
 from accel.search.inloop import InLoopSearch
 from accel.testing import tiny_loader, tiny_model
-from accel.testing.harness import process_state
+from accel.testing.trace import process_state
 
 CLOCK = VirtualClock()
 SEARCH = Path(accel.__file__).parent / "search"

@@ -8,7 +8,7 @@ import pytest
 import accel
 from accel.hardware import importable
 from accel.search import inloop
-from accel.testing.harness import process_state
+from accel.testing.trace import process_state
 from accel.workloads import WORKLOADS
 
 

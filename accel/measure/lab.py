@@ -12,8 +12,7 @@ import torch
 from accel import clock, randomness
 from accel.api import accelerate
 from accel.errors import MeasureError, PlanError
-from accel.measure.stats import Ratio, paired, round_order
-from accel.measure.steps import SETTLE_BELOW_S, TrainStep, chunk_steps, endless, timed_steps
+from accel.measure import SETTLE_BELOW_S, Ratio, TrainStep, chunk_steps, endless, paired, round_order, timed_steps
 from accel.optim import copy_with_optimizer
 from accel.plan import Plan
 
@@ -64,9 +63,6 @@ class Lab:
         self.chunk_steps, self.settle = 1, 0
         self.start = randomness.save(loader)  # every trial's first steps start from here; close() comes back
 
-    def restore_randomness(self) -> None:
-        self.start.restore()
-
     def first_batch(self) -> Any:
         """The loader's first batch, taken without advancing its generators or any RNG."""
         return randomness.first_batch(self.loader)
@@ -96,7 +92,7 @@ class Lab:
             trial.status, trial.error = "failed", str(error)
             return trial
         self.active = trial
-        self.restore_randomness()
+        self.start.restore()
         iterator = iter(trial.run.loader)
         try:
             trial.first_s, trial.check_losses = timed_steps(trial.run, iterator, self.check_steps, self.step)
@@ -160,11 +156,6 @@ class Lab:
                 break
         return ratios
 
-    def compare(self, reference: Trial, challenger: Trial, thresholds: tuple[float, ...], min_rounds: int = 3,
-                max_rounds: int = 8, deadline: float = math.inf) -> Ratio:
-        """challenger/reference step-time ratio from interleaved rounds (A B, B A, B A, A B, ...)."""
-        return self.rounds([challenger], reference, thresholds, min_rounds, max_rounds, deadline)[id(challenger)]
-
     def pace(self, step_s: float, steps: int | None = None) -> None:
         """Steps per chunk: about 0.5 s of them (at least one), plus a settling step for steps under 2 s."""
         self.chunk_steps = steps or chunk_steps(step_s)
@@ -182,4 +173,4 @@ class Lab:
         self.activate(None)
         for trial in self.trials:
             self.retire(trial)
-        self.restore_randomness()
+        self.start.restore()

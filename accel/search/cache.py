@@ -20,7 +20,7 @@ import torch
 from accel.accelerators.compile.cache import clear_compile
 from accel.batches import map_tensors
 from accel.files import PREFIX, cache_dir, is_temporary, read_small, write_text
-from accel.hardware.devices import device_model
+from accel.hardware import device_model
 from accel.hardware.launcher import node_cores
 from accel.modules import fingerprint
 from accel.plan.contract import REGISTRY

@@ -8,7 +8,8 @@ from typing import Any
 import accel.search.cache as plancache
 from accel import clock
 from accel.errors import MeasureError, PlanError, Problem
-from accel.measure import Lab, TrainStep, Trial
+from accel.measure import TrainStep
+from accel.measure.lab import Lab, Trial
 from accel.search.results import (
     Arm,
     Comparison,

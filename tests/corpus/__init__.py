@@ -16,7 +16,7 @@ import torch
 from torch.nn import functional as F
 
 from accel.testing import Loop
-from accel.workloads.book import digits_datasets
+from accel.workloads import digits_datasets
 
 
 @functools.lru_cache(maxsize=8)

@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import accel
 from accel.errors import CheckpointError
-from accel.testing import digits_datasets
+from accel.workloads import digits_datasets
 
 OPTIMIZERS = {"LBFGS": lambda params: torch.optim.LBFGS(params, lr=0.5, max_iter=3),
               "Adafactor": lambda params: torch.optim.Adafactor(params, lr=0.01)}

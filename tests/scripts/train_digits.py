@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import accel
 from accel.distributed import all_reduce_mean, is_main_process, rank
-from accel.testing import TinyCNN, digits_datasets
+from accel.workloads import TinyCNN, digits_datasets
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--out", required=True)

@@ -21,8 +21,7 @@ from torch.utils.data.distributed import DistributedSampler
 
 import accel
 from accel.distributed import all_reduce_mean, rank
-from accel.testing import digits_datasets
-from accel.workloads import NormCNN, TinyGPT
+from accel.workloads import NormCNN, TinyGPT, digits_datasets
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--out", required=True)

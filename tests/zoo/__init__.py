@@ -24,8 +24,8 @@ from torch.utils.data import (
     default_collate,
 )
 
-from accel.testing.setup import Setup
-from accel.workloads.book import digits_datasets
+from accel.testing.trace import Setup
+from accel.workloads import digits_datasets
 from zoo.loops import BY_HAND, LOOPS, SelfSharding
 from zoo.models import MODELS, DenseLayer, Net, Residual  # noqa: F401  (the zoo's names)
 

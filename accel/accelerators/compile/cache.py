@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from accel.files import cache_dir, read_small, write_text
-from accel.hardware.devices import device_model
+from accel.hardware import device_model
 from accel.modules import fingerprint
 from accel.run.shared_settings import set_by_runs
 

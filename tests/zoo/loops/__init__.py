@@ -4,7 +4,7 @@
 """
 from __future__ import annotations
 
-from accel.testing.setup import Held, Loop
+from accel.testing.trace import Held, Loop
 from zoo.loops.between_steps import Ema, FrozenNorm, Hooks, OwnCheckpoint, Swa, Validation
 from zoo.loops.driving import Again, HalfMigrated, OwnAccumulation, TwoModels
 from zoo.loops.habits import InplaceInput, ManualUpdate

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
-from accel.testing.setup import Loop
+from accel.testing.trace import Loop
 
 
 class OwnCheckpoint(Loop):

@@ -9,7 +9,7 @@ import torch
 from accel.api import accelerate
 from accel.errors import PlanError
 from accel.plan.contract import REGISTRY
-from accel.testing.setup import Loop
+from accel.testing.trace import Loop
 
 
 class Again(Loop):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from accel.testing.setup import Loop
+from accel.testing.trace import Loop
 
 
 class InplaceInput(Loop):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch.optim import lr_scheduler
 
-from accel.testing.setup import Loop
+from accel.testing.trace import Loop
 
 
 class Scheduler(Loop):

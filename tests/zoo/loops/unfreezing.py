@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from accel.testing.setup import Held, Loop
+from accel.testing.trace import Held, Loop
 
 
 def layer(model: nn.Module) -> list[nn.Parameter]:

@@ -7,7 +7,7 @@ from typing import Any
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from accel.modules import checkpoints_itself, running_statistics
-from accel.testing.setup import Loop
+from accel.testing.trace import Loop
 
 
 class SelfSharding(IterableDataset):
