@@ -6,6 +6,7 @@ import torch
 
 import accel
 from accel import Accelerator, Options, Plan, PlanError, Skip, Stage, State, option
+from accel.hardware import ipex_problem
 from accel.testing import apply_one, snapshot, tiny_loader, tiny_model, tiny_optimizer
 
 CORE = ["threads", "loader", "amp", "channels_last", "compile"]
@@ -105,6 +106,17 @@ def test_conflicts_are_plan_errors():
         accel.accelerate(model, None, None, plan={"compile": {"mode": "default", "options": {"max_autotune": True}}})
     with pytest.raises(PlanError, match="unknown compile backend"):
         accel.accelerate(model, None, None, plan={"compile": {"backend": "nope"}})
+
+
+def test_a_compile_backend_an_optional_package_registers_is_refused_with_that_package_s_reason():
+    """compile's backend 'ipex' exists once IPEX imports; where it cannot, the PlanError says why (ipex_problem), not
+    'unknown compile backend'."""
+    problem = ipex_problem()
+    if problem is None:
+        pytest.skip("IPEX imports here: its backend is usable")
+    with pytest.raises(PlanError) as raised:
+        accel.accelerate(tiny_model(), None, None, plan={"compile": {"backend": "ipex"}})
+    assert [(p.field, p.message) for p in raised.value.problems if p.accelerator == "compile"] == [("backend", problem)]
 
 
 @dataclass(frozen=True, kw_only=True)

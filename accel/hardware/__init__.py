@@ -19,10 +19,9 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["IPEX_IMPORT_HINTS", "ISA_FLAGS", "PACKAGE_BACKENDS", "Hardware", "compile_backend_problem",
-           "device_model", "device_problem", "format_cpu_list", "hyperthread_siblings", "import_compile_backend",
-           "import_problem", "importable", "install_hint", "ipex_problem", "is_accelerator", "loaded_openmp",
-           "package_version", "parse_cpu_list", "probe", "resolve_device", "torch_version"]
+__all__ = ["IPEX_IMPORT_HINTS", "ISA_FLAGS", "Hardware", "device_model", "device_problem", "format_cpu_list",
+           "hyperthread_siblings", "import_problem", "importable", "install_hint", "ipex_problem", "is_accelerator",
+           "loaded_openmp", "package_version", "parse_cpu_list", "probe", "resolve_device", "torch_version"]
 
 
 def torch_version() -> tuple[int, int]:
@@ -92,21 +91,6 @@ def import_problem(module: str, hints: dict[str, str] | None = None) -> str | No
     last = errors[-1] if errors else (done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[-1]
     fix = next((fix for key, fix in (hints or {}).items() if key in done.stderr), None)
     return f"{module} is installed but does not import here: {last}" + (f" ({fix})" if fix else "")
-
-
-PACKAGE_BACKENDS = ("ipex",)  # torch.compile backends an optional package registers when imported
-
-
-def compile_backend_problem(backend: str) -> str | None:
-    """Why a torch.compile backend that an optional package registers (IPEX's 'ipex') cannot be used here, or None
-    (for other backends torch's own list decides)."""
-    return ipex_problem() if backend == "ipex" else None
-
-
-def import_compile_backend(backend: str) -> None:
-    """Import the optional package that registers this compile backend (after compile_backend_problem passed)."""
-    if backend == "ipex":
-        import intel_extension_for_pytorch  # noqa: F401  (optional; safe only once compile_backend_problem passed)
 
 
 @dataclass(frozen=True)

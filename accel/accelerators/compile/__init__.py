@@ -17,7 +17,7 @@ import torch
 
 import accel.accelerators.compile.cache as compile_cache
 from accel.errors import LoopError, Problem, Skip
-from accel.hardware import PACKAGE_BACKENDS, compile_backend_problem, import_compile_backend, torch_version
+from accel.hardware import ipex_problem, torch_version
 from accel.modules import (
     checkpoints_itself,
     compile_seconds,
@@ -40,6 +40,21 @@ MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagrap
 def has_compiler() -> bool:
     """inductor on a CPU writes C++: a compiler must be on PATH."""
     return any(shutil.which(c) for c in ("g++", "c++", "clang++"))
+
+
+PACKAGE_BACKENDS = ("ipex",)  # torch.compile backends an optional package registers when imported
+
+
+def package_backend_problem(backend: str) -> str | None:
+    """Why a torch.compile backend that an optional package registers (IPEX's 'ipex') cannot be used here, or None
+    (for other backends torch's own list decides)."""
+    return ipex_problem() if backend == "ipex" else None
+
+
+def import_package_backend(backend: str) -> None:
+    """Import the optional package that registers this compile backend (after package_backend_problem passed)."""
+    if backend == "ipex":
+        import intel_extension_for_pytorch  # noqa: F401  (optional; safe only once package_backend_problem passed)
 
 
 def available_backends() -> list[str]:
@@ -124,7 +139,7 @@ class Compile(Accelerator[CompileOptions, CompileState]):
                                     allowed="regional=True (each block compiled, the checkpointing outside them), the "
                                     "model's own checkpointing turned off (timm: set_grad_checkpointing(False)), or no "
                                     "compile", kind="conflict"))
-        why = compile_backend_problem(config.backend)
+        why = package_backend_problem(config.backend)
         if why:
             problems.append(Problem(self.name, why, field="backend", value=config.backend, kind="missing"))
         elif config.backend not in (backends := available_backends()):
@@ -137,7 +152,7 @@ class Compile(Accelerator[CompileOptions, CompileState]):
 
     def apply(self, ctx):
         config = self.config
-        import_compile_backend(config.backend)  # an optional package's backend, imported once its check passed
+        import_package_backend(config.backend)  # an optional package's backend, imported once its check passed
         kwargs = {k: v for k, v in {"backend": config.backend, "fullgraph": config.fullgraph, "dynamic": config.dynamic,
                                     "mode": config.mode, "options": config.options}.items() if v is not None}
         import torch._dynamo
