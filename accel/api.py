@@ -13,7 +13,7 @@ import torch
 
 from accel import clock
 from accel.errors import AccelerateError, PlanError, Problem, Skip, StaleWarning
-from accel.hardware import Hardware, package_version, probe
+from accel.hardware import Hardware, install_hint, package_version, probe
 from accel.modules import compiled
 from accel.plan import Plan, PlanSpec
 from accel.plan.contract import Accelerator, Capability, GradientSync, State, packages
@@ -76,7 +76,7 @@ def prepare(model, optimizer, loader, plan: PlanSpec, device: Any = "auto", jour
     for accelerator in accelerators:
         checked[accelerator.name] = [
             Problem(accelerator.name, f"needs the package {name!r}, which is not installed",
-                    allowed=f"pip install {name}", kind="missing")
+                    allowed=install_hint(name), kind="missing")
             for name in packages(type(accelerator)) if package_version(name) is None]
         checked[accelerator.name] += [
             Problem(accelerator.name, f"needs the {what}: pass one to accel.accelerate(model, optimizer, loader, ...)",

@@ -10,7 +10,6 @@ import torch
 import accel
 from accel.api import prepare
 from accel.errors import PlanError
-from accel.hardware import install_hint as packages_install_hint
 from accel.hardware import ipex_problem, package_version, probe
 from accel.plan.contract import REGISTRY, packages
 from accel.workloads import tiny_loader, tiny_model, tiny_optimizer
@@ -39,19 +38,13 @@ def accelerator_availability() -> dict[str, dict[str, Any]]:
                                else "its checks pass on cpu with a tiny model")
         except PlanError as error:
             entry["available"] = False
-            entry["reason"] = "; ".join(p.message + (f" ({install_hint(p.allowed)})" if p.kind == "missing" and
+            entry["reason"] = "; ".join(p.message + (f" ({p.allowed})" if p.kind == "missing" and
                                                      str(p.allowed).startswith("pip install") else "")
                                         for p in error.problems)
         except Exception as error:  # a check that breaks is reported, not fatal
             entry["available"], entry["reason"] = False, f"its check raised {type(error).__name__}: {error}"
         found[name] = entry
     return found
-
-
-def install_hint(command: str) -> str:
-    """A missing package's install command as accel's extra that pins it ("pip install nni" is
-    "pip install 'accel[prune]'")."""
-    return packages_install_hint(command.removeprefix("pip install").strip())
 
 
 def environment() -> dict[str, Any]:
