@@ -63,10 +63,6 @@ class Lab:
         self.chunk_steps, self.settle = 1, 0
         self.start = randomness.save(loader)  # every trial's first steps start from here; close() comes back
 
-    def first_batch(self) -> Any:
-        """The loader's first batch, taken without advancing its generators or any RNG."""
-        return randomness.first_batch(self.loader)
-
     def copies(self) -> tuple[torch.nn.Module, Any]:
         try:
             return copy_with_optimizer(self.model, self.optimizer)

@@ -10,6 +10,7 @@ from accel import clock
 from accel.errors import MeasureError, PlanError, Problem
 from accel.measure import TrainStep
 from accel.measure.lab import Lab, Trial
+from accel.randomness import first_batch
 from accel.search.results import (
     Arm,
     Comparison,
@@ -34,7 +35,7 @@ def tune(model, optimizer, loader, device: Any = "auto", settings: Auto | None =
     device, launch, hardware = placed(device)
     step = TrainStep(loss_fn=settings.loss_fn, split=settings.split, step_fn=settings.step_fn)
     lab = Lab(model, optimizer, loader, device, step, check_steps=max(1, settings.check_steps))
-    batch = lab.first_batch()
+    batch = first_batch(loader)  # taken without advancing its generators or any RNG
     if batch is None:
         raise MeasureError("tune needs batches, and the loader yields none")
     step.check(batch)
