@@ -19,9 +19,10 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["IPEX_IMPORT_HINTS", "ISA_FLAGS", "Hardware", "device_model", "device_problem", "format_cpu_list",
-           "hyperthread_siblings", "import_problem", "importable", "install_hint", "ipex_problem", "is_accelerator",
-           "loaded_openmp", "package_version", "parse_cpu_list", "probe", "resolve_device", "torch_version"]
+__all__ = ["IPEX_IMPORT_HINTS", "ISA_FLAGS", "PACKAGE_BACKENDS", "Hardware", "device_model", "device_problem",
+           "format_cpu_list", "hyperthread_siblings", "import_problem", "importable", "install_hint", "ipex_problem",
+           "is_accelerator", "loaded_openmp", "package_version", "parse_cpu_list", "probe", "resolve_device",
+           "torch_version"]
 
 
 def torch_version() -> tuple[int, int]:
@@ -91,6 +92,11 @@ def import_problem(module: str, hints: dict[str, str] | None = None) -> str | No
     last = errors[-1] if errors else (done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[-1]
     fix = next((fix for key, fix in (hints or {}).items() if key in done.stderr), None)
     return f"{module} is installed but does not import here: {last}" + (f" ({fix})" if fix else "")
+
+
+# torch.compile backends an optional package registers when imported: the backend -> (the package's module, why
+# it cannot be imported here or None). The compile accelerator reads it; which package is safe to import is known here.
+PACKAGE_BACKENDS = {"ipex": ("intel_extension_for_pytorch", ipex_problem)}
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ What it keeps: the same math (``SAME_MATH``), the plain loop's dropout masks: do
 from __future__ import annotations
 
 import functools
+import importlib
 import shutil
 import warnings
 from dataclasses import dataclass, field
@@ -17,7 +18,7 @@ import torch
 
 import accel.accelerators.compile.cache as compile_cache
 from accel.errors import LoopError, Problem, Skip
-from accel.hardware import ipex_problem, torch_version
+from accel.hardware import PACKAGE_BACKENDS, torch_version
 from accel.modules import (
     checkpoints_itself,
     compile_seconds,
@@ -42,19 +43,17 @@ def has_compiler() -> bool:
     return any(shutil.which(c) for c in ("g++", "c++", "clang++"))
 
 
-PACKAGE_BACKENDS = ("ipex",)  # torch.compile backends an optional package registers when imported
-
-
 def package_backend_problem(backend: str) -> str | None:
     """Why a torch.compile backend that an optional package registers (IPEX's 'ipex') cannot be used here, or None
     (for other backends torch's own list decides)."""
-    return ipex_problem() if backend == "ipex" else None
+    return PACKAGE_BACKENDS[backend][1]() if backend in PACKAGE_BACKENDS else None
 
 
 def import_package_backend(backend: str) -> None:
-    """Import the optional package that registers this compile backend (after package_backend_problem passed)."""
-    if backend == "ipex":
-        import intel_extension_for_pytorch  # noqa: F401  (optional; safe only once package_backend_problem passed)
+    """Import the optional package that registers this compile backend, only once package_backend_problem passed
+    (IPEX ends the process on a torch it was not built for)."""
+    if backend in PACKAGE_BACKENDS:
+        importlib.import_module(PACKAGE_BACKENDS[backend][0])
 
 
 def available_backends() -> list[str]:
