@@ -10,10 +10,9 @@ from torch.utils.data import DataLoader
 from zoo import Case, Samples, ShardedStream, Stream
 
 import accel
-from accel.accelerators.loader import Loader
+from accel.accelerators.loader import STREAM_BATCHES, Loader
 from accel.api import prepare
 from accel.errors import PlanError, Skip
-from accel.run.device_loader import STREAM_BATCHES
 from accel.testing import check_equivalence, process_state_restored, tiny_model
 
 SHARDS = "this IterableDataset shards its stream by worker and each worker batches its own shard"

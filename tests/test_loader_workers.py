@@ -9,10 +9,9 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 import accel
-from accel.accelerators.loader import worker_cpus
+from accel.accelerators.loader import PinWorkers, worker_cpus
 from accel.hardware import format_cpu_list, probe
 from accel.hardware.launcher import CORE_MAP_VARIABLE, Launch
-from accel.run.device_loader import PinWorkers
 from accel.testing import process_state_restored, tiny_model
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs CPU affinity (Linux)")

@@ -12,25 +12,72 @@ from __future__ import annotations
 import dataclasses
 import os
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
+from torch.utils.data import IterableDataset
 
 from accel.errors import Problem, Skip
 from accel.hardware import format_cpu_list, hyperthread_siblings, is_accelerator
 from accel.hardware.launcher import cores_for_rank, rank_cores
 from accel.plan.contract import Accelerator, Capability, Stage, State, register
 from accel.plan.options import Options, at_least, option
-from accel.run.device_loader import (
-    STREAM_BATCHES,
-    PinWorkers,
-    rebuild_loader,
-    rebuild_problem,
-    settings,
-    workers_change_batches,
-)
+from accel.run.device_loader import rebuild_loader, rebuild_problem
+from accel.run.journal import pin_process
 
-__all__ = ["Loader", "LoaderOptions"]
+__all__ = ["Loader", "LoaderOptions", "PinWorkers"]
+
+
+def shards_by_worker(dataset: Any) -> bool:
+    """Whether an IterableDataset splits its stream between workers: it says so (``shards_by_worker = True``), or its
+    __iter__ calls ``torch.utils.data.get_worker_info()``, the documented way to shard."""
+    declared = getattr(dataset, "shards_by_worker", None)
+    if declared is not None:
+        return bool(declared)
+    code = getattr(getattr(type(dataset), "__iter__", None), "__code__", None)
+    return code is not None and "get_worker_info" in code.co_names
+
+
+STREAM_BATCHES = "an IterableDataset's batches depend on the number of workers"
+
+
+def workers_change_batches(dataset: Any) -> str | None:
+    """Why another ``num_workers`` would change this dataset's batches, or None (a map-style dataset: its sampler
+    batches in the main process). A stream is batched inside each worker from its own shard (or all of it), in an
+    order only its own code knows, so no merge in the main process could give the plain loop's batches."""
+    if not isinstance(dataset, IterableDataset):
+        return None
+    if shards_by_worker(dataset):
+        return ("this IterableDataset shards its stream by worker and each worker batches its own shard: another "
+                "number of workers would change which samples share a batch")
+    return "this IterableDataset does not shard its stream by worker: every worker would yield every sample"
+
+
+class PinWorkers:
+    """A ``worker_init_fn`` that pins each worker to ``cpus`` (a fork inherits the compute threads' cores), then calls
+    the user's own. A module-level class, so spawn can pickle it; wrapping one again replaces its CPUs."""
+
+    def __init__(self, cpus, user_fn: Callable[[int], Any] | None = None):
+        self.cpus = tuple(sorted(cpus))
+        self.user_fn = user_fn.user_fn if isinstance(user_fn, PinWorkers) else user_fn
+
+    def __call__(self, worker_id: int) -> None:
+        if hasattr(os, "sched_setaffinity"):
+            pin_process(self.cpus)  # every thread this worker has so far; later ones inherit the main thread's
+        if self.user_fn is not None:
+            self.user_fn(worker_id)
+
+    def __eq__(self, other: Any) -> bool:
+        return isinstance(other, PinWorkers) and (self.cpus, self.user_fn) == (other.cpus, other.user_fn)
+
+    def __hash__(self) -> int:
+        return hash(self.cpus)
+
+    def __repr__(self) -> str:
+        then = f", then {getattr(self.user_fn, '__qualname__', self.user_fn)!s}" if self.user_fn is not None else ""
+        return f"PinWorkers(cpus {format_cpu_list(self.cpus)}{then})"
 
 
 def worker_cpus(ctx) -> tuple[tuple[int, ...] | None, str]:
@@ -170,12 +217,13 @@ class Loader(Accelerator[LoaderOptions, State]):
                 changes["worker_init_fn"] = "pins each worker to its CPUs, then calls " + (
                     f"yours ({getattr(user, '__qualname__', type(user).__name__)})" if user is not None
                     else "nothing (the loader had none)")
-        if (workers, pin, persistent, prefetch) == settings(loader) and init is loader.worker_init_fn \
-                and not decisions.non_blocking:
+        had = (loader.num_workers, loader.pin_memory, loader.persistent_workers,
+               loader.prefetch_factor if loader.num_workers else None)
+        if (workers, pin, persistent, prefetch) == had and init is loader.worker_init_fn and not decisions.non_blocking:
             where = f"; {changes['worker_cpus']}" if "worker_cpus" in changes else ""
             raise Skip(f"the loader already has these settings (num_workers={workers}: {decisions.why['workers']}; "
                        f"pin_memory={pin}{where}); nothing to change")
-        if workers != loader.num_workers and not isinstance(loader.dataset, torch.utils.data.IterableDataset):
+        if workers != loader.num_workers and not isinstance(loader.dataset, IterableDataset):
             changes["random_draws"] = (  # said, not probed: reading a sample here would change the user's dataset
                 "where your dataset or collate_fn draws random numbers (augmentation), "
                 + (f"every worker ({workers}) draws them from a seed of its own, as in any DataLoader with workers"

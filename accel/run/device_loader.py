@@ -5,7 +5,6 @@ for a subclass (what it adds would be lost). The user's loader itself is never c
 from __future__ import annotations
 
 import contextlib
-import os
 import warnings
 import weakref
 from collections.abc import Callable, Iterator
@@ -16,8 +15,6 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from accel.batches import move
 from accel.errors import LoopWarning, StaleWarning
-from accel.hardware import format_cpu_list
-from accel.run.journal import pin_process
 
 _END = object()
 
@@ -154,31 +151,6 @@ def rebuild_problem(loader: Any) -> str | None:
     return None
 
 
-def shards_by_worker(dataset: Any) -> bool:
-    """Whether an IterableDataset splits its stream between workers: it says so (``shards_by_worker = True``), or its
-    __iter__ calls ``torch.utils.data.get_worker_info()``, the documented way to shard."""
-    declared = getattr(dataset, "shards_by_worker", None)
-    if declared is not None:
-        return bool(declared)
-    code = getattr(getattr(type(dataset), "__iter__", None), "__code__", None)
-    return code is not None and "get_worker_info" in code.co_names
-
-
-STREAM_BATCHES = "an IterableDataset's batches depend on the number of workers"
-
-
-def workers_change_batches(dataset: Any) -> str | None:
-    """Why another ``num_workers`` would change this dataset's batches, or None (a map-style dataset: its sampler
-    batches in the main process). A stream is batched inside each worker from its own shard (or all of it), in an
-    order only its own code knows, so no merge in the main process could give the plain loop's batches."""
-    if not isinstance(dataset, IterableDataset):
-        return None
-    if shards_by_worker(dataset):
-        return ("this IterableDataset shards its stream by worker and each worker batches its own shard: another "
-                "number of workers would change which samples share a batch")
-    return "this IterableDataset does not shard its stream by worker: every worker would yield every sample"
-
-
 def constructor_arguments(loader: DataLoader) -> dict[str, Any]:
     """The arguments that build an equal DataLoader, read back from its attributes."""
     kwargs = dict(
@@ -211,37 +183,6 @@ def rebuild_loader(loader: DataLoader, **overrides: Any) -> DataLoader:
     if kwargs["num_workers"] == 0:  # settings torch accepts only with worker processes (a timeout waits on them)
         kwargs.update(prefetch_factor=None, persistent_workers=False, multiprocessing_context=None, timeout=0)
     return DataLoader(**kwargs)
-
-
-class PinWorkers:
-    """A ``worker_init_fn`` that pins each worker to ``cpus`` (a fork inherits the compute threads' cores), then calls
-    the user's own. A module-level class, so spawn can pickle it; wrapping one again replaces its CPUs."""
-
-    def __init__(self, cpus, user_fn: Callable[[int], Any] | None = None):
-        self.cpus = tuple(sorted(cpus))
-        self.user_fn = user_fn.user_fn if isinstance(user_fn, PinWorkers) else user_fn
-
-    def __call__(self, worker_id: int) -> None:
-        if hasattr(os, "sched_setaffinity"):
-            pin_process(self.cpus)  # every thread this worker has so far; later ones inherit the main thread's
-        if self.user_fn is not None:
-            self.user_fn(worker_id)
-
-    def __eq__(self, other: Any) -> bool:
-        return isinstance(other, PinWorkers) and (self.cpus, self.user_fn) == (other.cpus, other.user_fn)
-
-    def __hash__(self) -> int:
-        return hash(self.cpus)
-
-    def __repr__(self) -> str:
-        then = f", then {getattr(self.user_fn, '__qualname__', self.user_fn)!s}" if self.user_fn is not None else ""
-        return f"PinWorkers(cpus {format_cpu_list(self.cpus)}{then})"
-
-
-def settings(loader: DataLoader) -> tuple:
-    """(num_workers, pin_memory, persistent_workers, prefetch_factor): what the loader accelerator chooses."""
-    return (loader.num_workers, loader.pin_memory, loader.persistent_workers,
-            loader.prefetch_factor if loader.num_workers else None)
 
 
 def release_workers(loader: Any) -> None:
