@@ -14,6 +14,7 @@ import torch
 from torch.utils.data import DataLoader
 
 import accel
+from accel.bench import build_model
 from accel.cli import parse_plan_argument, positive
 from accel.hardware import importable
 from accel.measure import Ratio, TrainStep, endless, round_order
@@ -75,12 +76,10 @@ class Training:
     """One of the two trainings: its run, where it is in its epochs, its turns' seconds and steps."""
 
     def __init__(self, name: str, model_name: str, plan, image_size: int, batch_size: int, seed: int = 0):
-        import torchvision  # slow to import: paid by `accel demo`, not by every `accel` command
-
         self.name, self.turn_s = name, []
         train_set, self.test_set = (cifar_shaped(d, image_size) for d in digits_datasets(seed))
         torch.manual_seed(seed)
-        model = torchvision.models.get_model(model_name, weights=None, num_classes=10)
+        model = build_model(model_name, classes=10)  # torchvision's, random weights, as accel bench builds
         loader = DataLoader(train_set, batch_size=batch_size, shuffle=True, drop_last=True,
                             generator=torch.Generator().manual_seed(seed))
         started = time.perf_counter()
