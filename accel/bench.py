@@ -14,14 +14,12 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from accel import clock
-from accel.errors import PlanError
-from accel.hardware import probe
 from accel.measure import Ratio, TrainStep, matmul_peaks, peak_dtype, plan_label, summarize, training_flops
 from accel.measure.lab import Lab
 from accel.plan import Plan
-from accel.run.context import placement
 from accel.run.report import render_table
 from accel.search import tune
+from accel.search.settings import placed
 from accel.workloads import WORKLOADS, TinyCNN
 
 MODELS = ("alexnet", "resnet18", "resnet50", "vgg16", "mobilenet_v2", "mobilenet_v3_large")
@@ -179,11 +177,7 @@ def bench(models=DEFAULT_MODELS, plans=("auto",), rounds: int = 3, steps: int | 
     every model, interleaved in one process. steps: timed steps per plan and round (None: about 0.5 s worth).
     suite: "tiny" or "real" measures the workload zoo (accel.workloads) instead of `models`."""
     progress = progress or Progress()
-    hardware, problems = probe(), []
-    decided = placement(device, hardware, problems)
-    if decided is None:
-        raise PlanError(problems)
-    resolved = decided.device
+    resolved, _, hardware = placed(device)  # the device accelerate() decides; one it refuses is a PlanError
     for plan in plans:
         if plan != "auto":
             Plan(plan)  # a misspelt plan fails before anything is measured (PlanError)
