@@ -194,6 +194,7 @@ class FSDP(DataParallel[FSDPOptions, FSDPState]):
         follow = torch.compiler.disable(lambda *_: state.originals.follow(optimizer))  # eager under compile too
         ctx.journal.hook("fsdp: your own parameters' unfreezing, and groups added over them, followed before each "
                          "forward", lambda: model.register_forward_pre_hook(follow, prepend=True))
+        self.watch_forward(ctx, model, state)
         changes["sharded"] = (f"{len(blocks)} x {', '.join(kinds)}: "
                               + listed([names[id(m)] for m in blocks]) + ", then the root") if blocks else (
             "the root only (no repeated block found: name them with blocks=[...] to gather one block at a time)")
