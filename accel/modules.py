@@ -11,7 +11,7 @@ import torch
 from torch import nn
 from torch.nn.utils import parametrize
 
-from accel.errors import Problem
+from accel.errors import Problem, brief
 
 
 def compiled(module: nn.Module) -> bool:
@@ -101,12 +101,17 @@ def chosen_classes(model: nn.Module, names: str | list[str]) -> tuple[set[str], 
     return set(names) & present, sorted(set(names) - present)
 
 
-def absent_classes(owner: str, field: str, names: str | list[str], model: nn.Module, example: str) -> list[Problem]:
-    """The problem of class names given that no module of the model has, suggesting its repeated blocks."""
+def absent_classes(owner: str, field: str, names: str | list[str], model: nn.Module) -> list[Problem]:
+    """The problem of class names given that no module of the model has, suggesting its repeated blocks (or, with
+    none, its classes of blocks: names the model has, never an example it lacks)."""
     missing = chosen_classes(model, names)[1]
-    return [Problem(owner, f"no module of class {missing} in the model", field=field, value=names,
-                    allowed="class names of the model's modules, e.g. "
-                    + ", ".join(sorted(repeated_blocks(model)) or [example]))] if missing else []
+    if not missing:
+        return []
+    kinds = class_names(model)
+    blocks = repeated_blocks(model) or {kinds[own_class(m)] for m in model.modules() if m is not model and is_block(m)}
+    return [Problem(owner, f"no module of class {brief(missing)} in the model", field=field,
+                    value=names, allowed="class names of the model's modules, e.g. "
+                    + listed(sorted(blocks or kinds.values())))]
 
 
 # flags by which a model checkpoints its own activations, and who sets them

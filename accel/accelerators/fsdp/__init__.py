@@ -125,7 +125,7 @@ class FSDP(DataParallel[FSDPOptions, FSDPState]):
             problems.append(Problem(self.name, "the model is already sharded by FSDP (fully_shard was called on it)",
                                     field="model", value=type(ctx.model).__name__,
                                     allowed="the model before fully_shard", kind="conflict"))
-        problems += absent_classes(self.name, "blocks", config.blocks, ctx.model, "TransformerBlock")
+        problems += absent_classes(self.name, "blocks", config.blocks, ctx.model)
         if config.cpu_offload and not is_accelerator(ctx.device):
             problems.append(Problem(self.name, f"offloading to CPU memory needs an accelerator device; the device is "
                                     f"{ctx.device}, whose memory already is CPU memory", field="cpu_offload",
