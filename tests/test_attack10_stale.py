@@ -3,11 +3,12 @@ said once, with the accelerator's name and at the loop's own line, also where th
 steps its optimizer itself (the StaleWarning was asked only in run.step(): such a loop heard nothing)."""
 from __future__ import annotations
 
+import json
 import warnings
 
 import pytest
 import torch
-from scripts.launching import one_rank_env
+from scripts.launching import one_rank_env, output, torchrun
 
 import accel
 from accel.errors import StaleWarning
@@ -47,3 +48,16 @@ def test_a_gradient_hook_on_a_shard_is_said_once_at_the_loops_line(one_rank, aro
         assert stale[0].filename == __file__  # the user's line, not one inside accel or torch
     finally:
         run.close()
+
+
+@pytest.mark.slow
+def test_a_layer_unfrozen_under_ddp_is_said_once_by_each_rank_of_a_loop_around_run_step():
+    result = torchrun("attack10_ddp_unfrozen_around.py")
+    assert result.returncode == 0, output(result)
+    heard = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("[")]
+    assert len(heard) == 2, output(result)
+    for said in heard:
+        assert len(said) == 1, said
+        filename, message = said[0]
+        assert filename.endswith("attack10_ddp_unfrozen_around.py")
+        assert message.startswith("accel: ddp: parameters were frozen or unfrozen after DDP wrapped the model")
