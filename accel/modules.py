@@ -11,7 +11,7 @@ import torch
 from torch import nn
 from torch.nn.utils import parametrize
 
-from accel.errors import Problem
+from accel.errors import Problem, brief
 
 
 def compiled(module: nn.Module) -> bool:
@@ -48,10 +48,15 @@ def qualified(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
+# where torch makes a class of its own for a module: parametrize (ParametrizedResidual, one per module) and FSDP2's
+# fully_shard (FSDPResidual, its FSDPModule first); both subclass the module's class
+MADE_BY_TORCH = (parametrize.__name__, "torch.distributed.fsdp")
+
+
 def own_class(module: nn.Module) -> type:
-    """The module's class as the user wrote it: torch's parametrize gives a parametrized module a class of its own
-    (``ParametrizedResidual``, one per module), made from that one."""
-    return type(module).__bases__[-1] if parametrize.is_parametrized(module) else type(module)
+    """The module's class as the user wrote it, under the classes torch's parametrize and FSDP2 make from it (in
+    either order: FSDPParametrizedResidual and ParametrizedFSDPResidual are both Residual)."""
+    return next(kind for kind in type(module).__mro__ if not kind.__module__.startswith(MADE_BY_TORCH))
 
 
 def class_names(model: nn.Module) -> dict[type, str]:
@@ -96,12 +101,17 @@ def chosen_classes(model: nn.Module, names: str | list[str]) -> tuple[set[str], 
     return set(names) & present, sorted(set(names) - present)
 
 
-def absent_classes(owner: str, field: str, names: str | list[str], model: nn.Module, example: str) -> list[Problem]:
-    """The problem of class names given that no module of the model has, suggesting its repeated blocks."""
+def absent_classes(owner: str, field: str, names: str | list[str], model: nn.Module) -> list[Problem]:
+    """The problem of class names given that no module of the model has, suggesting its repeated blocks (or, with
+    none, its classes of blocks: names the model has, never an example it lacks)."""
     missing = chosen_classes(model, names)[1]
-    return [Problem(owner, f"no module of class {missing} in the model", field=field, value=names,
-                    allowed="class names of the model's modules, e.g. "
-                    + ", ".join(sorted(repeated_blocks(model)) or [example]))] if missing else []
+    if not missing:
+        return []
+    kinds = class_names(model)
+    blocks = repeated_blocks(model) or {kinds[own_class(m)] for m in model.modules() if m is not model and is_block(m)}
+    return [Problem(owner, f"no module of class {brief(missing)} in the model", field=field,
+                    value=names, allowed="class names of the model's modules, e.g. "
+                    + listed(sorted(blocks or kinds.values())))]
 
 
 # flags by which a model checkpoints its own activations, and who sets them

@@ -254,7 +254,7 @@ class ActivationCheckpointing(Accelerator[ActivationCheckpointingOptions, State]
                             field="model", value=type(ctx.model).__name__,
                             allowed="model.config.use_cache = False for training (as Hugging Face's own "
                             "gradient_checkpointing_enable() does)", kind="conflict")]
-        return modules.absent_classes(self.name, "modules", self.config.modules, ctx.model, "Bottleneck")
+        return modules.absent_classes(self.name, "modules", self.config.modules, ctx.model)
 
     def apply(self, ctx):
         classes, _ = modules.chosen_classes(ctx.user_model, self.config.modules)  # what decide() chose, on its model

@@ -73,7 +73,9 @@ class DDP(DataParallel[DDPOptions, DDPState]):
             wrapper.register_comm_hook(state=None, hook=getattr(default_hooks, changes["comm_hook"]))
         changes["sampler"] = self.shard(ctx)
         params = list(wrapper.parameters())
-        return DDPState(wrapper, params, trainable(params), ctx.decisions.launch.world_size, changes=changes)
+        state = DDPState(wrapper, params, trainable(params), ctx.decisions.launch.world_size, changes=changes)
+        self.watch_forward(ctx, wrapper, state)
+        return state
 
     def gradient_sync(self, run, state, enabled):
         """All-reduce gradients in the next backward (True), or let each rank accumulate its own (False): exactly

@@ -4,6 +4,7 @@ the loader, keeping the user's shuffle and seed. The backend follows the device 
 from __future__ import annotations
 
 import os
+import sys
 import warnings
 from dataclasses import dataclass
 from typing import TypeVar
@@ -45,6 +46,16 @@ class DataParallelOptions(Options):
     shard_loader: bool = option(True, help="put a DistributedSampler in the loader")
 
 
+def callers_level() -> int:
+    """The stacklevel of the first frame outside accel's and torch's files: the line of the user's loop, however
+    many hooks and wrappers are between (for a warning given from ``warn_stale``)."""
+    inside = tuple(os.path.dirname(module.__file__) for module in (torch, sys.modules["accel"]))
+    frame, level = sys._getframe(2), 2
+    while frame is not None and frame.f_code.co_filename.startswith(inside):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
 DO = TypeVar("DO", bound=DataParallelOptions)
 DS = TypeVar("DS", bound=State)
 
@@ -57,10 +68,21 @@ class DataParallel(Accelerator[DO, DS], GradientSync[DS]):
         """What the loop changed that the wrapper does not follow (said once per run, a StaleWarning), or None."""
         return None
 
-    def step(self, run, state: DS, optimizer, proceed):
+    def warn_stale(self, state: DS) -> None:
+        """The StaleWarning, once per run, pointing at the loop's own line (outside accel and torch)."""
         if not state.warned and (message := self.stale(state)):
             state.warned = True
-            warnings.warn(f"accel: {self.name}: {message}", StaleWarning, stacklevel=3)
+            warnings.warn(f"accel: {self.name}: {message}", StaleWarning, stacklevel=callers_level())
+
+    def watch_forward(self, ctx, model: torch.nn.Module, state: DS) -> None:
+        """Ask ``stale`` before each forward too: a loop that steps its optimizer itself never reaches ``step``,
+        and what it changed must be said all the same."""
+        said = torch.compiler.disable(lambda *_: self.warn_stale(state))  # eager under compile too
+        ctx.journal.hook(f"{self.name}: what the loop changed that it does not follow, said before a forward",
+                         lambda: model.register_forward_pre_hook(said))
+
+    def step(self, run, state: DS, optimizer, proceed):
+        self.warn_stale(state)
         return proceed(optimizer)
 
     def held_gradients(self, state: DS) -> list[torch.Tensor]:

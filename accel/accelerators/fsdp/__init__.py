@@ -125,7 +125,7 @@ class FSDP(DataParallel[FSDPOptions, FSDPState]):
             problems.append(Problem(self.name, "the model is already sharded by FSDP (fully_shard was called on it)",
                                     field="model", value=type(ctx.model).__name__,
                                     allowed="the model before fully_shard", kind="conflict"))
-        problems += absent_classes(self.name, "blocks", config.blocks, ctx.model, "TransformerBlock")
+        problems += absent_classes(self.name, "blocks", config.blocks, ctx.model)
         if config.cpu_offload and not is_accelerator(ctx.device):
             problems.append(Problem(self.name, f"offloading to CPU memory needs an accelerator device; the device is "
                                     f"{ctx.device}, whose memory already is CPU memory", field="cpu_offload",
@@ -194,6 +194,7 @@ class FSDP(DataParallel[FSDPOptions, FSDPState]):
         follow = torch.compiler.disable(lambda *_: state.originals.follow(optimizer))  # eager under compile too
         ctx.journal.hook("fsdp: your own parameters' unfreezing, and groups added over them, followed before each "
                          "forward", lambda: model.register_forward_pre_hook(follow, prepend=True))
+        self.watch_forward(ctx, model, state)
         changes["sharded"] = (f"{len(blocks)} x {', '.join(kinds)}: "
                               + listed([names[id(m)] for m in blocks]) + ", then the root") if blocks else (
             "the root only (no repeated block found: name them with blocks=[...] to gather one block at a time)")

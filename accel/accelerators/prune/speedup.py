@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import io
 import logging
 from typing import Any
 
@@ -65,12 +66,36 @@ def retie(model: nn.Module, tied: list[list[str]], shapes: dict[str, torch.Size]
             setattr(model.get_submodule(owner), attr, params[0])
 
 
+class NothingToShrink(logging.Filter):
+    """Drops NNI's error for a module type it has no replacer for where no such module holds a parameter (timm's and
+    torchvision's Identity): left as it is, which is right, it asks the user to report an issue to NNI."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        kinds = {m._get_name() for m in model.modules()}
+        self.empty = kinds - {m._get_name() for m in model.modules() if next(m.parameters(), None) is not None}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        prefix = "Has not supported replacing module with type: "
+        return not (text.startswith(prefix) and text[len(prefix):].partition(",")[0] in self.empty)
+
+
 def speed_up(model: nn.Module, dummy: Any, masks: dict, dry_run: bool = False) -> Any:
     """NNI's ModelSpeedup (``speedup_class``) run on the model in place; with ``dry_run`` it only infers the masks
-    (its ``.empty``: the layers it would leave no channel)."""
-    speedup = speedup_class()(model, dummy, masks, graph_module=fx_trace(model), logger=QUIET)
-    speedup.dry_run = dry_run
-    speedup.speedup_model()
+    (its ``.empty``: the layers it would leave no channel). What NNI prints (its mask conflicts' axes, '0 Filter')
+    goes to the log at debug level, not to the user's stdout."""
+    nothing = NothingToShrink(model)
+    QUIET.addFilter(nothing)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()) as printed:
+            speedup = speedup_class()(model, dummy, masks, graph_module=fx_trace(model), logger=QUIET)
+            speedup.dry_run = dry_run
+            speedup.speedup_model()
+    finally:
+        QUIET.removeFilter(nothing)
+    if printed.getvalue():
+        QUIET.debug("NNI printed: %s", printed.getvalue().strip())
     return speedup
 
 
