@@ -140,7 +140,7 @@ class InLoopSearch:
             return self.current.load(path)
         state = read(path)  # its plan as saved_plan builds it: nothing that would run code, errors naming the file
         plan, before = saved_plan(path).to_dict(), self.current.plan.to_dict()
-        problems = self.current.state_problems({**state, "accelerators": {}})
+        problems = self.current.state_problems({**state, "accelerators": {}, "accelerators_per_rank": []})
         if problems:
             raise CheckpointError(f"{path} does not fit this run; nothing was loaded: " + "; ".join(problems))
         if self.switch(plan) is None:

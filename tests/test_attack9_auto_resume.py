@@ -1,0 +1,61 @@
+"""attack9: a run of plan="auto" resumes any checkpoint run.save wrote, as the fixed plan's run resumes it: the same
+batches and the same weights after (docs/lifecycle.md: run.load under auto takes the checkpoint's plan)."""
+import torch
+from sklearn.datasets import load_digits
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+import accel
+from accel.search import inloop
+
+DIGITS = load_digits()
+IMAGES = torch.tensor(DIGITS.images[:192], dtype=torch.float32).unsqueeze(1) / 16
+LABELS = torch.tensor(DIGITS.target[:192])
+
+
+def objects(seed):
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))
+    return model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+
+def loader():
+    return DataLoader(TensorDataset(IMAGES, LABELS), batch_size=32, shuffle=True,
+                      generator=torch.Generator().manual_seed(3))
+
+
+def train(run, steps):
+    """The user's loop: labels of each batch seen, as many steps."""
+    seen = []
+    while len(seen) < steps:
+        for x, y in run.loader:
+            seen.append(y.clone())
+            run.backward(nn.functional.cross_entropy(run.model(x), y))
+            run.step()
+            if len(seen) == steps:
+                break
+    return seen
+
+
+def test_auto_resumes_a_checkpoint_saved_with_grad_accumulation(tmp_path, monkeypatch):
+    """grad_accumulation keeps its state per rank (accelerators_per_rank): auto's load refused every such checkpoint
+    as 'state of accelerators this run did not apply', before it switched to the checkpoint's plan."""
+    monkeypatch.setattr(inloop, "CHUNK_S", 0.0)
+    plan = [{"grad_accumulation": {"steps": 2}}]
+    model, optimizer = objects(0)
+    run = accel.accelerate(model, optimizer, loader(), plan, device="cpu")
+    train(run, 3)  # in the middle of accumulating
+    run.save(tmp_path / "ckpt.pt")
+    expected = train(run, 6)
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
+    run.close()
+
+    model, optimizer = objects(1)
+    again = accel.accelerate(model, optimizer, loader(), accel.Auto(cache=False, budget_s=5), device="cpu")
+    info = again.load(tmp_path / "ckpt.pt")
+    assert info["step"] == 3 and again.phase == "settled" and again.plan.names() == ["grad_accumulation"]
+    seen = train(again, 6)
+    again.close()
+    assert all(torch.equal(a, b) for a, b in zip(seen, expected, strict=True))
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(tensor, weights[name]), name
