@@ -59,3 +59,47 @@ def test_auto_resumes_a_checkpoint_saved_with_grad_accumulation(tmp_path, monkey
     assert all(torch.equal(a, b) for a, b in zip(seen, expected, strict=True))
     for name, tensor in model.state_dict().items():
         assert torch.equal(tensor, weights[name]), name
+
+
+class SlowDigits(TensorDataset):
+    """Digits whose items take 4 ms each on the test's clock: the loop waits for data, so auto picks workers."""
+
+    def __init__(self, clock):
+        super().__init__(IMAGES[:48], LABELS[:48])
+        self.clock = clock
+
+    def __getitem__(self, index):
+        self.clock.advance(0.004)
+        return super().__getitem__(index)
+
+
+def test_a_checkpoint_loaded_after_auto_settled_keeps_its_plan_at_the_next_epoch(tmp_path, monkeypatch):
+    """auto settled with a rebuilt loader pending for the next epoch; run.load of a checkpoint saved with
+    grad_accumulation took its plan, but the next epoch switched to the search's pending plan: the accumulation was
+    dropped, silently (the optimizer stepped every batch, on undivided losses)."""
+    from virtual_clock import VirtualClock
+
+    import accel.clock
+
+    monkeypatch.setattr(inloop, "CHUNK_S", 0.0)
+    clock = VirtualClock()
+    with accel.clock.use(clock):
+        model, optimizer = objects(0)
+        run = accel.accelerate(model, optimizer, DataLoader(SlowDigits(clock), batch_size=4),
+                               [{"grad_accumulation": {"steps": 2}}], device="cpu")
+        train(run, 4)
+        run.save(tmp_path / "ckpt.pt")
+        run.close()
+        model, optimizer = objects(1)
+        clock.per_forward(model, 0.01)
+        run = accel.accelerate(model, optimizer, DataLoader(SlowDigits(clock), batch_size=4),
+                               accel.Auto(cache=False, budget_s=10, candidates=[[{"loader": {"num_workers": 1}}]]),
+                               device="cpu")
+        while run.phase != "settled":
+            train(run, 12)
+        assert run.loader.pending is not None  # the verdict's workers wait for the next epoch
+        run.load(tmp_path / "ckpt.pt")
+        train(run, 12)  # one epoch: the next one begins
+        names = run.plan.names()
+        run.close()
+    assert names == ["grad_accumulation"]

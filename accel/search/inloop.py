@@ -154,6 +154,7 @@ class InLoopSearch:
                 clean_up(self._switch_back, before)
                 raise
             raise
+        self.loader.pending = None  # the checkpoint's plan is the answer: no verdict's loader joins after it
         if self.measuring:
             self._settle(f"resumed from {path}", plan=plan, why=f"resumed from {path}: its plan {plan_label(plan)} is "
                                                                 "taken as it was saved, nothing measured")
