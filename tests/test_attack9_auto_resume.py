@@ -1,6 +1,7 @@
 """attack9: a run of plan="auto" resumes any checkpoint run.save wrote, as the fixed plan's run resumes it: the same
 batches and the same weights after (docs/lifecycle.md: run.load under auto takes the checkpoint's plan)."""
 import torch
+from scripts.launching import one_rank_env
 from sklearn.datasets import load_digits
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
@@ -103,3 +104,28 @@ def test_a_checkpoint_loaded_after_auto_settled_keeps_its_plan_at_the_next_epoch
         names = run.plan.names()
         run.close()
     assert names == ["grad_accumulation"]
+
+
+def test_auto_resumes_a_sharded_checkpoint_taking_its_plan(tmp_path, monkeypatch):
+    """A sharded checkpoint (fsdp) under plan="auto": run.load compared the checkpoint's plan with the candidate auto
+    was measuring and refused it ('create the run with the same plan'), where a single file's plan is taken; had they
+    matched, the search went on switching plans after the resume."""
+    for key, value in one_rank_env().items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr(inloop, "CHUNK_S", 0.0)
+    model, optimizer = objects(0)
+    run = accel.accelerate(model, optimizer, loader(), [{"grad_accumulation": {"steps": 2}}, "fsdp"], device="cpu")
+    train(run, 2)
+    run.save(tmp_path / "shards")
+    run.close()
+
+    model, optimizer = objects(1)
+    again = accel.accelerate(model, optimizer, loader(), accel.Auto(cache=False, budget_s=5), device="cpu")
+    try:
+        info = again.load(tmp_path / "shards")
+        assert info["step"] == 2 and again.phase == "settled", info
+        assert "grad_accumulation" in again.plan.names() and "resumed from" in again.report.tuning.why
+        train(again, 2)
+        assert again.steps == 4 and "grad_accumulation" in again.plan.names()
+    finally:
+        again.close()

@@ -264,8 +264,11 @@ def check_contents(path, state: Any, form: int, required: tuple[str, ...]) -> No
 
 def saved_plan(path):
     """The plan a checkpoint was saved with: accelerate(model, optimizer, loader, plan=saved_plan(path)). Built
-    only from what a plan file could say; an option that would run a program or import is refused."""
-    options = decode_plan(read(path)["plan"], path)
+    only from what a plan file could say; an option that would run a program or import is refused. A sharded
+    checkpoint's folder gives the plan its accel.pt holds."""
+    import accel.run.sharded_checkpoint as sharded
+
+    options = decode_plan((sharded.read(path)[1] if sharded.is_sharded_checkpoint(path) else read(path))["plan"], path)
     refused = code_problems(options)
     if refused:
         raise CheckpointError(f"{path}: the plan saved there sets {refused[0]}; accel takes that only from your own "

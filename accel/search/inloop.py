@@ -22,6 +22,7 @@ from accel.measure import TrainStep, plan_label
 from accel.modules import compiled
 from accel.run import open_run
 from accel.run.checkpoint import read, saved_plan
+from accel.run.checkpoint_fit import training_plan
 from accel.run.interrupts import clean_up, deferred
 from accel.run.sharded_checkpoint import is_sharded_checkpoint
 from accel.search.fault import Faults
@@ -136,13 +137,15 @@ class InLoopSearch:
 
     def load(self, path) -> dict:
         """Resume: the checkpoint's plan is the answer, once its state fits this run (else refused, nothing changed)."""
-        if is_sharded_checkpoint(path):
-            return self.current.load(path)
-        state = read(path)  # its plan as saved_plan builds it: nothing that would run code, errors naming the file
+        # its plan as saved_plan builds it: nothing that would run code, errors naming the file
         plan, before = saved_plan(path).to_dict(), self.current.plan.to_dict()
-        problems = self.current.state_problems({**state, "accelerators": {}, "accelerators_per_rank": []})
-        if problems:
-            raise CheckpointError(f"{path} does not fit this run; nothing was loaded: " + "; ".join(problems))
+        if is_sharded_checkpoint(path):  # shards load at any world size: this job's ddp or fsdp in place of its own
+            plan = training_plan(plan)
+        else:
+            state = {**read(path), "accelerators": {}, "accelerators_per_rank": []}
+            problems = self.current.state_problems(state)
+            if problems:
+                raise CheckpointError(f"{path} does not fit this run; nothing was loaded: " + "; ".join(problems))
         if self.switch(plan) is None:
             raise CheckpointError(f"{path}: its plan {plan_label(plan)} is refused here; nothing was loaded")
         try:
