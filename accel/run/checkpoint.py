@@ -183,12 +183,10 @@ def on_rank_zero(work: Callable[[], None], path: Path, remove: Path | None = Non
     if rank() == 0:
         try:
             work()
-        except CheckpointError as error:
-            failure = str(error)
-        except (OSError, RuntimeError) as error:  # torch's writer reports a full disk as a RuntimeError
-            if remove is not None:
+        except (CheckpointError, OSError, RuntimeError) as error:  # torch's writer: a full disk as a RuntimeError
+            if remove is not None:  # a refused state too: its shards are written, and named by nothing
                 shutil.rmtree(remove, ignore_errors=True)
-            failure = str(write_error(path, error))
+            failure = str(error if isinstance(error, CheckpointError) else write_error(path, error))
     failure = fit.gather_from_ranks(failure)[0]
     if failure:
         raise CheckpointError(failure)
