@@ -149,7 +149,11 @@ class InLoopSearch:
         if self.switch(plan) is None:
             raise CheckpointError(f"{path}: its plan {plan_label(plan)} is refused here; nothing was loaded")
         try:
-            info = self.current.load(path)
+            self.stepping = True  # a sharded load steps your optimizer once to build its state (DCP): not your loop
+            try:
+                info = self.current.load(path)
+            finally:
+                self.stepping = False
         except BaseException:
             try:  # twice if a Ctrl-C lands on the call (accel.run.interrupts)
                 clean_up(self._switch_back, before)
