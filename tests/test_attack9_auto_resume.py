@@ -2,6 +2,7 @@
 batches and the same weights after (docs/lifecycle.md: run.load under auto takes the checkpoint's plan)."""
 import warnings
 
+import pytest
 import torch
 from scripts.launching import one_rank_env
 from sklearn.datasets import load_digits
@@ -17,10 +18,10 @@ IMAGES = torch.tensor(DIGITS.images[:192], dtype=torch.float32).unsqueeze(1) / 1
 LABELS = torch.tensor(DIGITS.target[:192])
 
 
-def objects(seed):
+def objects(seed, momentum=0.9):
     torch.manual_seed(seed)
     model = nn.Sequential(nn.Flatten(), nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))
-    return model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    return model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=momentum)
 
 
 def loader():
@@ -134,3 +135,34 @@ def test_auto_resumes_a_sharded_checkpoint_taking_its_plan(tmp_path, monkeypatch
         assert again.steps == 4 and "grad_accumulation" in again.plan.names()
     finally:
         again.close()
+
+
+@pytest.mark.parametrize("plan", [[{"grad_accumulation": {"steps": 2}}, "fsdp"], "auto"])
+def test_grad_accumulation_keeps_accumulating_after_a_sharded_load(tmp_path, monkeypatch, plan):
+    """set_state_dict steps an optimizer without state once, to build it: grad_accumulation's watch took that for a
+    loop calling optimizer.step() itself and went idle ('it divides no loss and holds no step'), so after resuming
+    a sharded checkpoint the optimizer stepped every batch on undivided losses, under a false BypassWarning. A plain
+    SGD (no momentum: no state at all) is the optimizer it happens with."""
+    for key, value in one_rank_env().items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr(inloop, "CHUNK_S", 0.0)
+    model, optimizer = objects(0, momentum=0)
+    run = accel.accelerate(model, optimizer, loader(), [{"grad_accumulation": {"steps": 2}}, "fsdp"], device="cpu")
+    train(run, 2)
+    run.save(tmp_path / "shards")
+    run.close()
+
+    model, optimizer = objects(1, momentum=0)
+    again = accel.accelerate(model, optimizer, loader(),
+                             accel.Auto(cache=False, budget_s=5) if plan == "auto" else plan, device="cpu")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", BypassWarning)
+            again.load(tmp_path / "shards")
+            held = []
+            for _, (x, y) in zip(range(4), again.loader):
+                again.backward(nn.functional.cross_entropy(again.model(x), y))
+                held.append(again.step())  # True: the optimizer step held for the next micro-batch
+    finally:
+        again.close()
+    assert held == [True, False, True, False]
