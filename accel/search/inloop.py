@@ -149,11 +149,7 @@ class InLoopSearch:
         if self.switch(plan) is None:
             raise CheckpointError(f"{path}: its plan {plan_label(plan)} is refused here; nothing was loaded")
         try:
-            self.stepping = True  # a sharded load steps your optimizer once to build its state (DCP): not your loop
-            try:
-                info = self.current.load(path)
-            finally:
-                self.stepping = False
+            info = self.current.load(path)
         except BaseException:
             try:  # twice if a Ctrl-C lands on the call (accel.run.interrupts)
                 clean_up(self._switch_back, before)
@@ -221,8 +217,8 @@ class InLoopSearch:
     def _optimizer_steps(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         """An optimizer step not through run.step(): nothing can be timed, so the search ends on the plain loop, said
         at once; the switch waits for the next batch or call (not inside the step)."""
-        if self.stepping or self.bypassed or not self.measuring:
-            return
+        if self.stepping or self.current.watch.stepping or self.bypassed or not self.measuring:
+            return  # (the run's own steps too: a sharded save or load builds an optimizer's state with one)
         if self.current.closed or self._open_run() is not self.current:
             return self._settle("your loop made another run on your model (accelerate() again): auto stopped "
                                 "measuring", switch=False)
