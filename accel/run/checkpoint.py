@@ -183,12 +183,10 @@ def on_rank_zero(work: Callable[[], None], path: Path, remove: Path | None = Non
     if rank() == 0:
         try:
             work()
-        except CheckpointError as error:
-            failure = str(error)
-        except (OSError, RuntimeError) as error:  # torch's writer reports a full disk as a RuntimeError
-            if remove is not None:
+        except (CheckpointError, OSError, RuntimeError) as error:  # torch's writer: a full disk as a RuntimeError
+            if remove is not None:  # a refused state too: its shards are written, and named by nothing
                 shutil.rmtree(remove, ignore_errors=True)
-            failure = str(write_error(path, error))
+            failure = str(error if isinstance(error, CheckpointError) else write_error(path, error))
     failure = fit.gather_from_ranks(failure)[0]
     if failure:
         raise CheckpointError(failure)
@@ -264,8 +262,11 @@ def check_contents(path, state: Any, form: int, required: tuple[str, ...]) -> No
 
 def saved_plan(path):
     """The plan a checkpoint was saved with: accelerate(model, optimizer, loader, plan=saved_plan(path)). Built
-    only from what a plan file could say; an option that would run a program or import is refused."""
-    options = decode_plan(read(path)["plan"], path)
+    only from what a plan file could say; an option that would run a program or import is refused. A sharded
+    checkpoint's folder gives the plan its accel.pt holds."""
+    import accel.run.sharded_checkpoint as sharded
+
+    options = decode_plan((sharded.read(path)[1] if sharded.is_sharded_checkpoint(path) else read(path))["plan"], path)
     refused = code_problems(options)
     if refused:
         raise CheckpointError(f"{path}: the plan saved there sets {refused[0]}; accel takes that only from your own "

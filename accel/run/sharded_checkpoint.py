@@ -227,7 +227,11 @@ def _set(run, model_state: dict, optimizer_state: dict, progress: dict) -> None:
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
 
     if run.optimizer is not None:
-        set_state_dict(run.unwrap(), run.optimizer, model_state_dict=model_state, optim_state_dict=optimizer_state)
+        run.watch.stepping = True  # set_state_dict steps an optimizer without state once too: not the loop's
+        try:
+            set_state_dict(run.unwrap(), run.optimizer, model_state_dict=model_state, optim_state_dict=optimizer_state)
+        finally:
+            run.watch.stepping = False
     else:
         set_model_state_dict(run.unwrap(), model_state)
     run.restore_progress(progress)

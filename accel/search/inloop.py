@@ -22,6 +22,7 @@ from accel.measure import TrainStep, plan_label
 from accel.modules import compiled
 from accel.run import open_run
 from accel.run.checkpoint import read, saved_plan
+from accel.run.checkpoint_fit import training_plan
 from accel.run.interrupts import clean_up, deferred
 from accel.run.sharded_checkpoint import is_sharded_checkpoint
 from accel.search.fault import Faults
@@ -136,13 +137,15 @@ class InLoopSearch:
 
     def load(self, path) -> dict:
         """Resume: the checkpoint's plan is the answer, once its state fits this run (else refused, nothing changed)."""
-        if is_sharded_checkpoint(path):
-            return self.current.load(path)
-        state = read(path)  # its plan as saved_plan builds it: nothing that would run code, errors naming the file
+        # its plan as saved_plan builds it: nothing that would run code, errors naming the file
         plan, before = saved_plan(path).to_dict(), self.current.plan.to_dict()
-        problems = self.current.state_problems({**state, "accelerators": {}})
-        if problems:
-            raise CheckpointError(f"{path} does not fit this run; nothing was loaded: " + "; ".join(problems))
+        if is_sharded_checkpoint(path):  # shards load at any world size: this job's ddp or fsdp in place of its own
+            plan = training_plan(plan)
+        else:
+            state = {**read(path), "accelerators": {}, "accelerators_per_rank": []}
+            problems = self.current.state_problems(state)
+            if problems:
+                raise CheckpointError(f"{path} does not fit this run; nothing was loaded: " + "; ".join(problems))
         if self.switch(plan) is None:
             raise CheckpointError(f"{path}: its plan {plan_label(plan)} is refused here; nothing was loaded")
         try:
@@ -154,6 +157,7 @@ class InLoopSearch:
                 clean_up(self._switch_back, before)
                 raise
             raise
+        self.loader.pending = None  # the checkpoint's plan is the answer: no verdict's loader joins after it
         if self.measuring:
             self._settle(f"resumed from {path}", plan=plan, why=f"resumed from {path}: its plan {plan_label(plan)} is "
                                                                 "taken as it was saved, nothing measured")
@@ -213,8 +217,8 @@ class InLoopSearch:
     def _optimizer_steps(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         """An optimizer step not through run.step(): nothing can be timed, so the search ends on the plain loop, said
         at once; the switch waits for the next batch or call (not inside the step)."""
-        if self.stepping or self.bypassed or not self.measuring:
-            return
+        if self.stepping or self.current.watch.stepping or self.bypassed or not self.measuring:
+            return  # (the run's own steps too: a sharded save or load builds an optimizer's state with one)
         if self.current.closed or self._open_run() is not self.current:
             return self._settle("your loop made another run on your model (accelerate() again): auto stopped "
                                 "measuring", switch=False)

@@ -9,12 +9,14 @@ from typing import Any
 
 from accel import clock
 from accel.measure import plan_label
+from accel.plan import Plan
 from accel.plan.contract import Capability
 from accel.search.results import TuneRow
 from accel.search.settings import provides
 
 DATA_WAIT = 0.10  # a rebuilt loader (workers) pays when the loop waits this fraction of its step for data
 DATA_STEPS = 8  # steps timed for the data wait alone, when no comparison timed the plain loop
+JOINS = " joins at the next epoch"  # the why's words for a rebuilt loader chosen (replaced should it not join)
 
 
 class SearchLoader:
@@ -87,7 +89,7 @@ class SearchLoader:
                 row.reason = f"your loop waited {share:.0%} of its step for data" + (
                     ": it joins at the next epoch" if joins else "")
             rows.append(row)
-        return rows, (f"{', '.join(joining)} joins at the next epoch: your loop waited {share:.0%} of its step for data"
+        return rows, (f"{', '.join(joining)}{JOINS}: your loop waited {share:.0%} of its step for data"
                       if joining else "")
 
     def join(self) -> None:
@@ -100,10 +102,16 @@ class SearchLoader:
         if run.switch(plan, outcome) is not None:
             return
         joining = [n for n in plan if n not in run.current.plan.to_dict()]
-        for row in run.result.rows if run.result is not None else []:
-            if row.decision == "chosen" and row.status == "by data wait":
-                row.status, row.decision = outcome.status, ""
-                row.reason = f"chosen, but it could not join: {outcome.reason}"
+        result, words = run.result, run.search
+        if result is not None:  # the answer is the plan in place: the table, the why and the words say so
+            for row in result.rows:
+                if row.decision == "chosen" and row.status == "by data wait":
+                    row.status, row.decision = outcome.status, ""
+                    row.reason = f"chosen, but it could not join: {outcome.reason}"
+            result.plan = Plan({k: v for k, v in result.plan.to_dict().items() if k not in joining})
+            said = f" could not join ({outcome.status})"
+            result.why, words.chosen_why = result.why.replace(JOINS, said), words.chosen_why.replace(JOINS, said)
+            words.chosen = {k: v for k, v in (words.chosen or {}).items() if k not in joining}
         warnings.warn(f"accel: plan='auto' chose {', '.join(joining)} for your loop's wait for data, and it could not "
                       f"join at this epoch ({outcome.status}: {outcome.reason}); your loop goes on with the plan in "
                       "place", RuntimeWarning, stacklevel=4)
