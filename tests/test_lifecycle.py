@@ -159,6 +159,8 @@ def test_conflicts_are_declared_by_capability_and_refused_together(registered):
 def test_register_checks_the_declarations():
     with pytest.raises(TypeError, match="must be a tuple of strings"):
         register(user_accelerator("bad", Stage.KERNELS, after="amp"))
+    with pytest.raises(TypeError, match="put the example options on its Options class"):
+        register(user_accelerator("bad", Stage.KERNELS, example={"steps": 2}))
 
 
 # --- rollback ----------------------------------------------------------------------------------------------------

@@ -274,6 +274,8 @@ def register(cls: type[Accelerator]) -> type[Accelerator]:
         value = getattr(cls, attribute)
         if not isinstance(value, tuple) or not all(isinstance(v, str) for v in value):
             raise TypeError(f"{cls.__name__}.{attribute} must be a tuple of strings, got {value!r}")
+    if "example" in vars(cls):  # 0.3's place for it: said, not ignored by `accel env`
+        raise TypeError(f"{cls.__name__}.example: put the example options on its Options class (example = {{...}})")
     REGISTRY[cls.name] = cls
     return cls
 
