@@ -1,4 +1,5 @@
 import os
+import signal
 
 import pytest
 from hypothesis import settings
@@ -11,6 +12,12 @@ from accel.testing import process_state_restored
 settings.register_profile("ci", derandomize=True, print_blob=True)
 if os.environ.get("CI"):
     settings.load_profile("ci")
+
+# A shell that starts the suite in the background without job control (`pytest ... &`, nohup, some schedulers)
+# ignores SIGINT in it and in every process it starts, and Python then installs no KeyboardInterrupt handler: the
+# fault tests send real Ctrl-Cs to this process and to subprocesses, as a user's terminal does. Give them Python's own.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 LIMIT_S = float(os.environ.get("ACCEL_TEST_LIMIT_S", "900"))  # the longest test takes 4 min on 2 busy cores
 
