@@ -49,7 +49,7 @@ class DataParallelOptions(Options):
 def callers_level() -> int:
     """The stacklevel of the first frame outside accel's and torch's files: the line of the user's loop, however
     many hooks and wrappers are between (for a warning given from ``warn_stale``)."""
-    inside = tuple(os.path.dirname(module.__file__) for module in (torch, sys.modules["accel"]))
+    inside = tuple(os.path.dirname(module.__file__) + os.sep for module in (torch, sys.modules["accel"]))  # a folder
     frame, level = sys._getframe(2), 2
     while frame is not None and frame.f_code.co_filename.startswith(inside):
         frame, level = frame.f_back, level + 1
