@@ -5,6 +5,8 @@ import contextlib
 import functools
 import io
 import logging
+import sys
+import threading
 from typing import Any
 
 import torch
@@ -81,6 +83,20 @@ class NothingToShrink(logging.Filter):
         return not (text.startswith(prefix) and text[len(prefix):].partition(",")[0] in self.empty)
 
 
+class OwnPrints:
+    """sys.stdout while NNI works: what this thread prints is kept (for the log); every other thread of the user's
+    prints on the stdout it had (redirect_stdout alone swaps it for the whole process)."""
+
+    def __init__(self, stdout):
+        self.stdout, self.kept, self.thread = stdout, io.StringIO(), threading.get_ident()
+
+    def write(self, text: str) -> int:
+        return (self.kept if threading.get_ident() == self.thread else self.stdout).write(text)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stdout, name)
+
+
 def speed_up(model: nn.Module, dummy: Any, masks: dict, dry_run: bool = False) -> Any:
     """NNI's ModelSpeedup (``speedup_class``) run on the model in place; with ``dry_run`` it only infers the masks
     (its ``.empty``: the layers it would leave no channel). What NNI prints (its mask conflicts' axes, '0 Filter')
@@ -88,14 +104,14 @@ def speed_up(model: nn.Module, dummy: Any, masks: dict, dry_run: bool = False) -
     nothing = NothingToShrink(model)
     QUIET.addFilter(nothing)
     try:
-        with contextlib.redirect_stdout(io.StringIO()) as printed:
+        with contextlib.redirect_stdout(OwnPrints(sys.stdout)) as printed:
             speedup = speedup_class()(model, dummy, masks, graph_module=fx_trace(model), logger=QUIET)
             speedup.dry_run = dry_run
             speedup.speedup_model()
     finally:
         QUIET.removeFilter(nothing)
-    if printed.getvalue():
-        QUIET.debug("NNI printed: %s", printed.getvalue().strip())
+    if printed.kept.getvalue():
+        QUIET.debug("NNI printed: %s", printed.kept.getvalue().strip())
     return speedup
 
 
