@@ -138,6 +138,11 @@ class Compile(Accelerator[CompileOptions, CompileState]):
                                     allowed="regional=True (each block compiled, the checkpointing outside them), the "
                                     "model's own checkpointing turned off (timm: set_grad_checkpointing(False)), or no "
                                     "compile", kind="conflict"))
+        if config.fullgraph and ctx.plan.providing(Capability.MODEL_DISTRIBUTED) and not (config.regional or sharded):
+            problems.append(Problem(self.name, "fullgraph=True compiles the DDP wrapper whole, and its forward holds "
+                                    "what dynamo cannot trace (DDP's logger): the first step would fail",
+                                    field="fullgraph", value=True, allowed="fullgraph=False, or regional=True (each "
+                                    "block compiled inside the wrapper)", kind="conflict"))
         why = package_backend_problem(config.backend)
         if why:
             problems.append(Problem(self.name, why, field="backend", value=config.backend, kind="missing"))
