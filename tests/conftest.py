@@ -37,3 +37,15 @@ def _restore_process_state():
     """Accelerators like threads change process-wide state; give every test a clean slate."""
     with process_state_restored():
         yield
+
+
+@pytest.fixture
+def one_rank(monkeypatch):
+    """torchrun --nproc-per-node 1's variables: ddp or fsdp joins a gloo group of one in this process, left by close."""
+    import torch
+    from scripts.launching import one_rank_env
+
+    for key, value in one_rank_env().items():
+        monkeypatch.setenv(key, value)
+    yield
+    assert not torch.distributed.is_initialized()

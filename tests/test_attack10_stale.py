@@ -8,20 +8,11 @@ import warnings
 
 import pytest
 import torch
-from scripts.launching import one_rank_env, output, torchrun
+from scripts.launching import output, torchrun
 
 import accel
 from accel.errors import StaleWarning
 from accel.testing import tiny_loader, tiny_model
-
-
-@pytest.fixture
-def one_rank(monkeypatch):
-    """torchrun --nproc-per-node 1's variables: fsdp joins a gloo group of one in this process."""
-    for key, value in one_rank_env().items():
-        monkeypatch.setenv(key, value)
-    yield
-    assert not torch.distributed.is_initialized()
 
 
 @pytest.mark.parametrize("around", [False, True], ids=["run.step", "optimizer.step"])

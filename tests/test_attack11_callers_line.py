@@ -8,7 +8,6 @@ import warnings
 
 import pytest
 import torch
-from scripts.launching import one_rank_env
 
 import accel
 from accel.errors import StaleWarning
@@ -20,15 +19,6 @@ for _, (x, y) in zip(range(2), run.loader):
     run.backward(loss)
     run.step()
 """
-
-
-@pytest.fixture
-def one_rank(monkeypatch):
-    """torchrun --nproc-per-node 1's variables: fsdp joins a gloo group of one in this process."""
-    for key, value in one_rank_env().items():
-        monkeypatch.setenv(key, value)
-    yield
-    assert not torch.distributed.is_initialized()
 
 
 @pytest.mark.parametrize("beside", [accel, torch], ids=["accel_runs", "torch_runs"])

@@ -5,20 +5,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from scripts.launching import one_rank_env
 
 import accel
 from accel.errors import PlanError
 from accel.testing import tiny_loader, tiny_model
-
-
-@pytest.fixture
-def one_rank(monkeypatch):
-    """torchrun --nproc-per-node 1's variables: ddp joins a gloo group of one in this process."""
-    for key, value in one_rank_env().items():
-        monkeypatch.setenv(key, value)
-    yield
-    assert not torch.distributed.is_initialized()
 
 
 def test_fullgraph_under_ddp_is_refused_with_the_plan(one_rank):
