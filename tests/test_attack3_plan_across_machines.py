@@ -12,7 +12,7 @@ import torch
 from scripts.launching import one_rank_env
 
 import accel
-from accel.run.checkpoint import saved_plan
+from accel.run.state import saved_plan
 from accel.testing import tiny_loader, tiny_model, tiny_optimizer, train_steps
 
 

@@ -14,7 +14,8 @@ import torch
 from scripts.launching import one_rank_env
 
 import accel
-from accel.run.checkpoint import CheckpointError, saved_plan
+from accel.run.checkpoint import CheckpointError
+from accel.run.state import saved_plan
 from accel.testing import tiny_loader, tiny_model, tiny_optimizer, train_steps
 
 

@@ -263,7 +263,7 @@ def loss_of(output, target):  # a module-level function: a plan holding it can b
 
 
 def test_plans_holding_functions_and_tensors_save_and_load(tmp_path):
-    from accel.run.checkpoint import saved_plan
+    from accel.run.state import saved_plan
 
     plan = {"grad_clipping": {"max_norm": 1.0}}
     model = tiny_model()

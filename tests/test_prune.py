@@ -14,7 +14,7 @@ from accel.accelerators.prune.speedup import retie
 from accel.accelerators.prune.tracing import fx_trace
 from accel.errors import AccelerateError, CheckpointError, PlanError
 from accel.hardware import torch_version
-from accel.run.checkpoint import saved_plan
+from accel.run.state import saved_plan
 from accel.testing import snapshot, tiny_loader, tiny_model, tiny_optimizer, train_steps
 from accel.workloads import BookCNN, cifar_shaped, digits_datasets
 

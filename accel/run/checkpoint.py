@@ -24,11 +24,10 @@ import torch
 
 import accel.run.checkpoint_fit as fit
 from accel.batches import map_tensors
-from accel.errors import CheckpointError, PlanError, brief
+from accel.errors import CheckpointError, brief
 from accel.files import disk_full, space, write_atomically
 from accel.hardware.launcher import rank
-from accel.plan import Plan, same_options
-from accel.plan.untrusted import code_problems
+from accel.plan import same_options
 
 FORMAT = 2
 CALLABLE = "__callable__"
@@ -260,28 +259,11 @@ def check_contents(path, state: Any, form: int, required: tuple[str, ...]) -> No
                               "corrupted after it was written; nothing was loaded")
 
 
-def saved_plan(path):
-    """The plan a checkpoint was saved with: accelerate(model, optimizer, loader, plan=saved_plan(path)). Built
-    only from what a plan file could say; an option that would run a program or import is refused. A sharded
-    checkpoint's folder gives the plan its accel.pt holds."""
-    import accel.run.sharded_checkpoint as sharded
-
-    options = decode_plan((sharded.read(path)[1] if sharded.is_sharded_checkpoint(path) else read(path))["plan"], path)
-    refused = code_problems(options)
-    if refused:
-        raise CheckpointError(f"{path}: the plan saved there sets {refused[0]}; accel takes that only from your own "
-                              "code: build the plan yourself and pass it to accelerate()")
-    try:
-        return Plan(options)
-    except PlanError as error:
-        raise CheckpointError(f"{path}: the plan saved there is not one accel can build: {error}") from None
-
-
 def load(run, path) -> dict[str, Any]:
     """Restore a checkpoint into a run created with the same plan; {"step", "epoch", "path"}. Nothing changes
     unless everything fits; a restore that fails half-way puts the run back as it was."""
     state = read(path)
-    refuse_another_plan(run, path, state["plan"], f"plan=accel.run.checkpoint.saved_plan({str(path)!r})")
+    refuse_another_plan(run, path, state["plan"], f"plan=accel.run.state.saved_plan({str(path)!r})")
     problems = fit.rank_problems(state)
     state = {**state, **fit.this_rank(state)}  # before the fit checks: it warns when the world size changed
     fit.refuse_unfit(path, problems + run.state_problems(state))

@@ -1,5 +1,5 @@
 """What a run saves and restores (a mixin of accel.run.Run): its whole state as a dict, the check that a saved one
-fits, run.save and run.load."""
+fits, run.save and run.load; and the plan a checkpoint of either format was saved with (``saved_plan``)."""
 from __future__ import annotations
 
 import copy
@@ -9,11 +9,14 @@ from typing import Any
 import torch
 
 import accel.run.sharded_checkpoint as sharded_checkpoint
-from accel.errors import CheckpointError
+from accel.errors import CheckpointError, PlanError
+from accel.plan import Plan
 from accel.plan.contract import Capability
+from accel.plan.untrusted import code_problems
 from accel.randomness import loader_generators, rng_state, set_rng_state
+from accel.run.checkpoint import decode_plan, plain_numbers
 from accel.run.checkpoint import load as load_checkpoint
-from accel.run.checkpoint import plain_numbers
+from accel.run.checkpoint import read as read_checkpoint
 from accel.run.checkpoint import save as save_checkpoint
 from accel.run.checkpoint_fit import fit_problems, seed_value
 from accel.run.interrupts import autograd_kept, clean_up
@@ -137,3 +140,19 @@ class RunState:
                 raise CheckpointError(f"{path}: under fsdp, run.load reads the folder of shards that run.save wrote "
                                       "(this is a single-file checkpoint of a run without fsdp)")
             return load_checkpoint(self, path)
+
+
+def saved_plan(path):
+    """The plan a checkpoint was saved with: accelerate(model, optimizer, loader, plan=saved_plan(path)). Built
+    only from what a plan file could say; an option that would run a program or import is refused. A sharded
+    checkpoint's folder gives the plan its accel.pt holds."""
+    folder = sharded_checkpoint.is_sharded_checkpoint(path)
+    options = decode_plan((sharded_checkpoint.read(path)[1] if folder else read_checkpoint(path))["plan"], path)
+    refused = code_problems(options)
+    if refused:
+        raise CheckpointError(f"{path}: the plan saved there sets {refused[0]}; accel takes that only from your own "
+                              "code: build the plan yourself and pass it to accelerate()")
+    try:
+        return Plan(options)
+    except PlanError as error:
+        raise CheckpointError(f"{path}: the plan saved there is not one accel can build: {error}") from None

@@ -21,10 +21,11 @@ from accel.errors import AccelerateError, BypassWarning, CheckpointError, Measur
 from accel.measure import TrainStep, plan_label
 from accel.modules import compiled
 from accel.run import open_run
-from accel.run.checkpoint import read, saved_plan
+from accel.run.checkpoint import read
 from accel.run.checkpoint_fit import training_plan
 from accel.run.interrupts import clean_up, deferred
 from accel.run.sharded_checkpoint import is_sharded_checkpoint
+from accel.run.state import saved_plan
 from accel.search.fault import Faults
 from accel.search.loader import SearchLoader
 from accel.search.results import TuneResult, cached_answer, distribute

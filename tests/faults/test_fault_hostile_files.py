@@ -17,7 +17,8 @@ from injectors import objects, train
 import accel
 import accel.search.cache as plancache
 from accel.errors import CheckpointError, PlanError
-from accel.run.checkpoint import checksum, saved_plan
+from accel.run.checkpoint import checksum
+from accel.run.state import saved_plan
 from accel.testing import snapshot
 
 KEYS = ("plan", "model", "optimizer", "optimizer_class", "accelerators", "step", "optimizer_steps", "epoch", "sampler",

@@ -13,7 +13,8 @@ from injectors import objects
 import accel
 import accel.search.cache as plancache
 from accel.errors import CheckpointError
-from accel.run.checkpoint import checksum, resolve, saved_plan
+from accel.run.checkpoint import checksum, resolve
+from accel.run.state import saved_plan
 
 NOT_IMPORTED_STDLIB = ("this", "turtledemo.minimal_hanoi", "idlelib.idle_test.mock_tk")  # print or touch when imported
 
