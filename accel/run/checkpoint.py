@@ -259,10 +259,9 @@ def check_contents(path, state: Any, form: int, required: tuple[str, ...]) -> No
                               "corrupted after it was written; nothing was loaded")
 
 
-def load(run, path) -> dict[str, Any]:
-    """Restore a checkpoint into a run created with the same plan; {"step", "epoch", "path"}. Nothing changes
-    unless everything fits; a restore that fails half-way puts the run back as it was."""
-    state = read(path)
+def load(run, path, state: dict[str, Any]) -> dict[str, Any]:
+    """Restore a checkpoint (its state as ``read`` returned it) into a run created with the same plan; {"step",
+    "epoch", "path"}. Nothing changes unless everything fits; a restore that fails half-way puts the run back."""
     refuse_another_plan(run, path, state["plan"], f"plan=accel.run.state.saved_plan({str(path)!r})")
     problems = fit.rank_problems(state)
     state = {**state, **fit.this_rank(state)}  # before the fit checks: it warns when the world size changed

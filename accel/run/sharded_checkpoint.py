@@ -237,11 +237,11 @@ def _set(run, model_state: dict, optimizer_state: dict, progress: dict) -> None:
     run.restore_progress(progress)
 
 
-def load(run, path) -> dict[str, Any]:
-    """Restore a sharded checkpoint into a run with the same plan, at any world size; {"step", "epoch", "path"}."""
+def load(run, where: Path, meta: dict[str, Any]) -> dict[str, Any]:
+    """Restore a sharded checkpoint (its folder and accel.pt as ``read`` returned them) into a run with the same
+    plan, at any world size; {"step", "epoch", "path"}."""
     import torch.distributed.checkpoint as dcp
 
-    where, meta = read(path)
     single.refuse_another_plan(run, where, meta["plan"], "the same plan (ddp and fsdp may differ: the shards load at "
                                "any world size, or in one process)", training=True)
     model, optimizer = _states(run, where)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from typing import Any
+from pathlib import Path
+from typing import Any, NamedTuple
 
 import torch
 
@@ -127,27 +128,49 @@ class RunState:
             else:
                 save_checkpoint(self, path)
 
-    def load(self, path) -> dict:
+    def load(self, path, saved: Saved | None = None) -> dict:
         """Restore a checkpoint written by run.save into this run; returns {"step", "epoch", "path"}. A sharded
-        folder loads at any world size, and into a run without fsdp (the whole state in one process).
+        folder loads at any world size, and into a run without fsdp (the whole state in one process). ``saved``:
+        the checkpoint as read_saved(path) read it (plan="auto" reads it once, for its plan, its fit and this load).
 
         Everything is checked before anything changes: a refused load leaves the run as it was.
         """
         with autograd_kept():
-            if sharded_checkpoint.is_sharded_checkpoint(path):
-                return sharded_checkpoint.load(self, path)
-            if self.sharded:
+            if self.sharded and not sharded_checkpoint.is_sharded_checkpoint(path):
                 raise CheckpointError(f"{path}: under fsdp, run.load reads the folder of shards that run.save wrote "
                                       "(this is a single-file checkpoint of a run without fsdp)")
-            return load_checkpoint(self, path)
+            saved = saved or read_saved(path)
+            if saved.sharded:
+                return sharded_checkpoint.load(self, saved.where, saved.state)
+            return load_checkpoint(self, path, saved.state)
+
+
+class Saved(NamedTuple):
+    """A checkpoint of either format, read and checked whole (checksum, manifest): its file or step folder, and
+    its state (a sharded one's accel.pt)."""
+    where: Path
+    state: dict[str, Any]
+    sharded: bool
+
+
+def read_saved(path) -> Saved:
+    """The checkpoint at path (a file, or a sharded one's folder), read once and checked: a CheckpointError names
+    what is wrong."""
+    if sharded_checkpoint.is_sharded_checkpoint(path):
+        return Saved(*sharded_checkpoint.read(path), sharded=True)
+    return Saved(Path(path), read_checkpoint(path), sharded=False)
 
 
 def saved_plan(path):
     """The plan a checkpoint was saved with: accelerate(model, optimizer, loader, plan=saved_plan(path)). Built
     only from what a plan file could say; an option that would run a program or import is refused. A sharded
     checkpoint's folder gives the plan its accel.pt holds."""
-    folder = sharded_checkpoint.is_sharded_checkpoint(path)
-    options = decode_plan((sharded_checkpoint.read(path)[1] if folder else read_checkpoint(path))["plan"], path)
+    return plan_of(path, read_saved(path).state["plan"])
+
+
+def plan_of(path, saved: dict[str, dict]):
+    """The plan a checkpoint at path holds as data (``saved``), built as saved_plan builds it."""
+    options = decode_plan(saved, path)
     refused = code_problems(options)
     if refused:
         raise CheckpointError(f"{path}: the plan saved there sets {refused[0]}; accel takes that only from your own "

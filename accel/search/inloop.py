@@ -21,11 +21,9 @@ from accel.errors import AccelerateError, BypassWarning, CheckpointError, Measur
 from accel.measure import TrainStep, plan_label
 from accel.modules import compiled
 from accel.run import open_run
-from accel.run.checkpoint import read
 from accel.run.checkpoint_fit import training_plan
 from accel.run.interrupts import clean_up, deferred
-from accel.run.sharded_checkpoint import is_sharded_checkpoint
-from accel.run.state import saved_plan
+from accel.run.state import plan_of, read_saved
 from accel.search.fault import Faults
 from accel.search.loader import SearchLoader
 from accel.search.results import TuneResult, cached_answer, distribute
@@ -138,19 +136,20 @@ class InLoopSearch:
 
     def load(self, path) -> dict:
         """Resume: the checkpoint's plan is the answer, once its state fits this run (else refused, nothing changed)."""
+        saved = read_saved(path)  # read once, checked whole: its plan, the fit and the load below all use it
         # its plan as saved_plan builds it: nothing that would run code, errors naming the file
-        plan, before = saved_plan(path).to_dict(), self.current.plan.to_dict()
-        if is_sharded_checkpoint(path):  # shards load at any world size: this job's ddp or fsdp in place of its own
+        plan, before = plan_of(path, saved.state["plan"]).to_dict(), self.current.plan.to_dict()
+        if saved.sharded:  # shards load at any world size: this job's ddp or fsdp in place of its own
             plan = training_plan(plan)
         else:
-            state = {**read(path), "accelerators": {}, "accelerators_per_rank": []}
+            state = {**saved.state, "accelerators": {}, "accelerators_per_rank": []}
             problems = self.current.state_problems(state)
             if problems:
                 raise CheckpointError(f"{path} does not fit this run; nothing was loaded: " + "; ".join(problems))
         if self.switch(plan) is None:
             raise CheckpointError(f"{path}: its plan {plan_label(plan)} is refused here; nothing was loaded")
         try:
-            info = self.current.load(path)
+            info = self.current.load(path, saved)
         except BaseException:
             try:  # twice if a Ctrl-C lands on the call (accel.run.interrupts)
                 clean_up(self._switch_back, before)
