@@ -1,5 +1,6 @@
 """run.save / run.load: the same run continues exactly; a different plan is refused; a crash mid-save loses nothing."""
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -70,6 +71,25 @@ def test_a_different_plan_is_refused_with_the_way_out(tmp_path):
     new_run({"compile": {"backend": "eager"}}).save(tmp_path / "ckpt.pt")
     with pytest.raises(CheckpointError, match="saved_plan"):
         new_run([]).load(tmp_path / "ckpt.pt")
+
+
+def test_a_sharded_checkpoint_of_another_plan_is_refused_with_the_same_way_out(tmp_path, one_rank):
+    """A fixed plan's refusal of a folder of shards said 'create the run with the same plan', where a file's names
+    saved_plan(path): both say it in one message now, and the plan it names loads the shards."""
+    run = new_run([{"grad_accumulation": {"steps": 2}}, "fsdp"])
+    run.save(tmp_path / "shards")
+    run.close()
+    other = new_run(["fsdp"])
+    with pytest.raises(CheckpointError) as refused:
+        other.load(tmp_path / "shards")
+    other.close()
+    named = re.search(r"create the run with plan=accel\.run\.state\.saved_plan\('([^']+)'\)", str(refused.value))
+    assert named, refused.value
+    again = new_run(saved_plan(named.group(1)), seed=1)
+    try:
+        assert again.load(tmp_path / "shards")["step"] == 0 and "grad_accumulation" in again.plan.names()
+    finally:
+        again.close()
 
 
 SAVER = textwrap.dedent("""

@@ -262,17 +262,19 @@ def check_contents(path, state: Any, form: int, required: tuple[str, ...]) -> No
 def load(run, path, state: dict[str, Any]) -> dict[str, Any]:
     """Restore a checkpoint (its state as ``read`` returned it) into a run created with the same plan; {"step",
     "epoch", "path"}. Nothing changes unless everything fits; a restore that fails half-way puts the run back."""
-    refuse_another_plan(run, path, state["plan"], f"plan=accel.run.state.saved_plan({str(path)!r})")
+    refuse_another_plan(run, path, state["plan"])
     problems = fit.rank_problems(state)
     state = {**state, **fit.this_rank(state)}  # before the fit checks: it warns when the world size changed
     fit.refuse_unfit(path, problems + run.state_problems(state))
     return fit.restored(path, state, lambda: run.load_state_dict(state))
 
 
-def refuse_another_plan(run, path, saved: dict[str, dict], way: str, training: bool = False) -> None:
+def refuse_another_plan(run, path, saved: dict[str, dict], training: bool = False) -> None:
     """Both formats: a checkpoint loads into a run of the plan it was saved with (``training``: the same but for
-    ddp and fsdp, for shards, which load at any world size); else a CheckpointError says the ``way`` to that run."""
+    ddp and fsdp, for shards, which load at any world size); else a CheckpointError says how to create that run."""
     mine, compared = encode_plan(run.plan.to_dict()), fit.training_plan if training else dict
     if not same_options(compared(saved), compared(mine)):
         raise CheckpointError(f"{path} was saved with the plan {brief(saved, 300)}, but this run has "
-                              f"{brief(mine, 300)}; create the run with {way}")
+                              f"{brief(mine, 300)}; create the run with plan=accel.run.state.saved_plan({str(path)!r})"
+                              + (" (or that plan with other ddp and fsdp options: the shards load at any world "
+                                 "size, or in one process)" if training else ""))

@@ -242,8 +242,7 @@ def load(run, where: Path, meta: dict[str, Any]) -> dict[str, Any]:
     plan, at any world size; {"step", "epoch", "path"}."""
     import torch.distributed.checkpoint as dcp
 
-    single.refuse_another_plan(run, where, meta["plan"], "the same plan (ddp and fsdp may differ: the shards load at "
-                               "any world size, or in one process)", training=True)
+    single.refuse_another_plan(run, where, meta["plan"], training=True)
     model, optimizer = _states(run, where)
     saved = dcp.FileSystemReader(str(where)).read_metadata().state_dict_metadata  # names and global shapes
     shapes = {k[len("model."):]: getattr(v, "size", None) for k, v in saved.items() if k.startswith("model.")}
