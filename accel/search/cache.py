@@ -75,9 +75,21 @@ ENTRY = re.compile(r"[0-9a-f]{24}\.json")  # the names store() gives entries: no
 ENTRY_LIMIT = 1 << 20  # an entry is a few KiB: a larger file under its name is not one
 
 
+def _linked(path: Path, then: str) -> bool:
+    """Whether one of the cache's own files or folders is a symbolic link, said with what ``then`` happens: accel
+    does not follow one (a shared or hostile cache would point its reads and writes anywhere)."""
+    if not path.is_symlink():
+        return False
+    warnings.warn(f"accel: {path} in the plan cache is a symbolic link, and accel does not follow links there: "
+                  f"{then}", stacklevel=3)
+    return True
+
+
 def _entry(path: Path) -> dict[str, Any] | None:
-    """An entry as store() writes it, or None: a file damaged, of another shape, or crafted (a plan that would run
-    code: accel.plan.untrusted) is not one."""
+    """An entry as store() writes it, or None: a file damaged, of another shape, a link, or crafted (a plan that
+    would run code: accel.plan.untrusted) is not one."""
+    if _linked(path, "it is not read as an entry (a search measures again; storing its answer replaces the link)"):
+        return None
     try:
         entry = json.loads(read_small(path, ENTRY_LIMIT))  # a named pipe or a terabyte in a shared folder
     except (OSError, ValueError, UnicodeError, RecursionError):
@@ -121,6 +133,12 @@ def store(parts: dict[str, Any], result: dict[str, Any], where: Any = True, what
 WARMUP_FACTS = ("model", "batch", "device", "cpu", "versions")  # what a warm-up (compile's) depends on
 
 
+def _warmups(where: Any) -> Path | None:
+    """The warm-ups' folder in the cache, or None where it is a link (said)."""
+    folder = cache_dir(where) / "warmups"
+    return None if _linked(folder, "the warm-ups are neither read, written nor cleared there") else folder
+
+
 def _warmup(facts: dict[str, Any], candidate: dict[str, dict]) -> dict[str, Any]:
     return {**{k: facts.get(k) for k in WARMUP_FACTS}, "candidate": candidate}
 
@@ -128,7 +146,8 @@ def _warmup(facts: dict[str, Any], candidate: dict[str, dict]) -> dict[str, Any]
 def known_warmup(facts: dict[str, Any] | None, candidate: dict[str, dict], where: Any = True) -> float | None:
     """Seconds a costly candidate's warm-up took when last measured on this setup (a search's key facts), or None
     (never, or no cache)."""
-    entry = lookup(_warmup(facts, candidate), cache_dir(where) / "warmups") if facts and where else None
+    folder = _warmups(where) if facts and where else None
+    entry = lookup(_warmup(facts, candidate), folder) if folder else None
     seconds = entry.get("seconds") if entry else None
     ok = isinstance(seconds, (int, float)) and not isinstance(seconds, bool) and 0 <= seconds < float("inf")
     return float(seconds) if ok else None
@@ -137,10 +156,10 @@ def known_warmup(facts: dict[str, Any] | None, candidate: dict[str, dict], where
 def remember_warmup(facts: dict[str, Any] | None, candidate: dict[str, dict], seconds: float, where: Any = True
                     ) -> None:
     """Keep a measured warm-up (the candidate's first steps beyond as many steady steps), where there is a cache."""
-    if facts and where:
+    folder = _warmups(where) if facts and where else None
+    if folder:
         store(_warmup(facts, candidate), {"plan": candidate, "seconds": round(max(seconds, 0.0), 3),
-                                          "measured_at": datetime.datetime.now().isoformat(timespec="seconds")},
-              cache_dir(where) / "warmups")
+                                          "measured_at": datetime.datetime.now().isoformat(timespec="seconds")}, folder)
 
 
 def entries(where: Any = True) -> list[dict[str, Any]]:
@@ -161,10 +180,10 @@ def entries(where: Any = True) -> list[dict[str, Any]]:
 def clear(where: Any = True, key: str | None = None) -> int:
     """Forget every remembered choice (or those of a key prefix) and how many: only what accel wrote goes. Clearing
     all forgets the warm-ups too (counted) and compile's artifacts."""
-    folder = cache_dir(where)
+    warmups = _warmups(where) if key is None else None
     if key is None:
         clear_compile(where)
-    return (_remove(folder / "warmups", None) if key is None else 0) + _remove(folder, key)
+    return (_remove(warmups, None) if warmups else 0) + _remove(cache_dir(where), key)
 
 
 def _remove(folder: Path, key: str | None) -> int:

@@ -1,0 +1,54 @@
+"""A plan cache folder may be shared (ACCEL_CACHE_DIR on a cluster's disk): a symbolic link in it, in place of its
+``warmups`` folder or of an entry, pointed accel's reads, writes and `accel cache clear` at another folder (here
+another cache's, whose files bear accel's names). accel follows no link inside its cache: each is said in a warning
+naming it, and the search goes on without what it would have read there (the folder the user names may itself be a
+link: that is theirs to choose)."""
+import pytest
+
+import accel.search.cache as plancache
+from accel.cli import main
+
+FACTS = {"model": "the same setup", "batch": "float32[16, 8]", "device": "cpu", "cpu": "x", "versions": "v"}
+COMPILE = {"compile": {}}
+
+
+def files(folder):
+    return {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
+
+
+@pytest.fixture
+def elsewhere(tmp_path):
+    """Another cache folder with a warm-up and an entry of its own, as accel wrote them."""
+    other = tmp_path / "elsewhere"
+    plancache.remember_warmup(FACTS, COMPILE, 12.0, other)
+    plancache.store(FACTS, {"plan": {"channels_last": {}}}, other)
+    assert plancache.known_warmup(FACTS, COMPILE, other) == 12.0
+    return other
+
+
+def test_a_linked_warmups_folder_is_neither_read_written_nor_cleared(tmp_path, elsewhere, monkeypatch):
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "warmups").symlink_to(elsewhere / "warmups")
+    before = files(elsewhere / "warmups")
+    with pytest.warns(UserWarning, match=f"{cache / 'warmups'} in the plan cache is a symbolic link"):
+        assert plancache.known_warmup(FACTS, COMPILE, cache) is None  # the guess, not the other folder's 12 s
+    with pytest.warns(UserWarning, match="symbolic link"):
+        plancache.remember_warmup(FACTS, COMPILE, 40.0, cache)
+    monkeypatch.setenv("ACCEL_CACHE_DIR", str(cache))
+    with pytest.warns(UserWarning, match="symbolic link"):
+        assert main(["cache", "clear"]) == 0
+    assert files(elsewhere / "warmups") == before and (cache / "warmups").is_symlink()
+
+
+def test_a_linked_entry_is_not_read_and_a_store_replaces_the_link(tmp_path, elsewhere):
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    name = f"{plancache.key_of(FACTS)}.json"
+    (cache / name).symlink_to(elsewhere / name)
+    before = files(elsewhere)
+    with pytest.warns(UserWarning, match=f"{cache / name} in the plan cache is a symbolic link"):
+        assert plancache.lookup(FACTS, cache) is None
+    plancache.store(FACTS, {"plan": {"threads": {}}}, cache)
+    assert not (cache / name).is_symlink() and plancache.lookup(FACTS, cache)["plan"] == {"threads": {}}
+    assert files(elsewhere) == before
