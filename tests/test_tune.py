@@ -590,3 +590,42 @@ def test_rival_stacks_put_each_conflicting_candidate_first():
     assert stack_of(candidates)[0] == {"channels_last": {}, "fused_optimizer": {}, "amp": {"dtype": "bfloat16"}}
     assert rival_stacks(candidates) == [{"ipex": {}, "channels_last": {}, "amp": {"dtype": "bfloat16"}}]
     assert rival_stacks([{"channels_last": {}}, {"amp": {}}]) == []  # nothing conflicts: no rival
+
+
+class Rested(Swift):
+    """Removes the nap as swift does, with nothing to conflict with, at a cost of its own (1 ms a forward): beside
+    swift in the stack, slower than swift alone, and as slow together."""
+
+    name = "rested"
+    provides = conflicts = ()
+
+    def apply(self, ctx):
+        super().apply(ctx)
+        ctx.model = Wrapped(ctx.model)
+        CLOCK.per_forward(ctx.model, 0.001)
+        return {"nap": "removed", "costs": "1 ms per forward"}
+
+
+def test_a_retired_reference_is_not_built_again_for_a_comparison_the_budget_refuses(custom, virtual, monkeypatch):
+    """Each candidate alone, then the two that helped together (not faster): the best, one alone, was retired for that
+    comparison, and tune built it again as the reference of awake's, before admit said awake's warm-up does not fit
+    the budget left: a plan built and never measured (its first steps, time only)."""
+    built = []
+    trial = Lab.trial
+
+    def counted(lab, plan):
+        built.append(sorted(plan))
+        return trial(lab, plan)
+
+    monkeypatch.setattr(Lab, "trial", counted)
+    register(Swift)
+    register(Rested)
+    try:
+        result = accel.tune(*objects(Napping()), device="cpu", accelerators=["slow", "swift", "rested", "awake"],
+                            budget_s=20)
+    finally:
+        unregister("swift")
+        unregister("rested")
+    awake = next(row for row in result.rows if "awake" in row.plan)
+    assert awake.status == "not measured" and result.plan.names() == ["swift"], result
+    assert built.count(["swift"]) == 1, (built, str(result))

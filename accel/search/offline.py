@@ -100,15 +100,18 @@ class Apart:
         found = next((t for t in self.trials if t.plan == plan and t.run is not None), None)
         if found is None:
             found = self.lab.trial(plan)
-            self.trials = [t for t in self.trials if t.run is not None] + [found]
+            self.trials.append(found)
         return found
 
     def measure(self, request: Comparison) -> list[Arm]:
-        reference = self.trial(request.reference)
-        step_s = reference.median_s or (reference.settled_step_s if reference.first_s else None)
+        """The comparison's outcomes; its reference is built again (when retired) only once it is admitted: its step
+        as last timed (its trial alive, else the last retired) is what admit weighs."""
+        timed = [t for t in self.trials if t.plan == request.reference and t.first_s]
+        step_s = (timed[-1].median_s or timed[-1].settled_step_s) if timed else None
         self.deadline, note, unmeasured = admit(request, self.settings, self.facts, self.deadline, 0, step_s)
         if unmeasured:
             return unmeasured
+        reference = self.trial(request.reference)
         trials = [self.trial(plan) for plan in request.challengers]
         outcomes = [self._checked(t) for t in trials]
         live = [t for t, o in zip(trials, outcomes) if o.status == "measured"]
