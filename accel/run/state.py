@@ -128,21 +128,26 @@ class RunState:
             else:
                 save_checkpoint(self, path)
 
-    def load(self, path, saved: Saved | None = None) -> dict:
+    def load(self, path) -> dict:
         """Restore a checkpoint written by run.save into this run; returns {"step", "epoch", "path"}. A sharded
-        folder loads at any world size, and into a run without fsdp (the whole state in one process). ``saved``:
-        the checkpoint as read_saved(path) read it (plan="auto" reads it once, for its plan, its fit and this load).
+        folder loads at any world size, and into a run without fsdp (the whole state in one process).
 
         Everything is checked before anything changes: a refused load leaves the run as it was.
         """
-        with autograd_kept():
-            if self.sharded and not sharded_checkpoint.is_sharded_checkpoint(path):
-                raise CheckpointError(f"{path}: under fsdp, run.load reads the folder of shards that run.save wrote "
-                                      "(this is a single-file checkpoint of a run without fsdp)")
-            saved = saved or read_saved(path)
-            if saved.sharded:
-                return sharded_checkpoint.load(self, saved.where, saved.state)
-            return load_checkpoint(self, path, saved.state)
+        return load_saved(self, path)
+
+
+def load_saved(run, path, saved: Saved | None = None) -> dict:
+    """run.load(path); ``saved``: the checkpoint as read_saved(path) read it (plan="auto" reads it once, for its
+    plan, its fit and this load)."""
+    with autograd_kept():
+        if run.sharded and not sharded_checkpoint.is_sharded_checkpoint(path):
+            raise CheckpointError(f"{path}: under fsdp, run.load reads the folder of shards that run.save wrote "
+                                  "(this is a single-file checkpoint of a run without fsdp)")
+        saved = saved or read_saved(path)
+        if saved.sharded:
+            return sharded_checkpoint.load(run, saved.where, saved.state)
+        return load_checkpoint(run, path, saved.state)
 
 
 class Saved(NamedTuple):

@@ -23,7 +23,7 @@ from accel.modules import compiled
 from accel.run import open_run
 from accel.run.checkpoint_fit import training_plan
 from accel.run.interrupts import clean_up, deferred
-from accel.run.state import plan_of, read_saved
+from accel.run.state import load_saved, plan_of, read_saved
 from accel.search.fault import Faults
 from accel.search.loader import SearchLoader
 from accel.search.results import TuneResult, cached_answer, distribute
@@ -149,7 +149,7 @@ class InLoopSearch:
         if self.switch(plan) is None:
             raise CheckpointError(f"{path}: its plan {plan_label(plan)} is refused here; nothing was loaded")
         try:
-            info = self.current.load(path, saved)
+            info = load_saved(self.current, path, saved)
         except BaseException:
             try:  # twice if a Ctrl-C lands on the call (accel.run.interrupts)
                 clean_up(self._switch_back, before)
