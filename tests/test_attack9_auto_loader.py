@@ -52,3 +52,29 @@ def test_a_chosen_loader_that_cannot_join_is_not_reported_as_chosen(monkeypatch)
     assert "loader" not in in_place and "loader" not in tuning.plan.names(), tuning.plan
     assert "joins at the next epoch" not in tuning.why and "could not join" in tuning.why, tuning.why
     assert "chose loader" not in headline and "joins at the next epoch" not in headline, headline
+
+
+def test_a_cached_answer_whose_loader_could_not_join_is_replayed_without_it(tmp_path, monkeypatch):
+    """The answer was remembered with its rebuilt loader, which could not join at the next epoch: the cache went on
+    replaying it to every later run of the setup, each of which tried the loader again at its next epoch and said
+    once more that it could not join."""
+    monkeypatch.setattr(inloop, "CHUNK_S", 0.0)
+    said = []
+    with accel.clock.use(CLOCK):
+        for time in ("first", "again"):
+            model = tiny_model()
+            CLOCK.per_forward(model, 0.01)
+            run = accel.accelerate(model, torch.optim.SGD(model.parameters(), lr=0.05),
+                                   DataLoader(SlowStream(), batch_size=4),
+                                   accel.Auto(cache=tmp_path, budget_s=10,
+                                              candidates=[[{"loader": {"num_workers": 1}}]]), device="cpu")
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                while run.phase != "settled":
+                    epoch(run)
+                epoch(run)  # the next epoch: a loader pending tries to join
+            said.append([str(w.message) for w in caught if "could not join" in str(w.message)])
+            tuning = run.report.tuning
+            run.close()
+    assert said[0] and tuning.from_cache, (said, tuning)
+    assert not said[1] and "loader" not in tuning.plan.names(), (said[1], tuning.plan)

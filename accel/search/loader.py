@@ -11,7 +11,7 @@ from accel import clock
 from accel.measure import plan_label
 from accel.plan import Plan
 from accel.plan.contract import Capability
-from accel.search.results import TuneRow
+from accel.search.results import TuneRow, keep_answer
 from accel.search.settings import provides
 
 DATA_WAIT = 0.10  # a rebuilt loader (workers) pays when the loop waits this fraction of its step for data
@@ -112,6 +112,8 @@ class SearchLoader:
             said = f" could not join ({outcome.status})"
             result.why, words.chosen_why = result.why.replace(JOINS, said), words.chosen_why.replace(JOINS, said)
             words.chosen = {k: v for k, v in (words.chosen or {}).items() if k not in joining}
+            # the remembered answer too (measured here, or the cache's): a replay would carry the loader again
+            keep_answer(result, run.cache_key, run.settings.cache, bool(result.key) and not run.distributed)
         warnings.warn(f"accel: plan='auto' chose {', '.join(joining)} for your loop's wait for data, and it could not "
                       f"join at this epoch ({outcome.status}: {outcome.reason}); your loop goes on with the plan in "
                       "place", RuntimeWarning, stacklevel=4)
