@@ -135,9 +135,9 @@ def is_sharded_checkpoint(path) -> bool:
     return Path(path).is_dir()
 
 
-def read(path) -> tuple[Path, dict[str, Any]]:
-    """The whole checkpoint folder path names (the root's latest, or a step folder) and its accel.pt, checked
-    against the manifest; a CheckpointError names what is wrong."""
+def read(path) -> tuple[Path, dict[str, Any], Any]:
+    """The whole checkpoint folder path names (the root's latest, or a step folder), its accel.pt and DCP's
+    metadata, checked against the manifest; a CheckpointError names what is wrong."""
     where = Path(path)
     if not where.exists():
         raise CheckpointError(f"{where}: no such checkpoint")
@@ -174,11 +174,7 @@ def read(path) -> tuple[Path, dict[str, Any]]:
     if changed:
         raise CheckpointError(f"{where}: {changed[0]} differs from what was saved (size or hash): corrupted or torn; "
                               "nothing was loaded")
-    foreign = _foreign_in_metadata(where / ".metadata")
-    if foreign:
-        raise CheckpointError(f"{where / '.metadata'}: holds {foreign}, beyond what torch's distributed checkpoints "
-                              "write: not an accel checkpoint, and nothing of it was run or loaded")
-    return where, meta
+    return where, meta, _metadata(where / ".metadata")
 
 
 def _allowed(module: str, name: str) -> bool:
@@ -196,9 +192,12 @@ def _allowed(module: str, name: str) -> bool:
                               ("pathlib", "PosixPath"), ("pathlib", "WindowsPath"), ("pathlib", "Path")}
 
 
-def _foreign_in_metadata(path: Path) -> str | None:
-    """What DCP would unpickle from .metadata beyond its own metadata (it reads the file with pickle.load, so a
-    crafted folder would run code at run.load), or None; the file is read with nothing of it called."""
+def _metadata(path: Path) -> Any:
+    """DCP's metadata, unpickled with nothing of it called beyond DCP's own metadata classes: DCP reads the file with
+    pickle.load, so a crafted folder would run code at run.load. Read once: DCP is handed this (``_reader``), never
+    the file again, which could have been replaced since."""
+    from torch.distributed.checkpoint.metadata import Metadata
+
     found: list[str] = []
 
     class Names(pickle.Unpickler):
@@ -208,14 +207,30 @@ def _foreign_in_metadata(path: Path) -> str | None:
                 raise pickle.UnpicklingError(f"{module}.{name}")
             return super().find_class(module, name)
 
-    if not path.is_file():
-        return None
     try:
-        with open(path, "rb") as file:
-            Names(file).load()
+        with open(path, "rb", opener=lambda name, flags: os.open(name, flags | os.O_NONBLOCK)) as file:  # a pipe:
+            metadata = Names(file).load()  # at once
     except Exception as error:  # a damaged pickle is foreign too
-        return found[0] if found else f"a pickle that does not load ({type(error).__name__})"
-    return None
+        metadata = found[0] if found else f"a pickle that does not load ({type(error).__name__})"
+    if not isinstance(metadata, Metadata):
+        raise CheckpointError(f"{path}: holds {metadata if isinstance(metadata, str) else type(metadata).__name__}, "
+                              "beyond what torch's distributed checkpoints write: not an accel checkpoint, and nothing "
+                              "of it was run or loaded")
+    return metadata
+
+
+def _reader(where: Path, metadata: Any) -> Any:
+    """DCP's reader of the folder's shards, with the metadata ``_metadata`` read and checked."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import StorageMeta
+
+    class Checked(FileSystemReader):
+        def read_metadata(self, *args: Any, **kwargs: Any) -> Any:  # as FileSystemReader's, from the checked one
+            metadata.storage_meta = getattr(metadata, "storage_meta", None) or StorageMeta()
+            metadata.storage_meta.load_id = self.load_id
+            return metadata
+
+    return Checked(str(where))
 
 
 def _copy(state: Any) -> Any:
@@ -237,14 +252,14 @@ def _set(run, model_state: dict, optimizer_state: dict, progress: dict) -> None:
     run.restore_progress(progress)
 
 
-def load(run, where: Path, meta: dict[str, Any]) -> dict[str, Any]:
-    """Restore a sharded checkpoint (its folder and accel.pt as ``read`` returned them) into a run with the same
-    plan, at any world size; {"step", "epoch", "path"}."""
+def load(run, where: Path, meta: dict[str, Any], metadata: Any) -> dict[str, Any]:
+    """Restore a sharded checkpoint (its folder, accel.pt and DCP's metadata as ``read`` returned them) into a run
+    with the same plan, at any world size; {"step", "epoch", "path"}."""
     import torch.distributed.checkpoint as dcp
 
     single.refuse_another_plan(run, where, meta["plan"], training=True)
     model, optimizer = _states(run, where)
-    saved = dcp.FileSystemReader(str(where)).read_metadata().state_dict_metadata  # names and global shapes
+    saved = metadata.state_dict_metadata  # names and global shapes
     shapes = {k[len("model."):]: getattr(v, "size", None) for k, v in saved.items() if k.startswith("model.")}
     fit.refuse_unfit(where, fit.rank_problems(meta) + fit.fit_problems(run, meta, shapes, model))
     read_into = {"model": _copy(model), "optimizer": _copy(optimizer)}  # the run's own stay until all is read
@@ -252,7 +267,7 @@ def load(run, where: Path, meta: dict[str, Any]) -> dict[str, Any]:
         del read_into["optimizer"]
     try:
         with _quiet():
-            dcp.load(read_into, checkpoint_id=str(where))
+            dcp.load(read_into, storage_reader=_reader(where, metadata))
     except BaseException as error:  # DCP's CheckpointException is a BaseException
         if _cause(error) is None:
             raise

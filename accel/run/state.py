@@ -146,24 +146,28 @@ def load_saved(run, path, saved: Saved | None = None) -> dict:
                                   "(this is a single-file checkpoint of a run without fsdp)")
         saved = saved or read_saved(path)
         if saved.sharded:
-            return sharded_checkpoint.load(run, saved.where, saved.state)
+            return sharded_checkpoint.load(run, saved.where, saved.state, saved.shards)
         return load_checkpoint(run, path, saved.state)
 
 
 class Saved(NamedTuple):
-    """A checkpoint of either format, read and checked whole (checksum, manifest): its file or step folder, and
-    its state (a sharded one's accel.pt)."""
+    """A checkpoint of either format, read and checked whole (checksum, manifest): its file or step folder, its
+    state (a sharded one's accel.pt), and a sharded one's DCP metadata (``shards``; None for a file)."""
     where: Path
     state: dict[str, Any]
-    sharded: bool
+    shards: Any = None
+
+    @property
+    def sharded(self) -> bool:
+        return self.shards is not None
 
 
 def read_saved(path) -> Saved:
     """The checkpoint at path (a file, or a sharded one's folder), read once and checked: a CheckpointError names
     what is wrong."""
     if sharded_checkpoint.is_sharded_checkpoint(path):
-        return Saved(*sharded_checkpoint.read(path), sharded=True)
-    return Saved(Path(path), read_checkpoint(path), sharded=False)
+        return Saved(*sharded_checkpoint.read(path))
+    return Saved(Path(path), read_checkpoint(path))
 
 
 def saved_plan(path):

@@ -4,12 +4,14 @@ pickle.load: whatever the file names runs at run.load(folder). accel's manifest 
 blake2b) does not help: whoever writes the folder writes the manifest too, and the checksum covers tensors only."""
 import hashlib
 import pickle
+import sys
 
 import pytest
 import torch
 from scripts.launching import one_rank_env
 
 import accel
+import accel.run.sharded_checkpoint as sharded_checkpoint
 from accel.errors import CheckpointError
 from accel.run.checkpoint import checksum
 from accel.testing import tiny_loader, tiny_model
@@ -55,3 +57,35 @@ def test_a_sharded_checkpoints_metadata_runs_nothing(tmp_path, monkeypatch):
         ran = proof.exists()
         proof.unlink(missing_ok=True)
     assert not ran
+
+
+def test_a_metadata_replaced_after_its_check_is_never_read(tmp_path, monkeypatch):
+    """The check read .metadata with nothing called, and then run.load had DCP read the file again, twice, with
+    pickle.load: a .metadata replaced in between (a shared folder's other writer) ran. DCP is now handed the metadata
+    the check read; the file is replaced here as the load begins, after every check (a profile hook times it)."""
+    for key, value in one_rank_env().items():
+        monkeypatch.setenv(key, value)
+    model = tiny_model()
+    run = accel.accelerate(model, torch.optim.SGD(model.parameters(), lr=0.1), tiny_loader(), ["fsdp"], device="cpu")
+    run.save(tmp_path / "ckpt")
+    run.close()
+    folder = tmp_path / "ckpt" / (tmp_path / "ckpt" / "latest").read_text().strip()
+    proof = tmp_path / "it ran"
+
+    def swap(frame, event, arg):
+        if event == "call" and frame.f_code is sharded_checkpoint.load.__code__:
+            (folder / ".metadata").write_bytes(pickle.dumps(Proof(str(proof))))
+
+    model = tiny_model(1)
+    other = accel.accelerate(model, torch.optim.SGD(model.parameters(), lr=0.1), tiny_loader(), ["fsdp"],
+                             device="cpu")
+    sys.setprofile(swap)
+    try:
+        info = other.load(tmp_path / "ckpt")  # the shards as checked
+    finally:
+        sys.setprofile(None)
+        other.close()
+        ran = proof.exists()
+        proof.unlink(missing_ok=True)
+    assert not ran and info["step"] == 0
+    assert (folder / ".metadata").read_bytes() == pickle.dumps(Proof(str(proof)))  # the swap happened
