@@ -8,7 +8,6 @@ import sys
 
 import pytest
 import torch
-from scripts.launching import one_rank_env
 
 import accel
 import accel.run.sharded_checkpoint as sharded_checkpoint
@@ -31,61 +30,56 @@ def digest(path) -> str:
     return hashlib.blake2b(path.read_bytes(), digest_size=20).hexdigest()
 
 
-def test_a_sharded_checkpoints_metadata_runs_nothing(tmp_path, monkeypatch):
-    for key, value in one_rank_env().items():
-        monkeypatch.setenv(key, value)
+@pytest.fixture
+def folder(tmp_path, one_rank):
+    """A sharded checkpoint's step folder, as run.save wrote it (a gloo group of one)."""
     model = tiny_model()
     run = accel.accelerate(model, torch.optim.SGD(model.parameters(), lr=0.1), tiny_loader(), ["fsdp"], device="cpu")
     run.save(tmp_path / "ckpt")
     run.close()
-    folder = tmp_path / "ckpt" / (tmp_path / "ckpt" / "latest").read_text().strip()
+    return tmp_path / "ckpt" / (tmp_path / "ckpt" / "latest").read_text().strip()
+
+
+def load(root, proof, swap=None):
+    """run.load(root) into another fsdp run (``swap``: a profile hook meanwhile): what it returned or raised, and
+    whether the proof's pickle ran."""
+    model = tiny_model(1)
+    other = accel.accelerate(model, torch.optim.SGD(model.parameters(), lr=0.1), tiny_loader(), ["fsdp"],
+                             device="cpu")
+    sys.setprofile(swap)
+    try:
+        outcome = other.load(root)
+    except CheckpointError as error:
+        outcome = error
+    finally:
+        sys.setprofile(None)
+        other.close()
+        ran = proof.exists()
+        proof.unlink(missing_ok=True)
+    return outcome, ran
+
+
+def test_a_sharded_checkpoints_metadata_runs_nothing(tmp_path, folder):
     proof = tmp_path / "it ran"
     (folder / ".metadata").write_bytes(pickle.dumps(Proof(str(proof))))
     meta = torch.load(folder / "accel.pt", weights_only=True)
     meta["files"][".metadata"] = ((folder / ".metadata").stat().st_size, digest(folder / ".metadata"))
     meta["checksum"] = checksum(meta)
     torch.save(meta, folder / "accel.pt")
-
-    model = tiny_model(1)
-    other = accel.accelerate(model, torch.optim.SGD(model.parameters(), lr=0.1), tiny_loader(), ["fsdp"],
-                             device="cpu")
-    try:
-        with pytest.raises(CheckpointError):
-            other.load(tmp_path / "ckpt")
-    finally:
-        other.close()
-        ran = proof.exists()
-        proof.unlink(missing_ok=True)
-    assert not ran
+    outcome, ran = load(tmp_path / "ckpt", proof)
+    assert isinstance(outcome, CheckpointError) and not ran, outcome
 
 
-def test_a_metadata_replaced_after_its_check_is_never_read(tmp_path, monkeypatch):
+def test_a_metadata_replaced_after_its_check_is_never_read(tmp_path, folder):
     """The check read .metadata with nothing called, and then run.load had DCP read the file again, twice, with
     pickle.load: a .metadata replaced in between (a shared folder's other writer) ran. DCP is now handed the metadata
     the check read; the file is replaced here as the load begins, after every check (a profile hook times it)."""
-    for key, value in one_rank_env().items():
-        monkeypatch.setenv(key, value)
-    model = tiny_model()
-    run = accel.accelerate(model, torch.optim.SGD(model.parameters(), lr=0.1), tiny_loader(), ["fsdp"], device="cpu")
-    run.save(tmp_path / "ckpt")
-    run.close()
-    folder = tmp_path / "ckpt" / (tmp_path / "ckpt" / "latest").read_text().strip()
     proof = tmp_path / "it ran"
 
     def swap(frame, event, arg):
         if event == "call" and frame.f_code is sharded_checkpoint.load.__code__:
             (folder / ".metadata").write_bytes(pickle.dumps(Proof(str(proof))))
 
-    model = tiny_model(1)
-    other = accel.accelerate(model, torch.optim.SGD(model.parameters(), lr=0.1), tiny_loader(), ["fsdp"],
-                             device="cpu")
-    sys.setprofile(swap)
-    try:
-        info = other.load(tmp_path / "ckpt")  # the shards as checked
-    finally:
-        sys.setprofile(None)
-        other.close()
-        ran = proof.exists()
-        proof.unlink(missing_ok=True)
-    assert not ran and info["step"] == 0
+    outcome, ran = load(tmp_path / "ckpt", proof, swap)
+    assert not ran and outcome["step"] == 0, outcome  # the shards as checked
     assert (folder / ".metadata").read_bytes() == pickle.dumps(Proof(str(proof)))  # the swap happened
