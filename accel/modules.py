@@ -157,12 +157,12 @@ def hands_blocks_a_cache(model: nn.Module) -> bool:
                                                             or getattr(config, "is_encoder_decoder", None) is True)
 
 
-RECOMPUTABLE_HOOKS: set = set()  # forward hooks that compute only from their arguments (channels_last's)
+RECOMPUTABLE_HOOKS: set = set()  # forward hooks, or their classes, that compute only from their arguments
 
 
 def recomputable(hook):
-    """Mark a forward hook as computing only from its arguments: running it again (in a recomputation) changes
-    nothing. Returns the hook (a decorator)."""
+    """Mark a forward hook (or the class of such hooks) as computing only from its arguments: running it again (in a
+    recomputation) changes nothing. Returns the hook (a decorator)."""
     RECOMPUTABLE_HOOKS.add(hook)
     return hook
 
@@ -176,7 +176,7 @@ def rerun_hooks(block: nn.Module) -> list[str]:
     from torch.nn.utils.weight_norm import WeightNorm
 
     def rerun(hook) -> bool:
-        return not any(hook is h for h in RECOMPUTABLE_HOOKS) and not isinstance(hook, (
+        return not any(hook is h or type(hook) is h for h in RECOMPUTABLE_HOOKS) and not isinstance(hook, (
             SpectralNorm, WeightNorm, BasePruningMethod))
 
     hooks = [(m, hook) for m in block.modules() if m is not block

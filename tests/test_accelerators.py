@@ -1,6 +1,12 @@
 """loader, amp, channels_last and compile, each constructed, checked and applied alone on tiny real objects."""
+import gc
+import warnings
+import weakref
+
 import pytest
 import torch
+from torch.nn.modules.module import _global_forward_pre_hooks as global_pre_hooks
+from torch.nn.modules.module import register_module_forward_pre_hook
 from torch.utils.data import DataLoader, TensorDataset
 
 import accel
@@ -9,7 +15,7 @@ from accel.accelerators.channels_last import ChannelsLast
 from accel.accelerators.compile import Compile
 from accel.accelerators.loader import Loader, rebuild_loader
 from accel.hardware import probe
-from accel.testing import apply_one, tiny_loader, tiny_model, train_steps
+from accel.testing import apply_one, tiny_loader, tiny_model, tiny_optimizer, train_steps
 
 
 def test_loader_rebuilds_with_workers_and_keeps_everything_else():
@@ -111,12 +117,11 @@ def test_step_reports_a_skipped_step_when_gradients_overflow():
 
 
 def test_channels_last_converts_what_enters_each_conv_and_nothing_of_the_users():
-    model = tiny_model()
+    model, hooks = tiny_model(), len(global_pre_hooks)
     result = apply_one(ChannelsLast(), model=model)
     assert result.row.status == "applied" and result.row.changes["conv2d_layers"] == 2
-    # your model itself runs, with a pre-hook on each conv (journaled: run.close() removes them)
-    assert result.changed == ["model: hooks or forwards changed: ['conv1:_forward_pre_hooks:1', "
-                              "'conv2:_forward_pre_hooks:1']"]
+    # your model itself runs, unchanged: one process-wide pre-hook converts its convs' inputs (run.close() removes it)
+    assert result.changed == [] and len(global_pre_hooks) == hooks + 1
     assert result.run.model is model and result.run.unwrap() is model
     seen = []
     for conv in (m for m in result.run.model.modules() if isinstance(m, torch.nn.Conv2d)):
@@ -127,6 +132,8 @@ def test_channels_last_converts_what_enters_each_conv_and_nothing_of_the_users()
     assert len(seen) == 2 and all(i.is_contiguous(memory_format=torch.channels_last) for i, _ in seen[1:])
     losses = train_steps(result.run)
     assert all(loss == loss for loss in losses)
+    result.run.close()
+    assert len(global_pre_hooks) == hooks
 
 
 def test_channels_last_skips_models_without_conv2d():
@@ -134,6 +141,41 @@ def test_channels_last_skips_models_without_conv2d():
     result = apply_one(ChannelsLast(), model=model)
     assert result.row.status == "skipped" and "no Conv2d" in result.row.reason
     assert result.changed == []
+
+
+def test_channels_last_of_a_run_dropped_unclosed_goes_with_its_model():
+    """The hook is process-wide but holds nothing of yours: a model dropped with a run never closed is freed, and
+    the hook with it (no module call in the process pays for it after)."""
+    hooks, model = len(global_pre_hooks), tiny_model()
+    run = accel.accelerate(model, tiny_optimizer(model), tiny_loader(), ["channels_last"], device="cpu")
+    assert len(global_pre_hooks) == hooks + 1
+    freed = weakref.ref(model)
+    del run, model
+    gc.collect()
+    assert freed() is None and len(global_pre_hooks) == hooks
+
+
+@pytest.mark.slow  # (dynamo's first compile in the process)
+def test_channels_last_under_a_compiled_wrapper_draws_no_warning_from_torch_and_no_graph_break():
+    """channels_last's hook is process-wide (pickle and deepcopy leave it out of your model), and torch warns at each
+    call of a torch.compile(module) wrapper while a global hook is registered: the run passes its own hook by."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    model = tiny_model()
+    run = accel.accelerate(model, tiny_optimizer(model), tiny_loader(), ["channels_last", {"compile": {
+        "backend": "eager"}}], device="cpu")
+    with warnings.catch_warnings(record=True) as seen:
+        train_steps(run)
+    assert not [w for w in seen if "global hooks" in str(w.message)], [str(w.message) for w in seen]
+    assert not torch._dynamo.utils.counters["graph_break"]  # the hook traced into the graph
+    run.close()
+    other = register_module_forward_pre_hook(lambda *_: None)
+    with warnings.catch_warnings(record=True) as seen:
+        torch.compile(model, backend="eager")(next(iter(tiny_loader()))[0])
+    other.remove()
+    assert [w for w in seen if "global hooks" in str(w.message)]  # the filter gone with the run
 
 
 def test_an_accelerator_that_cannot_serve_the_device_is_skipped_with_the_reason():

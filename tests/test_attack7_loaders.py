@@ -81,12 +81,12 @@ def test_run_loader_zipped_with_another_loader_reads_the_plain_loops_batches(wor
         run.close()
 
 
-@pytest.mark.xfail(strict=True, reason="the loader accelerator's workers prefetch at iter(): the sampler draws its "
-                   "permutation from torch's random state there, not at the first batch as the plain loop's 0-worker "
-                   "iterator does, so another loader drawing from the same state in between (zip) reads other batches; "
-                   "the card says exact. A fix belongs to accel/accelerators/loader.py (trimacc)")
-def test_the_loader_plan_zipped_with_another_loader_reads_the_plain_loops_batches():
-    assert_zipped_as_plain(lambda: (shuffled(16), shuffled(16)))
+@pytest.mark.parametrize("workers, plan_workers", [(0, 1), (1, 0)], ids=["workers-added", "workers-removed"])
+def test_the_loader_plan_zipped_with_another_loader_reads_the_plain_loops_batches(workers, plan_workers):
+    """Workers prefetch at iter(): their sampler draws its order from torch's random state there, where a 0-worker
+    iterator draws it at the first batch. Before: a loader rebuilt with another number of workers, zipped with
+    another loader drawing from the same state in between, read other batches than the plain loop (card: exact)."""
+    assert_zipped_as_plain(lambda: (shuffled(16, workers), shuffled(16)), plan_workers)
 
 
 def own_generators():
@@ -96,13 +96,13 @@ def own_generators():
 
 
 def test_the_loader_plan_zipped_with_another_loader_each_of_its_own_generator_reads_the_plain_loops_batches():
-    """The loader card's way around the xfail above: both loaders given their own generator= keep both orders (one
-    alone is not enough: the other still draws from torch's random state, where the rebuilt loader draws too)."""
+    """Both loaders given their own generator= keep both orders too (the rebuilt loader draws its seed and its order
+    from the user's generator when the user's own loader would)."""
     assert_zipped_as_plain(own_generators)
 
 
-def assert_zipped_as_plain(loaders):
-    """zip(run.loader, other) under a loader plan with workers reads what zip(loader, other) reads."""
+def assert_zipped_as_plain(loaders, workers=1):
+    """zip(run.loader, other) under a loader plan of this many workers reads what zip(loader, other) reads."""
     torch.manual_seed(0)
     labelled, unlabelled = loaders()
     plain = [paired(labelled, unlabelled) for _ in range(2)]
@@ -110,7 +110,7 @@ def assert_zipped_as_plain(loaders):
     torch.manual_seed(0)
     labelled, unlabelled = loaders()
     run = accel.accelerate(model, torch.optim.SGD(model.parameters(), lr=0.1), labelled,
-                           plan={"loader": {"num_workers": 1}})
+                           plan={"loader": {"num_workers": workers}})
     try:
         assert [paired(run.loader, unlabelled) for _ in range(2)] == plain
     finally:

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import pytest
 import torch
+from torch.nn.modules.module import _global_forward_pre_hooks as global_pre_hooks
 
 import accel
 from accel import Accelerator, Capability, Options, PlanError, Skip, Stage, State, option
@@ -176,13 +177,13 @@ def test_a_failure_mid_apply_rolls_back_the_process_and_the_users_objects():
     model, optimizer, loader = tiny_model(), None, tiny_loader()
     optimizer = tiny_optimizer(model)
     before = snapshot(model, optimizer, loader)
-    process = (torch.get_num_threads(), dict(os.environ), os.sched_getaffinity(0))
+    process = (torch.get_num_threads(), dict(os.environ), os.sched_getaffinity(0), len(global_pre_hooks))
     cpu = probe().physical_cpus[-1]
     with pytest.raises(accel.AccelerateError, match="breaks failed while being applied.*rolled back"):
         accel.accelerate(model, optimizer, loader, [{"threads": {"threads": 1}}, "channels_last",
                                                     {"activation_checkpointing": {"modules": ["TinyCNN"]}},
                                                     "fused_optimizer", "amp", Breaks()], device="cpu")
-    assert (torch.get_num_threads(), dict(os.environ), os.sched_getaffinity(0)) == process
+    assert (torch.get_num_threads(), dict(os.environ), os.sched_getaffinity(0), len(global_pre_hooks)) == process
     assert before.changes(snapshot(model, optimizer, loader)) == []
     assert not any(m._forward_pre_hooks or "forward" in m.__dict__ for m in model.modules())
     assert cpu in os.sched_getaffinity(0)
@@ -193,7 +194,7 @@ def test_run_close_puts_the_process_back():
     run = accel.accelerate(tiny_model(), None, None, [{"threads": {"threads": 1}}], device="cpu")
     assert torch.get_num_threads() == 1 and os.environ["OMP_NUM_THREADS"] == "1"
     run.close()
-    assert (torch.get_num_threads(), dict(os.environ), os.sched_getaffinity(0)) == process
+    assert (torch.get_num_threads(), dict(os.environ), os.sched_getaffinity(0), len(global_pre_hooks)) == process
 
 
 # --- runtime hooks and state -------------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ is named with a ``StaleWarning``. Its card: docs/accelerators/ddp.md.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -39,7 +40,8 @@ class DDPState(State):
     params: list[torch.nn.Parameter]  # the parameters DDP registered, checked for unfreezing every step
     registered: tuple[bool, ...]  # which of them required gradients when DDP wrapped the model (all it syncs)
     world_size: int
-    warned: bool = False  # the StaleWarning about a parameter (un)frozen later was given
+    warned: bool = False  # the StaleWarning about a parameter unfrozen later was given
+    watching: Any = None  # the forward hook asking stale until the first run.step() (data_parallel.watch_forward)
 
 
 @register
@@ -93,10 +95,14 @@ class DDP(DataParallel[DDPOptions, DDPState]):
                     param.grad.div_(state.world_size)
 
     def stale(self, state):
-        if state.world_size > 1 and trainable(state.params) != state.registered:
-            return ("parameters were frozen or unfrozen after DDP wrapped the model; DDP synchronizes only those that "
-                    "required gradients then, so the ranks now train apart: call accel.accelerate() again after "
-                    "unfreezing (it wraps the model anew and continues the run)")
+        """A parameter unfrozen since DDP wrapped the model: DDP's reducer never registered it, so each rank trains
+        it alone. One frozen since (a discriminator during the generator's step) is no miss: it trains on no rank,
+        and DDP syncs it again once it is unfrozen."""
+        unfrozen = any(now and not then for now, then in zip(trainable(state.params), state.registered))
+        if state.world_size > 1 and unfrozen:
+            return ("parameters were unfrozen after DDP wrapped the model; DDP synchronizes only those that required "
+                    "gradients then, so the ranks now train apart: call accel.accelerate() again after unfreezing "
+                    "(it wraps the model anew and continues the run)")
         return None
 
     def unwrap(self, state, model):

@@ -75,13 +75,21 @@ class DataParallel(Accelerator[DO, DS], GradientSync[DS]):
             warnings.warn(f"accel: {self.name}: {message}", StaleWarning, stacklevel=callers_level())
 
     def watch_forward(self, ctx, model: torch.nn.Module, state: DS) -> None:
-        """Ask ``stale`` before each forward too: a loop that steps its optimizer itself never reaches ``step``,
-        and what it changed must be said all the same."""
-        said = torch.compiler.disable(lambda *_: self.warn_stale(state))  # eager under compile too
-        ctx.journal.hook(f"{self.name}: what the loop changed that it does not follow, said before a forward",
-                         lambda: model.register_forward_pre_hook(said))
+        """Ask ``stale`` before each forward too, until the run's first ``step``: a loop that steps its optimizer
+        itself never reaches ``step``, and what it changed must be said all the same. A loop that calls run.step()
+        is asked there, and pays nothing per forward: its first step removes the hook (``state.watching``)."""
+        said = torch.compiler.disable(lambda *_: state.watching and self.warn_stale(state))  # eager under compile too
+
+        def watch():
+            state.watching = model.register_forward_pre_hook(said)
+            return state.watching
+        ctx.journal.hook(f"{self.name}: what the loop changed that it does not follow, said before a forward until "
+                         "the first run.step()", watch)
 
     def step(self, run, state: DS, optimizer, proceed):
+        if state.watching is not None:
+            state.watching, watching = None, state.watching
+            watching.remove()
         self.warn_stale(state)
         return proceed(optimizer)
 

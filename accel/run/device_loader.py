@@ -5,6 +5,7 @@ for a subclass (what it adds would be lost). The user's loader itself is never c
 from __future__ import annotations
 
 import contextlib
+import itertools
 import warnings
 import weakref
 from collections.abc import Callable, Iterator
@@ -86,9 +87,11 @@ class DeviceLoader:
             warnings.warn("accel: run.loader: a new epoch on the loader of a run that accelerate() again took over: "
                           "your loop holds the earlier run's loader, so the new run's (its plan's batches) is not "
                           "read; iterate the new run's run.loader each epoch", StaleWarning, stacklevel=3)
-        return self._epoch(iter(self.loader))
+        return self._epoch(*timed_as_plain(self.loader))
 
-    def _epoch(self, iterator: Iterator[Any]) -> Iterator[Any]:
+    def _epoch(self, iterator: Iterator[Any] | None, make: Callable[[], Iterator[Any]] | None = None
+               ) -> Iterator[Any]:
+        iterator = make() if iterator is None else iterator  # (made at the first batch where timed_as_plain says so)
         self.open.append(iterator)
         try:
             while True:
@@ -141,6 +144,37 @@ class DeviceLoader:
             raise AttributeError(name)
         return getattr(self.loader, name)
 
+
+_PLAIN_WORKERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # rebuilt loader -> the user's num_workers
+
+
+def timed_as_plain(loader: Any) -> tuple[Iterator[Any] | None, Callable[[], Iterator[Any]] | None]:
+    """An epoch's iterator of ``loader`` (or, to make it at the first batch, how), drawing torch's random numbers when
+    the user's own loader would: at iter() its seed, then its sampler's order at the first batch without workers, at
+    iter() with workers (they prefetch). So a loader rebuilt with another number of workers, zipped with another
+    loader that draws from the same random state, reads the plain loop's batches."""
+    try:
+        plain = _PLAIN_WORKERS.get(loader)
+    except TypeError:  # (not a loader a dict can key: not one rebuild_loader made)
+        plain = None
+    workers = getattr(loader, "num_workers", 0)
+    if plain == 0 and workers and not loader.persistent_workers:
+        seed = torch.empty((), dtype=torch.int64).random_(generator=loader.generator).item()  # as iter() draws it
+
+        def make() -> Iterator[Any]:  # the workers' iterator, drawing its seed from that one: the order only, now
+            generator, loader.generator = loader.generator, torch.Generator().manual_seed(seed)
+            try:
+                return iter(loader)
+            finally:
+                loader.generator = generator
+        return None, make
+    iterator = iter(loader)
+    if plain and not workers and not isinstance(loader.dataset, IterableDataset):  # the order now, as workers draw it
+        first = next(iterator._sampler_iter, _END)
+        iterator._sampler_iter = itertools.chain(() if first is _END else [first], iterator._sampler_iter)
+    return iterator, None
+
+
 def rebuild_problem(loader: Any) -> str | None:
     """Why a faithful rebuild of this loader is not possible, or None."""
     if not isinstance(loader, DataLoader):
@@ -182,7 +216,9 @@ def rebuild_loader(loader: DataLoader, **overrides: Any) -> DataLoader:
     kwargs.update(overrides)
     if kwargs["num_workers"] == 0:  # settings torch accepts only with worker processes (a timeout waits on them)
         kwargs.update(prefetch_factor=None, persistent_workers=False, multiprocessing_context=None, timeout=0)
-    return DataLoader(**kwargs)
+    rebuilt = DataLoader(**kwargs)
+    _PLAIN_WORKERS[rebuilt] = _PLAIN_WORKERS.get(loader, loader.num_workers)  # (the user's, through every rebuild)
+    return rebuilt
 
 
 def release_workers(loader: Any) -> None:

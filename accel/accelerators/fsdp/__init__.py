@@ -10,6 +10,7 @@ your model, optimizer and parameters stay live. Its card: docs/accelerators/fsdp
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
@@ -61,6 +62,7 @@ class FSDPState(State):
     params: list[tuple[str, nn.Parameter]] = field(default_factory=list)  # the shards, checked for gradient hooks
     sync: bool = True  # reduce-scatter gradients in backward (False while a step schedule accumulates)
     warned: bool = False  # the StaleWarning about a gradient hook on a shard was given
+    watching: Any = None  # the forward hook asking stale until the first run.step() (data_parallel.watch_forward)
 
 
 def keeps_float32(module: nn.Module) -> bool:
