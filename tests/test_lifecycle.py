@@ -190,7 +190,7 @@ def test_a_failure_mid_apply_rolls_back_the_process_and_the_users_objects():
 
 
 def test_run_close_puts_the_process_back():
-    process = (torch.get_num_threads(), dict(os.environ), os.sched_getaffinity(0))
+    process = (torch.get_num_threads(), dict(os.environ), os.sched_getaffinity(0), len(global_pre_hooks))
     run = accel.accelerate(tiny_model(), None, None, [{"threads": {"threads": 1}}], device="cpu")
     assert torch.get_num_threads() == 1 and os.environ["OMP_NUM_THREADS"] == "1"
     run.close()
