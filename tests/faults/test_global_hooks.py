@@ -89,7 +89,7 @@ def test_the_suites_autouse_fixture_removes_and_says_a_hook_a_test_left(tmp_path
                    if getattr(plugin, "__file__", None) == str(Path(__file__).parents[1] / "conftest.py")]
     (tmp_path / "test_leaving_a_hook.py").write_text(LEAVING)
     seen = Seen()
-    code = pytest.main(["-q", "-p", "no:cacheprovider", "--rootdir", str(tmp_path), str(tmp_path)],
-                       plugins=[conftest, seen])
+    own = ["-q", "-p", "no:cacheprovider", "-p", "no:faulthandler", "--rootdir", str(tmp_path), str(tmp_path)]
+    code = pytest.main(own, plugins=[conftest, seen])
     assert code == 0 and seen.outcomes[("test_after_it", "call")] == "passed", seen.outcomes
     assert [test for test, text in seen.warnings if "left registered" in text] == ["test_leaves_a_hook"], seen.warnings
