@@ -148,3 +148,119 @@ def test_a_setup_is_warm_only_once_graphs_were_written_after_its_first_run(tmp_p
     (tmp_path / "fxgraph" / "ab" / "fabkey").mkdir(parents=True)
     assert compile_cache.warm_before(tmp_path, facts) == (True, 2)
     assert compile_cache.warm_before(tmp_path, {**facts, "model": "Other def"}) == (False, 2)  # another setup
+
+
+# A cache folder may be shared (ACCEL_CACHE_DIR on a cluster's disk): a symbolic link in place of compile/ or of one
+# of its entries pointed torch's compiled kernels, accel's tag and markers, and `accel cache clear` at another folder.
+# accel follows no link there: it says so in a warning naming the link, and torch keeps its graphs in its own folder.
+@pytest.fixture
+def elsewhere(tmp_path):
+    """Another folder of compiled graphs, tagged as accel's (as accel once tagged a folder it reached by a link)."""
+    other = tmp_path / "elsewhere"
+    for name in ("fxgraph/ab/fabkey/entry", "accel-setups/marker.json", "notes.txt"):
+        (other / name).parent.mkdir(parents=True, exist_ok=True)
+        (other / name).write_bytes(b"x" * 100)
+    (other / compile_cache.TAG).write_text(compile_cache.TAG_TEXT)
+    return other
+
+
+def contents(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() if p.is_file() else b"" for p in folder.rglob("*")}
+
+
+def compile_run(cache: Path, monkeypatch, link: Path) -> dict[str, str]:
+    """What the compile row says of its cache with accel's cache folder here, a link warned of and followed by no
+    write; torch's own folder stays in use."""
+    monkeypatch.setenv("ACCEL_CACHE_DIR", str(cache))
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    model, optimizer = tiny()
+    with pytest.warns(UserWarning, match=f"{link} in compile's cache is a symbolic link"):
+        run = accel.accelerate(model, optimizer, None, ["compile"], device="cpu")
+    assert not os.environ.get("TORCHINDUCTOR_CACHE_DIR", "").startswith(str(cache))  # torch's default, or unset
+    run.close()
+    return run.report.row("compile").changes
+
+
+def test_a_linked_compile_folder_is_neither_used_nor_cleared(tmp_path, elsewhere, monkeypatch, capsys):
+    from accel.cli import main
+
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "compile").symlink_to(elsewhere)
+    before = contents(elsewhere)
+    changes = compile_run(cache, monkeypatch, cache / "compile")
+    assert changes["compile cache"].startswith(f"torch's own ({cache / 'compile'} is a symbolic link"), changes
+    with pytest.warns(UserWarning, match="symbolic link"):
+        assert compile_cache.compile_usage(cache) == (0, 0)  # none of these files are accel's artifacts
+    with pytest.warns(UserWarning, match="symbolic link"):
+        assert compile_cache.clear_compile(cache) == (0, 0)  # nothing removed, none said to be
+    with pytest.warns(UserWarning, match="symbolic link"):
+        assert main(["cache", "clear"]) == 0
+    assert "removed compile's artifacts" not in capsys.readouterr().out
+    assert contents(elsewhere) == before and (cache / "compile").is_symlink()
+
+
+@pytest.mark.parametrize("name", [compile_cache.TAG, compile_cache.MARKERS, "fxgraph"])
+def test_a_linked_entry_in_the_compile_folder_keeps_torch_in_its_own(tmp_path, elsewhere, monkeypatch, name):
+    """A linked tag would make another folder's word accel's, linked markers or graphs would be written there."""
+    cache = tmp_path / "cache"
+    (cache / "compile").mkdir(parents=True)
+    if name != compile_cache.TAG:
+        (cache / "compile" / compile_cache.TAG).write_text(compile_cache.TAG_TEXT)
+    (cache / "compile" / name).symlink_to(elsewhere / name)
+    before = contents(elsewhere)
+    changes = compile_run(cache, monkeypatch, cache / "compile" / name)
+    assert changes["compile cache"].startswith(f"torch's own ({cache / 'compile'} holds a symbolic link"), changes
+    assert contents(elsewhere) == before
+
+
+@pytest.mark.parametrize("name", [compile_cache.TAG, compile_cache.MARKERS])
+def test_a_folder_with_a_linked_tag_or_markers_is_not_accels_to_clear(tmp_path, elsewhere, name):
+    compiled = tmp_path / "compile"
+    compiled.mkdir()
+    (compiled / "yours.txt").write_text("yours")
+    (compiled / name).symlink_to(elsewhere / name)
+    assert not compile_cache.owns_compile_folder(tmp_path)
+    assert compile_cache.clear_compile(tmp_path) == (0, 0)
+    assert (compiled / "yours.txt").read_text() == "yours" and contents(elsewhere)
+
+
+def test_a_cache_folder_you_name_by_a_link_is_used(tmp_path, monkeypatch):
+    """The folder the user names (ACCEL_CACHE_DIR) may itself be a link: theirs to choose; accel follows none in it."""
+    (tmp_path / "real").mkdir()
+    (tmp_path / "named").symlink_to(tmp_path / "real")
+    monkeypatch.setenv("ACCEL_CACHE_DIR", str(tmp_path / "named"))
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    model, optimizer = tiny()
+    run = accel.accelerate(model, optimizer, None, ["compile"], device="cpu")
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == os.path.abspath(tmp_path / "named" / "compile")
+    run.close()
+    assert (tmp_path / "real" / "compile" / compile_cache.TAG).is_file()
+    assert compile_cache.clear_compile(tmp_path / "named")[0] >= 1 and not (tmp_path / "real" / "compile").exists()
+
+
+def test_a_linked_marker_is_no_marker_and_is_replaced(tmp_path, elsewhere):
+    """Another folder's marker, reached by a link, does not make this setup warm; this run's marker replaces it."""
+    facts = {"model": "Tiny abc"}
+    compile_cache.warm_before(elsewhere, facts)  # the other folder's marker of the same setup
+    (marker,) = (elsewhere / compile_cache.MARKERS).glob("?" * 24 + ".json")
+    (tmp_path / compile_cache.MARKERS).mkdir()
+    (tmp_path / compile_cache.MARKERS / marker.name).symlink_to(marker)
+    (tmp_path / "aotautograd" / "akey").mkdir(parents=True)
+    before = marker.read_bytes()
+    assert compile_cache.warm_before(tmp_path, facts) == (False, 1)
+    assert not (tmp_path / compile_cache.MARKERS / marker.name).is_symlink() and marker.read_bytes() == before
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root removes files from a read-only folder")
+def test_clearing_says_only_what_was_removed(tmp_path):
+    compiled = tmp_path / "compile"
+    (compiled / "fxgraph" / "ab").mkdir(parents=True)
+    (compiled / compile_cache.TAG).write_text(compile_cache.TAG_TEXT)
+    (compiled / "fxgraph" / "ab" / "entry").write_bytes(b"x" * 100)
+    (compiled / "fxgraph" / "ab").chmod(0o500)  # its entry cannot be removed
+    try:
+        assert compile_cache.clear_compile(tmp_path) == (1, len(compile_cache.TAG_TEXT))  # the tag only
+    finally:
+        (compiled / "fxgraph" / "ab").chmod(0o700)
+    assert (compiled / "fxgraph" / "ab" / "entry").exists()

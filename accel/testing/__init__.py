@@ -36,7 +36,7 @@ from accel.run.report import Row
 from accel.search import accelerate
 from accel.testing.comparison import combined, compare, distance
 from accel.testing.snapshots import Snapshot, same, snapshot
-from accel.testing.trace import Held, Loop, Setup, Trace, process_state, trained
+from accel.testing.trace import Held, Loop, Setup, Trace, global_hooks, process_state, remove_hooks_since, trained
 from accel.workloads import NormCNN, digits_datasets, tiny_loader, tiny_model, tiny_optimizer
 
 __all__ = ["Applied", "Equivalence", "Held", "Loop", "Setup", "Snapshot", "apply_one", "check_equivalence",
@@ -84,10 +84,12 @@ def apply_one(accelerator: Accelerator, model: nn.Module | None = None, optimize
 
 @contextlib.contextmanager
 def process_state_restored() -> Iterator[None]:
-    """Undo process-wide settings (threads, affinity, environment) an accelerator may change."""
+    """Undo process-wide settings (threads, affinity, environment) an accelerator may change, and remove torch's
+    process-wide hooks registered meanwhile, each said in a warning (a leaked one runs in every later model)."""
     threads = torch.get_num_threads()
     environ = dict(os.environ)
     affinity = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+    hooks = global_hooks()
     try:
         yield
     finally:
@@ -96,6 +98,7 @@ def process_state_restored() -> Iterator[None]:
         os.environ.update(environ)
         if affinity is not None:
             pin_process(tuple(affinity))
+        remove_hooks_since(hooks)
 
 
 @dataclass

@@ -6,13 +6,17 @@ model's, the user's and the loop's state, and the process around it."""
 from __future__ import annotations
 
 import functools
+import gc
 import hashlib
 import os
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
+import torch.nn.modules.module as torch_module
+import torch.optim.optimizer as torch_optimizer
 from torch import nn
 
 from accel.batches import map_tensors
@@ -109,12 +113,40 @@ TORCH_SETS_ON_IMPORT = ("KMP_INIT_AT_FORK", "KMP_DUPLICATE_LIB_OK", "TORCHINDUCT
 
 
 def process_state() -> tuple:
-    """Threads, environment, affinity and the backend flags an accelerator may set (amp sets TF32 on CUDA)."""
+    """Threads, environment, affinity, the backend flags an accelerator may set (amp sets TF32 on CUDA) and torch's
+    process-wide hooks (channels_last registers one while a run is open)."""
     affinity = tuple(sorted(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") else None
     environ = {k: v for k, v in os.environ.items() if not k.startswith(TORCH_SETS_ON_IMPORT)}
     flags = (torch.backends.cudnn.benchmark, torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32,
              torch.get_float32_matmul_precision())
-    return torch.get_num_threads(), environ, affinity, flags
+    return torch.get_num_threads(), environ, affinity, flags, global_hooks()
+
+
+def _global_hook_dicts() -> dict[str, dict]:
+    """torch's dicts of the hooks it calls for every module or optimizer in the process, by name: those of
+    register_module_forward_pre_hook and its kind, register_optimizer_step_pre_hook and its (each keyed by its
+    handle's id; the flags torch keeps beside some, keyed alike, included)."""
+    return {f"{where.__name__}.{name}": hooks for where in (torch_module, torch_optimizer)
+            for name, hooks in vars(where).items() if name.startswith("_global_") and isinstance(hooks, dict)}
+
+
+def global_hooks() -> dict[str, dict]:
+    """A copy of torch's process-wide hooks (``_global_hook_dicts``): one left registered runs in every later model."""
+    return {name: dict(hooks) for name, hooks in _global_hook_dicts().items()}
+
+
+def remove_hooks_since(before: dict[str, dict]) -> None:
+    """Remove the process-wide hooks registered since ``before`` (global_hooks()) and still registered, each said in
+    a warning naming it; those of objects gone meanwhile remove themselves first (their finalizers)."""
+    if global_hooks() == before:
+        return
+    gc.collect()
+    for name, hooks in _global_hook_dicts().items():
+        for key in hooks.keys() - before.get(name, {}).keys():
+            hook = hooks.pop(key, None)
+            if callable(hook):
+                warnings.warn(f"accel.testing: {hook!r} was left registered in torch's {name}, called for every "
+                              "module or optimizer of the process: removed", stacklevel=3)
 
 
 KERNEL_CHOICES = ("params", "fused", "foreach", "capturable", "differentiable")  # how a step runs, not what it does

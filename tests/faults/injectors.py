@@ -23,6 +23,7 @@ import torch
 
 import accel
 from accel.testing import tiny_loader, tiny_model, tiny_optimizer
+from accel.testing.trace import global_hooks
 
 ROOT = os.geteuid() == 0 if hasattr(os, "geteuid") else False
 
@@ -69,10 +70,10 @@ class Affinities(dict):
 
 def process_state() -> tuple:
     """What accel may change in the process and must put back: threads, environment, every thread's affinity,
-    the warnings filters."""
+    the warnings filters, torch's process-wide hooks."""
     affinity = Affinities({tid: tuple(sorted(os.sched_getaffinity(int(tid)))) for tid in os.listdir("/proc/self/task")
                            if _alive(tid)}) if hasattr(os, "sched_getaffinity") else None
-    return torch.get_num_threads(), dict(os.environ), affinity, list(warnings.filters)
+    return torch.get_num_threads(), dict(os.environ), affinity, list(warnings.filters), global_hooks()
 
 
 def _alive(tid: str) -> bool:

@@ -9,6 +9,10 @@
 # written when compile is applied: warm when an earlier run left one and graph entries were written into the folder
 # since that marker's first run. Not ``torch.compiler.save_cache_artifacts()``: that carries a process's graphs to
 # another machine and needs calls around the compile; the disk caches need none. docs/accelerators/compile.md.
+#
+# accel follows no symbolic link in place of compile/ or of its entries (the folder accel's cache lies in may be
+# one: the user names it): a shared or hostile cache would point torch's compiled kernels, accel's tag and markers,
+# and `accel cache clear` at another folder. Each is said in a warning naming it, and torch keeps its own folder.
 from __future__ import annotations
 
 import hashlib
@@ -17,6 +21,7 @@ import os
 import shutil
 import tempfile
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -81,8 +86,8 @@ def warm_before(where: Path, facts: dict[str, Any]) -> tuple[bool, int]:
     many graph entries the folder holds; records this run's marker."""
     key = hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()[:24]
     marker = where / MARKERS / f"{key}.json"
-    try:
-        first = float(json.loads(read_small(marker, 1 << 16))["first_run"])  # a pipe or a terabyte: not a marker
+    try:  # a pipe, a terabyte or a link: not a marker
+        first = None if marker.is_symlink() else float(json.loads(read_small(marker, 1 << 16))["first_run"])
     except (OSError, ValueError, KeyError, TypeError, RecursionError):  # no marker, or a damaged one: cold
         first = None
     entries = graph_entries(where)
@@ -134,11 +139,25 @@ def keep_in_accel_cache(ctx, settings: dict[str, Any], where: Any = True) -> dic
                            "no: first compile of this setup here; the next run of it loads its graphs")}
 
 
+def _linked(path: Path, then: str) -> bool:
+    """Whether compile/ or one of its entries is a symbolic link, said with what ``then`` happens."""
+    if not path.is_symlink():
+        return False
+    warnings.warn(f"accel: {path} in compile's cache is a symbolic link, and accel does not follow links there: "
+                  f"{then}", stacklevel=3)
+    return True
+
+
 def _unusable(place: Path, where: Any) -> str:
     """Why torch cannot keep its graphs in accel's folder, or "": it is made (with accel's tag, so that `accel cache
     clear` knows it for accel's) and written to here, where torch would otherwise fail in the middle of a step."""
+    then = "torch keeps its compiled graphs in its own folder"
+    if _linked(place, then):
+        return "is a symbolic link: accel follows none in its cache"
     try:
         place.mkdir(parents=True, exist_ok=True)
+        if any(_linked(entry, then) for entry in place.iterdir()):
+            return "holds a symbolic link: accel follows none in its cache"
         if not owns_compile_folder(where):
             if any(place.iterdir()):
                 return "holds files accel did not write: it is not accel's to fill"
@@ -151,8 +170,11 @@ def _unusable(place: Path, where: Any) -> str:
 
 
 def compile_usage(where: Any = True) -> tuple[int, int]:
-    """(files, bytes) of compile's artifacts in the cache folder."""
-    files = [p for p in folder(where).rglob("*") if p.is_file() and not p.is_symlink()]
+    """(files, bytes) of compile's artifacts in the cache folder: none in a folder reached by a link (said)."""
+    place = folder(where)
+    if _linked(place, "its files are not accel's: neither counted nor cleared"):
+        return 0, 0
+    files = [p for p in place.rglob("*") if p.is_file() and not p.is_symlink()]  # (rglob follows no link)
     return len(files), sum(_stat(p).st_size for p in files)
 
 
@@ -162,21 +184,28 @@ TAG_TEXT = ("Signature: 8a477f597d28d172789f06886806bc55\n"
 
 
 def owns_compile_folder(where: Any = True) -> bool:
-    """Whether compile/ is accel's: it holds accel's tag, or the markers of the setups accel compiled there."""
+    """Whether compile/ is accel's: it holds accel's tag, or the markers of the setups accel compiled there (its own,
+    not another folder's through a link)."""
     place = folder(where)
+    tag, markers = place / TAG, place / MARKERS
+    if place.is_symlink():
+        return False
     try:
-        return read_small(place / TAG, len(TAG_TEXT)).decode(errors="replace") == TAG_TEXT or (place / MARKERS).is_dir()
+        tagged = not tag.is_symlink() and read_small(tag, len(TAG_TEXT)).decode(errors="replace") == TAG_TEXT
     except OSError:
-        return (place / MARKERS).is_dir()
+        tagged = False
+    return tagged or (markers.is_dir() and not markers.is_symlink())
 
 
 def clear_compile(where: Any = True) -> tuple[int, int]:
-    """Remove compile's artifacts from the cache folder; returns the (files, bytes) removed. The next compile of
-    any setup is cold. A folder accel did not make (no tag: _unusable writes one) is left
-    as it is, and so is a folder of yours that TORCHINDUCTOR_CACHE_DIR names."""
-    if not owns_compile_folder(where):
+    """Remove compile's artifacts from the cache folder; returns the (files, bytes) removed: those gone, not those
+    found (a file that could not be removed stays counted out). The next compile of any setup is cold. A folder
+    accel did not make (no tag: _unusable writes one) is left as it is, and so is a folder of yours that
+    TORCHINDUCTOR_CACHE_DIR names, or a link (said)."""
+    if _linked(folder(where), "nothing is removed there") or not owns_compile_folder(where):
         return 0, 0
     found = compile_usage(where)
     shutil.rmtree(folder(where), ignore_errors=True)
-    return found
+    left = compile_usage(where)
+    return found[0] - left[0], found[1] - left[1]
 
