@@ -48,7 +48,8 @@ def test_a_chosen_loader_that_cannot_join_is_not_reported_as_chosen(monkeypatch)
         tuning, headline = run.report.tuning, str(run.report.search).splitlines()[0]
         in_place = run.plan.names()
         run.close()
-    assert any("could not join" in str(w.message) for w in said)
+    joining = [(w.filename, w.lineno) for w in said if "could not join" in str(w.message)]
+    assert joining == [(__file__, epoch.__code__.co_firstlineno + 1)]  # the loop's own line: its for over run.loader
     assert "loader" not in in_place and "loader" not in tuning.plan.names(), tuning.plan
     assert "joins at the next epoch" not in tuning.why and "could not join" in tuning.why, tuning.why
     assert "chose loader" not in headline and "joins at the next epoch" not in headline, headline

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import types
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
 from accel import clock
@@ -29,9 +30,14 @@ class SearchLoader:
         self.timing: tuple | None = None  # (began, waited_s, step) while the wait alone is timed (): from the next step
         self.pending: dict | None = None  # the plan with a rebuilt loader chosen, joining at the next epoch
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Any]:
+        """The epoch begins at iter(), as iter(DataLoader) draws its seeds (zip(run.loader, other) keeps both orders):
+        a rebuilt loader chosen joins, and the plan in place's loader starts its epoch."""
         self.join()
-        batches = iter(self.run.current.loader.start_epoch())
+        return self._timed(self.run.current.loader.start_epoch())
+
+    def _timed(self, batches: Iterator[Any]) -> Iterator[Any]:
+        """Each batch as the plan in place prepares it, the loop's wait for it counted."""
         while True:
             began = clock.now()
             batch = next(batches, StopIteration)
@@ -116,4 +122,4 @@ class SearchLoader:
             keep_answer(result, run.cache_key, run.settings.cache, bool(result.key) and not run.distributed)
         warnings.warn(f"accel: plan='auto' chose {', '.join(joining)} for your loop's wait for data, and it could not "
                       f"join at this epoch ({outcome.status}: {outcome.reason}); your loop goes on with the plan in "
-                      "place", RuntimeWarning, stacklevel=4)
+                      "place", RuntimeWarning, stacklevel=3)  # your loop's iter(run.loader)
