@@ -46,9 +46,10 @@ def epoch(labelled, unlabelled, run_second, run=None):
     return seen
 
 
-@pytest.mark.parametrize("workers, run_second, candidates", [(0, True, [{"loader": {"num_workers": 1}}]),
-                                                              (1, False, [{"channels_last": {}}])],
-                         ids=["run-second-rebuilt-loader-joins", "own-workers-run-first"])
+@pytest.mark.parametrize("workers, run_second, candidates", [
+    pytest.param(0, True, [{"loader": {"num_workers": 1}}], id="run-second-rebuilt-loader-joins",
+                 marks=pytest.mark.slow),  # (worker processes at each epoch once it joined)
+    pytest.param(1, False, [{"channels_last": {}}], id="own-workers-run-first")])
 def test_auto_run_loader_zipped_with_another_loader_reads_the_plain_loops_batches(monkeypatch, workers, run_second,
                                                                                    candidates):
     """SearchLoader.__iter__ was a generator: it drew the epoch's seed (and joined a rebuilt loader) only at the first
