@@ -89,8 +89,15 @@ def write_atomically(path, write: Callable[[BinaryIO], None]) -> None:
 
 def read_small(path, limit: int = 1 << 20) -> bytes:
     """The bytes of a small regular file (a pointer, a cache entry, a tag), or an OSError saying why not: a named
-    pipe, a device or a folder under that name is refused without waiting on it, a file over ``limit`` bytes unread."""
-    handle = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a named pipe opens at once, with no writer
+    pipe, a device or a folder under that name is refused without waiting on it, a file over ``limit`` bytes unread,
+    a symbolic link not followed (errno ELOOP: the open itself refuses it, so no link swapped in after a check is
+    read; a shared folder's link would point the read anywhere)."""
+    try:  # a named pipe opens at once, with no writer
+        handle = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            raise OSError(errno.ELOOP, "a symbolic link, not followed", str(path)) from None
+        raise
     try:
         status = os.fstat(handle)
         if not stat.S_ISREG(status.st_mode):

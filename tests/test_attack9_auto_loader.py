@@ -45,13 +45,15 @@ def test_a_chosen_loader_that_cannot_join_is_not_reported_as_chosen(monkeypatch)
         with warnings.catch_warnings(record=True) as said:
             warnings.simplefilter("always")
             epoch(run)  # the next epoch: the loader tries to join, and is refused
-        tuning, headline = run.report.tuning, str(run.report.search).splitlines()[0]
+        tuning, headline, by = run.report.tuning, str(run.report.search).splitlines()[0], run.report.search.by
         in_place = run.plan.names()
         run.close()
-    assert any("could not join" in str(w.message) for w in said)
+    joining = [(w.filename, w.lineno) for w in said if "could not join" in str(w.message)]
+    assert joining == [(__file__, epoch.__code__.co_firstlineno + 1)]  # the loop's own line: its for over run.loader
     assert "loader" not in in_place and "loader" not in tuning.plan.names(), tuning.plan
     assert "joins at the next epoch" not in tuning.why and "could not join" in tuning.why, tuning.why
     assert "chose loader" not in headline and "joins at the next epoch" not in headline, headline
+    assert "loader" not in by, by  # the report's record of who chose each accelerator (to_dict()["search"])
 
 
 def test_a_cached_answer_whose_loader_could_not_join_is_replayed_without_it(tmp_path, monkeypatch):

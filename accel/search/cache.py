@@ -7,6 +7,7 @@ number of processes; beside them, in ``warmups/``, the warm-up a costly candidat
 from __future__ import annotations
 
 import datetime
+import errno
 import functools
 import hashlib
 import json
@@ -75,24 +76,24 @@ ENTRY = re.compile(r"[0-9a-f]{24}\.json")  # the names store() gives entries: no
 ENTRY_LIMIT = 1 << 20  # an entry is a few KiB: a larger file under its name is not one
 
 
-def _linked(path: Path, then: str) -> bool:
-    """Whether one of the cache's own files or folders is a symbolic link, said with what ``then`` happens: accel
-    does not follow one (a shared or hostile cache would point its reads and writes anywhere)."""
-    if not path.is_symlink():
-        return False
+def _say_linked(path: Path, then: str) -> None:
+    """One of the cache's own files or folders is a symbolic link: said, with what ``then`` happens. accel does not
+    follow one (a shared or hostile cache would point its reads and writes anywhere)."""
     warnings.warn(f"accel: {path} in the plan cache is a symbolic link, and accel does not follow links there: "
                   f"{then}", stacklevel=3)
-    return True
 
 
 def _entry(path: Path) -> dict[str, Any] | None:
-    """An entry as store() writes it, or None: a file damaged, of another shape, a link, or crafted (a plan that
-    would run code: accel.plan.untrusted) is not one."""
-    if _linked(path, "it is not read as an entry (a search measures again; storing its answer replaces the link)"):
-        return None
+    """An entry as store() writes it, or None: a file damaged, of another shape, a link (refused by the read itself,
+    said), or crafted (a plan that would run code: accel.plan.untrusted) is not one."""
     try:
         entry = json.loads(read_small(path, ENTRY_LIMIT))  # a named pipe or a terabyte in a shared folder
-    except (OSError, ValueError, UnicodeError, RecursionError):
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            _say_linked(path, "it is not read as an entry (a search measures again; storing its answer replaces the "
+                              "link)")
+        return None
+    except (ValueError, UnicodeError, RecursionError):
         return None
     result = entry.get("result") if isinstance(entry, dict) else None
     plan = result.get("plan") if isinstance(result, dict) else None
@@ -136,7 +137,10 @@ WARMUP_FACTS = ("model", "batch", "device", "cpu", "versions")  # what a warm-up
 def _warmups(where: Any) -> Path | None:
     """The warm-ups' folder in the cache, or None where it is a link (said)."""
     folder = cache_dir(where) / "warmups"
-    return None if _linked(folder, "the warm-ups are neither read, written nor cleared there") else folder
+    if not folder.is_symlink():
+        return folder
+    _say_linked(folder, "the warm-ups are neither read, written nor cleared there")
+    return None
 
 
 def _warmup(facts: dict[str, Any], candidate: dict[str, dict]) -> dict[str, Any]:

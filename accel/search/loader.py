@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import types
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
 from accel import clock
@@ -13,6 +14,7 @@ from accel.plan import Plan
 from accel.plan.contract import Capability
 from accel.search.results import TuneRow, keep_answer
 from accel.search.settings import provides
+from accel.search.words import verdict
 
 DATA_WAIT = 0.10  # a rebuilt loader (workers) pays when the loop waits this fraction of its step for data
 DATA_STEPS = 8  # steps timed for the data wait alone, when no comparison timed the plain loop
@@ -29,9 +31,14 @@ class SearchLoader:
         self.timing: tuple | None = None  # (began, waited_s, step) while the wait alone is timed (): from the next step
         self.pending: dict | None = None  # the plan with a rebuilt loader chosen, joining at the next epoch
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Any]:
+        """The epoch begins at iter(), as iter(DataLoader) draws its seeds (zip(run.loader, other) keeps both orders):
+        a rebuilt loader chosen joins, and the plan in place's loader starts its epoch."""
         self.join()
-        batches = iter(self.run.current.loader.start_epoch())
+        return self._timed(self.run.current.loader.start_epoch())
+
+    def _timed(self, batches: Iterator[Any]) -> Iterator[Any]:
+        """Each batch as the plan in place prepares it, the loop's wait for it counted."""
         while True:
             began = clock.now()
             batch = next(batches, StopIteration)
@@ -102,18 +109,17 @@ class SearchLoader:
         if run.switch(plan, outcome) is not None:
             return
         joining = [n for n in plan if n not in run.current.plan.to_dict()]
-        result, words = run.result, run.search
-        if result is not None:  # the answer is the plan in place: the table, the why and the words say so
+        result = run.result
+        if result is not None:  # the answer is the plan in place: the table and the why say so, and the words from them
             for row in result.rows:
                 if row.decision == "chosen" and row.status == "by data wait":
                     row.status, row.decision = outcome.status, ""
                     row.reason = f"chosen, but it could not join: {outcome.reason}"
             result.plan = Plan({k: v for k, v in result.plan.to_dict().items() if k not in joining})
-            said = f" could not join ({outcome.status})"
-            result.why, words.chosen_why = result.why.replace(JOINS, said), words.chosen_why.replace(JOINS, said)
-            words.chosen = {k: v for k, v in (words.chosen or {}).items() if k not in joining}
+            result.why = result.why.replace(JOINS, f" could not join ({outcome.status})")
             # the remembered answer too (measured here, or the cache's): a replay would carry the loader again
             keep_answer(result, run.cache_key, run.settings.cache, bool(result.key) and not run.distributed)
+            verdict(run, result=result)
         warnings.warn(f"accel: plan='auto' chose {', '.join(joining)} for your loop's wait for data, and it could not "
                       f"join at this epoch ({outcome.status}: {outcome.reason}); your loop goes on with the plan in "
-                      "place", RuntimeWarning, stacklevel=4)
+                      "place", RuntimeWarning, stacklevel=3)  # your loop's iter(run.loader)

@@ -3,10 +3,13 @@
 another cache's, whose files bear accel's names). accel follows no link inside its cache: each is said in a warning
 naming it, and the search goes on without what it would have read there (the folder the user names may itself be a
 link: that is theirs to choose)."""
+import errno
+
 import pytest
 
 import accel.search.cache as plancache
 from accel.cli import main
+from accel.files import read_small
 
 FACTS = {"model": "the same setup", "batch": "float32[16, 8]", "device": "cpu", "cpu": "x", "versions": "v"}
 COMPILE = {"compile": {}}
@@ -52,3 +55,34 @@ def test_a_linked_entry_is_not_read_and_a_store_replaces_the_link(tmp_path, else
     plancache.store(FACTS, {"plan": {"threads": {}}}, cache)
     assert not (cache / name).is_symlink() and plancache.lookup(FACTS, cache)["plan"] == {"threads": {}}
     assert files(elsewhere) == before
+
+
+def test_an_entry_swapped_for_a_link_after_accel_looked_is_not_read(tmp_path, elsewhere, monkeypatch):
+    """Another writer of a shared cache replaces an entry with a link between accel's look at it and its read: the
+    read followed it (the look was ``is_symlink()``, then the open). The open itself now refuses a link."""
+    cache = tmp_path / "cache"
+    name = f"{plancache.key_of(FACTS)}.json"
+    plancache.store(FACTS, {"plan": {"threads": {}}}, cache)
+    read_small = plancache.read_small
+
+    def swapped_then_read(path, limit):  # the other writer's moment: just before the open
+        if path.name == name and not path.is_symlink():
+            path.unlink()
+            path.symlink_to(elsewhere / name)
+        return read_small(path, limit)
+
+    monkeypatch.setattr(plancache, "read_small", swapped_then_read)
+    with pytest.warns(UserWarning, match=f"{cache / name} in the plan cache is a symbolic link"):
+        assert plancache.lookup(FACTS, cache) is None  # not the other cache's channels_last
+
+
+def test_a_small_file_read_refuses_a_link_whatever_it_points_at(tmp_path):
+    """accel.files.read_small (plan cache entries, compile's markers and tag, a sharded checkpoint's latest)."""
+    target = tmp_path / "target"
+    target.write_text("step-1\n")
+    for link, to in ((tmp_path / "link", target), (tmp_path / "dangling", tmp_path / "nothing")):
+        link.symlink_to(to)
+        with pytest.raises(OSError, match="a symbolic link, not followed") as refused:
+            read_small(link)
+        assert refused.value.errno == errno.ELOOP
+    assert read_small(target) == b"step-1\n"
