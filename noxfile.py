@@ -7,6 +7,8 @@ ipex:  torch 2.8.*, our tested minimum, with intel-extension-for-pytorch 2.8.* a
        zoo, the book's chapter 4 example), and on torch 2.8 the parts whose behaviour has moved between torch
        releases (distribution: gloo's reduce-scatter summed under AVG in 2.8; the plan contract; the hardware).
 """
+import os
+
 import nox
 
 nox.options.sessions = ["tests", "ipex"]
@@ -14,6 +16,11 @@ nox.options.reuse_existing_virtualenvs = True
 # OpenMP threads that wait passively: on a shared 2-core machine a spinning thread steals the core its peer needs
 # (the zoo's 100 cases took 26 s beside a CPU-bound process with the default, 21 s with this). No test measures speed.
 QUIET_WAITS = {"OMP_WAIT_POLICY": "PASSIVE"}
+# One pytest worker per CPU this process may use, at most 4 (pytest-xdist), each test file whole on one worker (its
+# module fixtures built once): alone, the suite keeps about one core of two busy, starting processes and waiting for
+# ranks. More workers than CPUs would only slow the launched jobs' ranks.
+CPUS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+WORKERS = ("-n", str(min(CPUS, 4)), "--dist", "loadfile")
 
 # What IPEX 2.8 imports beside: checked by a fresh import in the session (ipex_problem) before any test runs.
 IPEX_ENVIRONMENT = ("torch==2.8.*", "torchvision==0.23.*", "intel-extension-for-pytorch==2.8.*", "transformers<5")
@@ -33,7 +40,7 @@ NOT_ON_TORCH_28 = [f"--deselect=tests/{test}" for test in (
 def tests(session):
     session.install("-e", ".[test]")
     session.run("ruff", "check", ".")  # lint and import order first: seconds, and a finding fails the session
-    session.run("pytest", "-q", "-m", "not ipex", *session.posargs, env=QUIET_WAITS)
+    session.run("pytest", "-q", *WORKERS, "-m", "not ipex", *session.posargs, env=QUIET_WAITS)
 
 
 @nox.session
@@ -41,5 +48,6 @@ def ipex(session):
     # One resolver run, so nothing in .[test] can lift torch past 2.8 (IPEX 2.8 exits on any other torch).
     session.install(*IPEX_ENVIRONMENT, "-e", ".[test]")
     session.run("python", "-c", "from accel.hardware import ipex_problem as p; assert p() is None, p()")
-    session.run("pytest", "-q", "-m", "ipex", *session.posargs, env=QUIET_WAITS)  # every IPEX test, wherever it is
-    session.run("pytest", "-q", "-m", "not ipex", *ON_TORCH_28, *NOT_ON_TORCH_28, *session.posargs, env=QUIET_WAITS)
+    session.run("pytest", "-q", *WORKERS, "-m", "ipex", *session.posargs, env=QUIET_WAITS)  # every IPEX test
+    session.run("pytest", "-q", *WORKERS, "-m", "not ipex", *ON_TORCH_28, *NOT_ON_TORCH_28, *session.posargs,
+                env=QUIET_WAITS)
