@@ -27,8 +27,10 @@ GLOBAL_HOOK_WARNING = re.compile(r"Using `torch\.compile\(module\)` when there a
 
 
 def to_channels_last(args: tuple) -> tuple | None:
-    """A conv's 4-D floating input in NHWC (a no-op when it already is)."""
-    if args and isinstance(args[0], torch.Tensor) and args[0].dim() == 4 and args[0].is_floating_point():
+    """A conv's 4-D floating input in NHWC (a no-op when it already is); left as it is under a torch.func transform
+    (vmap has no channels_last copy: per-sample gradients by vmap over grad would raise)."""
+    if (args and isinstance(args[0], torch.Tensor) and args[0].dim() == 4 and args[0].is_floating_point()
+            and (torch.compiler.is_compiling() or not torch._C._functorch.is_functorch_wrapped_tensor(args[0]))):
         return (args[0].contiguous(memory_format=torch.channels_last), *args[1:])
     return None
 
