@@ -15,6 +15,7 @@ import warnings
 import weakref
 
 import torch
+from torch.nn.modules import module as nn_module
 from torch.nn.modules.module import register_module_forward_pre_hook
 
 from accel.errors import Skip
@@ -62,8 +63,11 @@ class Layouts:
 
     def match(self, text: str) -> bool:
         """As the message of its own warnings filter: torch's warning at each call of a ``torch.compile(module)``
-        wrapper while a global hook is registered (this one passes the wrapper by)."""
-        return GLOBAL_HOOK_WARNING.match(text) is not None
+        wrapper while a global hook is registered, when the only ones are these (they pass the wrapper by; a user's
+        own global hook earns the warning)."""
+        return (GLOBAL_HOOK_WARNING.match(text) is not None and not (
+            nn_module._global_forward_hooks or nn_module._global_backward_hooks or nn_module._global_backward_pre_hooks)
+            and all(isinstance(hook, Layouts) for hook in nn_module._global_forward_pre_hooks.values()))
 
     def register(self) -> None:
         if self.handle is None:
