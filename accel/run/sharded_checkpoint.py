@@ -233,6 +233,21 @@ def _reader(where: Path, metadata: Any) -> Any:
     return Checked(str(where))
 
 
+def _planner() -> Any:
+    """DCP's default load planner, but a shard's bytes items (the optimizer's hyper-parameters) are read as weights
+    only before DCP unpickles them: DCP's own reads them with torch.load(weights_only=False), so a crafted shard (its
+    manifest written to match) would run code at run.load."""
+    from torch.distributed.checkpoint import DefaultLoadPlanner
+
+    class WeightsOnly(DefaultLoadPlanner):
+        def load_bytes(self, read_item: Any, value: Any) -> None:
+            torch.load(value, weights_only=True)  # raises on anything beyond plain data, with nothing of it called
+            value.seek(0)
+            super().load_bytes(read_item, value)
+
+    return WeightsOnly()
+
+
 def _copy(state: Any) -> Any:
     return map_tensors(lambda tensor: tensor.detach().clone(), state)
 
@@ -267,7 +282,7 @@ def load(run, where: Path, meta: dict[str, Any], metadata: Any) -> dict[str, Any
         del read_into["optimizer"]
     try:
         with _quiet():
-            dcp.load(read_into, storage_reader=_reader(where, metadata))
+            dcp.load(read_into, storage_reader=_reader(where, metadata), planner=_planner())
     except BaseException as error:  # DCP's CheckpointException is a BaseException
         if _cause(error) is None:
             raise
