@@ -6,7 +6,9 @@ before changing anything, then reads the shards at any world size, or into one p
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import io
 import os
 import pickle
 import shutil
@@ -219,10 +221,21 @@ def _metadata(path: Path) -> Any:
     return metadata
 
 
-def _reader(where: Path, metadata: Any) -> Any:
-    """DCP's reader of the folder's shards, with the metadata ``_metadata`` read and checked."""
+def _reader(where: Path, metadata: Any, files: dict[str, tuple[int, str]]) -> Any:
+    """DCP's reader of the folder's shards, with the metadata ``_metadata`` read and checked, and each shard read
+    whole and hashed against the manifest (``files``) as DCP opens it: the check ``read`` made was of the files then,
+    and one replaced since would be loaded unchecked."""
     from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.filesystem import FileSystem
     from torch.distributed.checkpoint.metadata import StorageMeta
+
+    class Hashed(FileSystem):
+        @contextlib.contextmanager
+        def create_stream(self, path: Any, mode: str) -> Any:
+            data = Path(path).read_bytes()
+            if hashlib.blake2b(data, digest_size=20).hexdigest() != files.get(Path(path).name, (0, None))[1]:
+                raise CheckpointError(f"{path}: changed since run.load checked it (size or hash); nothing was loaded")
+            yield io.BytesIO(data)
 
     class Checked(FileSystemReader):
         def read_metadata(self, *args: Any, **kwargs: Any) -> Any:  # as FileSystemReader's, from the checked one
@@ -230,7 +243,9 @@ def _reader(where: Path, metadata: Any) -> Any:
             metadata.storage_meta.load_id = self.load_id
             return metadata
 
-    return Checked(str(where))
+    reader = Checked(str(where))
+    reader.fs = Hashed()
+    return reader
 
 
 def _planner() -> Any:
@@ -282,7 +297,7 @@ def load(run, where: Path, meta: dict[str, Any], metadata: Any) -> dict[str, Any
         del read_into["optimizer"]
     try:
         with _quiet():
-            dcp.load(read_into, storage_reader=_reader(where, metadata), planner=_planner())
+            dcp.load(read_into, storage_reader=_reader(where, metadata, meta["files"]), planner=_planner())
     except BaseException as error:  # DCP's CheckpointException is a BaseException
         if _cause(error) is None:
             raise
