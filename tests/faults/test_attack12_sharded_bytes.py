@@ -2,32 +2,18 @@
 lr, momentum, ...), and DCP's default planner reads each back with torch.load(weights_only=False): a crafted folder
 (shards and a manifest to match: whoever writes the folder writes both) ran its code at run.load, though .metadata
 itself is read with nothing called. The bytes are now read as weights only."""
-import hashlib
 import io
 import pickle
 
 import pytest
 import torch
+from test_attack3_sharded_metadata import Proof, digest
 from torch.distributed.checkpoint.filesystem import _StorageInfo
 
 import accel
 from accel.errors import CheckpointError
 from accel.run.checkpoint import checksum
 from accel.testing import tiny_loader, tiny_model
-
-
-class Proof:
-    """Unpickled as open(path, "w"): a file that appears when the pickle ran."""
-
-    def __init__(self, path):
-        self.path = path
-
-    def __reduce__(self):
-        return open, (self.path, "w")
-
-
-def digest(path) -> str:
-    return hashlib.blake2b(path.read_bytes(), digest_size=20).hexdigest()
 
 
 def fsdp_run():
