@@ -224,7 +224,8 @@ def _metadata(path: Path) -> Any:
 def _reader(where: Path, metadata: Any, files: dict[str, tuple[int, str]]) -> Any:
     """DCP's reader of the folder's shards, with the metadata ``_metadata`` read and checked, and each shard read
     whole and hashed against the manifest (``files``) as DCP opens it: the check ``read`` made was of the files then,
-    and one replaced since would be loaded unchecked."""
+    and one replaced since would be loaded unchecked. Only the manifest's files of the folder, as regular files: the
+    metadata names the path of each (a pipe elsewhere would be waited on for ever)."""
     from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.filesystem import FileSystem
     from torch.distributed.checkpoint.metadata import StorageMeta
@@ -232,8 +233,11 @@ def _reader(where: Path, metadata: Any, files: dict[str, tuple[int, str]]) -> An
     class Hashed(FileSystem):
         @contextlib.contextmanager
         def create_stream(self, path: Any, mode: str) -> Any:
-            data = Path(path).read_bytes()
-            if hashlib.blake2b(data, digest_size=20).hexdigest() != files.get(Path(path).name, (0, None))[1]:
+            size, digest = files.get(Path(path).name, (0, None)) if Path(path).parent == where else (0, None)
+            if digest is None:
+                raise CheckpointError(f"{path}: named by .metadata, not a file of the checkpoint's manifest")
+            data = read_small(path, size)
+            if hashlib.blake2b(data, digest_size=20).hexdigest() != digest:
                 raise CheckpointError(f"{path}: changed since run.load checked it (size or hash); nothing was loaded")
             yield io.BytesIO(data)
 
