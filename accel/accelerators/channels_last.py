@@ -15,6 +15,7 @@ import warnings
 import weakref
 
 import torch
+from torch.nn.modules import module as nn_module
 from torch.nn.modules.module import register_module_forward_pre_hook
 
 from accel.errors import Skip
@@ -27,8 +28,10 @@ GLOBAL_HOOK_WARNING = re.compile(r"Using `torch\.compile\(module\)` when there a
 
 
 def to_channels_last(args: tuple) -> tuple | None:
-    """A conv's 4-D floating input in NHWC (a no-op when it already is)."""
-    if args and isinstance(args[0], torch.Tensor) and args[0].dim() == 4 and args[0].is_floating_point():
+    """A conv's 4-D floating input in NHWC (a no-op when it already is); left as it is under a torch.func transform
+    (vmap has no channels_last copy: per-sample gradients by vmap over grad would raise)."""
+    if (args and isinstance(args[0], torch.Tensor) and args[0].dim() == 4 and args[0].is_floating_point()
+            and (torch.compiler.is_compiling() or not torch._C._functorch.is_functorch_wrapped_tensor(args[0]))):
         return (args[0].contiguous(memory_format=torch.channels_last), *args[1:])
     return None
 
@@ -60,8 +63,11 @@ class Layouts:
 
     def match(self, text: str) -> bool:
         """As the message of its own warnings filter: torch's warning at each call of a ``torch.compile(module)``
-        wrapper while a global hook is registered (this one passes the wrapper by)."""
-        return GLOBAL_HOOK_WARNING.match(text) is not None
+        wrapper while a global hook is registered, when the only ones are these (they pass the wrapper by; a user's
+        own global hook earns the warning)."""
+        return (GLOBAL_HOOK_WARNING.match(text) is not None and not (
+            nn_module._global_forward_hooks or nn_module._global_backward_hooks or nn_module._global_backward_pre_hooks)
+            and all(isinstance(hook, Layouts) for hook in nn_module._global_forward_pre_hooks.values()))
 
     def register(self) -> None:
         if self.handle is None:

@@ -5,6 +5,7 @@ for a subclass (what it adds would be lost). The user's loader itself is never c
 from __future__ import annotations
 
 import contextlib
+import copy
 import itertools
 import warnings
 import weakref
@@ -150,29 +151,44 @@ _PLAIN_WORKERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # rebui
 
 def timed_as_plain(loader: Any) -> tuple[Iterator[Any] | None, Callable[[], Iterator[Any]] | None]:
     """An epoch's iterator of ``loader`` (or, to make it at the first batch, how), drawing torch's random numbers when
-    the user's own loader would: at iter() its seed, then its sampler's order at the first batch without workers, at
-    iter() with workers (they prefetch). So a loader rebuilt with another number of workers, zipped with another
-    loader that draws from the same random state, reads the plain loop's batches."""
+    the user's own loader would: at iter() its sampler's iteration (a sampler may draw its order there) and its seed,
+    then the order at the first batch without workers; with workers at iter(), from a second iteration of the sampler
+    (torch's worker iterator iterates it again, and prefetches). So a loader rebuilt with another number of workers,
+    zipped with another loader that draws from the same random state, reads the plain loop's batches."""
     try:
         plain = _PLAIN_WORKERS.get(loader)
     except TypeError:  # (not a loader a dict can key: not one rebuild_loader made)
         plain = None
     workers = getattr(loader, "num_workers", 0)
     if plain == 0 and workers and not loader.persistent_workers:
+        order = Drawn(loader._index_sampler)
         seed = torch.empty((), dtype=torch.int64).random_(generator=loader.generator).item()  # as iter() draws it
 
-        def make() -> Iterator[Any]:  # the workers' iterator, drawing its seed from that one: the order only, now
-            generator, loader.generator = loader.generator, torch.Generator().manual_seed(seed)
-            try:
-                return iter(loader)
-            finally:
-                loader.generator = generator
+        def make() -> Iterator[Any]:  # the workers' iterator of a copy of the loader, on that order and seed
+            drawn = copy.copy(loader)
+            object.__setattr__(drawn, "batch_sampler" if loader._auto_collation else "sampler", order)
+            drawn.generator = torch.Generator().manual_seed(seed)
+            return iter(drawn)
         return None, make
     iterator = iter(loader)
-    if plain and not workers and not isinstance(loader.dataset, IterableDataset):  # the order now, as workers draw it
+    if plain and not workers and not isinstance(loader.dataset, IterableDataset):  # as workers draw: the order now,
+        iterator._sampler_iter = iter(iterator._index_sampler)  # of the sampler iterated again
         first = next(iterator._sampler_iter, _END)
         iterator._sampler_iter = itertools.chain(() if first is _END else [first], iterator._sampler_iter)
     return iterator, None
+
+
+class Drawn:
+    """A sampler iterated once already (as the plain loader iterates it at iter()): each iteration of it is that one."""
+
+    def __init__(self, sampler: Any):
+        self.sampler, self.order = sampler, iter(sampler)
+
+    def __iter__(self) -> Iterator[Any]:
+        return self.order
+
+    def __len__(self) -> int:
+        return len(self.sampler)
 
 
 def rebuild_problem(loader: Any) -> str | None:

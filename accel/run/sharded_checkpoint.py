@@ -6,7 +6,9 @@ before changing anything, then reads the shards at any world size, or into one p
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import io
 import os
 import pickle
 import shutil
@@ -219,10 +221,25 @@ def _metadata(path: Path) -> Any:
     return metadata
 
 
-def _reader(where: Path, metadata: Any) -> Any:
-    """DCP's reader of the folder's shards, with the metadata ``_metadata`` read and checked."""
+def _reader(where: Path, metadata: Any, files: dict[str, tuple[int, str]]) -> Any:
+    """DCP's reader of the folder's shards, with the metadata ``_metadata`` read and checked, and each shard read
+    whole and hashed against the manifest (``files``) as DCP opens it: the check ``read`` made was of the files then,
+    and one replaced since would be loaded unchecked. Only the manifest's files of the folder, as regular files: the
+    metadata names the path of each (a pipe elsewhere would be waited on for ever)."""
     from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.filesystem import FileSystem
     from torch.distributed.checkpoint.metadata import StorageMeta
+
+    class Hashed(FileSystem):
+        @contextlib.contextmanager
+        def create_stream(self, path: Any, mode: str) -> Any:
+            size, digest = files.get(Path(path).name, (0, None)) if Path(path).parent == where else (0, None)
+            if digest is None:
+                raise CheckpointError(f"{path}: named by .metadata, not a file of the checkpoint's manifest")
+            data = read_small(path, size)
+            if hashlib.blake2b(data, digest_size=20).hexdigest() != digest:
+                raise CheckpointError(f"{path}: changed since run.load checked it (size or hash); nothing was loaded")
+            yield io.BytesIO(data)
 
     class Checked(FileSystemReader):
         def read_metadata(self, *args: Any, **kwargs: Any) -> Any:  # as FileSystemReader's, from the checked one
@@ -230,7 +247,24 @@ def _reader(where: Path, metadata: Any) -> Any:
             metadata.storage_meta.load_id = self.load_id
             return metadata
 
-    return Checked(str(where))
+    reader = Checked(str(where))
+    reader.fs = Hashed()
+    return reader
+
+
+def _planner() -> Any:
+    """DCP's default load planner, but a shard's bytes items (the optimizer's hyper-parameters) are read as weights
+    only before DCP unpickles them: DCP's own reads them with torch.load(weights_only=False), so a crafted shard (its
+    manifest written to match) would run code at run.load."""
+    from torch.distributed.checkpoint import DefaultLoadPlanner
+
+    class WeightsOnly(DefaultLoadPlanner):
+        def load_bytes(self, read_item: Any, value: Any) -> None:
+            torch.load(value, weights_only=True)  # raises on anything beyond plain data, with nothing of it called
+            value.seek(0)
+            super().load_bytes(read_item, value)
+
+    return WeightsOnly()
 
 
 def _copy(state: Any) -> Any:
@@ -267,7 +301,7 @@ def load(run, where: Path, meta: dict[str, Any], metadata: Any) -> dict[str, Any
         del read_into["optimizer"]
     try:
         with _quiet():
-            dcp.load(read_into, storage_reader=_reader(where, metadata))
+            dcp.load(read_into, storage_reader=_reader(where, metadata, meta["files"]), planner=_planner())
     except BaseException as error:  # DCP's CheckpointException is a BaseException
         if _cause(error) is None:
             raise
