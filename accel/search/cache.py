@@ -17,7 +17,6 @@ from typing import Any
 
 import torch
 
-from accel.accelerators.compile.cache import clear_compile
 from accel.batches import map_tensors
 from accel.files import PREFIX, cache_dir, is_temporary, linked, read_small, write_text
 from accel.hardware import device_model
@@ -172,10 +171,8 @@ def entries(where: Any = True) -> list[dict[str, Any]]:
 
 def clear(where: Any = True, key: str | None = None) -> int:
     """Forget every remembered choice (or those of a key prefix) and how many: only what accel wrote goes. Clearing
-    all forgets the warm-ups too (counted) and compile's artifacts."""
+    all forgets the warm-ups too (counted); compile's artifacts are `accel cache clear`'s to remove (clear_compile)."""
     warmups = _warmups(where) if key is None else None
-    if key is None:
-        clear_compile(where)
     return (_remove(warmups, None) if warmups else 0) + _remove(cache_dir(where), key)
 
 
