@@ -14,6 +14,7 @@ import secrets
 import shutil
 import socket
 import stat
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -109,6 +110,16 @@ def read_small(path, limit: int = 1 << 20) -> bytes:
             return file.read(limit + 1)[:limit]
     finally:
         os.close(handle)
+
+
+def linked(path: Path, cache: str, then: str) -> bool:
+    """Whether one of a cache's own files or folders is a symbolic link, said with what ``then`` happens: accel
+    follows none in its caches (a shared or hostile cache would point its reads and writes anywhere)."""
+    if not path.is_symlink():
+        return False
+    warnings.warn(f"accel: {path} in {cache} is a symbolic link, and accel does not follow links there: {then}",
+                  stacklevel=3)
+    return True
 
 
 def write_text(path, text: str) -> None:

@@ -194,9 +194,12 @@ def test_a_linked_compile_folder_is_neither_used_nor_cleared(tmp_path, elsewhere
         assert compile_cache.compile_usage(cache) == (0, 0)  # none of these files are accel's artifacts
     with pytest.warns(UserWarning, match="symbolic link"):
         assert compile_cache.clear_compile(cache) == (0, 0)  # nothing removed, none said to be
-    with pytest.warns(UserWarning, match="symbolic link"):
+    with pytest.warns(UserWarning, match="symbolic link") as said:
         assert main(["cache", "clear"]) == 0
-    assert "removed compile's artifacts" not in capsys.readouterr().out
+    assert len([w for w in said if "compile's cache is a symbolic link" in str(w.message)]) == 1  # said once
+    out = capsys.readouterr().out
+    assert f"left {cache / 'compile'} as it is: a symbolic link, not followed" in out, out  # not "no CACHEDIR.TAG"
+    assert "removed compile's artifacts" not in out
     assert contents(elsewhere) == before and (cache / "compile").is_symlink()
 
 

@@ -27,10 +27,13 @@ def run(args) -> int:
         removed = plancache.clear(key=args.key)
         print(f"accel cache: removed {removed} entr{'y' if removed == 1 else 'ies'} from {folder} (only accel's "
               "own files there)")
+        place = folder / "compile"
         if args.key is None and ours:
-            print(f"accel cache: removed compile's artifacts: {_files(*compiled)} from {folder / 'compile'}")
-        elif args.key is None and (folder / "compile").exists():
-            print(f"accel cache: left {folder / 'compile'} as it is: accel did not make it (no {compile_cache.TAG})")
+            print(f"accel cache: removed compile's artifacts: {_files(*compiled)} from {place}")
+        elif args.key is None and place.is_symlink():
+            print(f"accel cache: left {place} as it is: a symbolic link, not followed")
+        elif args.key is None and place.exists():
+            print(f"accel cache: left {place} as it is: accel did not make it (no {compile_cache.TAG})")
         return 0
     entries = plancache.entries()
     if args.json:

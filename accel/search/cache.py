@@ -7,7 +7,6 @@ number of processes; beside them, in ``warmups/``, the warm-up a costly candidat
 from __future__ import annotations
 
 import datetime
-import errno
 import functools
 import hashlib
 import json
@@ -18,9 +17,8 @@ from typing import Any
 
 import torch
 
-from accel.accelerators.compile.cache import clear_compile
 from accel.batches import map_tensors
-from accel.files import PREFIX, cache_dir, is_temporary, read_small, write_text
+from accel.files import PREFIX, cache_dir, is_temporary, linked, read_small, write_text
 from accel.hardware import device_model
 from accel.hardware.launcher import node_cores
 from accel.modules import fingerprint
@@ -74,13 +72,7 @@ def key_of(parts: dict[str, Any]) -> str:
 
 ENTRY = re.compile(r"[0-9a-f]{24}\.json")  # the names store() gives entries: nothing else in the folder is accel's
 ENTRY_LIMIT = 1 << 20  # an entry is a few KiB: a larger file under its name is not one
-
-
-def _say_linked(path: Path, then: str) -> None:
-    """One of the cache's own files or folders is a symbolic link: said, with what ``then`` happens. accel does not
-    follow one (a shared or hostile cache would point its reads and writes anywhere)."""
-    warnings.warn(f"accel: {path} in the plan cache is a symbolic link, and accel does not follow links there: "
-                  f"{then}", stacklevel=3)
+CACHE = "the plan cache"  # in the warning of a link in it
 
 
 def _entry(path: Path) -> dict[str, Any] | None:
@@ -88,10 +80,9 @@ def _entry(path: Path) -> dict[str, Any] | None:
     said), or crafted (a plan that would run code: accel.plan.untrusted) is not one."""
     try:
         entry = json.loads(read_small(path, ENTRY_LIMIT))  # a named pipe or a terabyte in a shared folder
-    except OSError as error:
-        if error.errno == errno.ELOOP:
-            _say_linked(path, "it is not read as an entry (a search measures again; storing its answer replaces the "
-                              "link)")
+    except OSError:  # (a link is refused by the open: said)
+        linked(path, CACHE, "it is not read as an entry (a search measures again; storing its answer replaces the "
+                            "link)")
         return None
     except (ValueError, UnicodeError, RecursionError):
         return None
@@ -137,10 +128,7 @@ WARMUP_FACTS = ("model", "batch", "device", "cpu", "versions")  # what a warm-up
 def _warmups(where: Any) -> Path | None:
     """The warm-ups' folder in the cache, or None where it is a link (said)."""
     folder = cache_dir(where) / "warmups"
-    if not folder.is_symlink():
-        return folder
-    _say_linked(folder, "the warm-ups are neither read, written nor cleared there")
-    return None
+    return None if linked(folder, CACHE, "the warm-ups are neither read, written nor cleared there") else folder
 
 
 def _warmup(facts: dict[str, Any], candidate: dict[str, dict]) -> dict[str, Any]:
@@ -183,10 +171,8 @@ def entries(where: Any = True) -> list[dict[str, Any]]:
 
 def clear(where: Any = True, key: str | None = None) -> int:
     """Forget every remembered choice (or those of a key prefix) and how many: only what accel wrote goes. Clearing
-    all forgets the warm-ups too (counted) and compile's artifacts."""
+    all forgets the warm-ups too (counted); compile's artifacts are `accel cache clear`'s to remove (clear_compile)."""
     warmups = _warmups(where) if key is None else None
-    if key is None:
-        clear_compile(where)
     return (_remove(warmups, None) if warmups else 0) + _remove(cache_dir(where), key)
 
 

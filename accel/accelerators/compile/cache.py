@@ -21,19 +21,19 @@ import os
 import shutil
 import tempfile
 import time
-import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from accel.files import cache_dir, read_small, write_text
+from accel.files import cache_dir, linked, read_small, write_text
 from accel.hardware import device_model
 from accel.modules import fingerprint
 from accel.run.shared_settings import set_by_runs
 
 ENV = "TORCHINDUCTOR_CACHE_DIR"
 MARKERS = "accel-setups"
+CACHE = "compile's cache"  # in the warning of a link in it
 SLACK_S = 2.0  # file systems that keep modification times to the second or two (FAT: 2 s)
 
 
@@ -87,7 +87,7 @@ def warm_before(where: Path, facts: dict[str, Any]) -> tuple[bool, int]:
     key = hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()[:24]
     marker = where / MARKERS / f"{key}.json"
     try:  # a pipe, a terabyte or a link: not a marker
-        first = None if marker.is_symlink() else float(json.loads(read_small(marker, 1 << 16))["first_run"])
+        first = float(json.loads(read_small(marker, 1 << 16))["first_run"])
     except (OSError, ValueError, KeyError, TypeError, RecursionError):  # no marker, or a damaged one: cold
         first = None
     entries = graph_entries(where)
@@ -139,24 +139,15 @@ def keep_in_accel_cache(ctx, settings: dict[str, Any], where: Any = True) -> dic
                            "no: first compile of this setup here; the next run of it loads its graphs")}
 
 
-def _linked(path: Path, then: str) -> bool:
-    """Whether compile/ or one of its entries is a symbolic link, said with what ``then`` happens."""
-    if not path.is_symlink():
-        return False
-    warnings.warn(f"accel: {path} in compile's cache is a symbolic link, and accel does not follow links there: "
-                  f"{then}", stacklevel=3)
-    return True
-
-
 def _unusable(place: Path, where: Any) -> str:
     """Why torch cannot keep its graphs in accel's folder, or "": it is made (with accel's tag, so that `accel cache
     clear` knows it for accel's) and written to here, where torch would otherwise fail in the middle of a step."""
     then = "torch keeps its compiled graphs in its own folder"
-    if _linked(place, then):
+    if linked(place, CACHE, then):
         return "is a symbolic link: accel follows none in its cache"
     try:
         place.mkdir(parents=True, exist_ok=True)
-        if any(_linked(entry, then) for entry in place.iterdir()):
+        if any(linked(entry, CACHE, then) for entry in place.iterdir()):
             return "holds a symbolic link: accel follows none in its cache"
         if not owns_compile_folder(where):
             if any(place.iterdir()):
@@ -172,7 +163,7 @@ def _unusable(place: Path, where: Any) -> str:
 def compile_usage(where: Any = True) -> tuple[int, int]:
     """(files, bytes) of compile's artifacts in the cache folder: none in a folder reached by a link (said)."""
     place = folder(where)
-    if _linked(place, "its files are not accel's: neither counted nor cleared"):
+    if linked(place, CACHE, "its files are not accel's: neither counted nor cleared"):
         return 0, 0
     files = [p for p in place.rglob("*") if p.is_file() and not p.is_symlink()]  # (rglob follows no link)
     return len(files), sum(_stat(p).st_size for p in files)
@@ -191,7 +182,7 @@ def owns_compile_folder(where: Any = True) -> bool:
     if place.is_symlink():
         return False
     try:
-        tagged = not tag.is_symlink() and read_small(tag, len(TAG_TEXT)).decode(errors="replace") == TAG_TEXT
+        tagged = read_small(tag, len(TAG_TEXT)).decode(errors="replace") == TAG_TEXT
     except OSError:
         tagged = False
     return tagged or (markers.is_dir() and not markers.is_symlink())
@@ -202,7 +193,7 @@ def clear_compile(where: Any = True) -> tuple[int, int]:
     found (a file that could not be removed stays counted out). The next compile of any setup is cold. A folder
     accel did not make (no tag: _unusable writes one) is left as it is, and so is a folder of yours that
     TORCHINDUCTOR_CACHE_DIR names, or a link (said)."""
-    if _linked(folder(where), "nothing is removed there") or not owns_compile_folder(where):
+    if linked(folder(where), CACHE, "nothing is removed there") or not owns_compile_folder(where):
         return 0, 0
     found = compile_usage(where)
     shutil.rmtree(folder(where), ignore_errors=True)
