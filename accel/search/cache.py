@@ -2,7 +2,8 @@
 
 One key (``setup_key``) for every search (in your loop, apart, each rank of a launched job): whatever decides the
 answer, so any change measures again. Entries are JSON files in ``cache_dir()`` (accel.files), written whole by any
-number of processes; beside them, in ``warmups/``, the warm-up a costly candidate (compile) last took on a setup.
+number of processes; beside them, as ``warmup-<key>.json``, the warm-up a costly candidate (compile) last took on a
+setup (in the folder itself: a subfolder could be swapped for a link between a check and its use).
 """
 from __future__ import annotations
 
@@ -71,6 +72,7 @@ def key_of(parts: dict[str, Any]) -> str:
 
 
 ENTRY = re.compile(r"[0-9a-f]{24}\.json")  # the names store() gives entries: nothing else in the folder is accel's
+WARMUP = "warmup-"  # the name's start of a warm-up's entry (not a plan: not listed)
 ENTRY_LIMIT = 1 << 20  # an entry is a few KiB: a larger file under its name is not one
 CACHE = "the plan cache"  # in the warning of a link in it
 
@@ -94,15 +96,16 @@ def _entry(path: Path) -> dict[str, Any] | None:
     return entry
 
 
-def lookup(parts: dict[str, Any], where: Any = True) -> dict[str, Any] | None:
+def lookup(parts: dict[str, Any], where: Any = True, kind: str = "") -> dict[str, Any] | None:
     """The remembered result (TuneResult.to_dict()) for these facts, or None (then the search measures again)."""
-    entry = _entry(cache_dir(where) / f"{key_of(parts)}.json")
+    entry = _entry(cache_dir(where) / f"{kind}{key_of(parts)}.json")
     if entry is None or entry["key"] != json.loads(json.dumps(parts, default=str)):
         return None
     return entry["result"]
 
 
-def store(parts: dict[str, Any], result: dict[str, Any], where: Any = True, what: str = "the choice") -> str:
+def store(parts: dict[str, Any], result: dict[str, Any], where: Any = True, what: str = "the choice", kind: str = ""
+          ) -> str:
     """Remember a choice (TuneResult.to_dict()); its key, or "" when not kept: a plan that would not come back as it
     was (tensors, functions), or a cache that cannot be written (said)."""
     key = key_of(parts)
@@ -113,7 +116,7 @@ def store(parts: dict[str, Any], result: dict[str, Any], where: Any = True, what
     folder = cache_dir(where)
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        write_text(folder / f"{key}.json",
+        write_text(folder / f"{kind}{key}.json",
                    json.dumps({"key": parts, "result": {**result, "key": key}}, default=str, indent=1))
     except OSError as error:
         warnings.warn(f"accel: the plan cache {folder} cannot be written ({error}); {what} is not remembered",
@@ -125,12 +128,6 @@ def store(parts: dict[str, Any], result: dict[str, Any], where: Any = True, what
 WARMUP_FACTS = ("model", "batch", "device", "cpu", "versions")  # what a warm-up (compile's) depends on
 
 
-def _warmups(where: Any) -> Path | None:
-    """The warm-ups' folder in the cache, or None where it is a link (said)."""
-    folder = cache_dir(where) / "warmups"
-    return None if linked(folder, CACHE, "the warm-ups are neither read, written nor cleared there") else folder
-
-
 def _warmup(facts: dict[str, Any], candidate: dict[str, dict]) -> dict[str, Any]:
     return {**{k: facts.get(k) for k in WARMUP_FACTS}, "candidate": candidate}
 
@@ -138,8 +135,7 @@ def _warmup(facts: dict[str, Any], candidate: dict[str, dict]) -> dict[str, Any]
 def known_warmup(facts: dict[str, Any] | None, candidate: dict[str, dict], where: Any = True) -> float | None:
     """Seconds a costly candidate's warm-up took when last measured on this setup (a search's key facts), or None
     (never, or no cache)."""
-    folder = _warmups(where) if facts and where else None
-    entry = lookup(_warmup(facts, candidate), folder) if folder else None
+    entry = lookup(_warmup(facts, candidate), where, WARMUP) if facts and where else None
     seconds = entry.get("seconds") if entry else None
     ok = isinstance(seconds, (int, float)) and not isinstance(seconds, bool) and 0 <= seconds < float("inf")
     return float(seconds) if ok else None
@@ -148,10 +144,10 @@ def known_warmup(facts: dict[str, Any] | None, candidate: dict[str, dict], where
 def remember_warmup(facts: dict[str, Any] | None, candidate: dict[str, dict], seconds: float, where: Any = True
                     ) -> None:
     """Keep a measured warm-up (the candidate's first steps beyond as many steady steps), where there is a cache."""
-    folder = _warmups(where) if facts and where else None
-    if folder:
+    if facts and where:
         store(_warmup(facts, candidate), {"plan": candidate, "seconds": round(max(seconds, 0.0), 3),
-                                          "measured_at": datetime.datetime.now().isoformat(timespec="seconds")}, folder)
+                                          "measured_at": datetime.datetime.now().isoformat(timespec="seconds")},
+              where, "the warm-up", WARMUP)
 
 
 def entries(where: Any = True) -> list[dict[str, Any]]:
@@ -172,14 +168,10 @@ def entries(where: Any = True) -> list[dict[str, Any]]:
 def clear(where: Any = True, key: str | None = None) -> int:
     """Forget every remembered choice (or those of a key prefix) and how many: only what accel wrote goes. Clearing
     all forgets the warm-ups too (counted); compile's artifacts are `accel cache clear`'s to remove (clear_compile)."""
-    warmups = _warmups(where) if key is None else None
-    return (_remove(warmups, None) if warmups else 0) + _remove(cache_dir(where), key)
-
-
-def _remove(folder: Path, key: str | None) -> int:
-    removed = 0
+    folder, removed = cache_dir(where), 0
     for path in folder.glob("*.json"):
-        if ENTRY.fullmatch(path.name) and (key is None or path.stem.startswith(key)):
+        name = path.name.removeprefix(WARMUP) if key is None else path.name  # a key names a plan's entry only
+        if ENTRY.fullmatch(name) and name.startswith(key or ""):
             removed += _unlink(path)
     if key is None:
         for path in folder.glob(f"{PREFIX}*"):

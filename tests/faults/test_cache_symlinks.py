@@ -1,8 +1,8 @@
-"""A plan cache folder may be shared (ACCEL_CACHE_DIR on a cluster's disk): a symbolic link in it, in place of its
-``warmups`` folder or of an entry, pointed accel's reads, writes and `accel cache clear` at another folder (here
-another cache's, whose files bear accel's names). accel follows no link inside its cache: each is said in a warning
-naming it, and the search goes on without what it would have read there (the folder the user names may itself be a
-link: that is theirs to choose)."""
+"""A plan cache folder may be shared (ACCEL_CACHE_DIR on a cluster's disk): a symbolic link in it, in place of an
+entry or of the ``warmups`` folder warm-ups were once kept in, pointed accel's reads, writes and `accel cache clear` at
+another folder (here another cache's, whose files bear accel's names). accel follows no link inside its cache: each
+entry's is said in a warning naming it, and the search goes on without what it would have read there (the folder the
+user names may itself be a link: that is theirs to choose)."""
 import errno
 
 import pytest
@@ -29,31 +29,39 @@ def elsewhere(tmp_path):
     return other
 
 
-def test_a_linked_warmups_folder_is_neither_read_written_nor_cleared(tmp_path, elsewhere, monkeypatch):
+@pytest.mark.parametrize("subfolder", ["link", "folder"])
+def test_a_warmups_subfolder_is_neither_read_written_nor_cleared(tmp_path, elsewhere, monkeypatch, subfolder):
+    """Warm-ups are entries of the cache folder itself (no subfolder to swap): a ``warmups`` there, a link to another
+    cache or a folder of accel-named files (where warm-ups once were), is no part of accel's cache."""
     cache = tmp_path / "cache"
     cache.mkdir()
-    (cache / "warmups").symlink_to(elsewhere / "warmups")
-    before = files(elsewhere / "warmups")
-    with pytest.warns(UserWarning, match=f"{cache / 'warmups'} in the plan cache is a symbolic link"):
-        assert plancache.known_warmup(FACTS, COMPILE, cache) is None  # the guess, not the other folder's 12 s
-    with pytest.warns(UserWarning, match="symbolic link"):
-        plancache.remember_warmup(FACTS, COMPILE, 40.0, cache)
+    if subfolder == "link":
+        (cache / "warmups").symlink_to(elsewhere)
+    else:
+        (cache / "warmups").mkdir()
+        for name, text in files(elsewhere).items():
+            (cache / "warmups" / name).write_bytes(text)
+    before = files(cache / "warmups")
+    assert plancache.known_warmup(FACTS, COMPILE, cache) is None  # the guess, not the other folder's 12 s
+    plancache.remember_warmup(FACTS, COMPILE, 40.0, cache)
+    assert plancache.known_warmup(FACTS, COMPILE, cache) == 40.0 and plancache.entries(cache) == []
     monkeypatch.setenv("ACCEL_CACHE_DIR", str(cache))
-    with pytest.warns(UserWarning, match="symbolic link"):
-        assert main(["cache", "clear"]) == 0
-    assert files(elsewhere / "warmups") == before and (cache / "warmups").is_symlink()
+    assert main(["cache", "clear"]) == 0
+    assert files(cache / "warmups") == before and sorted(p.name for p in cache.iterdir()) == ["warmups"]
 
 
-def test_a_linked_entry_is_not_read_and_a_store_replaces_the_link(tmp_path, elsewhere):
+@pytest.mark.parametrize("kind", ["", plancache.WARMUP])
+def test_a_linked_entry_is_not_read_and_a_store_replaces_the_link(tmp_path, elsewhere, kind):
     cache = tmp_path / "cache"
     cache.mkdir()
-    name = f"{plancache.key_of(FACTS)}.json"
+    facts = plancache._warmup(FACTS, COMPILE) if kind else FACTS
+    name = f"{kind}{plancache.key_of(facts)}.json"
     (cache / name).symlink_to(elsewhere / name)
     before = files(elsewhere)
     with pytest.warns(UserWarning, match=f"{cache / name} in the plan cache is a symbolic link"):
-        assert plancache.lookup(FACTS, cache) is None
-    plancache.store(FACTS, {"plan": {"threads": {}}}, cache)
-    assert not (cache / name).is_symlink() and plancache.lookup(FACTS, cache)["plan"] == {"threads": {}}
+        assert plancache.lookup(facts, cache, kind) is None
+    plancache.store(facts, {"plan": {"threads": {}}}, cache, kind=kind)
+    assert not (cache / name).is_symlink() and plancache.lookup(facts, cache, kind)["plan"] == {"threads": {}}
     assert files(elsewhere) == before
 
 
