@@ -57,7 +57,7 @@ def test_accel_cache_clear_removes_only_what_accel_wrote(tmp_path, monkeypatch, 
     (tmp_path / "compile").mkdir()
     (tmp_path / "compile" / "notes.txt").write_text("yours")
     assert main(["cache", "clear"]) == 0
-    assert sorted(p.name for p in tmp_path.rglob("*")) == ["compile", "notes.txt", "settings.json", "warmups"]
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["compile", "notes.txt", "settings.json"]
     assert "left" in capsys.readouterr().out
     (tmp_path / "compile" / "notes.txt").unlink()
     # accel's own (compile's apply tags it)

@@ -172,7 +172,7 @@ def test_any_json_cache_entry_is_listed_and_looked_up_without_a_traceback(tmp_pa
     name = f"{plancache.key_of(facts)}.json"
     (tmp_path / name).write_text(json.dumps(hostile))
     plancache.remember_warmup(facts, {"compile": {}}, 1.0, tmp_path)  # then hostile, under the name it took
-    (warmup,) = (tmp_path / "warmups").glob("*.json")
+    (warmup,) = tmp_path.glob(f"{plancache.WARMUP}*.json")
     warmup.write_text(json.dumps(hostile))
     found = plancache.lookup(facts, tmp_path)
     assert found is None or isinstance(found["plan"], dict)
