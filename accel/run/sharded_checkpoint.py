@@ -87,8 +87,13 @@ def save(run, path) -> Path:
                               "returned False (an optimizer step)")
     name = f"step-{run.steps:09d}"
     partial = root / f".{name}.partial"
-    single.on_rank_zero(lambda: _prepare(root), root)
     model_state, optimizer_state = _states(run, root)
+    optimizer_state = single.plain_numbers(optimizer_state)  # run.load reads them weights only (weights_only_planner)
+    problems = single.unreadable({"plan": {}, "optimizer": optimizer_state})  # as the single-file save: refused, not
+    if problems:  # written (on every rank, before any file: the ranks' param groups are the same)
+        raise CheckpointError(f"{root}: not written: run.load reads tensors and plain data only (torch.load with "
+                              "weights_only), and could not read back " + "; ".join(problems))
+    single.on_rank_zero(lambda: _prepare(root), root)
     try:
         with _quiet():
             dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=str(partial))
