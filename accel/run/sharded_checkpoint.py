@@ -148,8 +148,8 @@ def read(path) -> tuple[Path, dict[str, Any], Any]:
         raise CheckpointError(f"{where}: no such checkpoint")
     if (where / LATEST).exists():
         try:
-            name = read_small(where / LATEST, 300).decode(errors="replace").strip()
-        except OSError as error:
+            name = read_small((where / LATEST).resolve(), 300).decode(errors="replace").strip()  # (a link the user
+        except OSError as error:  # made is followed: a hub snapshot's files are links; what it names is checked)
             raise CheckpointError(f"{where / LATEST}: cannot be read as the name of a checkpoint folder "
                                   f"({error.strerror})") from error
         if not name.startswith("step-") or Path(name).name != name:
