@@ -89,8 +89,8 @@ def save(run, path) -> Path:
     partial = root / f".{name}.partial"
     model_state, optimizer_state = _states(run, root)
     optimizer_state = single.plain_numbers(optimizer_state)  # run.load reads them weights only (weights_only_planner)
-    problems = single.unreadable({"plan": {}, "optimizer": optimizer_state})  # as the single-file save: refused, not
-    if problems:  # written (on every rank, before any file: the ranks' param groups are the same)
+    problems = single.unreadable({"plan": {}, "optimizer": optimizer_state}) + _renamed_keys(optimizer_state)  # as the
+    if problems:  # single-file save: refused, not written (on every rank, before any file: the same on each)
         raise CheckpointError(f"{root}: not written: run.load reads tensors and plain data only (torch.load with "
                               "weights_only), and could not read back " + "; ".join(problems))
     single.on_rank_zero(lambda: _prepare(root), root)
@@ -108,6 +108,18 @@ def save(run, path) -> Path:
     meta["files"] = {k: v for part in fit.gather_from_ranks(mine) for k, v in part.items()}
     single.on_rank_zero(lambda: _finish(root, partial, name, meta), root, partial)
     return root / read_small(root / LATEST).decode().strip()  # every rank, after rank 0 switched it
+
+
+def _renamed_keys(value: Any, at: str = "the optimizer's state") -> list[str]:
+    """Each key not a str of a dict DCP flattens (through dicts, and lists of them): it keys by str(key), so a saved
+    {1: x} would be read back as {'1': x}, the run's own value under 1 left as it was."""
+    if isinstance(value, dict):
+        return [f"{at}[{key!r}] (keyed by {type(key).__name__}: torch's distributed checkpoint reads it back as a str; "
+                "key it by a str)" for key in value if not isinstance(key, str)] + [
+            found for key, item in value.items() for found in _renamed_keys(item, f"{at}[{key!r}]")]
+    if isinstance(value, list):
+        return [found for index, item in enumerate(value) for found in _renamed_keys(item, f"{at}[{index}]")]
+    return []
 
 
 def _prepare(root: Path) -> None:
