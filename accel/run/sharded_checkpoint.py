@@ -217,12 +217,14 @@ def load(run, where: Path, meta: dict[str, Any], metadata: Any) -> dict[str, Any
     """Restore a sharded checkpoint (its folder, accel.pt and DCP's metadata as ``read`` returned them) into a run
     with the same plan, at any world size; {"step", "epoch", "path"}."""
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint._nested_dict import flatten_state_dict
 
     single.refuse_another_plan(run, where, meta["plan"], training=True)
     model, optimizer = _states(run, where)
     saved = metadata.state_dict_metadata  # names and global shapes
     shapes = {k[len("model."):]: getattr(v, "size", None) for k, v in saved.items() if k.startswith("model.")}
-    fit.refuse_unfit(where, fit.rank_problems(meta) + fit.fit_problems(run, meta, shapes, model))
+    flat, _ = flatten_state_dict(model)  # keyed as DCP keys the saved ones: a module's dict extra state by its keys
+    fit.refuse_unfit(where, fit.rank_problems(meta) + fit.fit_problems(run, meta, shapes, flat))
     read_into = {"model": _copy(model), "optimizer": _copy(optimizer)}  # the run's own stay until all is read
     if run.optimizer is None:
         del read_into["optimizer"]
