@@ -78,7 +78,7 @@ def checked_reader(where: Path, metadata: Any, files: dict[str, tuple[int, str]]
             size, digest = files.get(Path(path).name, (0, None)) if Path(path).parent == where else (0, None)
             if digest is None:
                 raise CheckpointError(f"{path}: named by .metadata, not a file of the checkpoint's manifest")
-            data = read_small(path, size)
+            data = read_small(Path(path).resolve(), size)  # (a link the user made followed: its bytes are hashed)
             if hashlib.blake2b(data, digest_size=20).hexdigest() != digest:
                 raise CheckpointError(f"{path}: changed since run.load checked it (size or hash); nothing was loaded")
             yield io.BytesIO(data)

@@ -87,8 +87,13 @@ def save(run, path) -> Path:
                               "returned False (an optimizer step)")
     name = f"step-{run.steps:09d}"
     partial = root / f".{name}.partial"
-    single.on_rank_zero(lambda: _prepare(root), root)
     model_state, optimizer_state = _states(run, root)
+    optimizer_state = single.plain_numbers(optimizer_state)  # run.load reads them weights only (weights_only_planner)
+    problems = single.unreadable({"plan": {}, "optimizer": optimizer_state}) + _renamed_keys(optimizer_state)  # as the
+    if problems:  # single-file save: refused, not written (on every rank, before any file: the same on each)
+        raise CheckpointError(f"{root}: not written: run.load reads tensors and plain data only (torch.load with "
+                              "weights_only), and could not read back " + "; ".join(problems))
+    single.on_rank_zero(lambda: _prepare(root), root)
     try:
         with _quiet():
             dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=str(partial))
@@ -103,6 +108,18 @@ def save(run, path) -> Path:
     meta["files"] = {k: v for part in fit.gather_from_ranks(mine) for k, v in part.items()}
     single.on_rank_zero(lambda: _finish(root, partial, name, meta), root, partial)
     return root / read_small(root / LATEST).decode().strip()  # every rank, after rank 0 switched it
+
+
+def _renamed_keys(value: Any, at: str = "the optimizer's state") -> list[str]:
+    """Each key not a str of a dict DCP flattens (through dicts, and lists of them): it keys by str(key), so a saved
+    {1: x} would be read back as {'1': x}, the run's own value under 1 left as it was."""
+    if isinstance(value, dict):
+        return [f"{at}[{key!r}] (keyed by {type(key).__name__}: torch's distributed checkpoint reads it back as a str; "
+                "key it by a str)" for key in value if not isinstance(key, str)] + [
+            found for key, item in value.items() for found in _renamed_keys(item, f"{at}[{key!r}]")]
+    if isinstance(value, list):
+        return [found for index, item in enumerate(value) for found in _renamed_keys(item, f"{at}[{index}]")]
+    return []
 
 
 def _prepare(root: Path) -> None:
@@ -143,8 +160,8 @@ def read(path) -> tuple[Path, dict[str, Any], Any]:
         raise CheckpointError(f"{where}: no such checkpoint")
     if (where / LATEST).exists():
         try:
-            name = read_small(where / LATEST, 300).decode(errors="replace").strip()
-        except OSError as error:
+            name = read_small((where / LATEST).resolve(), 300).decode(errors="replace").strip()  # (a link the user
+        except OSError as error:  # made is followed: a hub snapshot's files are links; what it names is checked)
             raise CheckpointError(f"{where / LATEST}: cannot be read as the name of a checkpoint folder "
                                   f"({error.strerror})") from error
         if not name.startswith("step-") or Path(name).name != name:
@@ -200,12 +217,14 @@ def load(run, where: Path, meta: dict[str, Any], metadata: Any) -> dict[str, Any
     """Restore a sharded checkpoint (its folder, accel.pt and DCP's metadata as ``read`` returned them) into a run
     with the same plan, at any world size; {"step", "epoch", "path"}."""
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint._nested_dict import flatten_state_dict
 
     single.refuse_another_plan(run, where, meta["plan"], training=True)
     model, optimizer = _states(run, where)
     saved = metadata.state_dict_metadata  # names and global shapes
     shapes = {k[len("model."):]: getattr(v, "size", None) for k, v in saved.items() if k.startswith("model.")}
-    fit.refuse_unfit(where, fit.rank_problems(meta) + fit.fit_problems(run, meta, shapes, model))
+    flat, _ = flatten_state_dict(model)  # keyed as DCP keys the saved ones: a module's dict extra state by its keys
+    fit.refuse_unfit(where, fit.rank_problems(meta) + fit.fit_problems(run, meta, shapes, flat))
     read_into = {"model": _copy(model), "optimizer": _copy(optimizer)}  # the run's own stay until all is read
     if run.optimizer is None:
         del read_into["optimizer"]
