@@ -2,8 +2,8 @@
 as modules with settings or calibration of their own do) is an honest model, and run.save/run.load must round-trip
 it. Under fsdp, torch's distributed checkpoint flattens that dict by its keys ('_extra_state.scale'), and run.load's
 fit check compared them with the run's unflattened '_extra_state': refused as 'does not fit'. The single-file load
-refuses it too ('its model is not what run.save writes'): strict xfail until accel/run/checkpoint.py accepts plain
-data (what torch.load(weights_only=True) reads) as a model's extra state."""
+refused it too ('its model is not what run.save writes'): a model's extra state is read back as plain data (what
+torch.load(weights_only=True) reads), numpy's scalars in it saved as Python's, anything else refused at the save."""
 from __future__ import annotations
 
 import os
@@ -52,7 +52,25 @@ def test_a_sharded_checkpoint_of_a_module_with_dict_extra_state_loads(tmp_path, 
     round_trip(tmp_path, ["fsdp"])
 
 
-@pytest.mark.xfail(strict=True, reason="accel/run/checkpoint.py refuses a model state holding plain data")
 def test_a_checkpoint_file_of_a_module_with_dict_extra_state_loads(tmp_path):
     assert "WORLD_SIZE" not in os.environ
     round_trip(tmp_path, [])
+
+
+def test_numpy_in_a_models_extra_state_is_saved_as_python_and_a_path_is_refused_at_the_save(tmp_path):
+    import pathlib
+
+    import numpy as np
+
+    model = WithSettings(0, {"scale": np.float64(2.0)})
+    run = accel.accelerate(model, torch.optim.SGD(model.parameters(), lr=0.1), tiny_loader(), [], device="cpu")
+    try:
+        run.save(tmp_path / "numbers")
+        run.load(tmp_path / "numbers")
+        assert model.settings == {"scale": 2.0} and type(model.settings["scale"]) is float
+        model.settings = {"where": pathlib.PurePosixPath("/data")}
+        with pytest.raises(accel.CheckpointError, match="the model's extra state"):
+            run.save(tmp_path / "path")
+        assert not (tmp_path / "path").exists()
+    finally:
+        run.close()

@@ -142,7 +142,8 @@ def saved(run, state: dict[str, Any], form: int) -> dict[str, Any]:
     """What both formats write of a run's state: its format, the plan as data, each rank's parts gathered (a
     collective), numpy's scalars as Python's."""
     state = {**state, "format": form, "plan": encode_plan(state["plan"]), **fit.gathered(run, state)}
-    return {k: v if k == "model" else plain_numbers(v) for k, v in state.items()}
+    extra = {k: plain_numbers(v) for k, v in state.get("model", {}).items() if k.endswith(fit.EXTRA_STATE)}
+    return {k: {**v, **extra} if k == "model" else plain_numbers(v) for k, v in state.items()}
 
 
 def plain_numbers(value: Any) -> Any:
@@ -153,13 +154,15 @@ def plain_numbers(value: Any) -> Any:
 
 
 def unreadable(state: dict[str, Any]) -> list[str]:
-    """What of the plan's options, the accelerators' states, the optimizer's param groups and the sampler's values
-    torch.load(weights_only=True) cannot read back (a pathlib.Path), each named: run.save refuses it, rather than
-    write what run.load then refuses."""
+    """What of the plan's options, the accelerators' states, the model's extra state (a module's get_extra_state),
+    the optimizer's param groups and the sampler's values torch.load(weights_only=True) cannot read back (a
+    pathlib.Path), each named: run.save refuses it, rather than write what run.load then refuses."""
     parts = {f"{name}'s options": options for name, options in state["plan"].items()}
     for states in [state.get("accelerators", {}), *state.get("accelerators_per_rank", [])]:
         parts.update({f"{name}'s state": value for name, value in states.items()})
-    parts.update({"the optimizer's param groups": (state.get("optimizer") or {}).get("param_groups"),
+    parts.update({"the model's extra state": {k: v for k, v in state.get("model", {}).items()
+                                              if k.endswith(fit.EXTRA_STATE)},
+                  "the optimizer's param groups": (state.get("optimizer") or {}).get("param_groups"),
                   "the sampler's values": state.get("sampler")})
     problems = []
     for what, value in parts.items():

@@ -16,6 +16,8 @@ from accel.hardware.launcher import rank, world_size
 from accel.plan.contract import REGISTRY, Stage
 from accel.plan.untrusted import unfolding
 
+EXTRA_STATE = "_extra_state"  # the key state_dict gives what a module's get_extra_state returns
+
 
 def gather_from_ranks(obj: Any) -> list[Any]:
     """Every rank's obj, in rank order (a collective when distributed; [obj] otherwise)."""
@@ -62,8 +64,8 @@ def layout_problems(saved: dict[str, Any]) -> list[str]:
     def mapping(value, of=lambda v: True):
         return isinstance(value, dict) and all(isinstance(k, str) and of(v) for k, v in value.items())
 
-    def tensors(value):
-        return mapping(value, lambda v: isinstance(v, torch.Tensor))
+    def model(value):  # tensors, and what a module's get_extra_state gave (read back as plain data)
+        return mapping(value) and all(isinstance(v, torch.Tensor) or k.endswith(EXTRA_STATE) for k, v in value.items())
 
     def optimizer(value):
         if value is None:
@@ -78,7 +80,7 @@ def layout_problems(saved: dict[str, Any]) -> list[str]:
         return mapping(value, lambda f: isinstance(f, (list, tuple)) and len(f) == 2 and integer(f[0])
                        and isinstance(f[1], str)) and all(n not in ("", "..") and Path(n).name == n for n in value)
 
-    kinds = {"plan": lambda v: mapping(v, lambda o: isinstance(o, dict)), "model": tensors, "optimizer": optimizer,
+    kinds = {"plan": lambda v: mapping(v, lambda o: isinstance(o, dict)), "model": model, "optimizer": optimizer,
              "optimizer_class": lambda v: v is None or isinstance(v, str), "step": integer, "epoch": integer,
              "optimizer_steps": integer, "world_size": integer, "holding_gradients": lambda v: isinstance(v, bool),
              "sampler": lambda v: mapping(v, seed_value),
