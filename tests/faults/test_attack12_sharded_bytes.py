@@ -22,11 +22,16 @@ def fsdp_run():
                             device="cpu")
 
 
-def test_a_shards_bytes_item_runs_nothing_at_run_load(tmp_path, one_rank):
+def saved_folder(tmp_path):
+    """An fsdp run's sharded checkpoint under tmp_path/ckpt, closed: its step folder."""
     run = fsdp_run()
     run.save(tmp_path / "ckpt")
     run.close()
-    folder = tmp_path / "ckpt" / (tmp_path / "ckpt" / "latest").read_text().strip()
+    return tmp_path / "ckpt" / (tmp_path / "ckpt" / "latest").read_text().strip()
+
+
+def test_a_shards_bytes_item_runs_nothing_at_run_load(tmp_path, one_rank):
+    folder = saved_folder(tmp_path)
     proof = tmp_path / "it ran"
     metadata = pickle.loads((folder / ".metadata").read_bytes())
     index = next(i for i in metadata.storage_data if i.fqn == "optimizer.param_groups.0.lr")

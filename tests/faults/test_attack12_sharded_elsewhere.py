@@ -8,26 +8,16 @@ import pickle
 import pytest
 import torch
 from test_attack3_sharded_metadata import digest
+from test_attack12_sharded_bytes import fsdp_run, saved_folder
 from time_limit import time_limit
 from torch.distributed.checkpoint.filesystem import _StorageInfo
 
-import accel
 from accel.errors import CheckpointError
 from accel.run.checkpoint import checksum
-from accel.testing import tiny_loader, tiny_model
-
-
-def fsdp_run():
-    model = tiny_model()
-    return accel.accelerate(model, torch.optim.SGD(model.parameters(), lr=0.1), tiny_loader(), ["fsdp"],
-                            device="cpu")
 
 
 def test_a_metadata_naming_a_pipe_outside_the_folder_is_refused_without_waiting(tmp_path, one_rank):
-    run = fsdp_run()
-    run.save(tmp_path / "ckpt")
-    run.close()
-    folder = tmp_path / "ckpt" / (tmp_path / "ckpt" / "latest").read_text().strip()
+    folder = saved_folder(tmp_path)
     os.mkfifo(tmp_path / "pipe")
     metadata = pickle.loads((folder / ".metadata").read_bytes())
     index = next(i for i in metadata.storage_data if i.fqn == "optimizer.param_groups.0.lr")
