@@ -15,7 +15,9 @@ nox.options.sessions = ["tests", "ipex"]
 nox.options.reuse_existing_virtualenvs = True
 # OpenMP threads that wait passively: on a shared 2-core machine a spinning thread steals the core its peer needs
 # (the zoo's 100 cases took 26 s beside a CPU-bound process with the default, 21 s with this). No test measures speed.
-QUIET_WAITS = {"OMP_WAIT_POLICY": "PASSIVE"}
+# Unbuffered output, as on CI: a launched job's ranks share one pipe, and print() then writes a line and its newline
+# apart, so a test that reads the ranks' lines must meet that here too (tests/scripts/launching.py, say()).
+QUIET_WAITS = {"OMP_WAIT_POLICY": "PASSIVE", "PYTHONUNBUFFERED": "1"}
 # One pytest worker per CPU this process may use, at most 4 (pytest-xdist), each test file whole on one worker (its
 # module fixtures built once): alone, the suite keeps about one core of two busy, starting processes and waiting for
 # ranks. More workers than CPUs would only slow the launched jobs' ranks.

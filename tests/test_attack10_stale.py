@@ -3,12 +3,11 @@ said once, with the accelerator's name and at the loop's own line, also where th
 steps its optimizer itself (the StaleWarning was asked only in run.step(): such a loop heard nothing)."""
 from __future__ import annotations
 
-import json
 import warnings
 
 import pytest
 import torch
-from scripts.launching import output, torchrun
+from scripts.launching import heard, output, say, torchrun
 
 import accel
 from accel.errors import StaleWarning
@@ -61,9 +60,9 @@ def test_a_loop_that_calls_run_step_is_asked_there_and_pays_nothing_per_forward(
 def test_a_layer_unfrozen_under_ddp_is_said_once_by_each_rank_of_a_loop_around_run_step():
     result = torchrun("attack10_ddp_unfrozen_around.py")
     assert result.returncode == 0, output(result)
-    heard = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("[")]
-    assert len(heard) == 2, output(result)
-    for said in heard:
+    reports = heard(result)
+    assert len(reports) == 2, output(result)
+    for said in reports:
         assert len(said) == 1, said
         filename, message = said[0]
         assert filename.endswith("attack10_ddp_unfrozen_around.py")
@@ -103,8 +102,7 @@ def test_a_discriminator_frozen_for_the_generators_step_is_no_stale_ddp():
     (never registered); one frozen for a while trains on no rank and is synced again once unfrozen."""
     result = torchrun(__file__)
     assert result.returncode == 0, output(result)
-    heard = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("[")]
-    assert heard == [[], []], output(result)
+    assert heard(result) == [[], []], output(result)
 
 
 if __name__ == "__main__":  # each rank of the test above: the StaleWarnings it heard, and the ranks' weights agree
@@ -118,5 +116,5 @@ if __name__ == "__main__":  # each rank of the test above: the StaleWarnings it 
     gathered = [torch.empty_like(weights) for _ in range(2)]
     torch.distributed.all_gather(gathered, weights)
     assert torch.equal(*gathered), "the ranks train apart"
-    print(json.dumps([str(w.message) for w in said if issubclass(w.category, StaleWarning)]))
+    say([str(w.message) for w in said if issubclass(w.category, StaleWarning)])
     run.close()

@@ -1,9 +1,9 @@
 """attack10: under ddp, a layer unfrozen after wrapping in a loop that steps its optimizer itself (never
-run.step()): each rank prints the StaleWarnings it heard, as (file, message)."""
-import json
+run.step()): each rank says the StaleWarnings it heard, as (file, message)."""
 import warnings
 
 import torch
+from scripts.launching import say
 
 import accel
 from accel.errors import StaleWarning
@@ -21,5 +21,5 @@ with warnings.catch_warnings(record=True) as said:
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()
-print(json.dumps([[w.filename, str(w.message)] for w in said if issubclass(w.category, StaleWarning)]))
+say([[w.filename, str(w.message)] for w in said if issubclass(w.category, StaleWarning)])
 run.close()

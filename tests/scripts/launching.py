@@ -1,5 +1,7 @@
 """Start real multi-process runs from tests: torchrun or accel launch, on loopback, on a free port."""
+import json
 import os
+import select
 import socket
 import subprocess
 import sys
@@ -44,6 +46,20 @@ def torchrun(script: str, *args, nproc: int = 2, restarts: int = 0, timeout: flo
 def accel_launch(script: str, *args, launch_args=(), timeout: float = 120):
     return run([sys.executable, "-m", "accel", "launch", *launch_args, f"--master-port={free_port()}",
                 str(SCRIPTS / script), *map(str, args)], timeout)
+
+
+def say(value) -> None:
+    """A rank's report to its test: one JSON line on stdout, in one write. The ranks share torchrun's pipe, and
+    print() writes a line and its newline apart where PYTHONUNBUFFERED is set (CI sets it), so two ranks' lines
+    could join into one; a write of under PIPE_BUF bytes to a pipe is never split."""
+    line = (json.dumps(value) + "\n").encode()
+    assert len(line) <= select.PIPE_BUF, "a report this long can interleave: write it to a file instead"
+    os.write(sys.stdout.fileno(), line)
+
+
+def heard(result: subprocess.CompletedProcess) -> list:
+    """What the ranks said (say()), in the order they said it."""
+    return [json.loads(line) for line in result.stdout.splitlines() if line.startswith(("[", "{"))]
 
 
 def output(result: subprocess.CompletedProcess) -> str:
