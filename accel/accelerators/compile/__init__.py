@@ -8,7 +8,6 @@ What it keeps: the same math (``SAME_MATH``), the plain loop's dropout masks: do
 """
 from __future__ import annotations
 
-import functools
 import importlib
 import shutil
 import warnings
@@ -43,26 +42,6 @@ def has_compiler() -> bool:
     return any(shutil.which(c) for c in ("g++", "c++", "clang++"))
 
 
-def package_backend_problem(backend: str) -> str | None:
-    """Why a torch.compile backend that an optional package registers (IPEX's 'ipex') cannot be used here, or None
-    (for other backends torch's own list decides)."""
-    return PACKAGE_BACKENDS[backend][1]() if backend in PACKAGE_BACKENDS else None
-
-
-def import_package_backend(backend: str) -> None:
-    """Import the optional package that registers this compile backend, only once package_backend_problem passed
-    (IPEX ends the process on a torch it was not built for)."""
-    if backend in PACKAGE_BACKENDS:
-        importlib.import_module(PACKAGE_BACKENDS[backend][0])
-
-
-def available_backends() -> list[str]:
-    """dynamo's backends, then those an optional package registers when imported (IPEX's)."""
-    import torch._dynamo
-
-    return sorted(torch._dynamo.list_backends(exclude_tags=())) + list(PACKAGE_BACKENDS)
-
-
 @dataclass(frozen=True, kw_only=True)
 class CompileOptions(Options):
     mode: str | None = option(None, (str, type(None)), choices=MODES)
@@ -79,8 +58,6 @@ class CompileOptions(Options):
 @dataclass
 class CompileState(State):
     wrapper: torch.nn.Module | None = None  # the OptimizedModule around the model (None: compiled in regions)
-    params: list = field(default_factory=list)  # torch < 2.15: the parameters watched for unfreezing
-    trainable: list = field(default_factory=list)  # their requires_grad when last compiled
     compiles: list = field(default_factory=list)  # (step, seconds compiled in it): the warm-up, then each recompile
     compiled_s: float = 0.0  # torch's compile time in this process when last read (accel.modules.compile_seconds)
 
@@ -122,6 +99,8 @@ class Compile(Accelerator[CompileOptions, CompileState]):
         return [] if checkpoints_itself(model) and running_statistics(model) else [{}]  # (check() says why)
 
     def check(self, ctx):
+        import torch._dynamo
+
         problems = []
         config = self.config
         if config.mode is not None and config.options is not None:
@@ -143,10 +122,12 @@ class Compile(Accelerator[CompileOptions, CompileState]):
                                     "what dynamo cannot trace (DDP's logger): the first step would fail",
                                     field="fullgraph", value=True, allowed="fullgraph=False, or regional=True (each "
                                     "block compiled inside the wrapper)", kind="conflict"))
-        why = package_backend_problem(config.backend)
-        if why:
+        # a backend an optional package registers (IPEX's 'ipex') is probed without importing it; torch's own list
+        # decides the others
+        if why := (PACKAGE_BACKENDS[config.backend][1]() if config.backend in PACKAGE_BACKENDS else None):
             problems.append(Problem(self.name, why, field="backend", value=config.backend, kind="missing"))
-        elif config.backend not in (backends := available_backends()):
+        elif config.backend not in (backends := sorted(torch._dynamo.list_backends(exclude_tags=()))
+                                    + list(PACKAGE_BACKENDS)):
             problems.append(Problem(self.name, "unknown compile backend", field="backend", value=config.backend,
                                     allowed=", ".join(backends), kind="missing"))
         if config.backend == "inductor" and ctx.device.type == "cpu" and not has_compiler():
@@ -156,7 +137,8 @@ class Compile(Accelerator[CompileOptions, CompileState]):
 
     def apply(self, ctx):
         config = self.config
-        import_package_backend(config.backend)  # an optional package's backend, imported once its check passed
+        if config.backend in PACKAGE_BACKENDS:  # imported only once check() passed: IPEX ends the process on a torch
+            importlib.import_module(PACKAGE_BACKENDS[config.backend][0])  # it was not built for
         kwargs = {k: v for k, v in {"backend": config.backend, "fullgraph": config.fullgraph, "dynamic": config.dynamic,
                                     "mode": config.mode, "options": config.options}.items() if v is not None}
         import torch._dynamo
@@ -192,10 +174,17 @@ class Compile(Accelerator[CompileOptions, CompileState]):
         state = CompileState(torch.compile(ctx.model, **kwargs), changes=changes, compiled_s=compile_seconds())
         ctx.model = state.wrapper
         if torch_version() < (2, 15):  # older AOTAutograd trains a layer unfrozen later with its frozen graph
-            state.params = list(state.wrapper.parameters())  # (2.15 recompiles by itself)
-            state.trainable = trainable(state.params)
-            ctx.journal.hook("compile: recompile after unfreezing", lambda: state.wrapper.register_forward_pre_hook(
-                functools.partial(recompile_on_unfreeze, state)))
+            params = list(state.wrapper.parameters())  # (2.15 recompiles by itself)
+            compiled_with = trainable(params)  # their requires_grad when last compiled
+
+            def recompile_on_unfreeze(module, args) -> None:
+                nonlocal compiled_with
+                if (now := trainable(params)) != compiled_with:
+                    compiled_with = now
+                    torch._dynamo.reset()  # drops the compiled graphs: the next call compiles with the new flags
+
+            ctx.journal.hook("compile: recompile after unfreezing",
+                             lambda: state.wrapper.register_forward_pre_hook(recompile_on_unfreeze))
             changes["unfreezing"] = "recompiles (torch < 2.15 does not by itself)"
         return state
 
@@ -214,8 +203,7 @@ class Compile(Accelerator[CompileOptions, CompileState]):
     def step(self, run, state, optimizer, proceed):
         """Count what compiled since the last step (its warm-up, a recompile), in its state and its report row."""
         stepped = proceed(optimizer)
-        now = compile_seconds()
-        if now > state.compiled_s:
+        if (now := compile_seconds()) > state.compiled_s:
             state.compiles.append((run.steps + 1, round(now - state.compiled_s, 3)))
             state.compiled_s = now
             again = [f"step {step} ({seconds} s)" for step, seconds in state.compiles[1:]]
@@ -243,12 +231,3 @@ class Compile(Accelerator[CompileOptions, CompileState]):
 
     def unwrap(self, state, model):
         return model._orig_mod if state.wrapper is not None and model is state.wrapper else model
-
-
-def recompile_on_unfreeze(state: CompileState, module, args) -> None:
-    now = trainable(state.params)
-    if now != state.trainable:
-        import torch._dynamo
-
-        state.trainable = now
-        torch._dynamo.reset()  # drops the compiled graphs: the next call compiles with the new requires_grad

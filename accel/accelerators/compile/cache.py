@@ -1,20 +1,16 @@
 """compile's compiled artifacts kept in accel's cache folder, so that a second run of a script compiles warm."""
-# torch keeps what inductor compiles on disk (the AOTAutograd and FX graph caches, and the kernels they load) in
-# $TORCHINDUCTOR_CACHE_DIR, read at every look-up, else /tmp/torchinductor_<user>: a folder the system may clear,
-# shared by every torch program. For the run, accel points that variable at ``compile/`` in its own cache folder
-# through the journal (closing the run puts it back); a folder the user chose is theirs and used as it is.
-#
-# One folder for every setup: the variable is process-wide, and torch's own keys (graph, shapes, config, CPU,
-# version) decide whether an entry fits. Whether *this* setup starts warm is judged by a small marker per setup,
-# written when compile is applied: warm when an earlier run left one and graph entries were written into the folder
-# since that marker's first run. Not ``torch.compiler.save_cache_artifacts()``: that carries a process's graphs to
-# another machine and needs calls around the compile; the disk caches need none. docs/accelerators/compile.md.
-#
-# accel follows no symbolic link in place of compile/ or of its entries (the folder accel's cache lies in may be
-# one: the user names it): a shared or hostile cache would point torch's compiled kernels, accel's tag and markers,
-# and `accel cache clear` at another folder. Each is said in a warning naming it, and torch keeps its own folder.
+# torch keeps inductor's compiled graphs (AOTAutograd's, the FX graph cache's, their kernels) in
+# $TORCHINDUCTOR_CACHE_DIR, else /tmp/torchinductor_<user>: a folder the system may clear, shared by every torch
+# program. For the run, accel points the variable at ``compile/`` in its cache folder through the journal; a folder
+# the user chose is theirs. One folder serves every setup (the variable is process-wide; torch's own keys decide what
+# fits); a marker per setup judges whether this one starts warm: an earlier run left it, and graph entries were
+# written since its first run. Not ``torch.compiler.save_cache_artifacts()``: that carries graphs to another machine
+# and needs calls around the compile. No symbolic link in place of compile/ or of its entries is followed (the user
+# names the cache folder): a hostile one would point torch's kernels, accel's tag and markers and `accel cache clear`
+# elsewhere. Each is said in a warning naming it, and torch keeps its own folder. docs/accelerators/compile.md.
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -92,12 +88,11 @@ def warm_before(where: Path, facts: dict[str, Any]) -> tuple[bool, int]:
         first = None
     entries = graph_entries(where)
     warm = first is not None and any(_stat(e).st_mtime >= first - SLACK_S for e in entries)
-    try:
+    # torch says for itself when it cannot write the folder; the marker is only the report's
+    with contextlib.suppress(OSError):
         marker.parent.mkdir(parents=True, exist_ok=True)
         write_text(marker, json.dumps({"setup": facts, "first_run": time.time() if first is None else first,
                                        "last_run": time.time()}, default=str, indent=1))
-    except OSError:
-        pass  # torch says for itself when it cannot write the folder; the marker is only the report's
     return warm, len(entries)
 
 
@@ -109,37 +104,30 @@ def _stat(path: Path) -> os.stat_result:
         return os.stat_result((0,) * 10)
 
 
-def setup_facts(ctx, settings: dict[str, Any]) -> dict[str, Any]:
-    """What decides this setup's graphs, for its marker: the model's structure, the compile settings, the device
-    and CPU, torch's version (torch's own keys, finer, decide whether an entry fits)."""
-    return {"model": f"{type(ctx.model).__qualname__} {fingerprint(ctx.model)}", "compile": settings,
-            "device": device_model(ctx.device), "cpu": ctx.hardware.cpu_model, "torch": torch.__version__}
-
-
-def keep_in_accel_cache(ctx, settings: dict[str, Any], where: Any = True) -> dict[str, str]:
+def keep_in_accel_cache(ctx, settings: dict[str, Any]) -> dict[str, str]:
     """Point torch's compile caches at accel's folder for the run (``ctx.journal``: undone when the run closes or
     its plan fails); returns the report's lines: where the cache is, and whether this setup starts warm. Where
     that folder cannot be written (a read-only cache), or holds files accel did not put there, torch's own folder
     is left in place: compile works as it does without accel."""
-    theirs = users_folder()
-    if theirs:
+    if theirs := users_folder():
         return {"compile cache": f"{theirs} (your {ENV}; accel leaves it as it is)"}
-    place = os.path.abspath(folder(where))  # torch writes back the absolute path: the same value stays the run's
-    unusable = _unusable(Path(place), where)
-    if unusable:
+    place = os.path.abspath(folder())  # torch writes back the absolute path: the same value stays the run's
+    if unusable := _unusable(Path(place)):
         return {"compile cache": f"torch's own ({place} {unusable})"}
     ctx.journal.setenv(ENV, place)
-    off = caches_off()
-    if off:
+    if off := caches_off():
         return {"compile cache": place, "warm start": f"off ({off}): the graphs compile again every run"}
-    warm, count = warm_before(Path(place), setup_facts(ctx, settings))
+    # the marker's setup: what decides its graphs (torch's own keys, finer, decide whether an entry fits)
+    warm, count = warm_before(Path(place), {"model": f"{type(ctx.model).__qualname__} {fingerprint(ctx.model)}",
+                                            "compile": settings, "device": device_model(ctx.device),
+                                            "cpu": ctx.hardware.cpu_model, "torch": torch.__version__})
     return {"compile cache": place,
             "warm start": (f"yes: this setup compiled here before ({count} graph entries kept); graphs of the same "
                            "shapes load instead of compiling" if warm else
                            "no: first compile of this setup here; the next run of it loads its graphs")}
 
 
-def _unusable(place: Path, where: Any) -> str:
+def _unusable(place: Path) -> str:
     """Why torch cannot keep its graphs in accel's folder, or "": it is made (with accel's tag, so that `accel cache
     clear` knows it for accel's) and written to here, where torch would otherwise fail in the middle of a step."""
     then = "torch keeps its compiled graphs in its own folder"
@@ -149,12 +137,11 @@ def _unusable(place: Path, where: Any) -> str:
         place.mkdir(parents=True, exist_ok=True)
         if any(linked(entry, CACHE, then) for entry in place.iterdir()):
             return "holds a symbolic link: accel follows none in its cache"
-        if not owns_compile_folder(where):
+        if not owns_compile_folder():
             if any(place.iterdir()):
                 return "holds files accel did not write: it is not accel's to fill"
             write_text(place / TAG, TAG_TEXT)
-        with tempfile.TemporaryFile(dir=place):
-            pass
+        tempfile.TemporaryFile(dir=place).close()
     except OSError as error:
         return f"cannot be written: {error.strerror or error}"
     return ""
@@ -178,14 +165,13 @@ def owns_compile_folder(where: Any = True) -> bool:
     """Whether compile/ is accel's: it holds accel's tag, or the markers of the setups accel compiled there (its own,
     not another folder's through a link)."""
     place = folder(where)
-    tag, markers = place / TAG, place / MARKERS
     if place.is_symlink():
         return False
     try:
-        tagged = read_small(tag, len(TAG_TEXT)).decode(errors="replace") == TAG_TEXT
+        tagged = read_small(place / TAG, len(TAG_TEXT)).decode(errors="replace") == TAG_TEXT
     except OSError:
         tagged = False
-    return tagged or (markers.is_dir() and not markers.is_symlink())
+    return tagged or ((place / MARKERS).is_dir() and not (place / MARKERS).is_symlink())
 
 
 def clear_compile(where: Any = True) -> tuple[int, int]:
