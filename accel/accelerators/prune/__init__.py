@@ -44,11 +44,6 @@ def model_input(batch: Any) -> torch.Tensor | None:
     return None
 
 
-def trainable_batch(batch: Any) -> bool:
-    """Warm-up and Taylor steps compute loss_fn(model(batch[0]), batch[1])."""
-    return isinstance(batch, (list, tuple)) and len(batch) >= 2 and isinstance(batch[0], torch.Tensor)
-
-
 @contextlib.contextmanager
 def foreign_kept(optimizer: torch.optim.Optimizer | None, model: nn.Module):
     """Tensors the optimizer trains beside the model (a learned temperature) are the user's own objects, shared by
@@ -63,7 +58,6 @@ def foreign_kept(optimizer: torch.optim.Optimizer | None, model: nn.Module):
             for tensor, value, grad in saved:
                 tensor.copy_(value)
                 tensor.grad = grad
-
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -131,13 +125,11 @@ class Prune(Accelerator[PruneOptions, State]):
         the weights first (they may no longer be constant): apply() names such a layer then."""
         if not same_for_every_input(graph, dummy):
             return []
-        import nni.compression.pruning as pruning
-
         model = copy.deepcopy(ctx.model)
         device = next(model.parameters(), torch.empty(0)).device
         try:
             with randomness.kept(None), nni_quiet():
-                masks, _ = self._masks(pruning, model)
+                masks, _ = self._masks(model)
                 speedup = speed_up(model.eval(), move(dummy, device, False), masks, dry_run=True)
         except Exception:  # anything else NNI cannot do shows (and is named) while applying
             return []
@@ -146,9 +138,11 @@ class Prune(Accelerator[PruneOptions, State]):
         message, allowed = empty_message(speedup)
         return [Problem(self.name, message, field="config_list", allowed=allowed)]
 
-    def _masks(self, pruning, model, *evaluator):
+    def _masks(self, model, *evaluator):
         """The pruner's masks on the model (its layers producing the output kept, and named), the pruner unwrapped;
         ``evaluator``: Taylor's evaluator and its steps."""
+        import nni.compression.pruning as pruning
+
         ratios = [{k: float(v) if k.endswith("sparse_ratio") else v for k, v in c.items()}
                   for c in self.config.config_list]
         config_list, kept = keep_outputs(ratios, model, fx_trace(model))
@@ -165,7 +159,8 @@ class Prune(Accelerator[PruneOptions, State]):
             problems.append(Problem(self.name, f"the loader's batches are {describe_batch(batch)}, not a tensor or an "
                                     "(inputs, ...) tuple: pass the model's input as dummy_input=...",
                                     field="dummy_input"))
-        for field in trains if not trainable_batch(batch) else ():
+        trainable = isinstance(batch, (list, tuple)) and len(batch) >= 2 and isinstance(batch[0], torch.Tensor)
+        for field in trains if not trainable else ():  # warm-up and Taylor steps: loss_fn(model(batch[0]), batch[1])
             problems.append(Problem(self.name, f"trains with loss_fn(model(batch[0]), batch[1]), but the loader's "
                                     f"batches are {describe_batch(batch)}: use a loader of (inputs, targets) "
                                     "batches, or no warm-up and a pruner that does not train (l1, l2, fpgm)",
@@ -193,8 +188,6 @@ class Prune(Accelerator[PruneOptions, State]):
         return []
 
     def apply(self, ctx):
-        import nni.compression.pruning as pruning
-
         config = self.config
         user_model = ctx.model
         model, optimizer = copy_with_optimizer(user_model, ctx.optimizer)  # swapped in only when all worked
@@ -213,7 +206,7 @@ class Prune(Accelerator[PruneOptions, State]):
             dummy = move(dummy, ctx.device, False)
             taylor = (self._evaluator(ctx, model, optimizer, loss_of), config.taylor_steps) \
                 if config.pruner == "taylor" else ()
-            masks, kept = self._masks(pruning, model, *taylor)
+            masks, kept = self._masks(model, *taylor)
             surgery(model, dummy, masks)
         for name, module in model.named_modules():  # NNI's new modules, and training steps, set one mode for all
             module.training = modes.get(name, modes[""])

@@ -40,19 +40,13 @@ def config_problems(config_list: Any, model: nn.Module) -> list[str]:
             value = config.get(key)
             if value is not None and (not isinstance(value, list) or not all(isinstance(v, str) for v in value)):
                 found.append(f"{where}.{key}: {value!r} is not a list of strings")
-            elif value and key in ("op_names", "exclude_op_names"):
-                missing = [v for v in value if v not in modules]
-                if missing:
-                    found.append(f"{where}.{key}: no module named {missing} in the model")
-            elif value and key.endswith("_re"):
-                bad = [f"{v!r} ({regex_error(v)})" for v in value if regex_error(v)]
-                if bad:
-                    found.append(f"{where}.{key}: not regular expressions: {', '.join(bad)}")
-            elif value and key in ("op_types", "exclude_op_types"):
-                missing = [v for v in value if v not in types]
-                if missing:
-                    found.append(f"{where}.{key}: no module of type {missing} in the model "
-                                 + (reparametrized_types(model, missing) or "(types are class names, e.g. 'Conv2d')"))
+            elif value and key.endswith("op_names") and (missing := [v for v in value if v not in modules]):
+                found.append(f"{where}.{key}: no module named {missing} in the model")
+            elif value and key.endswith("_re") and (bad := [f"{v!r} ({e})" for v in value if (e := regex_error(v))]):
+                found.append(f"{where}.{key}: not regular expressions: {', '.join(bad)}")
+            elif value and key.endswith("op_types") and (missing := [v for v in value if v not in types]):
+                found.append(f"{where}.{key}: no module of type {missing} in the model "
+                             + (reparametrized_types(model, missing) or "(types are class names, e.g. 'Conv2d')"))
         if "sparse_ratio" in config and "sparse_threshold" in config:
             found.append(f"{where}: give sparse_ratio or sparse_threshold, not both")
         if not any(k in config for k in ("sparse_ratio", "sparse_threshold", "target_settings")):

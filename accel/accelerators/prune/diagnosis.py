@@ -16,11 +16,6 @@ TRAIN_FIRST = ("weights that vary across channels and inputs: trained ones (a fr
                "constants), or warmup_steps to train these first")
 
 
-def _as_batch(tensor: torch.Tensor) -> bool:
-    """Whether ModelSpeedup treats a tensor as a batch of samples (ModelSpeedup.tensor_propagate_check)."""
-    return tensor.numel() > NNI_BATCH and tensor.numel() % NNI_BATCH == 0
-
-
 def _same_along_first(tensor: torch.Tensor) -> torch.Tensor:
     """Where a tensor's values are equal along its first dimension (ModelSpeedup.direct_calc_mask's test)."""
     if tensor.is_floating_point():
@@ -43,9 +38,11 @@ def same_for_every_input(graph: torch.fx.GraphModule, dummy: Any) -> dict[str, t
             found[node.name] = ("input", f"{node.name!r} ({value.flatten()[0].item()} everywhere)")
     for node in graph.graph.nodes:
         if node.op == "get_attr":
-            value = _attribute(graph, node.target)
-            if isinstance(value, torch.Tensor) and value.dim() and value.size(0) > 1 and _as_batch(value) \
-                    and _same_along_first(value).all():
+            owner, _, name = node.target.rpartition(".")  # (the GraphModule holds its own copy of each)
+            value = getattr(graph.get_submodule(owner), name, None)
+            # (ModelSpeedup.tensor_propagate_check: a tensor of more than 8 values, a multiple of 8, is a batch)
+            if isinstance(value, torch.Tensor) and value.dim() and value.size(0) > 1 and value.numel() > NNI_BATCH \
+                    and value.numel() % NNI_BATCH == 0 and _same_along_first(value).all():
                 what = (f"{value.flatten()[0].item():g} everywhere" if value.min() == value.max()
                         else "the same along its first dimension")
                 found[node.name] = ("tensor", f"{node.target!r} ({what})")
@@ -62,14 +59,6 @@ CAUSES = {
     "tensor": "tensors that functions read, which NNI takes for batches along their first dimension: {}",
     "layer": "layers whose weight is all zero, so that they give the same output for every input: {}",
 }
-
-
-def _attribute(graph: torch.fx.GraphModule, target: str) -> Any:
-    owner, _, name = target.rpartition(".")
-    try:
-        return getattr(graph.get_submodule(owner), name)
-    except AttributeError:
-        return None
 
 
 def _kept(mask: Any, dim: int) -> torch.Tensor | None:
@@ -100,9 +89,8 @@ def empty_layers(graph: torch.fx.GraphModule, node_infos: Mapping) -> list[Empty
         seen.add(node.target)  # NNI rebuilds a shared layer once, from its first call
         module = graph.get_submodule(node.target)
         kind = type(module).__name__
-        if kind not in CHANNEL_DIM:
+        if (dim := CHANNEL_DIM.get(kind)) is None:
             continue
-        dim = CHANNEL_DIM[kind]
         source = next((a for a in node.args if isinstance(a, torch.fx.Node)), None)
         kept_in = _kept(node_infos[source].output_masks, dim) if source is not None and kind != "Embedding" else None
         kept_out = _kept(node_infos[node].output_masks, dim)
@@ -115,8 +103,7 @@ def empty_layers(graph: torch.fx.GraphModule, node_infos: Mapping) -> list[Empty
             found.append(Empty(node.target, kind, " and ".join(lost), False))
         elif groups > 1 and kept_in is not None and kept_out is not None:
             per_in, per_out = kept_in.view(groups, -1).sum(1), kept_out.view(groups, -1).sum(1)
-            bad = [g for g in range(groups) if (per_in[g] > 0) != (per_out[g] > 0)]
-            if bad:
+            if bad := [g for g in range(groups) if (per_in[g] > 0) != (per_out[g] > 0)]:
                 found.append(Empty(node.target, kind, f"group {bad[0]} keeping {int(per_in[bad[0]])} input and "
                                    f"{int(per_out[bad[0]])} output channels ({len(bad)} such group(s))", True))
     return found
@@ -142,9 +129,8 @@ def empty_message(speedup: Any) -> tuple[str, str]:
     if len(empty) > 1:
         text += f", and {len(empty) - 1} more layer(s) too: {_some([e.layer for e in empty[1:]])}"
     nodes = {n.name: n for n in graph.graph.nodes}
-    hit = {node: cause for node, cause in causes.items()
-           if node in nodes and _masked(node_infos[nodes[node]].output_masks)}
-    if hit:
+    if hit := {node: cause for node, cause in causes.items()
+               if node in nodes and _masked(node_infos[nodes[node]].output_masks)}:
         kinds: dict[str, list[str]] = {}
         for kind, what in hit.values():
             kinds.setdefault(kind, []).append(what)

@@ -7,6 +7,7 @@ import io
 import logging
 import sys
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -24,12 +25,9 @@ QUIET.setLevel(logging.WARNING)
 def shape_changes(before: nn.Module, after: nn.Module) -> dict[str, str]:
     """{layer: 'weight (32, 3, 3, 3) -> (16, 3, 3, 3)'} for every layer whose weight shape changed."""
     old = {n: tuple(p.shape) for n, p in before.named_parameters()}
-    changed = {}
-    for name, param in after.named_parameters():
-        layer, _, kind = name.rpartition(".")
-        if kind == "weight" and old.get(name) != tuple(param.shape):
-            changed[layer or name] = f"weight {old.get(name)} -> {tuple(param.shape)}"
-    return changed
+    return {name.rpartition(".")[0] or name: f"weight {old.get(name)} -> {tuple(param.shape)}"
+            for name, param in after.named_parameters()
+            if name.rpartition(".")[2] == "weight" and old.get(name) != tuple(param.shape)}
 
 
 def count(model: nn.Module) -> int:
@@ -68,19 +66,15 @@ def retie(model: nn.Module, tied: list[list[str]], shapes: dict[str, torch.Size]
             setattr(model.get_submodule(owner), attr, params[0])
 
 
-class NothingToShrink(logging.Filter):
-    """Drops NNI's error for a module type it has no replacer for where no such module holds a parameter (timm's and
-    torchvision's Identity): left as it is, which is right, it asks the user to report an issue to NNI."""
-
-    def __init__(self, model: nn.Module):
-        super().__init__()
-        kinds = {m._get_name() for m in model.modules()}
-        self.empty = kinds - {m._get_name() for m in model.modules() if next(m.parameters(), None) is not None}
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        text = record.getMessage()
-        prefix = "Has not supported replacing module with type: "
-        return not (text.startswith(prefix) and text[len(prefix):].partition(",")[0] in self.empty)
+def nothing_to_shrink(model: nn.Module) -> Callable[[logging.LogRecord], bool]:
+    """A log filter dropping NNI's error for a module type it has no replacer for where no such module holds a
+    parameter (timm's and torchvision's Identity): left as it is, which is right, it asks the user to report an issue
+    to NNI."""
+    empty = {m._get_name() for m in model.modules()} - {m._get_name() for m in model.modules()
+                                                       if next(m.parameters(), None) is not None}
+    prefix = "Has not supported replacing module with type: "
+    return lambda record: not (record.getMessage().startswith(prefix)
+                               and record.getMessage()[len(prefix):].partition(",")[0] in empty)
 
 
 class OwnPrints:
@@ -101,7 +95,7 @@ def speed_up(model: nn.Module, dummy: Any, masks: dict, dry_run: bool = False) -
     """NNI's ModelSpeedup (``speedup_class``) run on the model in place; with ``dry_run`` it only infers the masks
     (its ``.empty``: the layers it would leave no channel). What NNI prints (its mask conflicts' axes, '0 Filter')
     goes to the log at debug level, not to the user's stdout."""
-    nothing = NothingToShrink(model)
+    nothing = nothing_to_shrink(model)
     QUIET.addFilter(nothing)
     try:
         with contextlib.redirect_stdout(OwnPrints(sys.stdout)) as printed:
@@ -152,17 +146,16 @@ def speedup_class() -> type:
             super().__init__(model, dummy_input, masks, **kwargs)
             names = {id(m): n for n, m in model.named_modules()}
 
-            def named(replace):
-                def rebuild(module, masks):
-                    try:
-                        return replace(module, masks)
-                    except Exception as error:
-                        name = names.get(id(module), type(module).__name__)
-                        raise ValueError(f"NNI cannot rebuild layer {name!r} ({module}) with the channels its masks "
-                                         f"keep: {type(error).__name__}: {error}") from error
-                return rebuild
+            def rebuild(module, masks, replace):
+                try:
+                    return replace(module, masks)
+                except Exception as error:
+                    name = names.get(id(module), type(module).__name__)
+                    raise ValueError(f"NNI cannot rebuild layer {name!r} ({module}) with the channels its masks "
+                                     f"keep: {type(error).__name__}: {error}") from error
 
-            self.replacers = [DefaultReplacer({kind: named(fn) for kind, fn in replace_module.items()})]
+            self.replacers = [DefaultReplacer({kind: functools.partial(rebuild, replace=fn)
+                                               for kind, fn in replace_module.items()})]
 
         def speedup_model(self):
             """NNI's mask propagation loses the gradient of an in-place activation (a LeakyReLU(inplace=True) right

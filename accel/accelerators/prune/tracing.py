@@ -85,8 +85,7 @@ def keep_outputs(config_list: list[dict], model: nn.Module, graph: torch.fx.Grap
     outputs = output_layers(graph)
     configs, kept = [], set()
     for config in config_list:
-        hit = [n for n in outputs if n in selected(config, model) and n not in (config.get("op_names") or ())]
-        if hit:
+        if hit := [n for n in outputs if n in selected(config, model) and n not in (config.get("op_names") or ())]:
             config = {**config, "exclude_op_names": [*(config.get("exclude_op_names") or ()), *hit]}
             kept.update(hit)
         configs.append(config)
@@ -103,15 +102,13 @@ def structure_problems(config_list: list[dict], model: nn.Module, graph: torch.f
                      "not change: select other layers (or name these in op_names, if pruning keeps their outputs)")
     at_risk = reshaped(graph, pruned)
     weighted = reparametrized(model)
-    hit = sorted(name for name in weighted if name in at_risk)
-    if hit:
+    if hit := sorted(name for name in weighted if name in at_risk):
         found.append(f"pruning would rebuild {hit[:4]}" + (f" and {len(hit) - 4} more" if len(hit) > 4 else "") + ": "
                      + REPARAMETRIZED.format(weighted[hit[0]]) + f"; use {UNDO}")
     for group in tied_groups(model):
         for name in group:
             owner = name.rpartition(".")[0]
-            source = at_risk.get(owner) or at_risk.get(name)
-            if source:
+            if source := at_risk.get(owner) or at_risk.get(name):
                 why = "selected by config_list" if source == owner else f"fed by the pruned layer {source!r}"
                 found.append(f"parameters {group} are one tensor (tied) and pruning may reshape {owner or name!r} "
                              f"({why}); the surgery would untie them: add {source!r} to exclude_op_names, or untie "
