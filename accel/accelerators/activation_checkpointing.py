@@ -196,9 +196,8 @@ def checkpointed_forward(self: nn.Module, *args, **kwargs):
                           "checkpointing", stacklevel=2)
         return forward(*args, **kwargs)
     leaves, spec = tree_flatten((args, kwargs))
-    tensors = [i for i, v in enumerate(leaves) if isinstance(v, torch.Tensor)]
-    versions = [leaves[i]._version for i in tensors]
-    copies = {i: copy_of(leaves[i]) for i in tensors}
+    versions = {i: v._version for i, v in enumerate(leaves) if isinstance(v, torch.Tensor)}
+    copies = {i: copy_of(leaves[i]) for i in versions}
     first = FirstPass(self)
     call = [(args, kwargs)]  # the first pass's own arguments, let go once it ran: the copies stand in for them
 
@@ -207,7 +206,7 @@ def checkpointed_forward(self: nn.Module, *args, **kwargs):
             given, named = call.pop()
             output = forward(*given, **named)
             first.done()
-            changed = {i for i, version in zip(tensors, versions) if leaves[i]._version != version}
+            changed = {i for i, version in versions.items() if leaves[i]._version != version}
             copies.update({i: copies[i].clone() for i in changed})  # its own in-place ops: a copy to change
             leaves[:] = [None if i in copies else v for i, v in enumerate(leaves)]
             return output
@@ -237,8 +236,7 @@ class ActivationCheckpointing(Accelerator[ActivationCheckpointingOptions, State]
     keeps = EXACT
 
     def decide(self, ctx):
-        own = modules.checkpoints_itself(ctx.model)
-        if own:
+        if own := modules.checkpoints_itself(ctx.model):
             raise Skip(f"the model checkpoints its own activations already ({modules.listed(own, 3)}): checkpointing "
                        "them again would recompute them twice (and, under timm's, count BatchNorm's batches "
                        "otherwise); nothing to add")
@@ -263,8 +261,7 @@ class ActivationCheckpointing(Accelerator[ActivationCheckpointingOptions, State]
             raise Skip(f"no module of class {sorted(classes)} left in the model to checkpoint "
                        f"(found: {sorted({type(m).__name__ for m in ctx.model.modules()})[:6]})")
         names = {id(m): name or "(the whole model)" for name, m in ctx.model.named_modules()}
-        replaced = [names[id(m)] for m in chosen if "forward" in m.__dict__ and not is_checkpointed(m)]
-        if replaced:
+        if replaced := [names[id(m)] for m in chosen if "forward" in m.__dict__ and not is_checkpointed(m)]:
             raise Skip(f"the forward of {replaced[:4]} is already replaced on the instance (by your code or another "
                        "tool): checkpointing it would hide that")
         for module in chosen:
