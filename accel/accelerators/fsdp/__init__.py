@@ -77,14 +77,11 @@ def keeps_float32(module: nn.Module) -> bool:
 def tied_apart(model: nn.Module, modules: list[nn.Module], names: dict[int, str]) -> tuple[list, list]:
     """(the modules none of whose parameters is also held outside them, the others): a tied embedding and head, or
     two blocks sharing a weight, cannot be sharded in two FSDP groups."""
-    groups = tied_groups(model)
-
-    def tied(module: nn.Module) -> bool:
+    groups, apart, tied = tied_groups(model), [], []
+    for module in modules:
         prefix = f"{names[id(module)]}."
-        return any(len({name.startswith(prefix) for name in group}) > 1 for group in groups)
-
-    split = [tied(m) for m in modules]
-    return [m for m, t in zip(modules, split) if not t], [m for m, t in zip(modules, split) if t]
+        (tied if any(len({n.startswith(prefix) for n in group}) > 1 for group in groups) else apart).append(module)
+    return apart, tied
 
 
 @register
@@ -132,8 +129,7 @@ class FSDP(DataParallel[FSDPOptions, FSDPState]):
             problems.append(Problem(self.name, f"offloading to CPU memory needs an accelerator device; the device is "
                                     f"{ctx.device}, whose memory already is CPU memory", field="cpu_offload",
                                     value=True, allowed="False on cpu", kind="conflict"))
-        foreign = foreign_tensors(ctx.optimizer, ctx.model) if ctx.optimizer is not None else []
-        if foreign:
+        if foreign := (foreign_tensors(ctx.optimizer, ctx.model) if ctx.optimizer is not None else []):
             problems.append(Problem(self.name, f"the optimizer holds {len(foreign)} parameter(s) that are not the "
                                     f"model's ((param group, shape): {foreign[:5]}): fsdp replaces the model's "
                                     "parameters with their shards and cannot shard those", field="optimizer",
@@ -154,9 +150,8 @@ class FSDP(DataParallel[FSDPOptions, FSDPState]):
                 "each is tied to one outside it"
         kinds = sorted({own_class(m).__name__ for m in blocks})  # before FSDP renames the classes
         dtype = ctx.decisions.compute_dtype
-        reduce = torch.float32 if config.reduce_dtype == "float32" else dtype
-        policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=reduce) if dtype is not None else (
-            MixedPrecisionPolicy())
+        reduce = (torch.float32 if config.reduce_dtype == "float32" else dtype) if dtype is not None else None
+        policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=reduce)  # (no amp: FSDP2's default policy)
         mesh = init_device_mesh(ctx.device.type, (world,))
         kwargs = {"mesh": mesh, "reshard_after_forward": config.reshard_after_forward, "mp_policy": policy,
                   "offload_policy": CPUOffloadPolicy() if config.cpu_offload else OffloadPolicy()}
@@ -188,7 +183,8 @@ class FSDP(DataParallel[FSDPOptions, FSDPState]):
             ctx.journal.change(
                 "fsdp: the optimizer's parameters replaced by their shards",
                 lambda: swap_parameters(optimizer, state.originals.shards, shard_like),
-                lambda: swap_parameters(optimizer, state.originals.back(), lambda value, _: gather_state(value)),
+                lambda: swap_parameters(optimizer, {id(shard): mine for mine, shard in state.originals.pairs},
+                                        lambda value, _: gather_state(value)),
                 kind="object")
             ctx.journal.hook("fsdp: a group added later over your own parameters swapped for their shards at the "
                              "step", lambda: optimizer.register_step_pre_hook(
@@ -220,9 +216,8 @@ class FSDP(DataParallel[FSDPOptions, FSDPState]):
         return state
 
     def stale(self, state):
-        hooked = [name for name, p in state.params
-                  if getattr(p, "_backward_hooks", None) or getattr(p, "_post_accumulate_grad_hooks", None)]
-        if hooked:
+        if hooked := [name for name, p in state.params
+                      if getattr(p, "_backward_hooks", None) or getattr(p, "_post_accumulate_grad_hooks", None)]:
             return (f"a gradient hook on the parameter(s) {hooked[:4]} never runs: under FSDP2 autograd computes the "
                     "gradient of the gathered weight and the shard's gradient comes from the reduce-scatter; hook the "
                     "module instead (register_full_backward_hook), or register the hook before accelerate() and run "

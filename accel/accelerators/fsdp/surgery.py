@@ -3,6 +3,7 @@ from __future__ import annotations
 
 # torch.distributed's FSDP2 and DTensor are imported where they are used: accel imports on a torch without them
 # (fsdp's check says why it cannot run there).
+import contextlib
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -34,8 +35,7 @@ def _holders(module: nn.Module) -> dict[str, dict]:
             for where in (*HOOK_DICTS, "__dict__")}
 
 
-def shard_model(model: nn.Module, blocks: list[nn.Module], own: dict | None = None, sum_reductions: bool = False,
-                **kwargs) -> Sharding:
+def shard_model(model: nn.Module, blocks: list[nn.Module], own: dict, sum_reductions: bool, **kwargs) -> Sharding:
     """fully_shard each block, then the root, recording what changes (the model is changed in place); ``own``
     maps modules sharded on their own to the options they take instead (float32 under amp; one may be a block, the
     root, or hold one). Each module is sharded once, inside ones before those around them, as FSDP2 needs.
@@ -46,7 +46,6 @@ def shard_model(model: nn.Module, blocks: list[nn.Module], own: dict | None = No
                              if p is not None],
                       classes=[(m, type(m)) for m in model.modules()])
     before = {(id(m), where): set(held) for m in model.modules() for where, held in _holders(m).items()}
-    own = own or {}
 
     def recorded() -> Sharding:
         for m in model.modules():
@@ -70,8 +69,7 @@ def shard_model(model: nn.Module, blocks: list[nn.Module], own: dict | None = No
 def unshard_model(record: Sharding) -> None:
     """Gather the trained weights into the original parameters and take FSDP off the modules (a collective)."""
     for module in reversed(record.sharded):
-        if hasattr(module, "reshard"):
-            module.reshard()  # a forward without backward (eval) may have left a module unsharded
+        module.reshard()  # a forward without backward (eval) may have left a module unsharded
     full: dict[int, torch.Tensor] = {}
     for module, leaf, original in record.slots:  # in the model's order on every rank: the gathers pair up
         current = module._parameters.get(leaf)
@@ -79,12 +77,10 @@ def unshard_model(record: Sharding) -> None:
             full[id(original)] = gather_state(current).detach()
     for module, where, key in reversed(record.added):
         _holders(module)[where].pop(key, None)
-    try:
+    with contextlib.suppress(ImportError):
         from torch.distributed._composable_state import _module_state_mapping
         for module in record.sharded:
             _module_state_mapping.pop(module, None)
-    except ImportError:
-        pass
     for module, cls in record.classes:
         module.__class__ = cls
     with torch.no_grad():
@@ -138,10 +134,6 @@ class Originals:
         self.seen = [o.requires_grad for o, _ in self.pairs]  # what the shards were given from your parameters
         self.names = {id(p): n for n, p in reversed(list(model.named_parameters(remove_duplicate=False)))}
 
-    def back(self) -> dict[int, nn.Parameter]:
-        """id(shard) -> your parameter it stands for."""
-        return {id(shard): original for original, shard in self.pairs}
-
     def follow(self, optimizer: torch.optim.Optimizer | None) -> None:
         """Before every forward and every optimizer step: your unfreezing, then your optimizer's new groups."""
         for i, (original, shard) in enumerate(self.pairs):
@@ -151,17 +143,15 @@ class Originals:
         if optimizer is None or all(id(p) in self.names for g in optimizer.param_groups for p in g["params"]):
             return
         held = [(i, j, p) for i, g in enumerate(optimizer.param_groups) for j, p in enumerate(g["params"])]
-        foreign = [f"group {i} position {j} (shape {tuple(p.shape)})" for i, j, p in held
-                   if id(p) not in self.names and id(p) not in self.shards]
-        if foreign:
+        if foreign := [f"group {i} position {j} (shape {tuple(p.shape)})" for i, j, p in held
+                       if id(p) not in self.names and id(p) not in self.shards]:
             raise LoopError(f"fsdp: your optimizer holds {len(foreign)} parameter(s) that are not the model's, added "
                             f"after accelerate(): {', '.join(foreign[:5])}. fsdp trains the model's parameters as its "
                             "shards and cannot shard these; give add_param_group the model's parameters only (keep "
                             "another tensor in an optimizer of its own). The weights and the optimizer are as they "
                             "were")
         whose = Counter(id(self.shards.get(id(p), p)) for _, _, p in held)
-        twice = sorted(self.names[k] for k, count in whose.items() if count > 1)
-        if twice:
+        if twice := sorted(self.names[k] for k, count in whose.items() if count > 1):
             raise LoopError(f"fsdp: your optimizer holds the model's {twice[:5]} twice: once as the shard fsdp put in "
                             "its place and once as your own Parameter (added again with add_param_group); torch "
                             "refuses a parameter in more than one group. The weights and the optimizer are as they "
@@ -179,8 +169,7 @@ def held_by_parameter(sharded: list[nn.Module]) -> Iterator[tuple[Any, list[torc
         for fsdp_param in (p for group in groups if group is not None for p in group.fsdp_params):
             param = getattr(fsdp_param, "_unsharded_param", None)
             grads = [getattr(param, "grad", None), getattr(fsdp_param, "_unsharded_accumulated_grad", None)]
-            held = list({id(g): g for g in grads if g is not None}.values())
-            if held:
+            if held := list({id(g): g for g in grads if g is not None}.values()):
                 yield fsdp_param, held
 
 
