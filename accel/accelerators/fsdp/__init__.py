@@ -38,16 +38,13 @@ from accel.plan.options import module_classes, option
 __all__ = ["FSDP", "FSDPOptions", "FSDPState"]
 
 
-REDUCE_DTYPES = ("float32", "compute")
-
-
 @dataclass(frozen=True, kw_only=True)
 class FSDPOptions(DataParallelOptions):
     blocks: str | list[str] = module_classes("class names of the modules to shard one by one; auto = the repeated "
                                              "blocks")
     reshard_after_forward: bool = option(True, help="free each block's gathered weights after its forward "
                                                     "(gathered again for backward): less memory, more traffic")
-    reduce_dtype: str = option("float32", choices=REDUCE_DTYPES,
+    reduce_dtype: str = option("float32", choices=("float32", "compute"),
                                help="with amp: reduce gradients in fp32, or in the compute dtype")
     cpu_offload: bool = option(False, help="keep shards and optimizer state in host memory (accelerators only)")
 
