@@ -60,12 +60,10 @@ def set_tf32(journal, flags, precision, allow: bool) -> None:
     """flags.allow_tf32 = allow, in the journal; ``precision.fp32_precision`` instead where the program chose TF32
     through torch's newer setting (torch >= 2.9, transformers' ``tf32=True``), since torch then refuses the old flag
     or does not let it reach what the newer one set."""
-    newer = getattr(torch.backends, "fp32_precision", "none") != "none"
-    if not newer:
-        try:
-            flags.allow_tf32
-        except RuntimeError:
-            newer = True
+    try:  # (reading the old flag raises where the newer setting chose TF32)
+        newer = getattr(torch.backends, "fp32_precision", "none") != "none" or flags.allow_tf32 is None
+    except RuntimeError:
+        newer = True
     if newer:
         journal.setattr(precision, "fp32_precision", "tf32" if allow else "ieee")
     else:
@@ -166,9 +164,8 @@ class Amp(Accelerator[AmpOptions, AmpState], LossScaler[AmpState]):
         return []
 
     def apply(self, ctx: Context) -> AmpState:
-        device, hardware, config = ctx.device, ctx.hardware, self.config
-        dtype = ctx.decisions.compute_dtype
-        if config.dtype != "auto" and emulated(device, dtype, hardware):
+        device, config, dtype = ctx.device, self.config, ctx.decisions.compute_dtype
+        if config.dtype != "auto" and emulated(device, dtype, ctx.hardware):
             warnings.warn(f"amp: {dtype} autocast on a CPU without native {dtype} support is emulated and can be "
                           "many times slower than fp32; measure it (accel bench) before keeping it", stacklevel=2)
         scaler = torch.amp.GradScaler(device.type) if ctx.decisions.loss_scaling else None
