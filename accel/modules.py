@@ -20,7 +20,7 @@ from accel.errors import Problem, brief
 
 def compiled(module: nn.Module) -> bool:
     """A torch.compile wrapper (OptimizedModule), whose module tree cannot be copied and hooked."""
-    dynamo = sys.modules.get("torch._dynamo")  # never imported: nothing can be compiled (and importing costs 1 s)
+    dynamo = sys.modules.get("torch._dynamo")  # never imported: nothing can be compiled (and importing it is slow)
     return dynamo is not None and isinstance(module, dynamo.eval_frame.OptimizedModule)
 
 
@@ -204,7 +204,7 @@ def fingerprint(model: nn.Module) -> str:
     and which train (not their values): what the plan cache and compile's markers key a model by."""
     digest = hashlib.sha256()
     for name, module in model.named_modules():
-        digest.update(f"{name}:{type(module).__module__}.{type(module).__qualname__};".encode())
+        digest.update(f"{name}:{qualified(type(module))};".encode())
     for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
         digest.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype}:{tensor.requires_grad};".encode())
     return digest.hexdigest()[:16]
