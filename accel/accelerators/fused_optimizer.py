@@ -107,8 +107,7 @@ class FusedOptimizer(Accelerator[Options, FusedOptimizerState]):
             raise Skip(f"{type(optimizer).__name__} is already fused")
         if why := fused_problem(optimizer):
             raise Skip(why)
-        sharded = ctx.plan.providing(Capability.MODEL_SHARDED)
-        if sharded and not isinstance(optimizer, SHARDED_FUSED):
+        if (sharded := ctx.plan.providing(Capability.MODEL_SHARDED)) and not isinstance(optimizer, SHARDED_FUSED):
             raise Skip(f"{sharded[0]} trains DTensor shards, and torch has no sharded fused kernel for "
                        f"{type(optimizer).__name__} (aten._fused_{type(optimizer).__name__.lower()}_ has no sharding "
                        "strategy; fused Adam and AdamW have one): the foreach step runs")

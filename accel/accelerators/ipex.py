@@ -48,8 +48,7 @@ class Ipex(Accelerator[IpexOptions, State]):
 
     def followed(self, ctx) -> tuple[torch.dtype, str]:
         """The dtype the plan trains in: its decided compute dtype, else float32."""
-        decided = ctx.decisions.compute_dtype
-        if decided is None:
+        if (decided := ctx.decisions.compute_dtype) is None:
             return torch.float32, "no compute dtype decided in the plan"
         return decided, (f"the plan's compute dtype ({ctx.decisions.by['compute_dtype']}: "
                          f"{ctx.decisions.why['compute_dtype']})")

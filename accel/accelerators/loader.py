@@ -84,8 +84,7 @@ def worker_cpus(ctx) -> tuple[tuple[int, ...] | None, str]:
     """Where the loader's workers should run (the CPUs to pin them to, or None to leave them with the main process's
     affinity; what the report says): the CPUs allowed minus every local rank's compute CPUs (``decisions.cpus``; their
     hyper-thread siblings are spare), shared between the local ranks as the cores are."""
-    compute = ctx.decisions.cpus
-    if compute is None:
+    if (compute := ctx.decisions.cpus) is None:
         return None, "not pinned: where the main process runs (no compute CPUs decided: threads is not in the plan)"
     if not hasattr(os, "sched_setaffinity"):
         return None, "not pinned: this OS offers no CPU affinity"
