@@ -9,14 +9,18 @@ import sys
 
 import torch
 from torch import nn
+from torch.nn.modules import module as torch_module
 from torch.nn.utils import parametrize
+from torch.nn.utils.prune import BasePruningMethod
+from torch.nn.utils.spectral_norm import SpectralNorm
+from torch.nn.utils.weight_norm import WeightNorm
 
 from accel.errors import Problem, brief
 
 
 def compiled(module: nn.Module) -> bool:
     """A torch.compile wrapper (OptimizedModule), whose module tree cannot be copied and hooked."""
-    dynamo = sys.modules.get("torch._dynamo")  # never imported: nothing can be compiled (and importing costs 1 s)
+    dynamo = sys.modules.get("torch._dynamo")  # never imported: nothing can be compiled (and importing it is slow)
     return dynamo is not None and isinstance(module, dynamo.eval_frame.OptimizedModule)
 
 
@@ -70,16 +74,15 @@ def class_names(model: nn.Module) -> dict[type, str]:
 def is_block(module: nn.Module) -> bool:
     """A module of layers: it has child modules and is no container. The parametrizations of a parametrized layer
     (spectral_norm, weight_norm: ParametrizedConv2d's ``parametrizations``) are not layers: it stays one layer."""
-    layers = [name for name, _ in module.named_children() if name != "parametrizations"]
-    return bool(layers) and not isinstance(module, CONTAINERS)
+    return not isinstance(module, CONTAINERS) and any(name != "parametrizations" for name, _ in module.named_children())
 
 
-def repeated_blocks(model: nn.Module) -> set[str]:
-    """Names of the classes of blocks (``is_block``) occurring at least twice, each class counted apart (by
+def repeated_blocks(model: nn.Module, least: int = 2) -> set[str]:
+    """Names of the classes of blocks (``is_block``) occurring at least ``least`` times, each class counted apart (by
     ``class_names``: two classes of one name are two names)."""
     counts = collections.Counter(own_class(m) for m in model.modules() if m is not model and is_block(m))
     names = class_names(model)
-    return {names[kind] for kind, count in counts.items() if count >= 2}
+    return {names[kind] for kind, count in counts.items() if count >= least}
 
 
 def names_of(module: nn.Module) -> set[str]:
@@ -104,14 +107,11 @@ def chosen_classes(model: nn.Module, names: str | list[str]) -> tuple[set[str], 
 def absent_classes(owner: str, field: str, names: str | list[str], model: nn.Module) -> list[Problem]:
     """The problem of class names given that no module of the model has, suggesting its repeated blocks (or, with
     none, its classes of blocks: names the model has, never an example it lacks)."""
-    missing = chosen_classes(model, names)[1]
-    if not missing:
+    if not (missing := chosen_classes(model, names)[1]):
         return []
-    kinds = class_names(model)
-    blocks = repeated_blocks(model) or {kinds[own_class(m)] for m in model.modules() if m is not model and is_block(m)}
+    blocks = repeated_blocks(model) or repeated_blocks(model, 1) or class_names(model).values()
     return [Problem(owner, f"no module of class {brief(missing)} in the model", field=field,
-                    value=names, allowed="class names of the model's modules, e.g. "
-                    + listed(sorted(blocks or kinds.values())))]
+                    value=names, allowed="class names of the model's modules, e.g. " + listed(sorted(blocks)))]
 
 
 # flags by which a model checkpoints its own activations, and who sets them
@@ -170,11 +170,6 @@ def recomputable(hook):
 def rerun_hooks(block: nn.Module) -> list[str]:
     """The forward hooks a recomputation of ``block`` would run twice (its layers' and the global ones), less those
     that compute only from the module's tensors (``recomputable``; spectral_norm, weight_norm, prune)."""
-    from torch.nn.modules import module as torch_module
-    from torch.nn.utils.prune import BasePruningMethod
-    from torch.nn.utils.spectral_norm import SpectralNorm
-    from torch.nn.utils.weight_norm import WeightNorm
-
     def rerun(hook) -> bool:
         return not any(hook is h or type(hook) is h for h in RECOMPUTABLE_HOOKS) and not isinstance(hook, (
             SpectralNorm, WeightNorm, BasePruningMethod))
@@ -198,15 +193,9 @@ def outermost(model: nn.Module, classes: set[str] | type) -> list[nn.Module]:
     """The modules under the root of these classes (names, as ``of_class`` reads them, or a class they are instances
     of) that are not inside another one of them, in the model's order."""
     found: list[nn.Module] = []
-
-    def walk(module: nn.Module) -> None:
-        for child in module.children():
-            if isinstance(child, classes) if isinstance(classes, type) else of_class(child, classes):
-                found.append(child)
-            else:
-                walk(child)
-
-    walk(model)
+    for child in model.children():
+        hit = isinstance(child, classes) if isinstance(classes, type) else of_class(child, classes)
+        found += [child] if hit else outermost(child, classes)
     return found
 
 
@@ -215,7 +204,7 @@ def fingerprint(model: nn.Module) -> str:
     and which train (not their values): what the plan cache and compile's markers key a model by."""
     digest = hashlib.sha256()
     for name, module in model.named_modules():
-        digest.update(f"{name}:{type(module).__module__}.{type(module).__qualname__};".encode())
+        digest.update(f"{name}:{qualified(type(module))};".encode())
     for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
         digest.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype}:{tensor.requires_grad};".encode())
     return digest.hexdigest()[:16]

@@ -53,7 +53,7 @@ def user_state():
     with 2+ CPUs, pinned to all but the last (conftest puts the process back after the test)."""
     probe()  # the machine as it is, before the user pins it
     warm_up()
-    for key in {*openmp_variables("gnu", CPUS, 1), *openmp_variables("intel", CPUS, 1)}:
+    for key in {*openmp_variables("gnu", 1), *openmp_variables("intel", 1)}:
         os.environ.pop(key, None)
     torch.set_num_threads(USER_THREADS)
     if HAS_AFFINITY:

@@ -60,12 +60,10 @@ def set_tf32(journal, flags, precision, allow: bool) -> None:
     """flags.allow_tf32 = allow, in the journal; ``precision.fp32_precision`` instead where the program chose TF32
     through torch's newer setting (torch >= 2.9, transformers' ``tf32=True``), since torch then refuses the old flag
     or does not let it reach what the newer one set."""
-    newer = getattr(torch.backends, "fp32_precision", "none") != "none"
-    if not newer:
-        try:
-            flags.allow_tf32
-        except RuntimeError:
-            newer = True
+    try:  # (reading the old flag raises where the newer setting chose TF32)
+        newer = getattr(torch.backends, "fp32_precision", "none") != "none" or flags.allow_tf32 is None
+    except RuntimeError:
+        newer = True
     if newer:
         journal.setattr(precision, "fp32_precision", "tf32" if allow else "ieee")
     else:
@@ -74,8 +72,6 @@ def set_tf32(journal, flags, precision, allow: bool) -> None:
 
 def needs_closure(optimizer) -> bool:
     """An optimizer whose step cannot run without a closure (LBFGS)."""
-    if optimizer is None:
-        return False
     closure = inspect.signature(type(optimizer).step).parameters.get("closure")
     return closure is not None and closure.default is inspect.Parameter.empty
 
@@ -137,12 +133,10 @@ class Amp(Accelerator[AmpOptions, AmpState], LossScaler[AmpState]):
         device = ctx.device
         if not torch.amp.is_autocast_available(device.type):
             raise Skip(f"torch has no autocast for device type {device.type!r}")
-        if self.config.dtype == "auto":
-            dtype, why = auto_dtype(device, ctx.hardware)
-            if dtype is None:
-                raise Skip(why)
-        else:
-            dtype, why = DTYPES[self.config.dtype], "asked for"
+        asked = DTYPES.get(self.config.dtype)  # None: "auto"
+        dtype, why = (asked, "asked for") if asked is not None else auto_dtype(device, ctx.hardware)
+        if dtype is None:
+            raise Skip(why)
         ctx.decide("compute_dtype", dtype, why)
         wanted = self.config.grad_scaler
         scaling = dtype is torch.float16 if wanted == "auto" else wanted
@@ -154,12 +148,6 @@ class Amp(Accelerator[AmpOptions, AmpState], LossScaler[AmpState]):
             return [Problem(self.name, f"a grad scaler is only for fp16, and the dtype is bfloat16 ({source}); bf16 "
                             "has fp32's range", field="grad_scaler", value=True,
                             allowed="'auto' or False with bfloat16, or dtype='float16'", kind="conflict")]
-        if ctx.decisions.loss_scaling and needs_closure(ctx.optimizer):
-            return [Problem(self.name, f"loss scaling (fp16's GradScaler) steps the optimizer itself, and "
-                            f"{type(ctx.optimizer).__name__}.step needs a closure, which the GradScaler cannot pass",
-                            field="grad_scaler", value=self.config.grad_scaler,
-                            allowed="dtype='bfloat16' (no scaling), or grad_scaler=False (fp16 gradients may then "
-                            "underflow)", kind="conflict")]
         if ctx.decisions.loss_scaling and ctx.optimizer is None:  # what loss scaling needs: the optimizer's step
             return [Problem(self.name, "loss scaling (fp16's GradScaler) needs the optimizer: the scaler unscales the "
                             "gradients and skips the steps that overflowed in the optimizer's step; a loop that "
@@ -167,12 +155,17 @@ class Amp(Accelerator[AmpOptions, AmpState], LossScaler[AmpState]):
                             "large", field="grad_scaler", value=self.config.grad_scaler,
                             allowed="pass your optimizer to accelerate(), dtype='bfloat16' (no scaling), or "
                             "grad_scaler=False (fp16 gradients may then underflow)", kind="missing")]
+        if ctx.decisions.loss_scaling and needs_closure(ctx.optimizer):
+            return [Problem(self.name, f"loss scaling (fp16's GradScaler) steps the optimizer itself, and "
+                            f"{type(ctx.optimizer).__name__}.step needs a closure, which the GradScaler cannot pass",
+                            field="grad_scaler", value=self.config.grad_scaler,
+                            allowed="dtype='bfloat16' (no scaling), or grad_scaler=False (fp16 gradients may then "
+                            "underflow)", kind="conflict")]
         return []
 
     def apply(self, ctx: Context) -> AmpState:
-        device, hardware, config = ctx.device, ctx.hardware, self.config
-        dtype = ctx.decisions.compute_dtype
-        if config.dtype != "auto" and emulated(device, dtype, hardware):
+        device, config, dtype = ctx.device, self.config, ctx.decisions.compute_dtype
+        if config.dtype != "auto" and emulated(device, dtype, ctx.hardware):
             warnings.warn(f"amp: {dtype} autocast on a CPU without native {dtype} support is emulated and can be "
                           "many times slower than fp32; measure it (accel bench) before keeping it", stacklevel=2)
         scaler = torch.amp.GradScaler(device.type) if ctx.decisions.loss_scaling else None
@@ -204,10 +197,8 @@ class Amp(Accelerator[AmpOptions, AmpState], LossScaler[AmpState]):
     def bypassed(self, run: Run, state: AmpState, call: Call) -> str:
         """A scaled loss stepped by the loop's optimizer.step(), or the loop's unscaled loss stepped through the
         scaler, would step gradients 65536x off: the scaler stands aside, and scaled gradients are unscaled."""
-        state.idle = True
-        unscale = call == "step" and state.scaled and id(run.optimizer) not in state.unscaled
-        done = ""
-        if unscale:
+        state.idle, done = True, ""
+        if call == "step" and state.scaled and id(run.optimizer) not in state.unscaled:
             scale = state.scaler.get_scale()
             grads = [p.grad for p in run.unwrap().parameters() if p.grad is not None]
             for grad in grads:

@@ -57,8 +57,7 @@ class DDP(DataParallel[DDPOptions, DDPState]):
         if ctx.decisions.launch is None:
             raise Skip(f"single process: no launcher environment ({LAUNCHERS})")
 
-    def check(self, ctx):
-        return self.launch_problems(ctx)
+    check = DataParallel.launch_problems  # what ddp checks: the launch
 
     def apply(self, ctx):
         config = self.config

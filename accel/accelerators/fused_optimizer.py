@@ -50,15 +50,6 @@ def kernel_settings(optimizer: torch.optim.Optimizer) -> list[dict]:
     return [{k: group.get(k) for k in KERNEL_KEYS} for group in [*optimizer.param_groups, optimizer.defaults]]
 
 
-def steps_on_device(optimizer: torch.optim.Optimizer) -> None:
-    """A fused step reads each parameter's step count on the parameter's device, as float32 (torch's own rule for
-    fused and capturable states in load_state_dict); the tensors are replaced in the state, the groups kept."""
-    for param, state in optimizer.state.items():
-        step = state.get("step")
-        if isinstance(step, torch.Tensor) and (step.device != param.device or step.dtype != torch.float32):
-            state["step"] = step.to(param.device, torch.float32)
-
-
 SHARDED_FUSED = (torch.optim.Adam, torch.optim.AdamW)  # DTensor (fsdp) has fused kernels for these (torch 2.15)
 
 
@@ -80,10 +71,15 @@ def saved_as_yours(settings: list[dict], optimizer: torch.optim.Optimizer, state
 
 
 def fused_again(optimizer: torch.optim.Optimizer) -> None:
-    """load_state_dict() restores the saved param groups, fused=False among them: the run stays fused."""
+    """load_state_dict() restores the saved param groups, fused=False among them: the run stays fused. A fused step
+    reads each parameter's step count on the parameter's device, as float32 (torch's own rule for fused and
+    capturable states in load_state_dict): those tensors are replaced in the state."""
     for group in [*optimizer.param_groups, optimizer.defaults]:
         group["foreach"], group["fused"] = None, True
-    steps_on_device(optimizer)
+    for param, state in optimizer.state.items():
+        step = state.get("step")
+        if isinstance(step, torch.Tensor) and (step.device != param.device or step.dtype != torch.float32):
+            state["step"] = step.to(param.device, torch.float32)
 
 
 @dataclass
@@ -109,16 +105,13 @@ class FusedOptimizer(Accelerator[Options, FusedOptimizerState]):
         optimizer = ctx.optimizer
         if optimizer.defaults.get("fused"):
             raise Skip(f"{type(optimizer).__name__} is already fused")
-        why = fused_problem(optimizer)
-        if why:
+        if why := fused_problem(optimizer):
             raise Skip(why)
-        sharded = ctx.plan.providing(Capability.MODEL_SHARDED)
-        if sharded and not isinstance(optimizer, SHARDED_FUSED):
+        if (sharded := ctx.plan.providing(Capability.MODEL_SHARDED)) and not isinstance(optimizer, SHARDED_FUSED):
             raise Skip(f"{sharded[0]} trains DTensor shards, and torch has no sharded fused kernel for "
                        f"{type(optimizer).__name__} (aten._fused_{type(optimizer).__name__.lower()}_ has no sharding "
                        "strategy; fused Adam and AdamW have one): the foreach step runs")
-        journal = ctx.journal
-        settings = kernel_settings(optimizer)
+        journal, settings = ctx.journal, kernel_settings(optimizer)
         journal.change(f"your {type(optimizer).__name__}: fused=True", lambda: fused_again(optimizer),
                        lambda: as_yours(settings, optimizer.param_groups, optimizer.defaults),
                        kind="object")

@@ -46,9 +46,8 @@ class GradAccumulationState(State):
     moving: int = 0  # updates in a row held while they changed: 2 is a scheduler stepped every batch (said)
 
     def state_dict(self) -> dict[str, Any]:
-        params = dict(self.model.named_parameters())
-        grads = {n: p.grad.detach().clone() for n, p in params.items() if p.grad is not None} if self.micro else {}
-        return {"micro": self.micro, "grads": grads}
+        params = self.model.named_parameters() if self.micro else ()  # nothing held at an update's boundary
+        return {"micro": self.micro, "grads": {n: p.grad.detach().clone() for n, p in params if p.grad is not None}}
 
     def load_state_dict(self, saved: dict[str, Any]) -> None:
         micro, grads = saved.get("micro"), saved.get("grads", {})
@@ -111,10 +110,8 @@ class GradAccumulation(Accelerator[GradAccumulationOptions, GradAccumulationStat
 
     def backward(self, run: Run, state: GradAccumulationState, loss: torch.Tensor,
                  proceed: Callable[[torch.Tensor], None]) -> None:
-        if state.idle:
-            return proceed(loss)
-        state.divided = True
-        proceed(loss / self.config.steps)
+        state.divided = not state.idle
+        proceed(loss / self.config.steps if state.divided else loss)
 
     def step(self, run: Run, state: GradAccumulationState, optimizer: torch.optim.Optimizer,
              proceed: Callable[[torch.optim.Optimizer], bool]) -> bool:

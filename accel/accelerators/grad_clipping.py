@@ -58,11 +58,9 @@ class GradClipping(Accelerator[GradClippingOptions, GradClippingState]):
 
     def apply(self, ctx):
         config = self.config
-        if config.max_norm is not None:
-            changes = {"max_norm": config.max_norm, "norm_type": config.norm_type,
-                       "under_grad_scaler": "unscaled first" if ctx.decisions.loss_scaling else "no scaler"}
-        else:
-            changes = {"value": config.value}
+        changes = {"value": config.value} if config.max_norm is None else {
+            "max_norm": config.max_norm, "norm_type": config.norm_type,
+            "under_grad_scaler": "unscaled first" if ctx.decisions.loss_scaling else "no scaler"}
         return GradClippingState(changes=changes, relies_on={"step": "clipping of the gradients before the update"})
 
     def step(self, run, state, optimizer, proceed):

@@ -48,32 +48,29 @@ class Ipex(Accelerator[IpexOptions, State]):
 
     def followed(self, ctx) -> tuple[torch.dtype, str]:
         """The dtype the plan trains in: its decided compute dtype, else float32."""
-        decided = ctx.decisions.compute_dtype
-        if decided is None:
+        if (decided := ctx.decisions.compute_dtype) is None:
             return torch.float32, "no compute dtype decided in the plan"
         return decided, (f"the plan's compute dtype ({ctx.decisions.by['compute_dtype']}: "
                          f"{ctx.decisions.why['compute_dtype']})")
 
     def check(self, ctx):
         problems = []
-        why = ipex_problem()
-        if why:  # e.g. "IPEX 2.8 needs torch 2.8.*, found 2.14.1": refused here, never imported
+        if why := ipex_problem():  # e.g. "IPEX 2.8 needs torch 2.8.*, found 2.14.1": refused here, never imported
             problems.append(Problem(self.name, why, kind="missing"))
         if ctx.device.type not in ("cpu", "xpu"):
             problems.append(Problem(self.name, "IPEX optimizes for Intel CPUs and GPUs only", field="device",
                                     value=str(ctx.device), allowed="cpu, xpu", kind="missing"))
-        if ctx.optimizer is not None and foreign_tensors(ctx.optimizer, ctx.model):
+        if ctx.optimizer is not None and (foreign := foreign_tensors(ctx.optimizer, ctx.model)):
             problems.append(Problem(self.name, "the optimizer trains tensors that are not parameters of the model "
-                                    f"(param group, shape: {foreign_tensors(ctx.optimizer, ctx.model)}); "
+                                    f"(param group, shape: {foreign}); "
                                     "ipex.optimize rebuilds the optimizer on the model's parameters and would drop "
                                     "them", field="optimizer", kind="conflict"))
-        if self.config.dtype != "auto":
-            follows, reason = self.followed(ctx)
-            if IPEX_DTYPES[self.config.dtype] is not follows:
-                problems.append(Problem(
-                    self.name, f"contradicts the plan's precision ({reason}, so the model trains in "
-                    f"{dtype_name(follows)}); IPEX's dtype must match it", field="dtype", value=self.config.dtype,
-                    allowed=f"'auto' or {dtype_name(follows)!r}", kind="conflict"))
+        follows, reason = self.followed(ctx)
+        if self.config.dtype != "auto" and IPEX_DTYPES[self.config.dtype] is not follows:
+            problems.append(Problem(
+                self.name, f"contradicts the plan's precision ({reason}, so the model trains in "
+                f"{dtype_name(follows)}); IPEX's dtype must match it", field="dtype", value=self.config.dtype,
+                allowed=f"'auto' or {dtype_name(follows)!r}", kind="conflict"))
         return problems
 
     def apply(self, ctx):

@@ -84,18 +84,15 @@ def worker_cpus(ctx) -> tuple[tuple[int, ...] | None, str]:
     """Where the loader's workers should run (the CPUs to pin them to, or None to leave them with the main process's
     affinity; what the report says): the CPUs allowed minus every local rank's compute CPUs (``decisions.cpus``; their
     hyper-thread siblings are spare), shared between the local ranks as the cores are."""
-    compute = ctx.decisions.cpus
-    if compute is None:
+    if (compute := ctx.decisions.cpus) is None:
         return None, "not pinned: where the main process runs (no compute CPUs decided: threads is not in the plan)"
     if not hasattr(os, "sched_setaffinity"):
         return None, "not pinned: this OS offers no CPU affinity"
-    allowed = tuple(ctx.hardware.cpus_allowed)
-    launch = ctx.decisions.launch
+    allowed, launch = tuple(ctx.hardware.cpus_allowed), ctx.decisions.launch
     ranks = launch.local_world_size if launch else 1
     busy = set(compute)
-    if ranks > 1:  # the other local ranks compute on their own cores
-        for rank in range(ranks):
-            busy.update(rank_cores(ctx.hardware.physical_cpus, dataclasses.replace(launch, local_rank=rank))[0])
+    for rank in range(ranks) if ranks > 1 else ():  # the other local ranks compute on their own cores
+        busy.update(rank_cores(ctx.hardware.physical_cpus, dataclasses.replace(launch, local_rank=rank))[0])
     spare = tuple(cpu for cpu in allowed if cpu not in busy)
     if ranks > 1 and spare:
         spare = cores_for_rank(spare, launch.local_rank, ranks)
@@ -106,8 +103,7 @@ def worker_cpus(ctx) -> tuple[tuple[int, ...] | None, str]:
            f"{format_cpu_list(sorted(busy) if ranks > 1 else compute)}")
     if ranks > 1:
         why += f", this local rank's share ({launch.local_rank} of {ranks})"
-    siblings = [cpu for cpu in hyperthread_siblings(compute) if cpu in spare]
-    if siblings:
+    if siblings := [cpu for cpu in hyperthread_siblings(compute) if cpu in spare]:
         why += f"; {format_cpu_list(siblings)} are hyper-threads of the compute cores"
     return spare, why
 
@@ -141,26 +137,22 @@ class Loader(Accelerator[LoaderOptions, State]):
     def candidates(cls, hardware, model, optimizer=None, loader=None):
         if loader is None or rebuild_problem(loader) or loader.num_workers:
             return []
-        accelerators = bool(hardware.devices.keys() - {"cpu"})
-        if workers_change_batches(loader.dataset):  # its workers stay: only pinned memory could change
-            return [{}] if accelerators else []
-        return [{}] if len(hardware.cpus_allowed) > hardware.physical_cores or accelerators else []
+        # a stream's workers stay (only pinned memory could change); others may use the hyper-threads
+        spare = not workers_change_batches(loader.dataset) and len(hardware.cpus_allowed) > hardware.physical_cores
+        return [{}] if hardware.devices.keys() - {"cpu"} or spare else []
 
     def decide(self, ctx):
-        loader = ctx.loader
-        why = rebuild_problem(loader)
-        if why:
+        loader, config = ctx.loader, self.config
+        if why := rebuild_problem(loader):
             raise Skip(f"left as it was: {why}")
-        stream = workers_change_batches(loader.dataset)  # None for a map-style dataset
-        config = self.config
-        threads = ctx.decisions.threads or torch.get_num_threads()
-        ranks = ctx.decisions.launch.local_world_size if ctx.decisions.launch else 1
-        allowed = len(ctx.hardware.cpus_allowed) // ranks  # this rank's share of the CPUs
-        if stream:  # an explicit other number is refused by check()
+        if stream := workers_change_batches(loader.dataset):  # an explicit other number is refused by check()
             workers, why = loader.num_workers, f"kept: {stream}"
         elif config.num_workers != "auto":
             workers, why = config.num_workers, "asked for"
         else:
+            threads = ctx.decisions.threads or torch.get_num_threads()
+            ranks = ctx.decisions.launch.local_world_size if ctx.decisions.launch else 1
+            allowed = len(ctx.hardware.cpus_allowed) // ranks  # this rank's share of the CPUs
             share = (f"this rank's {allowed} of {len(ctx.hardware.cpus_allowed)} CPUs" if ranks > 1
                      else f"{allowed} CPUs")
             workers, why = max(0, allowed - threads), f"{share} - {threads} compute threads"
@@ -172,8 +164,7 @@ class Loader(Accelerator[LoaderOptions, State]):
                    "pinned memory" if pin else "no pinned memory")
 
     def check(self, ctx):
-        config = self.config
-        user = ctx.loader.persistent_workers
+        config, user = self.config, ctx.loader.persistent_workers
         persistent = user if config.persistent_workers == "auto" else config.persistent_workers
         if ctx.decisions.workers == 0 and user or ctx.decisions.workers > 0 and persistent != user:
             return [Problem(self.name, PERSISTENT, field="persistent_workers" if persistent != user else "num_workers",
@@ -191,16 +182,14 @@ class Loader(Accelerator[LoaderOptions, State]):
 
     def apply(self, ctx):
         loader, config, decisions = ctx.loader, self.config, ctx.decisions
-        workers = decisions.workers
-        changes = {"num_workers": f"{workers} ({decisions.why['workers']})"}
-        pin = is_accelerator(ctx.device) and config.pin_memory is not False
+        workers, pin = decisions.workers, is_accelerator(ctx.device) and config.pin_memory is not False
         if config.pin_memory is True and not pin:
             warnings.warn(f"loader: pin_memory=True ignored: device {ctx.device} needs no host-to-device copy",
                           stacklevel=2)
-        changes["pin_memory"] = pin
         persistent = (loader.persistent_workers if config.persistent_workers == "auto" else config.persistent_workers
                       ) and workers > 0  # check() refused any other change of it
-        changes["persistent_workers"] = persistent
+        changes = {"num_workers": f"{workers} ({decisions.why['workers']})", "pin_memory": pin,
+                   "persistent_workers": persistent}
         prefetch = (config.prefetch_factor or loader.prefetch_factor) if workers > 0 else None
         if config.prefetch_factor is not None and workers == 0:
             changes["prefetch_factor"] = "ignored (no workers)"

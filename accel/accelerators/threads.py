@@ -22,16 +22,12 @@ from accel.run.shared_settings import set_by_runs
 __all__ = ["Threads", "ThreadsOptions"]
 
 
-def openmp_variables(runtime: str, cpus: tuple[int, ...], threads: int) -> dict[str, str]:
+def openmp_variables(runtime: str, threads: int) -> dict[str, str]:
     """The OpenMP variables for the loaded runtime, without the binding ones (``OMP_PROC_BIND``, ``GOMP_CPU_AFFINITY``,
     ``KMP_AFFINITY``), which bind the main thread of every child that loads OpenMP to the first CPU, all children on
-    one: a child inherits the process's affinity instead, which confines its threads to these CPUs."""
-    env = {"OMP_NUM_THREADS": str(threads)}
-    if runtime == "intel":
-        env.update(KMP_BLOCKTIME="1")
-    else:
-        env.update(OMP_SCHEDULE="STATIC")
-    return env
+    one: a child inherits the process's affinity instead, which confines its threads to its CPUs."""
+    tuning = {"KMP_BLOCKTIME": "1"} if runtime == "intel" else {"OMP_SCHEDULE": "STATIC"}
+    return {"OMP_NUM_THREADS": str(threads), **tuning}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,26 +59,24 @@ class Threads(Accelerator[ThreadsOptions, State]):
         ctx.decide("threads", threads, "this rank's physical cores" if auto else "asked for")
 
     def apply(self, ctx):
-        decisions, journal = ctx.decisions, ctx.journal
-        threads, cpus = decisions.threads, decisions.cpus
+        journal, launch = ctx.journal, ctx.decisions.launch
+        threads, cpus = ctx.decisions.threads, ctx.decisions.cpus
         changes = {"threads": threads}
         if threads > len(ctx.hardware.cpus_allowed):
             warnings.warn(f"{threads} threads on {len(ctx.hardware.cpus_allowed)} allowed CPUs oversubscribe the cores",
                           stacklevel=2)
         journal.set_threads(threads)
-        launch = decisions.launch
         _, source = rank_cores(ctx.hardware.physical_cpus, launch)  # where decide() took the cores from
         if (launch and launch.local_world_size > 1) or source == "accel launch":
             local = f"{launch.local_rank}/{launch.local_world_size}" if launch else "0/1"
             changes["rank_cores"] = f"local rank {local} -> cpus {format_cpu_list(cpus)} ({source})"
         if self.config.affinity:
-            pinned = journal.set_affinity(cpus)
-            changes["affinity"] = format_cpu_list(cpus) if pinned else "not set: this OS offers no CPU affinity"
-        runtime = loaded_openmp()
-        changes["openmp"] = runtime
+            changes["affinity"] = (format_cpu_list(cpus) if journal.set_affinity(cpus)
+                                   else "not set: this OS offers no CPU affinity")
+        changes["openmp"] = runtime = loaded_openmp()
         if self.config.export_env:
             exported, kept = [], []
-            for key, value in openmp_variables(runtime, cpus, threads).items():
+            for key, value in openmp_variables(runtime, threads).items():
                 # the user's own value is kept; another open run's (one run per model) is layered over
                 if key in os.environ and os.environ[key] != value and not set_by_runs(("environ", key)):
                     kept.append(f"{key}={os.environ[key]}")
