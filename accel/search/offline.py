@@ -2,6 +2,7 @@
 start on the same batches, its first losses checked against the plain loop's. Your objects end as they started."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from typing import Any
 
@@ -69,7 +70,6 @@ class Apart:
 
     def __init__(self, lab: Lab, search: Search, settings: Auto, facts: dict | None, started: float):
         self.lab, self.search, self.settings, self.facts = lab, search, settings, facts
-        self.trials: list[Trial] = []
         self.base, self.deadline = None, started
 
     def run(self) -> None:
@@ -81,32 +81,25 @@ class Apart:
         self.lab.pace(base.settled_step_s, self.settings.chunk_steps)
         self.deadline = self.settings.deadline(self.deadline, base.settled_step_s)  # from the start
         comparisons = self.search.comparisons()
-        try:
+        with contextlib.suppress(StopIteration):
             request = next(comparisons)
             while True:
                 request = comparisons.send(self.measure(request))
-                for trial in self.trials:  # the plain loop's and the next reference's copies stay
+                for trial in self.lab.trials:  # the plain loop's and the next reference's copies stay
                     if trial.plan not in ({}, request.reference):
                         self.lab.retire(trial)
-        except StopIteration:
-            pass
-        row = self.search.rows[0]
-        row.vs_baseline, row.loss_ok, row.losses = 1.0, True, list(base.check_losses)
-        row.loss = sum(base.check_losses) / len(base.check_losses)
-        for name, value in timing_fields(base.median_s, base.first_s[0]).items():
-            setattr(row, name, value)
+        vars(self.search.rows[0]).update(timing_fields(base.median_s, base.first_s[0]), vs_baseline=1.0, loss_ok=True,
+                                         losses=list(base.check_losses),
+                                         loss=sum(base.check_losses) / len(base.check_losses))
 
     def trial(self, plan: dict[str, dict]) -> Trial:
-        found = next((t for t in self.trials if t.plan == plan and t.run is not None), None)
-        if found is None:
-            found = self.lab.trial(plan)
-            self.trials.append(found)
-        return found
+        """The plan's trial still alive (its copies kept), else a new one."""
+        return next((t for t in self.lab.trials if t.plan == plan and t.run is not None), None) or self.lab.trial(plan)
 
     def measure(self, request: Comparison) -> list[Arm]:
         """The comparison's outcomes; its reference is built again (when retired) only once it is admitted: its step
         as last timed (its trial alive, else the last retired) is what admit weighs."""
-        timed = [t for t in self.trials if t.plan == request.reference and t.first_s]
+        timed = [t for t in self.lab.trials if t.plan == request.reference and t.first_s]
         step_s = (timed[-1].median_s or timed[-1].settled_step_s) if timed else None
         self.deadline, note, unmeasured = admit(request, self.settings, self.facts, self.deadline, 0, step_s)
         if unmeasured:
