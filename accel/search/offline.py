@@ -125,12 +125,11 @@ class Apart:
         over 0.5 s)."""
         if trial.status in ("refused", "failed"):
             return Arm(trial.plan, trial.status, trial.error)
-        base = self.base
-        loss, reference = (sum(t.check_losses) / len(t.check_losses) for t in (trial, base))
+        loss, reference = (sum(t.check_losses) / len(t.check_losses) for t in (trial, self.base))
         loss_ok = abs(loss - reference) <= self.settings.tolerance * max(abs(reference), 1e-8)
         out = Arm(trial.plan, fields={"loss": loss, "loss_ok": loss_ok, "losses": list(trial.check_losses),
                                       **timing_fields(first_s=trial.first_s[0])})
-        fastest, base_step = min(trial.first_s), base.settled_step_s
+        fastest, base_step = min(trial.first_s), self.base.settled_step_s
         if not loss_ok:
             out.status, out.reason = "loss off", (f"loss {loss:.4f} vs baseline {reference:.4f} over the same first "
                                                   f"steps: outside the {self.settings.tolerance:.0%} tolerance")
