@@ -35,7 +35,6 @@ def tune(model, optimizer, loader, device: Any = "auto", settings: Auto | None =
     started = clock.now()
     device, launch, hardware = placed(device)
     step = TrainStep(loss_fn=settings.loss_fn, split=settings.split, step_fn=settings.step_fn)
-    lab = Lab(model, optimizer, loader, device, step, check_steps=max(1, settings.check_steps))
     batch = first_batch(loader)  # taken without advancing its generators or any RNG
     if batch is None:
         raise MeasureError("tune needs batches, and the loader yields none")
@@ -50,8 +49,8 @@ def tune(model, optimizer, loader, device: Any = "auto", settings: Auto | None =
                                      "setup, and the cache gives the ranks its answer" if settings.cache else
                                      "and the cache is off"), None, clock.now() - started, record)
     if result is not None:
-        lab.close()
         return distribute(result, model, optimizer, device, launch, settings.memory_per_rank)
+    lab = Lab(model, optimizer, loader, device, step, check_steps=max(1, settings.check_steps))
     search = Search(settings, candidates_of(settings, hardware, model, optimizer, loader, in_loop=False))
     apart = Apart(lab, search, settings, facts, started)
     try:
