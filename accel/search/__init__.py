@@ -5,7 +5,6 @@
 """
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import accel.api as api
@@ -26,9 +25,8 @@ def accelerate(model, optimizer=None, loader=None, plan: PlanSpec = None, device
         return api.accelerate(model, optimizer, loader, plan, device)
     if not settings.apart():
         return InLoopSearch(settings, model, optimizer, loader, device)
-    return api.accelerate(model, optimizer, loader, None, device, resolve=functools.partial(_apart, settings))
 
-
-def _apart(settings: Auto, model, optimizer, loader, device) -> tuple[Any, TuneResult]:
-    result = tune(model, optimizer, loader, device, settings)
-    return result.plan, result
+    def apart(model, optimizer, loader, device) -> tuple[Any, TuneResult]:
+        result = tune(model, optimizer, loader, device, settings)
+        return result.plan, result
+    return api.accelerate(model, optimizer, loader, None, device, resolve=apart)

@@ -7,6 +7,7 @@ setup (in the folder itself: a subfolder could be swapped for a link between a c
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
 import functools
 import hashlib
@@ -19,7 +20,7 @@ from typing import Any
 import torch
 
 from accel.batches import map_tensors
-from accel.files import PREFIX, cache_dir, is_temporary, linked, read_small, write_text
+from accel.files import PREFIX, SUFFIX, cache_dir, linked, read_small, write_text
 from accel.hardware import device_model
 from accel.hardware.launcher import node_cores
 from accel.modules import fingerprint
@@ -27,11 +28,6 @@ from accel.plan.contract import REGISTRY
 from accel.plan.plan import Plan
 from accel.plan.untrusted import code_problems
 from accel.version import __version__
-
-
-def _structure(batch: Any) -> Any:
-    described = map_tensors(lambda t: f"{str(t.dtype).replace('torch.', '')}{list(t.shape)}", batch)
-    return repr(described) if not isinstance(described, str) else described
 
 
 def function_key(fn: Any) -> str:
@@ -52,9 +48,10 @@ def setup_key(model, optimizer, loader, batch, device, hardware, step, settings:
     flags = {k: v for k, v in sorted(optimizer.defaults.items()) if isinstance(v, (bool, str)) or v is None}
     functions = {name: function_key(fn) for name, fn in
                  (("step_fn", step.step_fn), ("loss_fn", step.loss_fn), ("split", step.split)) if fn is not None}
+    batch = map_tensors(lambda t: f"{str(t.dtype).replace('torch.', '')}{list(t.shape)}", batch)
     return {
         "model": f"{type(model).__qualname__} {fingerprint(model)}",
-        "batch": _structure(batch),
+        "batch": batch if isinstance(batch, str) else repr(batch),
         "optimizer": f"{type(optimizer).__name__} {flags} {len(optimizer.param_groups)} group(s)",
         "device": device_model(torch.device(device)),
         "cpu": f"{hardware.cpu_model} [{','.join(hardware.isa)}] {node_cores(hardware.physical_cores)} cores",
@@ -74,7 +71,6 @@ def key_of(parts: dict[str, Any]) -> str:
 ENTRY = re.compile(r"[0-9a-f]{24}\.json")  # the names store() gives entries: nothing else in the folder is accel's
 WARMUP = "warmup-"  # the name's start of a warm-up's entry (not a plan: not listed)
 ENTRY_LIMIT = 1 << 20  # an entry is a few KiB: a larger file under its name is not one
-CACHE = "the plan cache"  # in the warning of a link in it
 
 
 def _entry(path: Path) -> dict[str, Any] | None:
@@ -82,11 +78,9 @@ def _entry(path: Path) -> dict[str, Any] | None:
     said), or crafted (a plan that would run code: accel.plan.untrusted) is not one."""
     try:
         entry = json.loads(read_small(path, ENTRY_LIMIT))  # a named pipe or a terabyte in a shared folder
-    except OSError:  # (a link is refused by the open: said)
-        linked(path, CACHE, "it is not read as an entry (a search measures again; storing its answer replaces the "
-                            "link)")
-        return None
-    except (ValueError, UnicodeError, RecursionError):
+    except (OSError, ValueError, UnicodeError, RecursionError):  # (a link is refused by the open: said)
+        linked(path, "the plan cache", "it is not read as an entry (a search measures again; storing its answer "
+                                       "replaces the link)")
         return None
     result = entry.get("result") if isinstance(entry, dict) else None
     plan = result.get("plan") if isinstance(result, dict) else None
@@ -99,21 +93,18 @@ def _entry(path: Path) -> dict[str, Any] | None:
 def lookup(parts: dict[str, Any], where: Any = True, kind: str = "") -> dict[str, Any] | None:
     """The remembered result (TuneResult.to_dict()) for these facts, or None (then the search measures again)."""
     entry = _entry(cache_dir(where) / f"{kind}{key_of(parts)}.json")
-    if entry is None or entry["key"] != json.loads(json.dumps(parts, default=str)):
-        return None
-    return entry["result"]
+    return entry["result"] if entry is not None and entry["key"] == json.loads(json.dumps(parts, default=str)) else None
 
 
 def store(parts: dict[str, Any], result: dict[str, Any], where: Any = True, what: str = "the choice", kind: str = ""
           ) -> str:
     """Remember a choice (TuneResult.to_dict()); its key, or "" when not kept: a plan that would not come back as it
     was (tensors, functions), or a cache that cannot be written (said)."""
-    key = key_of(parts)
+    key, folder = key_of(parts), cache_dir(where)
     try:
         json.dumps(result["plan"])
     except (TypeError, ValueError):
         return ""
-    folder = cache_dir(where)
     try:
         folder.mkdir(parents=True, exist_ok=True)
         write_text(folder / f"{kind}{key}.json",
@@ -136,9 +127,8 @@ def known_warmup(facts: dict[str, Any] | None, candidate: dict[str, dict], where
     """Seconds a costly candidate's warm-up took when last measured on this setup (a search's key facts), or None
     (never, or no cache)."""
     entry = lookup(_warmup(facts, candidate), where, WARMUP) if facts and where else None
-    seconds = entry.get("seconds") if entry else None
-    ok = isinstance(seconds, (int, float)) and not isinstance(seconds, bool) and 0 <= seconds < float("inf")
-    return float(seconds) if ok else None
+    seconds = (entry or {}).get("seconds")
+    return float(seconds) if type(seconds) in (int, float) and 0 <= seconds < float("inf") else None
 
 
 def remember_warmup(facts: dict[str, Any] | None, candidate: dict[str, dict], seconds: float, where: Any = True
@@ -155,10 +145,7 @@ def entries(where: Any = True) -> list[dict[str, Any]]:
     listed as unreadable."""
     found = []
     for path in sorted(p for p in cache_dir(where).glob("*.json") if ENTRY.fullmatch(p.name)):
-        entry = _entry(path)
-        if entry is None:
-            found.append({"key": path.stem, "plan": None, "measured_at": "", "facts": {}, "why": "unreadable entry"})
-            continue
+        entry = _entry(path) or {"key": {}, "result": {"plan": None, "why": "unreadable entry"}}
         result = entry["result"]
         found.append({"key": path.stem, "plan": result["plan"], "measured_at": str(result.get("measured_at", "")),
                       "facts": entry["key"], "why": str(result.get("why", ""))})
@@ -171,19 +158,15 @@ def clear(where: Any = True, key: str | None = None) -> int:
     folder, removed = cache_dir(where), 0
     for path in folder.glob("*.json"):
         name = path.name.removeprefix(WARMUP) if key is None else path.name  # a key names a plan's entry only
-        if ENTRY.fullmatch(name) and name.startswith(key or ""):
-            removed += _unlink(path)
-    if key is None:
-        for path in folder.glob(f"{PREFIX}*"):
-            if is_temporary(path):
-                _unlink(path)
+        removed += bool(ENTRY.fullmatch(name)) and name.startswith(key or "") and _unlink(path)
+    for path in folder.glob(f"{PREFIX}*{SUFFIX}") if key is None else ():  # accel's temporary files
+        _unlink(path)
     return removed
 
 
-def _unlink(path: Path) -> int:
+def _unlink(path: Path) -> bool:
     """Remove a file of accel's name; a folder under that name is someone else's, and stays."""
-    try:
+    with contextlib.suppress(IsADirectoryError):
         path.unlink(missing_ok=True)
-    except IsADirectoryError:
-        return 0
-    return 1
+        return True
+    return False

@@ -142,10 +142,10 @@ def blame(model: torch.nn.Module, fault: Fault, tolerance: float, capture: Captu
     def said(plan: bool, who: str, words: str) -> Blame:
         return Blame(plan, who, f"a loss was not finite {words}", fault.step)
 
-    if fault.state is None and not finite(list(snapshot(model).values())):  # its own step may have made them so
+    if fault.state is None and not finite(model.state_dict()):  # its own step may have made them so
         return said(True, "the plan", f"{at} under it, and by the chunk's end your model's weights were not finite "
                                       "either, so it could not be cleared (on an accelerator they are not copied)")
-    if not finite(list((fault.state or snapshot(model)).values())):
+    if not finite(fault.state or model.state_dict()):
         return said(False, "the model", f"{during}, and your model's weights or buffers were already not finite: "
                                          "the plain loop gives it too")
     if not fault.calls:
@@ -208,8 +208,8 @@ class Faults:
             to_plain()
             with deferred():  # the replay puts your model's weights back: never half-way
                 blamed = blame(self.model, fault, self.tolerance, self.capture)
-        same = next((b for b in self.blames if b.who == blamed.who), None) if not blamed.plan else None
         if not blamed.plan:
+            same = next((b for b in self.blames if b.who == blamed.who), None)
             same.also.append(blamed.step) if same is not None else self.blames.append(blamed)
         return blamed
 

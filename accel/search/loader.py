@@ -39,11 +39,8 @@ class SearchLoader:
 
     def _timed(self, batches: Iterator[Any]) -> Iterator[Any]:
         """Each batch as the plan in place prepares it, the loop's wait for it counted."""
-        while True:
-            began = clock.now()
-            batch = next(batches, StopIteration)
-            if batch is StopIteration:
-                return
+        began = clock.now()
+        for batch in batches:
             self.waited_s += clock.now() - began
             self.read = True
             self.run.on_batch(batch)
@@ -51,6 +48,7 @@ class SearchLoader:
             if loader.drawn is not None:
                 loader.drawn()
             yield loader.prepare(batch)
+            began = clock.now()
 
     def __len__(self) -> int:
         return len(self.run.current.loader)
@@ -83,21 +81,18 @@ class SearchLoader:
         what the answer's why says of them."""
         wait, spent = self.plain
         share = self.run.ranks.decide(wait / spent if spent else 0.0)  # every rank asks, whatever it decides
-        rows, joining = [], []
-        for candidate in candidates:
-            row = TuneRow(plan_label(candidate), candidate, "by data wait", "eager", tests=next(iter(candidate)))
+        joins = self.read and share >= DATA_WAIT
+        rows = [TuneRow(plan_label(c), c, "by data wait", "eager", tests=next(iter(c))) for c in candidates]
+        for row in rows:
             if not self.read:
                 row.status, row.reason = "not measured", "your loop never iterated run.loader: its data wait is unknown"
             else:
-                joins = share >= DATA_WAIT
-                chosen.update(candidate if joins else {})
-                joining += [row.name] if joins else []
                 row.decision = "chosen" if joins else "not needed"
                 row.reason = f"your loop waited {share:.0%} of its step for data" + (
                     ": it joins at the next epoch" if joins else "")
-            rows.append(row)
-        return rows, (f"{', '.join(joining)}{JOINS}: your loop waited {share:.0%} of its step for data"
-                      if joining else "")
+            chosen.update(row.plan if joins else {})
+        return rows, (f"{', '.join(r.name for r in rows)}{JOINS}: your loop waited {share:.0%} of its step for data"
+                      if joins and rows else "")
 
     def join(self) -> None:
         """At an epoch's start, the rebuilt loader chosen joins (accelerate() again); one that cannot is said, in a

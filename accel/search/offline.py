@@ -2,6 +2,7 @@
 start on the same batches, its first losses checked against the plain loop's. Your objects end as they started."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from typing import Any
 
@@ -34,7 +35,6 @@ def tune(model, optimizer, loader, device: Any = "auto", settings: Auto | None =
     started = clock.now()
     device, launch, hardware = placed(device)
     step = TrainStep(loss_fn=settings.loss_fn, split=settings.split, step_fn=settings.step_fn)
-    lab = Lab(model, optimizer, loader, device, step, check_steps=max(1, settings.check_steps))
     batch = first_batch(loader)  # taken without advancing its generators or any RNG
     if batch is None:
         raise MeasureError("tune needs batches, and the loader yields none")
@@ -49,8 +49,8 @@ def tune(model, optimizer, loader, device: Any = "auto", settings: Auto | None =
                                      "setup, and the cache gives the ranks its answer" if settings.cache else
                                      "and the cache is off"), None, clock.now() - started, record)
     if result is not None:
-        lab.close()
         return distribute(result, model, optimizer, device, launch, settings.memory_per_rank)
+    lab = Lab(model, optimizer, loader, device, step, check_steps=max(1, settings.check_steps))
     search = Search(settings, candidates_of(settings, hardware, model, optimizer, loader, in_loop=False))
     apart = Apart(lab, search, settings, facts, started)
     try:
@@ -69,7 +69,6 @@ class Apart:
 
     def __init__(self, lab: Lab, search: Search, settings: Auto, facts: dict | None, started: float):
         self.lab, self.search, self.settings, self.facts = lab, search, settings, facts
-        self.trials: list[Trial] = []
         self.base, self.deadline = None, started
 
     def run(self) -> None:
@@ -81,32 +80,25 @@ class Apart:
         self.lab.pace(base.settled_step_s, self.settings.chunk_steps)
         self.deadline = self.settings.deadline(self.deadline, base.settled_step_s)  # from the start
         comparisons = self.search.comparisons()
-        try:
+        with contextlib.suppress(StopIteration):
             request = next(comparisons)
             while True:
                 request = comparisons.send(self.measure(request))
-                for trial in self.trials:  # the plain loop's and the next reference's copies stay
+                for trial in self.lab.trials:  # the plain loop's and the next reference's copies stay
                     if trial.plan not in ({}, request.reference):
                         self.lab.retire(trial)
-        except StopIteration:
-            pass
-        row = self.search.rows[0]
-        row.vs_baseline, row.loss_ok, row.losses = 1.0, True, list(base.check_losses)
-        row.loss = sum(base.check_losses) / len(base.check_losses)
-        for name, value in timing_fields(base.median_s, base.first_s[0]).items():
-            setattr(row, name, value)
+        vars(self.search.rows[0]).update(timing_fields(base.median_s, base.first_s[0]), vs_baseline=1.0, loss_ok=True,
+                                         losses=list(base.check_losses),
+                                         loss=sum(base.check_losses) / len(base.check_losses))
 
     def trial(self, plan: dict[str, dict]) -> Trial:
-        found = next((t for t in self.trials if t.plan == plan and t.run is not None), None)
-        if found is None:
-            found = self.lab.trial(plan)
-            self.trials.append(found)
-        return found
+        """The plan's trial still alive (its copies kept), else a new one."""
+        return next((t for t in self.lab.trials if t.plan == plan and t.run is not None), None) or self.lab.trial(plan)
 
     def measure(self, request: Comparison) -> list[Arm]:
         """The comparison's outcomes; its reference is built again (when retired) only once it is admitted: its step
         as last timed (its trial alive, else the last retired) is what admit weighs."""
-        timed = [t for t in self.trials if t.plan == request.reference and t.first_s]
+        timed = [t for t in self.lab.trials if t.plan == request.reference and t.first_s]
         step_s = (timed[-1].median_s or timed[-1].settled_step_s) if timed else None
         self.deadline, note, unmeasured = admit(request, self.settings, self.facts, self.deadline, 0, step_s)
         if unmeasured:
@@ -132,12 +124,11 @@ class Apart:
         over 0.5 s)."""
         if trial.status in ("refused", "failed"):
             return Arm(trial.plan, trial.status, trial.error)
-        base = self.base
-        loss, reference = (sum(t.check_losses) / len(t.check_losses) for t in (trial, base))
+        loss, reference = (sum(t.check_losses) / len(t.check_losses) for t in (trial, self.base))
         loss_ok = abs(loss - reference) <= self.settings.tolerance * max(abs(reference), 1e-8)
         out = Arm(trial.plan, fields={"loss": loss, "loss_ok": loss_ok, "losses": list(trial.check_losses),
                                       **timing_fields(first_s=trial.first_s[0])})
-        fastest, base_step = min(trial.first_s), base.settled_step_s
+        fastest, base_step = min(trial.first_s), self.base.settled_step_s
         if not loss_ok:
             out.status, out.reason = "loss off", (f"loss {loss:.4f} vs baseline {reference:.4f} over the same first "
                                                   f"steps: outside the {self.settings.tolerance:.0%} tolerance")
