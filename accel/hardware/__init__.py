@@ -27,8 +27,7 @@ __all__ = ["IPEX_IMPORT_HINTS", "ISA_FLAGS", "PACKAGE_BACKENDS", "Hardware", "de
 
 def torch_version() -> tuple[int, int]:
     """torch's (major, minor): what behaviour gates (IPEX's pin, fixes that came with a release) compare."""
-    major, minor = torch.__version__.split("+")[0].split(".")[:2]
-    return int(major), int(minor)
+    return tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
 
 
 def package_version(distribution: str) -> str | None:

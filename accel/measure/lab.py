@@ -109,7 +109,7 @@ class Lab:
             trial.run.journal.resume()
         self.active = trial
 
-    def chunk(self, trial: Trial, limit_s: float = math.inf) -> float:
+    def chunk(self, trial: Trial, limit_s: float) -> float:
         """The trial's next steps, its median step in seconds (the first ``settle`` after a switch not counted)."""
         self.activate(trial)
         times: list[float] = []
