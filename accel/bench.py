@@ -8,6 +8,7 @@ import csv
 import gc
 import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -91,17 +92,15 @@ class BenchResult:
     def to_json(self, path=None, **kwargs: Any) -> str:
         text = json.dumps(self.to_dict(), default=str, **kwargs)
         if path is not None:
-            with open(path, "w") as handle:
-                handle.write(text)
+            Path(path).write_text(text)
         return text
 
     def write_csv(self, path) -> None:
         with open(path, "w", newline="") as handle:
             writer = csv.DictWriter(handle, fieldnames=CSV_FIELDS)
             writer.writeheader()
-            for row in self.rows:
-                writer.writerow({k: "+".join(map(str, v)) if isinstance(v, list) else v
-                                 for k, v in ((k, row.get(k)) for k in CSV_FIELDS)})
+            writer.writerows({k: "+".join(map(str, v)) if isinstance(v, list) else v
+                              for k, v in ((k, row.get(k)) for k in CSV_FIELDS)} for row in self.rows)
 
     def plot(self, path) -> None:
         """A bar chart of ms per step, one group per model, labelled with the ratio to eager."""

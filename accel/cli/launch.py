@@ -55,11 +55,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def find_library(pattern: str, prefix: str = sys.prefix) -> str | None:
-    for folder in LIBRARY_DIRS:
-        found = sorted(glob.glob(os.path.join(folder.format(prefix=prefix), pattern)))
-        if found:
-            return found[0]
-    return None
+    found = (sorted(glob.glob(os.path.join(folder.format(prefix=prefix), pattern))) for folder in LIBRARY_DIRS)
+    return next((files[0] for files in found if files), None)
 
 
 def rank_layout(physical_cpus: tuple[int, ...], nproc: int, cores_per_proc: int | None, node_rank: int = 0):
