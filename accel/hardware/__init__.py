@@ -209,11 +209,8 @@ def loaded_openmp(maps: str | None = None) -> str:
 
 
 def _devices() -> dict[str, int]:
-    devices = {"cpu": 1}
-    if torch.cuda.is_available():
-        devices["cuda"] = torch.cuda.device_count()
-    if torch.xpu.is_available():
-        devices["xpu"] = torch.xpu.device_count()
+    devices = {"cpu": 1} | {kind: getattr(torch, kind).device_count() for kind in ("cuda", "xpu")
+                            if getattr(torch, kind).is_available()}
     if torch.backends.mps.is_available():
         devices["mps"] = 1
     custom = torch._C._get_privateuse1_backend_name()
@@ -229,8 +226,8 @@ def probe() -> Hardware:
     allowed = _allowed_cpus()
     physical = _physical_cpus(allowed)
     isa, model = _cpuinfo()
-    versions = {"python": platform.python_version(), "torch": torch.__version__}
-    versions.update({name: package_version(name) for name in OPTIONAL_PACKAGES})
+    versions = {"python": platform.python_version(), "torch": torch.__version__,
+                **{name: package_version(name) for name in OPTIONAL_PACKAGES}}
     return Hardware(logical_cpus=os.cpu_count() or 1, physical_cores=len(physical), cpus_allowed=allowed,
                     physical_cpus=physical, numa_nodes=_numa_nodes(), isa=isa, cpu_model=model, openmp=loaded_openmp(),
                     devices=_devices(), versions=versions, torch_cpu_capability=torch.backends.cpu.get_cpu_capability())
