@@ -144,11 +144,10 @@ class BenchResult:
                 f"{r['vs_baseline']:.2f} ({r['ratio_low']:.2f}-{r['ratio_high']:.2f})" if r.get("ratio_low")
                 else f"{r['vs_baseline']:.2f}")
             fraction = r.get("peak_fraction")
-            over = fraction is not None and fraction > 1
             body.append((r["model"], plan, f"{r['median_ms']:.1f}", f"±{r['spread_pct'] / 2:.1f}%",
                          f"{r['warmup_s']:.2f}", f"{r['gflops']:.1f}" if r.get("gflops") is not None else "",
-                         f"{100 * fraction:.0f}% {r['dtype']}{'*' * over}" if fraction is not None else "", ratio,
-                         "noise" if r.get("noise") else ""))
+                         f"{100 * fraction:.0f}% {r['dtype']}{'*' * (fraction > 1)}" if fraction is not None else "",
+                         ratio, "noise" if r.get("noise") else ""))
         lines = render_table(("model", "plan", "ms/step", "spread", "warm-up s", "GFLOP/s", "% peak", "vs eager (90%)",
                               ""), body, right=(2, 3, 4, 5, 6))
         peaks = ", ".join(f"{k} {v}" for k, v in self.machine.get("peaks_gflops", {}).items())

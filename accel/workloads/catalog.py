@@ -36,11 +36,9 @@ class Workload:
         torch.manual_seed(seed)
         model, make_data = self.make(size)
         batch = batch or (self.batch_size or {"tiny": 4, "real": 16})[size]
-        data = make_data(batch * steps)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=self.lr)
-        loader = DataLoader(data, batch_size=batch, shuffle=True, collate_fn=self.collate,
+        loader = DataLoader(make_data(batch * steps), batch_size=batch, shuffle=True, collate_fn=self.collate,
                             generator=torch.Generator().manual_seed(seed))
-        return model, optimizer, loader
+        return model, torch.optim.AdamW(model.parameters(), lr=self.lr), loader
 
 
 def _images(channels: int, size: int, classes: int) -> Callable[[int], list]:
