@@ -239,8 +239,7 @@ def resolve_device(device: str | torch.device | None = "auto", local_rank: int =
     torch device string is taken as is. ``hardware``: the machine to resolve for (default: this one)."""
     if device is None or device == "auto":
         devices = (hardware or probe()).devices
-        kind = next((k for k in ("cuda", "xpu", "mps") if devices.get(k)), "cpu")
-        device = torch.device(kind)
+        device = next((k for k in ("cuda", "xpu", "mps") if devices.get(k)), "cpu")
     device = torch.device(device)
     if device.index is None and device.type not in ("cpu", "mps", "meta"):
         count = (hardware or probe()).devices.get(device.type, 0)
