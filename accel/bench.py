@@ -8,6 +8,7 @@ import csv
 import gc
 import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -91,17 +92,15 @@ class BenchResult:
     def to_json(self, path=None, **kwargs: Any) -> str:
         text = json.dumps(self.to_dict(), default=str, **kwargs)
         if path is not None:
-            with open(path, "w") as handle:
-                handle.write(text)
+            Path(path).write_text(text)
         return text
 
     def write_csv(self, path) -> None:
         with open(path, "w", newline="") as handle:
             writer = csv.DictWriter(handle, fieldnames=CSV_FIELDS)
             writer.writeheader()
-            for row in self.rows:
-                writer.writerow({k: "+".join(map(str, v)) if isinstance(v, list) else v
-                                 for k, v in ((k, row.get(k)) for k in CSV_FIELDS)})
+            writer.writerows({k: "+".join(map(str, v)) if isinstance(v, list) else v
+                              for k, v in ((k, row.get(k)) for k in CSV_FIELDS)} for row in self.rows)
 
     def plot(self, path) -> None:
         """A bar chart of ms per step, one group per model, labelled with the ratio to eager."""
@@ -145,11 +144,10 @@ class BenchResult:
                 f"{r['vs_baseline']:.2f} ({r['ratio_low']:.2f}-{r['ratio_high']:.2f})" if r.get("ratio_low")
                 else f"{r['vs_baseline']:.2f}")
             fraction = r.get("peak_fraction")
-            over = fraction is not None and fraction > 1
             body.append((r["model"], plan, f"{r['median_ms']:.1f}", f"±{r['spread_pct'] / 2:.1f}%",
                          f"{r['warmup_s']:.2f}", f"{r['gflops']:.1f}" if r.get("gflops") is not None else "",
-                         f"{100 * fraction:.0f}% {r['dtype']}{'*' * over}" if fraction is not None else "", ratio,
-                         "noise" if r.get("noise") else ""))
+                         f"{100 * fraction:.0f}% {r['dtype']}{'*' * (fraction > 1)}" if fraction is not None else "",
+                         ratio, "noise" if r.get("noise") else ""))
         lines = render_table(("model", "plan", "ms/step", "spread", "warm-up s", "GFLOP/s", "% peak", "vs eager (90%)",
                               ""), body, right=(2, 3, 4, 5, 6))
         peaks = ", ".join(f"{k} {v}" for k, v in self.machine.get("peaks_gflops", {}).items())
@@ -195,9 +193,13 @@ def bench(models=DEFAULT_MODELS, plans=("auto",), rounds: int = 3, steps: int | 
     phases = len(wanted) + ("auto" in wanted) + rounds  # per model: each plan set up, auto's search, each round
     progress.start(len(models) * phases)
     for index, name in enumerate(models):
-        build = (_workload(name, suite) if suite is not None else
-                 _torchvision(name, optimizer, batch_size, image_size, classes))
-        rows += _bench_model(name, build, wanted, settings, resolved, progress, index * phases)
+        try:  # a model that cannot be built or run at this size is a row of errors, not a traceback
+            built = (_workload(name, suite) if suite is not None else
+                     _torchvision(name, optimizer, batch_size, image_size, classes))
+        except Exception as error:
+            rows += [error_row(name, plan_label(p), f"{type(error).__name__}: {error}") for p in wanted]
+        else:
+            rows += _bench_model(name, *built, wanted, settings, resolved, progress, index * phases)
         gc.collect()
     progress.close()
     add_ratios(rows, peaks)
@@ -206,32 +208,21 @@ def bench(models=DEFAULT_MODELS, plans=("auto",), rounds: int = 3, steps: int | 
 
 def _torchvision(name, optimizer, batch_size, image_size, classes):
     """The seed benchmark's setting: a torchvision model, random images, cross-entropy."""
-    def build():
-        torch.manual_seed(0)
-        net = build_model(name, classes)
-        opt = make_optimizer(optimizer, net)
-        data = TensorDataset(torch.randn(2 * batch_size, 3, image_size, image_size),
-                             torch.randint(0, classes, (2 * batch_size,)))
-        loader = DataLoader(data, batch_size=batch_size, drop_last=True)
-        return net, opt, loader, TrainStep(), training_flops(net, torch.randn(batch_size, 3, image_size, image_size))
-    return build
+    torch.manual_seed(0)
+    net = build_model(name, classes)
+    data = TensorDataset(torch.randn(2 * batch_size, 3, image_size, image_size),
+                         torch.randint(0, classes, (2 * batch_size,)))
+    return (net, make_optimizer(optimizer, net), DataLoader(data, batch_size=batch_size, drop_last=True), TrainStep(),
+            training_flops(net, torch.randn(batch_size, 3, image_size, image_size)))
 
 
 def _workload(name, size):
     """A workload of the zoo with its own batches and loss (its FLOPs are not counted: 0)."""
-    def build():
-        workload = WORKLOADS[name]
-        net, opt, loader = workload.build(size, steps=2)
-        return net, opt, loader, TrainStep(step_fn=lambda run, batch: workload.loss(run.model, batch)), 0.0
-    return build
+    workload = WORKLOADS[name]
+    return *workload.build(size, steps=2), TrainStep(step_fn=lambda run, batch: workload.loss(run.model, batch)), 0.0
 
 
-def _bench_model(name, build, wanted, settings, device, progress, at) -> list[dict[str, Any]]:
-    try:  # a model that cannot be built or run at this size is a row of errors, not a traceback
-        net, opt, loader, given, flops = build()
-    except Exception as error:
-        return [error_row(name, plan_label(p), f"{type(error).__name__}: {error}") for p in wanted]
-
+def _bench_model(name, net, opt, loader, given, flops, wanted, settings, device, progress, at) -> list[dict[str, Any]]:
     def counted(run, batch):  # the loss of the model's own step, each step told to the progress bar
         progress.step()
         return given.loss(run, batch)
@@ -272,17 +263,17 @@ def _bench_model(name, build, wanted, settings, device, progress, at) -> list[di
 def _row(model, label, trial, setup_s, ratio: Ratio, flops, tuned, settings, steps) -> dict[str, Any]:
     if trial.status != "ready":  # refused, or broke in a later round: its times are not a result
         return error_row(model, label, trial.error)
-    run_dtype = peak_dtype(trial.run.autocast_dtype) if trial.plan and trial.run is not None else None
+    eager, run = label == "eager", trial.run  # eager is the reference: its ratio is empty
     row = {"model": model, "plan": label, "status": "ok", **summarize(trial.times),
-           "vs_baseline": round(ratio.estimate, 3) if label != "eager" else 1.0,
-           "ratio_low": round(ratio.low, 3) if label != "eager" and ratio.rounds > 1 else None,
-           "ratio_high": round(ratio.high, 3) if label != "eager" and ratio.rounds > 1 else None,
-           "noise": label != "eager" and ratio.noisy(), "times_ms": [round(t * 1000, 3) for t in trial.times],
+           "vs_baseline": 1.0 if eager else round(ratio.estimate, 3),
+           "ratio_low": round(ratio.low, 3) if ratio.rounds > 1 else None,
+           "ratio_high": round(ratio.high, 3) if ratio.rounds > 1 else None,
+           "noise": not eager and ratio.noisy(), "times_ms": [round(t * 1000, 3) for t in trial.times],
            "first_step_s": round(trial.first_s[0], 4), "warmup_s": round(trial.warmup_s, 4),
-           "setup_s": round(setup_s, 4), "dtype": run_dtype or "fp32", "gflop_per_step": round(flops / 1e9, 3),
-           "steps": steps, **{k: settings[k] for k in ("rounds", "optimizer", "batch_size", "image_size")},
-           "applied": trial.run.report.applied if trial.run else [],
-           "skipped": trial.run.report.skipped if trial.run else [], **tuned}
+           "setup_s": round(setup_s, 4), "dtype": peak_dtype(run.autocast_dtype),
+           "gflop_per_step": round(flops / 1e9, 3), "steps": steps,
+           **{k: settings[k] for k in ("rounds", "optimizer", "batch_size", "image_size")},
+           "applied": run.report.applied, "skipped": run.report.skipped, **tuned}
     row["gflops"] = round(row["gflop_per_step"] / (row["median_ms"] / 1000), 2) if flops else None
     return row
 

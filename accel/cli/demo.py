@@ -6,6 +6,7 @@ speed-up is the ratio of their paired turns with its interval, auto's measuring 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 import time
@@ -101,11 +102,11 @@ class Training:
         self.run.journal.suspend()
 
     def finish(self) -> dict:
-        run = self.run
+        run, search = self.run, self.run.report.search  # auto's words; None for a plan given
         run.journal.resume()
         result = {"seconds": sum(self.turn_s), "setup_s": self.setup_s, "steps": run.steps, "turn_s": self.turn_s,
                   "accuracy": accuracy(run.model, self.test_set, run.autocast), "report": run.report,
-                  "chosen_at": getattr(run, "chosen_at", None), "settled_at": getattr(run, "settled_at", None)}
+                  "chosen_at": search and search.chosen_at, "settled_at": search and search.settled_at}
         run.close()
         return result
 
@@ -226,7 +227,7 @@ def plot(path: str, plain: dict, accelerated: dict, ratio: Ratio, counts: list[i
     rows = [r for r in (tuning.rows[1:] if tuning is not None else []) if r.vs_baseline is not None and r.ratio]
     fig, axes = plt.subplots(1, 2 if rows else 1, figsize=(13 if rows else 7, max(4.2, 0.5 * len(rows) + 2)),
                              constrained_layout=True, squeeze=False)
-    steps = [sum(counts[:i + 1]) for i in range(len(counts))]
+    steps = list(itertools.accumulate(counts))
     left = axes[0][0]
     for result, color in ((plain, "grey"), (accelerated, "tab:green")):
         left.plot(steps, [1000 * s / n for s, n in zip(result["turn_s"], counts)], "o-", color=color,
@@ -249,7 +250,7 @@ def plot(path: str, plain: dict, accelerated: dict, ratio: Ratio, counts: list[i
             scale = row.vs_baseline / row.ratio["estimate"]
             low = (row.ratio["low"] or row.ratio["estimate"]) * scale
             high = (row.ratio["high"] or row.ratio["estimate"]) * scale
-            mark = row.plan == (tuning.plan.to_dict() if tuning is not None else None)
+            mark = row.plan == tuning.plan.to_dict()
             names.append(f"{row.name}{'  (chosen)' if mark else ''}\n{row.vs_baseline:.2f} ({low:.2f}-{high:.2f})")
             values.append(row.vs_baseline)
             errors[0].append(max(row.vs_baseline - low, 0))

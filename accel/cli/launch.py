@@ -55,11 +55,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def find_library(pattern: str, prefix: str = sys.prefix) -> str | None:
-    for folder in LIBRARY_DIRS:
-        found = sorted(glob.glob(os.path.join(folder.format(prefix=prefix), pattern)))
-        if found:
-            return found[0]
-    return None
+    found = (sorted(glob.glob(os.path.join(folder.format(prefix=prefix), pattern))) for folder in LIBRARY_DIRS)
+    return next((files[0] for files in found if files), None)
 
 
 def rank_layout(physical_cpus: tuple[int, ...], nproc: int, cores_per_proc: int | None, node_rank: int = 0):
@@ -97,23 +94,12 @@ def environment(layout, iomp: bool, allocator: str, environ, prefix: str = sys.p
         preload.append(library)
         if allocator == "jemalloc":
             wanted["MALLOC_CONF"] = JEMALLOC_CONF
-    set_, kept = {}, {}
-    for key, value in wanted.items():
-        if key not in (CORE_MAP, NODE_CPUS) and environ.get(key, value) != value:
-            kept[key] = environ[key]
-        else:
-            set_[key] = value
+    kept = {k: environ[k] for k, v in wanted.items() if k not in (CORE_MAP, NODE_CPUS) and environ.get(k, v) != v}
+    set_ = {k: v for k, v in wanted.items() if k not in kept}
     if preload:
         existing = [p for p in environ.get("LD_PRELOAD", "").split(":") if p]
         set_["LD_PRELOAD"] = ":".join(existing + [p for p in preload if p not in existing])
     return set_, kept
-
-
-def torchrun_command(args, master_addr: str, master_port: int) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(args.nnodes),
-            "--node-rank", str(args.node_rank), "--master-addr", master_addr, "--master-port", str(master_port),
-            "--nproc-per-node", str(args.nproc_per_node), "--max-restarts", str(args.max_restarts),
-            str(Path(rank_start.__file__).resolve()), args.script, *args.script_args]
 
 
 def check_numbers(args, environ=os.environ) -> int:
@@ -157,7 +143,10 @@ def run(args) -> int:
     if kept:
         print("kept (already set by you): " + " ".join(f"{k}={v}" for k, v in kept.items()))
     print("each rank, before torch loads: affinity to its cpus")
-    command = torchrun_command(args, master_addr, master_port)
+    command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(args.nnodes),
+               "--node-rank", str(args.node_rank), "--master-addr", master_addr, "--master-port", str(master_port),
+               "--nproc-per-node", str(args.nproc_per_node), "--max-restarts", str(args.max_restarts),
+               str(Path(rank_start.__file__).resolve()), args.script, *args.script_args]
     print("command: " + shlex.join(command), flush=True)
     if args.dry_run:
         return 0

@@ -27,8 +27,7 @@ __all__ = ["IPEX_IMPORT_HINTS", "ISA_FLAGS", "PACKAGE_BACKENDS", "Hardware", "de
 
 def torch_version() -> tuple[int, int]:
     """torch's (major, minor): what behaviour gates (IPEX's pin, fixes that came with a release) compare."""
-    major, minor = torch.__version__.split("+")[0].split(".")[:2]
-    return int(major), int(minor)
+    return tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
 
 
 def package_version(distribution: str) -> str | None:
@@ -210,11 +209,8 @@ def loaded_openmp(maps: str | None = None) -> str:
 
 
 def _devices() -> dict[str, int]:
-    devices = {"cpu": 1}
-    if torch.cuda.is_available():
-        devices["cuda"] = torch.cuda.device_count()
-    if torch.xpu.is_available():
-        devices["xpu"] = torch.xpu.device_count()
+    devices = {"cpu": 1} | {kind: getattr(torch, kind).device_count() for kind in ("cuda", "xpu")
+                            if getattr(torch, kind).is_available()}
     if torch.backends.mps.is_available():
         devices["mps"] = 1
     custom = torch._C._get_privateuse1_backend_name()
@@ -230,8 +226,8 @@ def probe() -> Hardware:
     allowed = _allowed_cpus()
     physical = _physical_cpus(allowed)
     isa, model = _cpuinfo()
-    versions = {"python": platform.python_version(), "torch": torch.__version__}
-    versions.update({name: package_version(name) for name in OPTIONAL_PACKAGES})
+    versions = {"python": platform.python_version(), "torch": torch.__version__,
+                **{name: package_version(name) for name in OPTIONAL_PACKAGES}}
     return Hardware(logical_cpus=os.cpu_count() or 1, physical_cores=len(physical), cpus_allowed=allowed,
                     physical_cpus=physical, numa_nodes=_numa_nodes(), isa=isa, cpu_model=model, openmp=loaded_openmp(),
                     devices=_devices(), versions=versions, torch_cpu_capability=torch.backends.cpu.get_cpu_capability())
@@ -243,8 +239,7 @@ def resolve_device(device: str | torch.device | None = "auto", local_rank: int =
     torch device string is taken as is. ``hardware``: the machine to resolve for (default: this one)."""
     if device is None or device == "auto":
         devices = (hardware or probe()).devices
-        kind = next((k for k in ("cuda", "xpu", "mps") if devices.get(k)), "cpu")
-        device = torch.device(kind)
+        device = next((k for k in ("cuda", "xpu", "mps") if devices.get(k)), "cpu")
     device = torch.device(device)
     if device.index is None and device.type not in ("cpu", "mps", "meta"):
         count = (hardware or probe()).devices.get(device.type, 0)

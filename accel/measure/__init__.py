@@ -150,11 +150,11 @@ class Ratio:
 
     @property
     def low(self) -> float:
-        return self.estimate * math.exp(-self._half_width()) if self.samples else math.nan
+        return self.estimate * math.exp(-self._half_width())  # nan without samples, as the estimate
 
     @property
     def high(self) -> float:
-        return self.estimate * math.exp(self._half_width()) if self.samples else math.nan
+        return self.estimate * math.exp(self._half_width())
 
     @property
     def median(self) -> float:
@@ -215,36 +215,29 @@ def plan_label(plan: Any) -> str:
 PEAK_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def matmul_peak(device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32, size: int = 2048,
-                repeats: int = 5) -> float:
-    """This machine's measured matmul rate in FLOP/s for a dtype (best of `repeats`): the roofline of a step."""
-    device = torch.device(device)
-    a = torch.randn(size, size, device=device).to(dtype)
-    b = torch.randn(size, size, device=device).to(dtype)
-    torch.mm(a, b)  # warm-up
-    best = math.inf
-    for _ in range(repeats):
-        synchronize(device)
-        start = clock.now()
-        torch.mm(a, b)
-        synchronize(device)
-        best = min(best, clock.now() - start)
-    return 2.0 * size ** 3 / best
+def matmul_peaks(device: str | torch.device, hardware, size: int = 2048, repeats: int = 5) -> dict[str, float]:
+    """This machine's measured matmul rate in FLOP/s (best of ``repeats``) for each dtype a training step can compute
+    in here (peak_dtypes): the roofline of a step."""
+    device, peaks = torch.device(device), {}
+    for name in peak_dtypes(device, hardware):
+        a, b = (torch.randn(size, size, device=device).to(PEAK_DTYPES[name]) for _ in range(2))
+        torch.mm(a, b)  # warm-up
+        best = math.inf
+        for _ in range(repeats):
+            synchronize(device)
+            start = clock.now()
+            torch.mm(a, b)
+            synchronize(device)
+            best = min(best, clock.now() - start)
+        peaks[name] = 2.0 * size ** 3 / best
+    return peaks
 
 
-def matmul_peaks(device: str | torch.device = "cpu", hardware=None, size: int = 2048) -> dict[str, float]:
-    """FLOP/s peaks of the dtypes a training step can compute in here: fp32 always; bf16 and fp16 where the
-    device computes them natively (on a CPU, avx512_bf16 / AMX, avx512_fp16 / AMX-FP16)."""
-    device = torch.device(device)
-    return {name: matmul_peak(device, PEAK_DTYPES[name], size) for name in peak_dtypes(device, hardware)}
-
-
-def peak_dtypes(device: torch.device, hardware=None) -> list[str]:
-    """The dtypes whose peak is worth measuring on this device (a CPU's emulated dtypes have no peak to reach)."""
+def peak_dtypes(device: torch.device, hardware) -> list[str]:
+    """fp32 always; bf16 and fp16 where the device computes them natively (on a CPU, avx512_bf16 / AMX, avx512_fp16 /
+    AMX-FP16): a CPU's emulated dtypes have no peak to reach."""
     if device.type != "cpu":
-        return ["fp32", "bf16", "fp16"]
-    if hardware is None:
-        return ["fp32"]
+        return list(PEAK_DTYPES)
     return ["fp32"] + ["bf16"] * hardware.native_bf16 + ["fp16"] * hardware.native_fp16
 
 

@@ -109,7 +109,7 @@ class Lab:
             trial.run.journal.resume()
         self.active = trial
 
-    def chunk(self, trial: Trial, limit_s: float = math.inf) -> float:
+    def chunk(self, trial: Trial, limit_s: float) -> float:
         """The trial's next steps, its median step in seconds (the first ``settle`` after a switch not counted)."""
         self.activate(trial)
         times: list[float] = []
@@ -146,8 +146,7 @@ class Lab:
                 ratios[id(trial)] = paired({r: t for r, t in trial.rounds.items() if r > first}, reference.rounds)
             if len(arms) == 1:  # every challenger failed: nothing left to compare
                 break
-            live = {id(t) for t in arms}
-            decided = all(r.below(x) or r.above(x) for k, r in ratios.items() if k in live for x in thresholds)
+            decided = all(ratios[id(t)].below(x) or ratios[id(t)].above(x) for t in arms[1:] for x in thresholds)
             if (index + 1 >= min_rounds and decided) or (index + 1 >= 2 and clock.now() > deadline):
                 break
         return ratios

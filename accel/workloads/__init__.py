@@ -62,8 +62,7 @@ def digits_datasets(seed: int = 0, test_fraction: float = 0.25) -> tuple[TensorD
     labels = torch.tensor(digits.target, dtype=torch.long)
     order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(seed))
     cut = int(len(labels) * (1 - test_fraction))
-    train, test = order[:cut], order[cut:]
-    return TensorDataset(images[train], labels[train]), TensorDataset(images[test], labels[test])
+    return tuple(TensorDataset(images[part], labels[part]) for part in (order[:cut], order[cut:]))
 
 
 def cifar_shaped(dataset: TensorDataset, size: int = 32) -> TensorDataset:
@@ -79,12 +78,11 @@ def accuracy(model: nn.Module, dataset: TensorDataset, autocast=None, batch_size
     was_training = model.training
     model.eval()
     images, labels = dataset.tensors
-    device = next(model.parameters()).device
-    correct = 0
-    for start in range(0, len(labels), batch_size):
+    device, correct = next(model.parameters()).device, 0
+    for inputs, targets in zip(images.split(batch_size), labels.split(batch_size)):
         with (autocast or contextlib.nullcontext)():
-            output = model(images[start:start + batch_size].to(device))
-        correct += (output.argmax(1).cpu() == labels[start:start + batch_size]).sum().item()
+            output = model(inputs.to(device))
+        correct += (output.argmax(1).cpu() == targets).sum().item()
     model.train(was_training)
     return correct / len(labels)
 

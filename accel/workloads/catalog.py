@@ -36,11 +36,9 @@ class Workload:
         torch.manual_seed(seed)
         model, make_data = self.make(size)
         batch = batch or (self.batch_size or {"tiny": 4, "real": 16})[size]
-        data = make_data(batch * steps)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=self.lr)
-        loader = DataLoader(data, batch_size=batch, shuffle=True, collate_fn=self.collate,
+        loader = DataLoader(make_data(batch * steps), batch_size=batch, shuffle=True, collate_fn=self.collate,
                             generator=torch.Generator().manual_seed(seed))
-        return model, optimizer, loader
+        return model, torch.optim.AdamW(model.parameters(), lr=self.lr), loader
 
 
 def _images(channels: int, size: int, classes: int) -> Callable[[int], list]:
@@ -78,36 +76,32 @@ def _tokens(vocab: int, length: int, labels: Callable[[torch.Tensor, torch.Gener
     return make
 
 
+# the tiny transformers' sizes (BERT's and ViT's names); their real size is the config's default (the -base model)
+TINY = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64}
+
+
 def _bert(size: str):
     from transformers import BertConfig, BertForSequenceClassification
 
     tiny = size == "tiny"
-    config = BertConfig(vocab_size=200 if tiny else 30522, hidden_size=32 if tiny else 768,
-                        num_hidden_layers=2 if tiny else 12, num_attention_heads=2 if tiny else 12,
-                        intermediate_size=64 if tiny else 3072, max_position_embeddings=128 if tiny else 512,
-                        num_labels=3)
-    length = 16 if tiny else 128
-    return (BertForSequenceClassification(config),
-            _tokens(config.vocab_size, length, lambda ids, g: torch.randint(0, 3, (len(ids),), generator=g)))
+    config = BertConfig(num_labels=3, **(dict(TINY, vocab_size=200, max_position_embeddings=128) if tiny else {}))
+    data = _tokens(config.vocab_size, 16 if tiny else 128, lambda ids, g: torch.randint(0, 3, (len(ids),), generator=g))
+    return BertForSequenceClassification(config), data
 
 
 def _gpt2(size: str):
     from transformers import GPT2Config, GPT2LMHeadModel
 
     tiny = size == "tiny"
-    config = GPT2Config(vocab_size=200 if tiny else 50257, n_embd=32 if tiny else 768, n_layer=2 if tiny else 12,
-                        n_head=2 if tiny else 12, n_positions=64 if tiny else 1024)
-    length = 16 if tiny else 256
-    return GPT2LMHeadModel(config), _tokens(config.vocab_size, length, lambda ids, g: ids.clone())
+    config = GPT2Config(**({"vocab_size": 200, "n_embd": 32, "n_layer": 2, "n_head": 2, "n_positions": 64} if tiny
+                           else {}))
+    return GPT2LMHeadModel(config), _tokens(config.vocab_size, 16 if tiny else 256, lambda ids, g: ids.clone())
 
 
 def _vit(size: str):
     from transformers import ViTConfig, ViTForImageClassification
 
-    tiny = size == "tiny"
-    config = ViTConfig(image_size=32 if tiny else 224, patch_size=8 if tiny else 16, hidden_size=32 if tiny else 768,
-                       num_hidden_layers=2 if tiny else 12, num_attention_heads=2 if tiny else 12,
-                       intermediate_size=64 if tiny else 3072, num_labels=10)
+    config = ViTConfig(num_labels=10, **(dict(TINY, image_size=32, patch_size=8) if size == "tiny" else {}))
     images = _images(3, config.image_size, 10)
     return ViTForImageClassification(config), lambda count: [{"pixel_values": x, "labels": y} for x, y in images(count)]
 
@@ -127,10 +121,9 @@ def _timm(size: str):
 def _detector(size: str):
     from torchvision.models.detection import fasterrcnn_mobilenet_v3_large_320_fpn
 
-    tiny = size == "tiny"
-    model = fasterrcnn_mobilenet_v3_large_320_fpn(weights=None, weights_backbone=None, num_classes=4,
-                                                  min_size=128 if tiny else 320, max_size=128 if tiny else 320)
-    side = 128 if tiny else 320
+    side = 128 if size == "tiny" else 320
+    model = fasterrcnn_mobilenet_v3_large_320_fpn(weights=None, weights_backbone=None, num_classes=4, min_size=side,
+                                                  max_size=side)
 
     def make(count: int) -> list:
         generator = torch.Generator().manual_seed(1)
