@@ -131,14 +131,11 @@ class Run(RunState):
             for accelerator, state in self._syncing:
                 accelerator.release_held_gradients(self, state)
 
-    def autocast(self) -> contextlib.AbstractContextManager:
+    @contextlib.contextmanager
+    def autocast(self) -> Iterator[None]:
         """The contexts the plan chose for the forward pass and the loss (autocast), and torch's autograd switch put
         back as it was at ``with`` if the block raises: a compiled forward (torch.compile, dynamo) that raises inside
         a ``no_grad`` region (spectral_norm's power iteration) leaves it off for the rest of the process."""
-        return self._entered()
-
-    @contextlib.contextmanager
-    def _entered(self) -> Iterator[None]:
         with contextlib.ExitStack() as stack:  # entered at `with`; one that fails exits those before it
             stack.enter_context(autograd_kept())
             for accelerator in self._contexts:
