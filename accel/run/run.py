@@ -236,14 +236,12 @@ class Run(RunState):
         if successor.loader is not None and self.loader is not None:
             successor.loader.epoch = self.loader.epoch
             kept.append(f"epoch={self.loader.epoch}")
-        mine = {a.name for a in self.accelerators}
-        for accelerator in successor.accelerators:
-            if accelerator.name in mine:
-                try:
-                    successor.load_accelerator_state(accelerator.name, self.accelerator_state_dict(accelerator.name))
-                    kept.append(f"{accelerator.name}'s state")
-                except ValueError as error:
-                    kept.append(f"{accelerator.name} started afresh ({error})")
+        for name in [n for n in successor.states if n in self.states]:  # both plans apply it (in plan order)
+            try:
+                successor.load_accelerator_state(name, self.accelerator_state_dict(name))
+                kept.append(f"{name}'s state")
+            except ValueError as error:
+                kept.append(f"{name} started afresh ({error})")
         successor.report.continued = "the earlier run on this model, now closed: " + ", ".join(kept)
         if self.loader is not None:
             self.loader.handed_over = True
