@@ -16,7 +16,7 @@ import stat
 import sys
 import types
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -129,10 +129,7 @@ def save(run, path) -> None:
 def write_state(path: Path, state: dict[str, Any], checkpoint: Path) -> None:
     """Both formats (the file, or the sharded checkpoint's accel.pt): refuse what run.load could not read back
     rather than write it, else write it with its checksum, atomically."""
-    problems = unreadable(state)
-    if problems:
-        raise CheckpointError(f"{checkpoint}: not written: run.load reads tensors and plain data only (torch.load with "
-                              f"weights_only), and could not read back " + "; ".join(problems))
+    refuse_unreadable(checkpoint, state)
     state["checksum"] = checksum(state)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomically(path, lambda file: torch.save(state, file))
@@ -153,10 +150,11 @@ def plain_numbers(value: Any) -> Any:
     return each_value(lambda v: v.item() if numpy is not None and isinstance(v, numpy.generic) else v, value)
 
 
-def unreadable(state: dict[str, Any]) -> list[str]:
-    """What of the plan's options, the accelerators' states, the model's extra state (a module's get_extra_state),
-    the optimizer's param groups and the sampler's values torch.load(weights_only=True) cannot read back (a
-    pathlib.Path), each named: run.save refuses it, rather than write what run.load then refuses."""
+def refuse_unreadable(checkpoint: Path, state: dict[str, Any], more: Sequence[str] = ()) -> None:
+    """A CheckpointError naming what of the plan's options, the accelerators' states, the model's extra state (a
+    module's get_extra_state), the optimizer's param groups and the sampler's values torch.load(weights_only=True)
+    cannot read back (a pathlib.Path), and the caller's ``more`` problems: run.save refuses it, rather than write
+    what run.load then refuses."""
     parts = {f"{name}'s options": options for name, options in state["plan"].items()}
     for states in [state.get("accelerators", {}), *state.get("accelerators_per_rank", [])]:
         parts.update({f"{name}'s state": value for name, value in states.items()})
@@ -175,7 +173,10 @@ def unreadable(state: dict[str, Any]) -> list[str]:
             found = re.search(r"GLOBAL (\S+)", str(error))
             problems.append(f"{what} ({found.group(1) if found else type(error).__name__}: save it as plain data, "
                             "str, int, float, lists, dicts or tensors)")
-    return problems
+    problems += more
+    if problems:
+        raise CheckpointError(f"{checkpoint}: not written: run.load reads tensors and plain data only (torch.load with "
+                              f"weights_only), and could not read back " + "; ".join(problems))
 
 
 def on_rank_zero(work: Callable[[], None], path: Path, remove: Path | None = None) -> None:
@@ -205,12 +206,6 @@ def first_line(error: BaseException) -> str:
     return str(error).strip().splitlines()[0] if str(error).strip() else ""
 
 
-def read(path, form: int = FORMAT, required=("plan", "model", "optimizer", "step", "epoch", "rng")) -> dict[str, Any]:
-    """The checkpoint's contents (or a sharded one's accel.pt), checked whole: a CheckpointError names the file and
-    what is wrong."""
-    state = load_file(Path(path))
-    check_contents(path, state, form, required)
-    return state
 
 
 def load_file(path: Path) -> Any:
@@ -243,9 +238,11 @@ def load_file(path: Path) -> Any:
                                   f"{type(error).__name__})") from error
 
 
-def check_contents(path, state: Any, form: int, required: tuple[str, ...]) -> None:
-    """Refuse a state of another format, without a part ``required``, with a part run.save does not write, or
-    whose tensors do not match its checksum (the file or the sharded checkpoint's accel.pt)."""
+def read(path, form: int = FORMAT, required=("plan", "model", "optimizer", "step", "epoch", "rng")) -> dict[str, Any]:
+    """The checkpoint's contents (or a sharded one's accel.pt), checked whole: a CheckpointError names the file and
+    what is wrong: another format, a part ``required`` missing, a part run.save does not write, or tensors that do
+    not match its checksum."""
+    state = load_file(Path(path))
     if not isinstance(state, dict) or state.get("format") != form:
         found = f"format {state.get('format')!r}" if isinstance(state, dict) and "format" in state else (
             f"a {type(state).__name__} without accel's format marker")
@@ -260,6 +257,7 @@ def check_contents(path, state: Any, form: int, required: tuple[str, ...]) -> No
     if state.get("checksum") != checksum(state):
         raise CheckpointError(f"{path}: its tensors do not match the checksum saved with them: the file was "
                               "corrupted after it was written; nothing was loaded")
+    return state
 
 
 def load(run, path, state: dict[str, Any]) -> dict[str, Any]:

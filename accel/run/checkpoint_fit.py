@@ -193,26 +193,21 @@ def _fits(state: torch.Size, param: torch.Size, total: int) -> bool:
 def fit_problems(run, saved: dict[str, Any], model: dict[str, Any], current: dict[str, Any]) -> list[str]:
     """Why a saved state does not fit the run, for both formats: the model's keys and shapes (``model``: the saved
     tensors, or the shapes in DCP's metadata, against ``current``), the optimizer (its class; where its state is in
-    hand, one file, its groups and state shapes), and no state of an accelerator the run did not apply."""
+    hand, one file, its groups and state shapes), and no state of an accelerator the run did not apply (less ddp
+    and fsdp: one process loads a launched job's checkpoint, their states are its world's)."""
     names = set(saved.get("accelerators", {})) | {n for part in saved.get("accelerators_per_rank", []) for n in part}
     optimizer = saved.get("optimizer")  # absent from a sharded checkpoint's accel.pt: DCP's files hold it
     present = optimizer is not None if "optimizer" in saved else saved.get("optimizer_class") is not None
     problems = model_problems(model, current)
     problems += optimizer_problems(run.optimizer, saved.get("optimizer_class"), present, optimizer)
-    return problems + stray_problems(names, run)
+    stray = sorted(set(training_plan(dict.fromkeys(names))) - {a.name for a in run.accelerators})
+    return problems + ([f"state of accelerators this run did not apply: {stray}"] if stray else [])
 
 
 def training_plan(plan: dict[str, dict]) -> dict[str, dict]:
     """The plan without its distribution accelerators (ddp, fsdp): what decides the model and the training."""
     return {name: options for name, options in plan.items()
             if name not in REGISTRY or REGISTRY[name].stage is not Stage.DISTRIBUTION}
-
-
-def stray_problems(saved_names: set[str], run) -> list[str]:
-    """The accelerators whose state the checkpoint holds and this run did not apply (less ddp and fsdp: one process
-    loads a launched job's checkpoint, their states are its world's)."""
-    stray = sorted(set(training_plan(dict.fromkeys(saved_names))) - {a.name for a in run.accelerators})
-    return [f"state of accelerators this run did not apply: {stray}"] if stray else []
 
 
 def refuse_unfit(path, problems: list[str]) -> None:

@@ -53,17 +53,13 @@ class Decisions:
         if self.launch:
             launch = self.launch
             shown["rank"] = f"{launch.rank}/{launch.world_size} (local {launch.local_rank}, {launch.launcher})"
-        for name in self.by:
+        for name in self.by:  # modules by count and class (a module's repr is its whole tree)
             value = self.extra[name] if name in self.extra else getattr(self, name)
-            shown[name] = shown_value(value)
+            if isinstance(value, (list, tuple)) and value and all(isinstance(v, torch.nn.Module) for v in value):
+                shown[name] = f"{len(value)} module(s): {', '.join(sorted({type(v).__name__ for v in value}))}"
+            else:
+                shown[name] = str(value).replace("torch.", "")
         return shown
-
-
-def shown_value(value: Any) -> str:
-    """A decision as the report shows it: modules by count and class (a module's repr is its whole tree)."""
-    if isinstance(value, (list, tuple)) and value and all(isinstance(v, torch.nn.Module) for v in value):
-        return f"{len(value)} module(s): {', '.join(sorted({type(v).__name__ for v in value}))}"
-    return str(value).replace("torch.", "")
 
 
 @dataclass

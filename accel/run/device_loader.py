@@ -88,11 +88,10 @@ class DeviceLoader:
             warnings.warn("accel: run.loader: a new epoch on the loader of a run that accelerate() again took over: "
                           "your loop holds the earlier run's loader, so the new run's (its plan's batches) is not "
                           "read; iterate the new run's run.loader each epoch", StaleWarning, stacklevel=3)
-        return self._epoch(*timed_as_plain(self.loader))
+        return self._epoch(timed_as_plain(self.loader))
 
-    def _epoch(self, iterator: Iterator[Any] | None, make: Callable[[], Iterator[Any]] | None = None
-               ) -> Iterator[Any]:
-        iterator = make() if iterator is None else iterator  # (made at the first batch where timed_as_plain says so)
+    def _epoch(self, make: Callable[[], Iterator[Any]]) -> Iterator[Any]:
+        iterator = make()  # at the first batch
         self.open.append(iterator)
         try:
             while True:
@@ -149,8 +148,8 @@ class DeviceLoader:
 _PLAIN_WORKERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # rebuilt loader -> the user's num_workers
 
 
-def timed_as_plain(loader: Any) -> tuple[Iterator[Any] | None, Callable[[], Iterator[Any]] | None]:
-    """An epoch's iterator of ``loader`` (or, to make it at the first batch, how), drawing torch's random numbers when
+def timed_as_plain(loader: Any) -> Callable[[], Iterator[Any]]:
+    """How to make an epoch's iterator of ``loader`` at its first batch, drawing torch's random numbers when
     the user's own loader would: at iter() its sampler's iteration (a sampler may draw its order there) and its seed,
     then the order at the first batch without workers; with workers at iter(), from a second iteration of the sampler
     (torch's worker iterator iterates it again, and prefetches). So a loader rebuilt with another number of workers,
@@ -169,13 +168,13 @@ def timed_as_plain(loader: Any) -> tuple[Iterator[Any] | None, Callable[[], Iter
             object.__setattr__(drawn, "batch_sampler" if loader._auto_collation else "sampler", order)
             drawn.generator = torch.Generator().manual_seed(seed)
             return iter(drawn)
-        return None, make
+        return make
     iterator = iter(loader)
     if plain and not workers and not isinstance(loader.dataset, IterableDataset):  # as workers draw: the order now,
         iterator._sampler_iter = iter(iterator._index_sampler)  # of the sampler iterated again
         first = next(iterator._sampler_iter, _END)
         iterator._sampler_iter = itertools.chain(() if first is _END else [first], iterator._sampler_iter)
-    return iterator, None
+    return lambda: iterator
 
 
 class Drawn:
@@ -201,8 +200,12 @@ def rebuild_problem(loader: Any) -> str | None:
     return None
 
 
-def constructor_arguments(loader: DataLoader) -> dict[str, Any]:
-    """The arguments that build an equal DataLoader, read back from its attributes."""
+def rebuild_loader(loader: DataLoader, **overrides: Any) -> DataLoader:
+    """A new DataLoader equal to ``loader`` but for ``overrides`` (num_workers, pin_memory, sampler, ...): built from
+    its constructor arguments, read back from its attributes."""
+    why = rebuild_problem(loader)
+    if why:
+        raise ValueError(f"cannot rebuild the loader: {why}")
     kwargs = dict(
         dataset=loader.dataset, num_workers=loader.num_workers, collate_fn=loader.collate_fn,
         pin_memory=loader.pin_memory, timeout=loader.timeout, worker_init_fn=loader.worker_init_fn,
@@ -218,15 +221,6 @@ def constructor_arguments(loader: DataLoader) -> dict[str, Any]:
         kwargs.update(batch_sampler=loader.batch_sampler)
     else:  # batch_size=None: no automatic batching, one sample at a time
         kwargs.update(sampler=loader.sampler, batch_size=None)
-    return kwargs
-
-
-def rebuild_loader(loader: DataLoader, **overrides: Any) -> DataLoader:
-    """A new DataLoader equal to ``loader`` but for ``overrides`` (num_workers, pin_memory, sampler, ...)."""
-    why = rebuild_problem(loader)
-    if why:
-        raise ValueError(f"cannot rebuild the loader: {why}")
-    kwargs = constructor_arguments(loader)
     if "sampler" in overrides and "batch_sampler" in kwargs:
         raise ValueError("cannot replace the sampler of a loader built with its own batch_sampler")
     kwargs.update(overrides)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -40,19 +40,14 @@ def pin_process(cpus) -> int:
     return _each_thread(lambda tid: os.sched_setaffinity(tid, cpus))
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True)
 class Affinity:
     """The CPU affinity of the process: the calling thread's (``cpus``: what a run sets, and what tells a user's
     own write) and every thread's own (``threads``: what is put back, so that a thread you pinned elsewhere
     returns there; one started meanwhile takes ``cpus``)."""
 
     cpus: tuple[int, ...]
-    threads: dict[int, tuple[int, ...]]
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Affinity) and self.cpus == other.cpus
-
-    __hash__ = None  # type: ignore[assignment]
+    threads: dict[int, tuple[int, ...]] = field(compare=False)
 
 
 def _affinity() -> Affinity | None:
@@ -63,12 +58,9 @@ def _affinity() -> Affinity | None:
     return Affinity(tuple(sorted(os.sched_getaffinity(0))), threads)
 
 
-def _pin(value: Affinity | tuple[int, ...]) -> None:
-    """Pin every thread to these CPUs, or put back each thread's own affinity."""
-    if isinstance(value, Affinity):
-        _each_thread(lambda tid: os.sched_setaffinity(tid, value.threads.get(tid, value.cpus)))
-    else:
-        pin_process(value)
+def _pin(value: Affinity) -> None:
+    """Put each thread on its own CPUs (``threads``), a thread not listed there on ``cpus``."""
+    _each_thread(lambda tid: os.sched_setaffinity(tid, value.threads.get(tid, value.cpus)))
 
 
 @dataclass
@@ -136,7 +128,7 @@ class Journal:
         cpus = tuple(sorted(cpus))
         if _affinity() is None:
             return False
-        self.layer("affinity", f"affinity {cpus}", _affinity, _pin, cpus)
+        self.layer("affinity", f"affinity {cpus}", _affinity, _pin, Affinity(cpus, {}))
         return True
 
     def setattr(self, obj: Any, name: str, value: Any) -> None:

@@ -36,7 +36,7 @@ class StepTimes:
     """Seconds between consecutive Run.step calls, in memory that does not grow with the run: how many, the first
     (compile and warm-up land there), the steps in which torch.compile compiled again (each with its compile
     seconds; torch's recompile limit bounds them, and so does ``WARM``), and the latest ``KEPT`` other steps for
-    the steady median (a list of every step grew for as long as the run trained)."""
+    the steady median."""
 
     KEPT = 1024
     WARM = 64
@@ -133,9 +133,8 @@ class Report:
             lines.append("decided: " + ", ".join(f"{k}={v}" for k, v in decided.items()))
         body = []
         for r in self.shown_rows():
-            detail = r.reason or ", ".join(f"{k}={v}" for k, v in r.changes.items())
-            if r.status in ("applied", "idle") and r.reason:
-                detail += "; " + ", ".join(f"{k}={v}" for k, v in r.changes.items())
+            changes = ", ".join(f"{k}={v}" for k, v in r.changes.items())
+            detail = f"{r.reason}; {changes}" if r.reason and r.status in ("applied", "idle") else r.reason or changes
             body.append((r.name, r.stage, r.status, detail))
             body += [("", "", "warning", w) for w in r.warnings]
         lines += render_table(("accelerator", "stage", "status", "why / what changed"), body)

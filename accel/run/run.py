@@ -131,14 +131,11 @@ class Run(RunState):
             for accelerator, state in self._syncing:
                 accelerator.release_held_gradients(self, state)
 
-    def autocast(self) -> contextlib.AbstractContextManager:
+    @contextlib.contextmanager
+    def autocast(self) -> Iterator[None]:
         """The contexts the plan chose for the forward pass and the loss (autocast), and torch's autograd switch put
         back as it was at ``with`` if the block raises: a compiled forward (torch.compile, dynamo) that raises inside
         a ``no_grad`` region (spectral_norm's power iteration) leaves it off for the rest of the process."""
-        return self._entered()
-
-    @contextlib.contextmanager
-    def _entered(self) -> Iterator[None]:
         with contextlib.ExitStack() as stack:  # entered at `with`; one that fails exits those before it
             stack.enter_context(autograd_kept())
             for accelerator in self._contexts:
@@ -239,14 +236,12 @@ class Run(RunState):
         if successor.loader is not None and self.loader is not None:
             successor.loader.epoch = self.loader.epoch
             kept.append(f"epoch={self.loader.epoch}")
-        mine = {a.name for a in self.accelerators}
-        for accelerator in successor.accelerators:
-            if accelerator.name in mine:
-                try:
-                    successor.load_accelerator_state(accelerator.name, self.accelerator_state_dict(accelerator.name))
-                    kept.append(f"{accelerator.name}'s state")
-                except ValueError as error:
-                    kept.append(f"{accelerator.name} started afresh ({error})")
+        for name in [n for n in successor.states if n in self.states]:  # both plans apply it (in plan order)
+            try:
+                successor.load_accelerator_state(name, self.accelerator_state_dict(name))
+                kept.append(f"{name}'s state")
+            except ValueError as error:
+                kept.append(f"{name} started afresh ({error})")
         successor.report.continued = "the earlier run on this model, now closed: " + ", ".join(kept)
         if self.loader is not None:
             self.loader.handed_over = True

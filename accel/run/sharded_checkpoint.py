@@ -89,10 +89,8 @@ def save(run, path) -> Path:
     partial = root / f".{name}.partial"
     model_state, optimizer_state = _states(run, root)
     optimizer_state = single.plain_numbers(optimizer_state)  # run.load reads them weights only (weights_only_planner)
-    problems = single.unreadable({"plan": {}, "optimizer": optimizer_state}) + _renamed_keys(optimizer_state)  # as the
-    if problems:  # single-file save: refused, not written (on every rank, before any file: the same on each)
-        raise CheckpointError(f"{root}: not written: run.load reads tensors and plain data only (torch.load with "
-                              "weights_only), and could not read back " + "; ".join(problems))
+    # as the single-file save: refused, not written (on every rank, before any file: the same on each)
+    single.refuse_unreadable(root, {"plan": {}, "optimizer": optimizer_state}, _renamed_keys(optimizer_state))
     single.on_rank_zero(lambda: _prepare(root), root)
     try:
         with _quiet():
@@ -145,11 +143,6 @@ def _finish(root: Path, partial: Path, name: str, meta: dict) -> None:
     for old in root.glob("step-*"):
         if old.name != final.name and old.is_dir():
             shutil.rmtree(old, ignore_errors=True)
-
-
-def is_sharded_checkpoint(path) -> bool:
-    """A folder: what run.save writes under fsdp (a single-file checkpoint is a file)."""
-    return Path(path).is_dir()
 
 
 def read(path) -> tuple[Path, dict[str, Any], Any]:

@@ -64,8 +64,7 @@ class Layer:
             setting.adopt_user_write(self.read())
             if self in setting.layers:
                 return
-            index = bisect.bisect([layer.order for layer in setting.layers], self.order)
-            setting.layers.insert(index, self)
+            bisect.insort(setting.layers, self, key=lambda layer: layer.order)
             if setting.layers[-1] is self:
                 try:
                     self.write(self.value)

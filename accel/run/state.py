@@ -26,7 +26,6 @@ from accel.run.interrupts import autograd_kept, clean_up
 class RunState:
     """run.state_dict(), run.load_state_dict(), run.save(), run.load(): see accel.run.Run for the rest."""
 
-
     def state_dict(self, model: bool = True) -> dict[str, Any]:
         """Everything this process needs to continue the run exactly: the model, the optimizer, the counters, each
         accelerator's state, the loader's sampler and generators, and the random state. ``model=False`` leaves
@@ -141,7 +140,7 @@ def load_saved(run, path, saved: Saved | None = None) -> dict:
     """run.load(path); ``saved``: the checkpoint as read_saved(path) read it (plan="auto" reads it once, for its
     plan, its fit and this load)."""
     with autograd_kept():
-        if run.sharded and not sharded_checkpoint.is_sharded_checkpoint(path):
+        if run.sharded and not Path(path).is_dir():  # a sharded checkpoint is a folder, a single-file one a file
             raise CheckpointError(f"{path}: under fsdp, run.load reads the folder of shards that run.save wrote "
                                   "(this is a single-file checkpoint of a run without fsdp)")
         saved = saved or read_saved(path)
@@ -165,7 +164,7 @@ class Saved(NamedTuple):
 def read_saved(path) -> Saved:
     """The checkpoint at path (a file, or a sharded one's folder), read once and checked: a CheckpointError names
     what is wrong."""
-    if sharded_checkpoint.is_sharded_checkpoint(path):
+    if Path(path).is_dir():
         return Saved(*sharded_checkpoint.read(path))
     return Saved(Path(path), read_checkpoint(path))
 

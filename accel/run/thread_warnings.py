@@ -22,17 +22,14 @@ _shown_before: Any = None  # warnings._showwarnmsg before the first capture hook
 
 
 class _ThreadMatch:
-    """A filter's message pattern that matches in the threads inside a block, and only there."""
+    """A filter's message pattern that matches in the threads inside a block, and only there (``entry``: the filter)."""
 
-    def __init__(self, pattern: str):
-        self.pattern, self.regex, self.threads = pattern, re.compile(pattern, re.I), {}
+    def __init__(self, action: str, pattern: str):
+        self.regex, self.threads = re.compile(pattern, re.I), {}
+        self.entry = (action, self, Warning, None, 0)
 
     def match(self, text: str) -> bool:
         return threading.get_ident() in self.threads and self.regex.match(text) is not None
-
-
-def _entry(matcher: _ThreadMatch, action: str) -> tuple:
-    return (action, matcher, Warning, None, 0)
 
 
 @contextlib.contextmanager
@@ -55,8 +52,8 @@ def _claim(action: str, message: str, token: object) -> None:
     with deferred(), _LOCK:
         matcher = _active.get((action, message))
         if matcher is None:
-            matcher = _active[(action, message)] = _ThreadMatch(message)
-            warnings.filters.insert(0, _entry(matcher, action))
+            matcher = _active[(action, message)] = _ThreadMatch(action, message)
+            warnings.filters.insert(0, matcher.entry)
         matcher.threads.setdefault(threading.get_ident(), set()).add(token)
         warnings._filters_mutated()  # warnings already seen once show again (as catch_warnings does)
 
@@ -72,7 +69,7 @@ def _release(action: str, message: str, token: object) -> None:
         if not matcher.threads:
             del _active[(action, message)]
             with contextlib.suppress(ValueError):  # the user may have reset the filters meanwhile
-                warnings.filters.remove(_entry(matcher, action))
+                warnings.filters.remove(matcher.entry)
         warnings._filters_mutated()
 
 
