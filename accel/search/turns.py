@@ -30,8 +30,7 @@ LEAST_STEPS = 2  # timed steps of the chunk before it can be stopped (one is a s
 
 def beside(reference: dict[int, float], round_index: int) -> float | None:
     """The reference's step (round -> seconds) in this round, else its latest before; None before it ran."""
-    earlier = [r for r in reference if r <= round_index]
-    return reference[max(earlier)] if earlier else None
+    return max(((r, s) for r, s in reference.items() if r <= round_index), default=(None, None))[1]
 
 
 def stop_reason(fastest_s: float, timed: int, reference_s: float | None, against: str = "the plain loop") -> str:
