@@ -49,13 +49,11 @@ class InLoopSearch:
         self.settings, self.started, self.chunk_s, self.objects = (settings, clock.now(), CHUNK_S,
                                                                    (model, optimizer, loader))
         self.device, self.launch, self.hardware = placed(device)
-        self.notes: list[str] = []
         self.distributed, self.hold, self.ranks = in_step(self.launch, model, optimizer, self.device,
                                                           settings.memory_per_rank)
-        if self.distributed:
-            self.notes.append(f"a launched job of {self.launch.world_size} ranks: every plan measured ran with "
-                              f"{plan_label(self.distributed)} (by memory fit), the same plan on every rank at every "
-                              "step, timed by the slowest rank and decided by rank 0")
+        self.notes = [f"a launched job of {self.launch.world_size} ranks: every plan measured ran with "
+                      f"{plan_label(self.distributed)} (by memory fit), the same plan on every rank at every step, "
+                      "timed by the slowest rank and decided by rank 0"] if self.distributed else []
         kinds = candidates_of(settings, self.hardware, model, optimizer, loader, in_loop=True)
         self.strategy = Search(settings, kinds)
         self.copies, self.epochwise = kinds["copies"], kinds["epochwise"]
@@ -72,7 +70,7 @@ class InLoopSearch:
         self.result: TuneResult | None = None
         self.cache_key = self.ended_at = None
         self.switch_s, self.switched_at = 0.0, clock.now()
-        self.stepping = self.bypassed = self.switching = False
+        self.bypassed = self.switching = False
         mine = weakref.WeakMethod(self._optimizer_steps)  # your optimizer must not keep a dropped search alive
         self.watching = optimizer.register_step_pre_hook(lambda *args: mine() and mine()(*args))
         self.turns = Turns(self)
@@ -106,11 +104,7 @@ class InLoopSearch:
         timing = self.measuring and self.loader.timing is not None
         if self.measuring and not timing:
             self.turns.before_update()
-        self.stepping = True
-        try:
-            skipped = self.current.step()
-        finally:
-            self.stepping = False
+        skipped = self.current.step()  # its optimizer steps are the run's own (watch.stepping)
         if timing and self.loader.timed(self.current.steps):
             self.finish()
         elif self.measuring and not timing:
@@ -142,8 +136,7 @@ class InLoopSearch:
         if saved.sharded:  # shards load at any world size: this job's ddp or fsdp in place of its own
             plan = training_plan(plan)
         else:
-            state = {**saved.state, "accelerators": {}, "accelerators_per_rank": []}
-            problems = self.current.state_problems(state)
+            problems = self.current.state_problems({**saved.state, "accelerators": {}, "accelerators_per_rank": []})
             if problems:
                 raise CheckpointError(f"{path} does not fit this run; nothing was loaded: " + "; ".join(problems))
         if self.switch(plan) is None:
@@ -176,8 +169,8 @@ class InLoopSearch:
             return False
         began, leaving = clock.now(), [a.name for a in self.current.accelerators]
         with deferred():
-            for name in leaving:  # each plan's state (amp's GradScaler) waits for its next turn
-                self.saved[name] = self.current.accelerator_state_dict(name)
+            # each plan's state (amp's GradScaler) waits for its next turn
+            self.saved.update({name: self.current.accelerator_state_dict(name) for name in leaving})
             self.switching = True
             try:
                 run = accelerate(*self.objects, plan=plan, device=self.device)
@@ -205,8 +198,7 @@ class InLoopSearch:
             self._end_bypassed()
         if self.cache_key is not None or not self.settings.cache or not self.measuring:
             return
-        model, optimizer, loader = self.objects
-        self.cache_key = plancache.setup_key(model, optimizer, loader, batch, self.device, self.hardware, TrainStep(),
+        self.cache_key = plancache.setup_key(*self.objects, batch, self.device, self.hardware, TrainStep(),
                                              self.settings.key())
         result = self.ranks.decide(cached_answer(self.cache_key, self.settings.cache, self.started))  # rank 0's
         if result is not None:
@@ -217,7 +209,7 @@ class InLoopSearch:
     def _optimizer_steps(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         """An optimizer step not through run.step(): nothing can be timed, so the search ends on the plain loop, said
         at once; the switch waits for the next batch or call (not inside the step)."""
-        if self.stepping or self.current.watch.stepping or self.bypassed or not self.measuring:
+        if self.current.watch.stepping or self.bypassed or not self.measuring:
             return  # (the run's own steps too: a sharded save or load builds an optimizer's state with one)
         if self.current.closed or self._open_run() is not self.current:
             return self._settle("your loop made another run on your model (accelerate() again): auto stopped "

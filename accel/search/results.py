@@ -4,6 +4,7 @@ through accel.search.cache: an established answer, and a costly candidate's warm
 from __future__ import annotations
 
 import datetime as _dt
+import statistics
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
@@ -192,8 +193,7 @@ class Arm:
         return paired(self.rounds, other.rounds)
 
     def median_s(self) -> float | None:
-        ordered = sorted(self.rounds.values())
-        return ordered[len(ordered) // 2] if ordered else None
+        return statistics.median_high(self.rounds.values()) if self.rounds else None
 
 
 OUT = "the budget ran out"

@@ -30,16 +30,6 @@ def words(ratio: Ratio, margin: float) -> str:
     return "not faster" if ratio.above(1 - margin) or ratio.estimate > 1 else "noisy"
 
 
-def payback(ratio: Ratio, step_s: float, extra_warmup_s: float, margin: float,
-            expected_steps: int | None) -> tuple[bool, int | None, bool]:
-    """A costly accelerator's verdict: (faster, the step its extra warm-up pays back at, kept)."""
-    gain_s = step_s * (1 - ratio.estimate) if ratio.samples else 0.0
-    break_even = math.ceil(extra_warmup_s / gain_s) if gain_s > 0 else None
-    faster = bool(ratio.samples) and ratio.below(1 - margin / 2) and ratio.estimate <= 1 - margin
-    return faster, break_even, faster and (expected_steps is None or (break_even or math.inf) < expected_steps)
-
-
-
 def stack_of(candidates: list[dict[str, dict]]) -> tuple[dict[str, dict], list[str]]:
     """One configuration per accelerator, in order, leaving out any that conflicts with those before it."""
     stack: dict[str, dict] = {}
@@ -79,7 +69,6 @@ class Search:
         self.vs_plain, self.path = 1.0, []  # the best plan's step over the plain loop's; the ratios that led there
         self.decided = self.noisy = False  # the first verdict is in; it was one the rounds could not reach
         self.first_measured: bool | None = None  # whether the first verdict's candidates were all measured
-        self._dropped: int | None = None  # the accelerator the last ablations dropped (its index)
 
     @property
     def established(self) -> bool:
@@ -139,10 +128,8 @@ class Search:
                     else:
                         self._row(together, outs[0], {}, "what helped alone, together: not chosen")
         self.decided = True
-        while len(self.best) > 1 and not self.given:
-            yield from self._ablations()
-            if self._dropped is None:
-                break
+        while len(self.best) > 1 and not self.given and (yield from self._ablations()):
+            pass
         for rival in rivals:
             yield from self._rival(rival, stack)
         for candidate in self.costly:
@@ -169,22 +156,23 @@ class Search:
         rows[best].decision = ": ".join(w for w in (what, "chosen") if w)
         return [plans[i] for _, i in sorted(won)]
 
-    def _ablations(self) -> Generator[Comparison, list[Arm], None]:
+    def _ablations(self) -> Generator[Comparison, list[Arm], bool]:
         """The best plan without each of its accelerators, against it: the one whose removal costs least goes when not
-        shown to pay (one round, or more than the margin slower without it, keeps it)."""
+        shown to pay (one round, or more than the margin slower without it, keeps it). True when one went."""
         best, names, margin = self.best, list(self.best), self.margin
         trimmed = [{k: v for k, v in best.items() if k != name} for name in names]
         outs = yield Comparison(best, trimmed, (1 + margin,), f"whether each accelerator of {plan_label(best)} pays")
         drop = [(o.ratio.estimate, i) for i, o in enumerate(outs) if o.usable and o.ratio.rounds > 1
                 and o.ratio.estimate <= 1 + margin and not established(Ratio([1 / s for s in o.ratio.samples]), margin)]
-        self._dropped = min(drop)[1] if drop else None
+        dropped = min(drop)[1] if drop else None
         for i, (name, plan, out) in enumerate(zip(names, trimmed, outs)):
             share = f"{1 / out.ratio.estimate:.2f} of the time with it" if out.usable else ""
-            self._row(plan, out, best, f"dropped {name}: it does not pay ({share})" if i == self._dropped else
-                      f"{name} does not pay either ({share}): measured again without {names[self._dropped]}"
+            self._row(plan, out, best, f"dropped {name}: it does not pay ({share})" if i == dropped else
+                      f"{name} does not pay either ({share}): measured again without {names[dropped]}"
                       if any(i == j for _, j in drop) else f"kept {name}" + (f": {share}" if share else ""), name)
-        if self._dropped is not None:
-            self._adopt(trimmed[self._dropped], outs[self._dropped].ratio, best)
+        if dropped is not None:
+            self._adopt(trimmed[dropped], outs[dropped].ratio, best)
+        return dropped is not None
 
     def _rival(self, rival: dict, stack: dict) -> Generator[Comparison, list[Arm], None]:
         """A rival stack against the best plan so far: it takes over only when established faster."""
@@ -210,8 +198,11 @@ class Search:
         if not out.usable:
             self._row(plan, out, reference, "", tests=name)
             return
-        ratio, expected, warmup = out.ratio, self.expected_steps, out.warmup_s
-        faster, break_even, keep = payback(ratio, out.reference_s or 0.0, warmup, self.margin, expected)
+        ratio, expected, warmup = out.ratio, self.expected_steps, out.warmup_s  # usable: it has samples
+        gain_s = (out.reference_s or 0.0) * (1 - ratio.estimate)
+        break_even = math.ceil(warmup / gain_s) if gain_s > 0 else None  # the step its extra warm-up pays back at
+        faster = ratio.below(1 - self.margin / 2) and ratio.estimate <= 1 - self.margin
+        keep = faster and (expected is None or (break_even or math.inf) < expected)
         self._row(plan, out, reference, tests=name, decision=(
             f"{name}: not faster on top of {on} ({ratio})" if not faster else
             f"{name}: {ratio.estimate:.2f} of the step, but its {warmup:.1f} s warm-up pays back after {break_even} "

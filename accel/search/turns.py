@@ -3,10 +3,11 @@
 A comparison's plans take turns in chunks of your whole steps, the reference first in one round and last in the next;
 a chunk is timed from the end of its first step after a switch to the end of its last. From the third round a decided
 challenger stops taking turns (docs/measurement.md). Under a launcher every rank takes the slowest rank's times and
-rank 0's clock (ranks.py).
+rank 0's clock (accel.distributed.agreement).
 """
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,8 +30,7 @@ LEAST_STEPS = 2  # timed steps of the chunk before it can be stopped (one is a s
 
 def beside(reference: dict[int, float], round_index: int) -> float | None:
     """The reference's step (round -> seconds) in this round, else its latest before; None before it ran."""
-    earlier = [r for r in reference if r <= round_index]
-    return reference[max(earlier)] if earlier else None
+    return max(((r, s) for r, s in reference.items() if r <= round_index), default=(None, None))[1]
 
 
 def stop_reason(fastest_s: float, timed: int, reference_s: float | None, against: str = "the plain loop") -> str:
@@ -67,8 +67,8 @@ class Turns:
         self.plain = self.reference = self.active = self.arms[0]
         self.comparisons, self.request = run.strategy.comparisons(), None
         self.challengers: list[Arm] = []
-        self.round = self.first_round = self.turn = 0
-        self.order: list[Arm] = []
+        self.round = self.first_round = 0
+        self.order: list[Arm] = []  # the round's turns still to come
         self.chunk, self.chunk_steps = Chunk(), 2  # timed steps per chunk, paced after the plain loop's first
         self.deadline = run.settings.deadline(run.started)
         self.turn_began, self.note, self.cut = run.started, "", False  # cut: a verdict the budget left unclear
@@ -117,29 +117,24 @@ class Turns:
         self.answer(challengers)
 
     def arm(self, plan: dict[str, dict]) -> Arm:
-        found = next((a for a in self.arms if a.plan == plan), None)
-        if found is None:
-            found = Arm(dict(plan), "waiting")
-            self.arms.append(found)
-        return found
+        if all(a.plan != plan for a in self.arms):
+            self.arms.append(Arm(dict(plan), "waiting"))
+        return next(a for a in self.arms if a.plan == plan)
 
     def _live(self) -> list[Arm]:
         return [a for a in self.challengers if a.status == "measuring"]
 
     def _next_round(self) -> None:
         self.order = round_order([self.reference, *self._live()], self.round - self.first_round, rotate=False)
-        self.turn = -1
         self._next_turn(first=True)
 
     def _next_turn(self, first: bool = False) -> None:
         if not first and self.run.ranks.past(self.deadline, clock.now()):  # never past by more than one chunk
             self.cut = self.cut or bool(self._live())
             return self._end_comparison()
-        self.turn += 1
-        while self.turn < len(self.order) and self.order[self.turn].status != "measuring":
-            self.turn += 1
-        if self.turn < len(self.order):
-            return self._go(self.order[self.turn])
+        self.order = [a for a in self.order if a.status == "measuring"]
+        if self.order:
+            return self._go(self.order.pop(0))
         self.round += 1
         if self.round - self.first_round >= MIN_ROUNDS:
             for arm, ratio in ((a, a.ratio_to(self.reference)) for a in self._live()):  # more rounds would not
@@ -199,10 +194,10 @@ class Turns:
         if agreed.nonfinite and run.ranks.world_size > 1 and arm is not self.plain:
             run.switch({})  # every rank to the plain loop together (ddp's wrapping is collective)
         blamed = run.faults.judge(fault, arm is self.plain, lambda: run.switch({})) if fault is not None else None
-        step_s = self._step_s(timed, elapsed)
+        step_s, fastest = self._steps(timed, elapsed)
         if chunk.recheck is not None:  # this chunk timed the reference again, for the arm caught before it
-            caught, fastest, count = chunk.recheck
-            chunk.recheck, why = None, stop_reason(fastest, count, step_s, self._name(self.reference))
+            caught, its_fastest, count = chunk.recheck
+            chunk.recheck, why = None, stop_reason(its_fastest, count, step_s, self._name(self.reference))
             if why:
                 caught.status, caught.reason = "stopped early", why.replace("in the round beside it",
                                                                             "timed again right after it")
@@ -210,7 +205,7 @@ class Turns:
             arm.status, arm.reason = "loss off", (blamed.words if blamed is not None else "a loss was not finite on "
                                                   "another rank under it, and was finite there under the plain loop")
         elif against is not None and self._stop_reason(timed, against, elapsed):
-            chunk.recheck = (arm, self._fastest(timed, elapsed), timed)  # bf16 emulated on a Zen 3 was 14x slower
+            chunk.recheck = (arm, fastest, timed)
             return self._go(against)
         else:
             arm.rounds[self.round] = step_s
@@ -228,19 +223,15 @@ class Turns:
         if settings.expected_steps:
             self.deadline = min(self.deadline, self.run.started + EXPECTED_SHARE * settings.expected_steps * step_s)
 
-    def _step_s(self, timed: int, elapsed: float) -> float:
-        """The chunk's step: on a CPU the lower median of its timed steps (a spike lands on single steps), elsewhere
-        their mean (reading each step's time would wait for the device)."""
-        steps = sorted(self.chunk.timed_s)
-        return steps[(len(steps) - 1) // 2] if len(steps) == timed else elapsed / timed
-
-    def _fastest(self, timed: int, elapsed: float | None = None) -> float:
-        """The stop rule's evidence from this chunk: its fastest timed step on a CPU, its mean elsewhere."""
-        return min(self.chunk.timed_s) if len(self.chunk.timed_s) == timed else (elapsed or 0.0) / timed
+    def _steps(self, timed: int, elapsed: float = 0.0) -> tuple[float, float]:
+        """The chunk's step and the stop rule's evidence: on a CPU the lower median and the fastest of its timed steps
+        (a spike lands on single steps), elsewhere their mean (reading each step's time would wait for the device)."""
+        steps = self.chunk.timed_s
+        return (statistics.median_low(steps), min(steps)) if len(steps) == timed else (elapsed / timed,) * 2
 
     def _name(self, arm: Arm) -> str:
         return "the plain loop" if arm is self.plain else arm.name
 
-    def _stop_reason(self, timed: int, against: Arm, elapsed: float | None = None) -> str:
-        return stop_reason(self._fastest(timed, elapsed), timed, beside(against.rounds, self.round),
+    def _stop_reason(self, timed: int, against: Arm, elapsed: float = 0.0) -> str:
+        return stop_reason(self._steps(timed, elapsed)[1], timed, beside(against.rounds, self.round),
                            self._name(against))
