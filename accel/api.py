@@ -28,10 +28,9 @@ from accel.run.thread_warnings import captured
 __all__ = ["AccelerateError", "accelerate", "decide"]
 
 
-def _refuse_dropping_held_gradients(model: torch.nn.Module) -> None:
+def _refuse_dropping_held_gradients(earlier: Run | None) -> None:
     """accelerate() again closes the run open on this model first, which would drop the gradients a wrapper holds
     unreduced (FSDP2 between an accumulation's micro-steps): refused here, before anything changes."""
-    earlier = open_run(model)
     holders = [a.name for a, state in earlier.playing(GradientSync) if a.held_gradients(state)] if earlier else []
     if holders:
         raise PlanError([Problem(holders[0], f"accelerate() again in the middle of accumulating gradients under "
@@ -144,10 +143,10 @@ def accelerate(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None =
     """
     yours = model if compiled(model) else None  # torch.compile(model) of your own: the plan works inside it
     model = model._orig_mod if yours is not None else model
-    _refuse_dropping_held_gradients(model)
+    earlier = open_run(model)
+    _refuse_dropping_held_gradients(earlier)
     started = clock.now()
     journal = Journal()
-    earlier = open_run(model)
     if earlier is not None:  # one run trains a model at a time: the earlier one's changes are undone first (before
         handed = earlier.journal.detach()  # plan="auto" measures copies of it), and put back if this plan is
         journal.change("the earlier run on this model closed", handed.undo_all,  # refused or fails

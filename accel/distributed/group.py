@@ -9,6 +9,7 @@ import contextlib
 import os
 import time
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 
@@ -38,15 +39,10 @@ DRAIN_LIMIT_S = 5.0
 
 def _gloo_states(task_dir: str = "/proc/self/task") -> list[str]:
     """The state of each of this process's gloo worker threads, from /proc: R runs or waits for the CPU, S is parked."""
-    try:
-        tasks = os.listdir(task_dir)
-    except OSError:
-        return []
     states = []
-    for task in tasks:
+    for stat in Path(task_dir).glob("*/stat"):  # none where the folder is absent
         try:
-            with open(f"{task_dir}/{task}/stat") as stat:
-                name, _, fields = stat.read().partition("(")[2].rpartition(")")
+            name, _, fields = stat.read_text().partition("(")[2].rpartition(")")
         except OSError:  # the thread ended meanwhile
             continue
         if name.startswith(GLOO_WORKER):

@@ -255,14 +255,21 @@ class Plan:
 
 
 def same_options(a: Any, b: Any) -> bool:
-    """Equality of option values that may hold tensors (a dummy input) or functions."""
+    """Equality of any values (option values, random states, snapshots): tensors compared whole (dtype, shape and
+    values, on any device; repr() would summarise a large one) in lists, tuples and mappings; an object whose == is
+    no truth value is not the same."""
     import torch
 
+    if a is b:
+        return True
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
         return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape
                 and a.dtype == b.dtype and torch.equal(a.cpu(), b.cpu()))
     if isinstance(a, Mapping) and isinstance(b, Mapping):
         return a.keys() == b.keys() and all(same_options(a[k], b[k]) for k in a)
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return len(a) == len(b) and all(same_options(x, y) for x, y in zip(a, b))
-    return a == b
+        return type(a) is type(b) and len(a) == len(b) and all(map(same_options, a, b))
+    try:
+        return bool(a == b)
+    except Exception:
+        return False

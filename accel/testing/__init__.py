@@ -27,7 +27,7 @@ from accel import randomness
 from accel.api import decide
 from accel.errors import AccelerateError, PlanError
 from accel.measure import TrainStep
-from accel.plan import Plan
+from accel.plan import Plan, same_options
 from accel.plan.contract import EXACT, REGISTRY, Accelerator, Keeps
 from accel.run import Run
 from accel.run.device_loader import release_workers
@@ -35,7 +35,7 @@ from accel.run.journal import pin_process
 from accel.run.report import Row
 from accel.search import accelerate
 from accel.testing.comparison import combined, compare, distance
-from accel.testing.snapshots import Snapshot, same, snapshot
+from accel.testing.snapshots import Snapshot, snapshot
 from accel.testing.trace import Held, Loop, Setup, Trace, global_hooks, process_state, remove_hooks_since, trained
 from accel.workloads import NormCNN, digits_datasets, tiny_loader, tiny_model, tiny_optimizer
 
@@ -159,7 +159,7 @@ def draws_random_numbers(loader: DataLoader) -> bool:
             loader.collate_fn([item] if loader.batch_sampler is not None else item)
         except Exception:  # noqa: BLE001 (a dataset indexed otherwise: nothing known, nothing claimed)
             return False
-        return not same(before, randomness.rng_state())
+        return not same_options(before, randomness.rng_state())
 
 
 def in_reference(plan: Any, setup: Setup | None = None, device: Any = "cpu") -> list[dict[str, Any]]:
