@@ -140,8 +140,7 @@ def disk_full(error: BaseException) -> bool:
     """Whether an error writing a file came from a full disk or quota (torch's writer hides the errno)."""
     if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
         return True
-    text = str(error)
-    return "No space left" in text or "unexpected pos" in text or "file write failed" in text
+    return any(words in str(error) for words in ("No space left", "unexpected pos", "file write failed"))
 
 
 def space(folder: Path) -> str:

@@ -79,14 +79,13 @@ atexit.register(drain_gloo_workers)
 def _attempt_store(launch: Launch, timeout: timedelta):
     """torchrun's agent store under a prefix per restart (its static rendezvous keeps one store across restarts, whose
     ranks would read the killed attempt's addresses: pytorch/pytorch#135712), or None outside torchrun."""
-    environ = os.environ
-    if environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return None
     from torch.distributed import PrefixStore, TCPStore
 
-    client = TCPStore(environ["MASTER_ADDR"], int(environ["MASTER_PORT"]), launch.world_size, is_master=False,
+    client = TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), launch.world_size, is_master=False,
                       timeout=timeout)
-    return PrefixStore(f"accel/attempt_{environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", client)
+    return PrefixStore(f"accel/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", client)
 
 
 def join_group(journal, launch, backend: str, timeout_s: float) -> None:
