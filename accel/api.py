@@ -151,7 +151,6 @@ def accelerate(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None =
         handed = earlier.journal.detach()  # plan="auto" measures copies of it), and put back if this plan is
         journal.change("the earlier run on this model closed", handed.undo_all,  # refused or fails
                        lambda: (handed.redo_all(), earlier.journal.attach(handed)), kind="setup")
-    applied: list[Accelerator] = []
     states: dict[str, State] = {}  # each applied accelerator's per-run state, what its hooks are handed
     replaced: dict[str, str] = {}  # "model"/"optimizer" -> the accelerator that replaced the user's
     current = ""  # what is being applied ("": the plan is still being chosen and checked)
@@ -176,7 +175,6 @@ def accelerate(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None =
                     result = accelerator.apply(ctx)
                     state = result if isinstance(result, State) else State(changes=dict(result or {}))
                     row.changes, row.status = state.changes, "applied"
-                    applied.append(accelerator)
                     states[accelerator.name] = state
                 except Skip as skip:
                     row.reason = skip.reason
@@ -192,6 +190,7 @@ def accelerate(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None =
             if ctx.optimizer is not optimizer_before:
                 replaced.setdefault("optimizer", accelerator.name)
         current = "the run"  # until it is returned, a Ctrl-C (or a StaleWarning made an error) rolls back too
+        applied = [a for a in accelerators if a.name in states]
         report.decisions = ctx.decisions.summary()
         if yours is not None:
             ctx.model, report.decisions["your_compile"] = keep_your_compile(yours, ctx.model, applied)

@@ -15,7 +15,6 @@ from accel.plan.untrusted import unfolding
 
 PlanSpec = Any  # Plan | list[str | dict | Accelerator] | dict[str, dict] | str | Path | None
 PLAN_FILE_SUFFIXES = (".toml", ".yaml", ".yml")
-MEASURED = frozenset({"auto"})  # plan names chosen by measuring: accel.accelerate resolves them (accel.search)
 
 
 def _load_file(path: Path) -> Any:
@@ -71,7 +70,7 @@ def _entries(spec: PlanSpec, problems: list[Problem]) -> list[tuple[str, Any]]:
                                         value=str(spec), allowed="an existing .toml, .yaml or .yml file",
                                         kind="missing"))
                 return []
-            if str(spec) in MEASURED:
+            if str(spec) == "auto":  # chosen by measuring: accel.accelerate resolves it (accel.search)
                 problems.append(Problem("plan", "is chosen by measuring: pass plan='auto' to accel.accelerate(), or "
                                         "call accel.tune(...) and use its .plan", value=str(spec), kind="unknown"))
                 return []
