@@ -28,10 +28,9 @@ from accel.run.thread_warnings import captured
 __all__ = ["AccelerateError", "accelerate", "decide"]
 
 
-def _refuse_dropping_held_gradients(model: torch.nn.Module) -> None:
+def _refuse_dropping_held_gradients(earlier: Run | None) -> None:
     """accelerate() again closes the run open on this model first, which would drop the gradients a wrapper holds
     unreduced (FSDP2 between an accumulation's micro-steps): refused here, before anything changes."""
-    earlier = open_run(model)
     holders = [a.name for a, state in earlier.playing(GradientSync) if a.held_gradients(state)] if earlier else []
     if holders:
         raise PlanError([Problem(holders[0], f"accelerate() again in the middle of accumulating gradients under "
@@ -144,15 +143,14 @@ def accelerate(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None =
     """
     yours = model if compiled(model) else None  # torch.compile(model) of your own: the plan works inside it
     model = model._orig_mod if yours is not None else model
-    _refuse_dropping_held_gradients(model)
+    earlier = open_run(model)
+    _refuse_dropping_held_gradients(earlier)
     started = clock.now()
     journal = Journal()
-    earlier = open_run(model)
     if earlier is not None:  # one run trains a model at a time: the earlier one's changes are undone first (before
         handed = earlier.journal.detach()  # plan="auto" measures copies of it), and put back if this plan is
         journal.change("the earlier run on this model closed", handed.undo_all,  # refused or fails
                        lambda: (handed.redo_all(), earlier.journal.attach(handed)), kind="setup")
-    applied: list[Accelerator] = []
     states: dict[str, State] = {}  # each applied accelerator's per-run state, what its hooks are handed
     replaced: dict[str, str] = {}  # "model"/"optimizer" -> the accelerator that replaced the user's
     current = ""  # what is being applied ("": the plan is still being chosen and checked)
@@ -177,7 +175,6 @@ def accelerate(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None =
                     result = accelerator.apply(ctx)
                     state = result if isinstance(result, State) else State(changes=dict(result or {}))
                     row.changes, row.status = state.changes, "applied"
-                    applied.append(accelerator)
                     states[accelerator.name] = state
                 except Skip as skip:
                     row.reason = skip.reason
@@ -193,6 +190,7 @@ def accelerate(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None =
             if ctx.optimizer is not optimizer_before:
                 replaced.setdefault("optimizer", accelerator.name)
         current = "the run"  # until it is returned, a Ctrl-C (or a StaleWarning made an error) rolls back too
+        applied = [a for a in accelerators if a.name in states]
         report.decisions = ctx.decisions.summary()
         if yours is not None:
             ctx.model, report.decisions["your_compile"] = keep_your_compile(yours, ctx.model, applied)
@@ -238,9 +236,7 @@ def keep_your_compile(yours: torch.nn.Module, model: torch.nn.Module, applied: l
         return model, "replaced by the plan's compile (run.model); run.unwrap() is the module inside yours"
     if model is yours._orig_mod:
         return yours, "kept: run.model is your compiled model; run.unwrap() is the module inside it"
-    from torch._dynamo.eval_frame import OptimizedModule
-
-    return (OptimizedModule(model, yours.dynamo_ctx),
+    return (type(yours)(model, yours.dynamo_ctx),
             "kept outermost: your torch.compile settings wrap the plan's wrappers (run.model); run.unwrap() is the "
             "module inside yours")
 

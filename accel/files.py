@@ -48,17 +48,14 @@ def _gone(pid: int) -> bool:
 _WRITING: set[Path] = set()  # this process's temporary files being written now (by any thread)
 
 
-def remove_leftovers(path: Path) -> int:
+def remove_leftovers(path: Path) -> None:
     """Remove the temporary files that writers of path on this host left: those of processes that died, and this
-    process's own that no write holds any more (a Ctrl-C at the worst moment); returns how many."""
-    removed = 0
+    process's own that no write holds any more (a Ctrl-C at the worst moment)."""
     for leftover in path.parent.glob(f"{PREFIX}{_tag(path.name)}-{HOST}-*{SUFFIX}"):
         pid = leftover.name[len(PREFIX):].split("-")[2]
         mine = pid == str(os.getpid())
         if (mine and leftover not in _WRITING) or (not mine and pid.isdigit() and _gone(int(pid))):
             leftover.unlink(missing_ok=True)
-            removed += 1
-    return removed
 
 
 def is_temporary(path: Path) -> bool:
@@ -140,8 +137,7 @@ def disk_full(error: BaseException) -> bool:
     """Whether an error writing a file came from a full disk or quota (torch's writer hides the errno)."""
     if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
         return True
-    text = str(error)
-    return "No space left" in text or "unexpected pos" in text or "file write failed" in text
+    return any(words in str(error) for words in ("No space left", "unexpected pos", "file write failed"))
 
 
 def space(folder: Path) -> str:

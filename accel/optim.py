@@ -29,9 +29,7 @@ def rebuild_optimizer(optimizer: torch.optim.Optimizer, params: Sequence[Sequenc
     ``params`` (one list per group; None: the current ones). ``keep_state`` copies the state through load_state_dict
     (cast and placed as the new options want); it needs the same shapes, so surgery passes False."""
     groups = optimizer.param_groups
-    if params is None:
-        params = [group["params"] for group in groups]
-    params = [list(p) for p in params]
+    params = [list(p) for p in (params if params is not None else [group["params"] for group in groups])]
     if len(params) != len(groups):
         raise ValueError(f"rebuild_optimizer: {len(params)} parameter lists for {len(groups)} param groups")
     new_groups = [{**{k: v for k, v in group.items() if k not in ("params", "param_names")}, **overrides, "params": p}
@@ -71,9 +69,7 @@ def same_params(optimizer: torch.optim.Optimizer, old: torch.nn.Module,
 def copy_with_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None):
     """A deep copy of the model and the optimizer rebuilt on it (state kept), for tools that work in place."""
     clone = copy.deepcopy(model)
-    if optimizer is None:
-        return clone, None
-    return clone, rebuild_optimizer(optimizer, params=same_params(optimizer, model, clone))
+    return clone, rebuild_optimizer(optimizer, same_params(optimizer, model, clone)) if optimizer is not None else None
 
 
 def describe_optimizer(optimizer: torch.optim.Optimizer) -> str:

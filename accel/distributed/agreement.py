@@ -15,6 +15,7 @@ import torch
 
 from accel.distributed.data_parallel import DEVICE_BACKEND
 from accel.distributed.group import BACKEND_DEVICE, join_group
+from accel.files import size_text
 from accel.hardware.launcher import launcher_environment
 from accel.plan.contract import REGISTRY, Capability
 from accel.run.journal import Journal
@@ -60,13 +61,13 @@ def rank_memory(device: torch.device, local_world_size: int) -> tuple[int, str]:
     module = getattr(torch, device.type, None)
     if device.type != "cpu" and hasattr(module, "get_device_properties"):
         total = module.get_device_properties(device).total_memory
-        return total, f"{device.type} memory {total / 2**30:.1f} GiB"
+        return total, f"{device.type} memory {size_text(total)}"
     total = next(int(line.split()[1]) * 1024 for line in Path("/proc/meminfo").read_text().splitlines()
                  if line.startswith("MemTotal:"))
     limit = Path("/sys/fs/cgroup/memory.max")
     if limit.exists() and limit.read_text().strip().isdigit():
         total = min(total, int(limit.read_text()))
-    return total // max(1, local_world_size), (f"host memory {total / 2**30:.1f} GiB shared by {local_world_size} "
+    return total // max(1, local_world_size), (f"host memory {size_text(total)} shared by {local_world_size} "
                                                "rank(s) on the node")
 
 
@@ -78,24 +79,20 @@ def choose(model, optimizer, device: torch.device, world_size: int, local_world_
     whole_name = next(n for n in found if n != sharded)
     need = footprint(model, optimizer)
     memory, where = rank_memory(device, local_world_size) if memory is None else (
-        memory, f"the {memory / 2**30:.2f} GiB per rank you gave")
-    whole = (f"parameters + gradients + optimizer state {_gib(need.total)} per rank ({need.how}) against "
+        memory, f"the {size_text(memory)} per rank you gave")
+    whole = (f"parameters + gradients + optimizer state {size_text(need.total)} per rank ({need.how}) against "
              f"{FIT:.0%} of {where}")
     if need.total <= FIT * memory:
         return {whole_name: {}}, f"{whole_name}: {whole}: it fits, and {whole_name}'s step is the faster"
-    shard, over = math.ceil(need.total / world_size), f"sharded over {world_size} ranks"
+    shard = math.ceil(need.total / world_size)
+    over = f"sharded over {world_size} ranks ({size_text(shard)})"
     if shard <= FIT * memory:
-        return {sharded: {}}, f"{sharded}: {whole}: it does not fit whole; {over} {_gib(shard)}"
+        return {sharded: {}}, f"{sharded}: {whole}: it does not fit whole; {over}"
     if device.type != "cpu":
-        return ({sharded: {"cpu_offload": True}}, (f"{sharded} with cpu_offload: {whole}: even {over} ({_gib(shard)}) "
-                                                   "it does not fit, so parameters and optimizer state live in "
-                                                   "host memory"))
-    return {sharded: {}}, (f"{sharded}: {whole}: even {over} ({_gib(shard)}) it may not fit: more ranks or "
+        return ({sharded: {"cpu_offload": True}}, (f"{sharded} with cpu_offload: {whole}: even {over} it does not "
+                                                   "fit, so parameters and optimizer state live in host memory"))
+    return {sharded: {}}, (f"{sharded}: {whole}: even {over} it may not fit: more ranks or "
                            "activation_checkpointing would help")
-
-
-def _gib(size: int) -> str:
-    return f"{size / 2**30:.2f} GiB" if size >= 2**28 else f"{size / 2**20:.1f} MiB"
 
 
 Decision = TypeVar("Decision")

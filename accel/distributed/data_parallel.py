@@ -11,6 +11,7 @@ from typing import TypeVar
 
 import torch
 from torch.utils.data import DataLoader, IterableDataset, RandomSampler, SequentialSampler
+from torch.utils.data.distributed import DistributedSampler
 
 from accel.distributed.group import BACKEND_DEVICE, join_group
 from accel.errors import Problem, StaleWarning
@@ -29,8 +30,6 @@ LAUNCHERS = ("RANK/WORLD_SIZE from accel launch or torchrun, OMPI_COMM_WORLD_*, 
 
 def distributed_sampler(loader: DataLoader, world: int, rank: int):
     """A DistributedSampler that keeps the user's shuffle and, if the loader has a generator, its seed."""
-    from torch.utils.data.distributed import DistributedSampler
-
     seed = loader.generator.initial_seed() if loader.generator is not None else 0
     return DistributedSampler(loader.dataset, num_replicas=world, rank=rank,
                               shuffle=isinstance(loader.sampler, RandomSampler), seed=seed)

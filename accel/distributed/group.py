@@ -9,6 +9,7 @@ import contextlib
 import os
 import time
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 
@@ -38,15 +39,10 @@ DRAIN_LIMIT_S = 5.0
 
 def _gloo_states(task_dir: str = "/proc/self/task") -> list[str]:
     """The state of each of this process's gloo worker threads, from /proc: R runs or waits for the CPU, S is parked."""
-    try:
-        tasks = os.listdir(task_dir)
-    except OSError:
-        return []
     states = []
-    for task in tasks:
+    for stat in Path(task_dir).glob("*/stat"):  # none where the folder is absent
         try:
-            with open(f"{task_dir}/{task}/stat") as stat:
-                name, _, fields = stat.read().partition("(")[2].rpartition(")")
+            name, _, fields = stat.read_text().partition("(")[2].rpartition(")")
         except OSError:  # the thread ended meanwhile
             continue
         if name.startswith(GLOO_WORKER):
@@ -83,14 +79,13 @@ atexit.register(drain_gloo_workers)
 def _attempt_store(launch: Launch, timeout: timedelta):
     """torchrun's agent store under a prefix per restart (its static rendezvous keeps one store across restarts, whose
     ranks would read the killed attempt's addresses: pytorch/pytorch#135712), or None outside torchrun."""
-    environ = os.environ
-    if environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return None
     from torch.distributed import PrefixStore, TCPStore
 
-    client = TCPStore(environ["MASTER_ADDR"], int(environ["MASTER_PORT"]), launch.world_size, is_master=False,
+    client = TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), launch.world_size, is_master=False,
                       timeout=timeout)
-    return PrefixStore(f"accel/attempt_{environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", client)
+    return PrefixStore(f"accel/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", client)
 
 
 def join_group(journal, launch, backend: str, timeout_s: float) -> None:

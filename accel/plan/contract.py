@@ -141,14 +141,10 @@ class Accelerator(Generic[OptionsT, StateT]):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        found: dict[type, type] = {}
-        for klass in cls.__mro__:
-            for base in vars(klass).get("__orig_bases__", ()):
-                for arg in get_args(base):
-                    for kind in (Options, State):
-                        if isinstance(arg, type) and issubclass(arg, kind):
-                            found.setdefault(kind, arg)
-        cls.Options, cls.State = found.get(Options, cls.Options), found.get(State, cls.State)
+        args = [arg for klass in cls.__mro__ for base in vars(klass).get("__orig_bases__", ())
+                for arg in get_args(base) if isinstance(arg, type)]
+        cls.Options = next((arg for arg in args if issubclass(arg, Options)), cls.Options)
+        cls.State = next((arg for arg in args if issubclass(arg, State)), cls.State)
 
     def __init__(self, **options: Any):
         problems = self.Options.problems(options, self.name)

@@ -6,19 +6,21 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+import torch
+import yaml
+
 from accel.errors import PlanError, Problem
 from accel.plan.contract import REGISTRY, Accelerator
 from accel.plan.untrusted import unfolding
 
 PlanSpec = Any  # Plan | list[str | dict | Accelerator] | dict[str, dict] | str | Path | None
 PLAN_FILE_SUFFIXES = (".toml", ".yaml", ".yml")
-MEASURED = frozenset({"auto"})  # plan names chosen by measuring: accel.accelerate resolves them (accel.search)
 
 
 def _load_file(path: Path) -> Any:
-    """The file's plan data. TOML refuses a key given twice; YAML is read so that it refuses one too (PyYAML keeps
-    the last, so a plan naming an accelerator twice lost the first silently); either must unfold to a plan's size
-    (accel.plan.untrusted: YAML aliases can make a few hundred bytes unfold to billions of values)."""
+    """The file's plan data. TOML refuses a key given twice, and so does YAML as read here (PyYAML would keep the last
+    silently); either must unfold to a plan's size (accel.plan.untrusted: YAML aliases can make a few hundred bytes
+    unfold to billions of values)."""
     text = path.read_text()
     if path.suffix == ".toml":
         try:
@@ -27,40 +29,32 @@ def _load_file(path: Path) -> Any:
             import tomli as tomllib
         spec = tomllib.loads(text)
     elif path.suffix in (".yaml", ".yml"):
-        import yaml
-
-        spec = yaml.load(text, Loader=_yaml_loader())
+        spec = yaml.load(text, Loader=_YamlLoader)
     else:
         raise ValueError(f"unknown format {path.suffix!r} (allowed: .toml, .yaml, .yml)")
-    huge = unfolding(spec, visits=10_000, depth=20)
-    if huge:
+    if huge := unfolding(spec, visits=10_000, depth=20):
         raise ValueError(f"it {huge}, far more than a plan holds")
     return spec
 
 
-def _yaml_loader():
+class _YamlLoader(yaml.SafeLoader):
     """yaml.SafeLoader refusing a mapping that gives one key twice (a YAML merge, ``<<: *defaults``, may still be
     overridden, as YAML says)."""
-    import yaml
 
-    class Loader(yaml.SafeLoader):
-        def construct_mapping(self, node, deep=False):
-            seen = set()
-            for key_node, _ in node.value:
-                if key_node.tag == "tag:yaml.org,2002:merge":
-                    continue
-                key = self.construct_object(key_node, deep=True)
-                try:
-                    duplicate = key in seen
-                    seen.add(key)
-                except TypeError:  # an unhashable key: SafeLoader refuses it below
-                    continue
-                if duplicate:
-                    raise ValueError(f"{str(key)[:60]!r} is given twice (line {key_node.start_mark.line + 1}); "
-                                     "give it once, with all its options")
-            return super().construct_mapping(node, deep=deep)
-
-    return Loader
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            try:
+                if key in seen:
+                    raise ValueError(f"{str(key)[:60]!r} is given twice (line {key_node.start_mark.line + 1}); give "
+                                     "it once, with all its options")
+                seen.add(key)
+            except TypeError:  # an unhashable key: SafeLoader refuses it below
+                continue
+        return super().construct_mapping(node, deep=deep)
 
 
 def _entries(spec: PlanSpec, problems: list[Problem]) -> list[tuple[str, Any]]:
@@ -76,7 +70,7 @@ def _entries(spec: PlanSpec, problems: list[Problem]) -> list[tuple[str, Any]]:
                                         value=str(spec), allowed="an existing .toml, .yaml or .yml file",
                                         kind="missing"))
                 return []
-            if str(spec) in MEASURED:
+            if str(spec) == "auto":  # chosen by measuring: accel.accelerate resolves it (accel.search)
                 problems.append(Problem("plan", "is chosen by measuring: pass plan='auto' to accel.accelerate(), or "
                                         "call accel.tune(...) and use its .plan", value=str(spec), kind="unknown"))
                 return []
@@ -255,14 +249,19 @@ class Plan:
 
 
 def same_options(a: Any, b: Any) -> bool:
-    """Equality of option values that may hold tensors (a dummy input) or functions."""
-    import torch
-
+    """Equality of any values (option values, random states, snapshots): tensors compared whole (dtype, shape and
+    values, on any device; repr() would summarise a large one) in lists, tuples and mappings; an object whose == is
+    no truth value is not the same."""
+    if a is b:
+        return True
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
         return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape
                 and a.dtype == b.dtype and torch.equal(a.cpu(), b.cpu()))
     if isinstance(a, Mapping) and isinstance(b, Mapping):
         return a.keys() == b.keys() and all(same_options(a[k], b[k]) for k in a)
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return len(a) == len(b) and all(same_options(x, y) for x, y in zip(a, b))
-    return a == b
+        return type(a) is type(b) and len(a) == len(b) and all(map(same_options, a, b))
+    try:
+        return bool(a == b)
+    except Exception:
+        return False

@@ -27,7 +27,7 @@ from accel import randomness
 from accel.api import decide
 from accel.errors import AccelerateError, PlanError
 from accel.measure import TrainStep
-from accel.plan import Plan
+from accel.plan import Plan, same_options
 from accel.plan.contract import EXACT, REGISTRY, Accelerator, Keeps
 from accel.run import Run
 from accel.run.device_loader import release_workers
@@ -35,7 +35,7 @@ from accel.run.journal import pin_process
 from accel.run.report import Row
 from accel.search import accelerate
 from accel.testing.comparison import combined, compare, distance
-from accel.testing.snapshots import Snapshot, same, snapshot
+from accel.testing.snapshots import Snapshot, snapshot
 from accel.testing.trace import Held, Loop, Setup, Trace, global_hooks, process_state, remove_hooks_since, trained
 from accel.workloads import NormCNN, digits_datasets, tiny_loader, tiny_model, tiny_optimizer
 
@@ -76,8 +76,7 @@ def apply_one(accelerator: Accelerator, model: nn.Module | None = None, optimize
     loader = loader if loader is not None else tiny_loader()
     before = snapshot(model, optimizer, loader)
     run = accelerate(model, optimizer, loader, plan=[accelerator], device=device)
-    inner = getattr(run.loader, "loader", None)
-    after = snapshot(run.unwrap(), run.optimizer, inner)
+    after = snapshot(run.unwrap(), run.optimizer, getattr(run.loader, "loader", None))
     after.model_id = id(run.model)
     return Applied(run, run.report.row(accelerator.name), before.changes(after))
 
@@ -134,9 +133,7 @@ class Equivalence:
         lines += [f"  your objects changed: {c}" for c in self.objects_changed]
         if self.process_changed:
             lines.append("  the process (threads, environment, affinity) was not put back")
-        for text in (self.refused, self.failed):
-            if text:
-                lines.append("  " + text.replace("\n", "\n  "))
+        lines += ["  " + text.replace("\n", "\n  ") for text in (self.refused, self.failed) if text]
         return "\n".join(lines)
 
 
@@ -159,10 +156,10 @@ def draws_random_numbers(loader: DataLoader) -> bool:
             loader.collate_fn([item] if loader.batch_sampler is not None else item)
         except Exception:  # noqa: BLE001 (a dataset indexed otherwise: nothing known, nothing claimed)
             return False
-        return not same(before, randomness.rng_state())
+        return not same_options(before, randomness.rng_state())
 
 
-def in_reference(plan: Any, setup: Setup | None = None, device: Any = "cpu") -> list[dict[str, Any]]:
+def in_reference(plan: Any, setup: Setup, device: Any) -> list[dict[str, Any]]:
     """The plan's accelerators that the plain reference runs too (see check_equivalence); and the loader, with
     the workers the plan decides, where the setup's dataset draws random numbers (its row declares the draws)."""
     try:
@@ -171,8 +168,7 @@ def in_reference(plan: Any, setup: Setup | None = None, device: Any = "cpu") -> 
         return []  # the accelerated run reports it
     kept = [{name: options} for name, options in entries.items()
             if name in REGISTRY and declares_training(REGISTRY[name].keeps)]
-    if "loader" in entries and setup is not None and isinstance(setup.loader, DataLoader) \
-            and draws_random_numbers(setup.loader):
+    if "loader" in entries and isinstance(setup.loader, DataLoader) and draws_random_numbers(setup.loader):
         try:
             workers = decide(setup.model, setup.optimizer, setup.loader, plan, device=device).workers
         except PlanError:

@@ -12,6 +12,7 @@ from torch import nn
 from accel.accelerators.fsdp.surgery import gather_state
 from accel.accelerators.fused_optimizer import KERNEL_KEYS, kernel_settings
 from accel.batches import map_tensors
+from accel.plan import same_options
 
 
 @dataclass
@@ -67,29 +68,12 @@ class Snapshot:
             a, b = self.grads.get(name), other.grads.get(name)
             if (a is None) != (b is None) or (a is not None and not torch.equal(a, b)):
                 out.append(f"model.{name}.grad: changed")
-        if not same(self.optimizer, other.optimizer):
+        if not same_options(self.optimizer, other.optimizer):
             out.append("optimizer: changed")
         for key in sorted(set(self.loader) | set(other.loader)):
-            if not same(self.loader.get(key), other.loader.get(key)):
+            if not same_options(self.loader.get(key), other.loader.get(key)):
                 out.append(f"loader.{key}: {self.loader.get(key)!r} -> {other.loader.get(key)!r}")
         return out
-
-
-def same(a: Any, b: Any) -> bool:
-    """Equality of any values, tensors compared whole (repr() would summarise a large one) in tuples, lists and dicts;
-    an object whose == is no truth value is not the same."""
-    if a is b:
-        return True
-    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape and torch.equal(a, b)
-    if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
-        return type(a) is type(b) and len(a) == len(b) and all(map(same, a, b))
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
-    try:
-        return bool(a == b)
-    except Exception:
-        return False
 
 
 def whole(value: Any) -> Any:

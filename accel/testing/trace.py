@@ -228,10 +228,8 @@ def train(run: Run, setup: Setup, steps: int, seed: int) -> Trace:
     positions = [names.get(id(p)) or (start[i] if i < len(start) else None) or f"(not in the model) {tuple(p.shape)}"
                  for i, p in enumerate(params)]
     saved = run.optimizer.state_dict()
-    states = saved["state"]
     trace.groups = [{k: v for k, v in group.items() if k not in KERNEL_CHOICES} for group in saved["param_groups"]]
-    for index, key in enumerate(positions):
-        trace.optimizer[key] = copies(states.get(index, {}), floats=True)
+    trace.optimizer = {key: copies(saved["state"].get(index, {}), floats=True) for index, key in enumerate(positions)}
     return trace
 
 
