@@ -4,9 +4,16 @@ its fix.
 - A plan cache entry is a file anyone with access to a shared cache folder can write. JSON's integers have no
   bound: a number of a few hundred digits in an entry (a warm-up's ``seconds``, a row's ``median_ms``) passed
   cache._entry and then raised OverflowError out of accelerate(plan="auto") (float(), a '.1f' format), where a
-  damaged entry is measured again."""
+  damaged entry is measured again.
+- prune's NNI import moved into nni_quiet() (the _masks cut): NNI's import sets its own logger to INFO, so in a
+  process that had not imported NNI yet the quiet block was not quiet: every layer's "replace module" line went to
+  the user's stdout."""
 import json
+import os
+import subprocess
+import sys
 
+import pytest
 from faults.test_cache_entry_trust import one_step, planted, searched_result
 
 import accel.search.cache as plancache
@@ -33,3 +40,38 @@ def test_an_answer_with_a_number_beyond_floats_is_measured_again(tmp_path, monke
     setup = planted(tmp_path, result)
     one_step(setup)  # it raised OverflowError: now the entry is no answer, and the search measures in the loop
     assert [row["why"] for row in plancache.entries(tmp_path)] == ["unreadable entry"]
+
+
+PRUNE_IN_A_FRESH_PROCESS = """
+import logging, sys
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+from sklearn.datasets import load_digits
+import accel
+
+digits = load_digits()
+x, y = torch.tensor(digits.data[:128], dtype=torch.float32) / 16, torch.tensor(digits.target[:128])
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 10))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+loader = DataLoader(TensorDataset(x, y), batch_size=32)
+assert "nni" not in sys.modules
+print("BEGIN", flush=True)
+run = accel.accelerate(model, optimizer, loader, device="cpu",
+                       plan={"prune": {"config_list": [{"op_types": ["Linear"], "sparse_ratio": 0.5}]}})
+print("END", run.report.applied, flush=True)
+run.close()
+"""
+
+
+@pytest.mark.slow
+def test_prune_in_a_process_that_never_imported_nni_keeps_nni_quiet():
+    """prune's _masks imported NNI inside nni_quiet(): NNI's import sets its logger to INFO, over the WARNING the block
+    had just set, and NNI's 'replace module ...' line for every layer went to the user's stdout."""
+    done = subprocess.run([sys.executable, "-c", PRUNE_IN_A_FRESH_PROCESS], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    during = done.stdout.split("BEGIN", 1)[1].split("END", 1)[0]
+    assert "replace module" not in during and "replace linear" not in during, during
+    assert "['prune']" in done.stdout
