@@ -7,7 +7,10 @@ its fix.
   damaged entry is measured again.
 - prune's NNI import moved into nni_quiet() (the _masks cut): NNI's import sets its own logger to INFO, so in a
   process that had not imported NNI yet the quiet block was not quiet: every layer's "replace module" line went to
-  the user's stdout."""
+  the user's stdout.
+- An answer's values were checked only by printing its table (cached_answer: str(result)): a row whose ``tests`` is
+  a list, or ``settings`` that is a list, passed, and raised TypeError out of the user's first batch (the verdict's
+  words, the settled step)."""
 import json
 import os
 import subprocess
@@ -40,6 +43,15 @@ def test_an_answer_with_a_number_beyond_floats_is_measured_again(tmp_path, monke
     setup = planted(tmp_path, result)
     one_step(setup)  # it raised OverflowError: now the entry is no answer, and the search measures in the loop
     assert [row["why"] for row in plancache.entries(tmp_path)] == ["unreadable entry"]
+
+
+@pytest.mark.parametrize("row, top", [({"tests": ["channels_last"]}, {}), ({}, {"settings": []})])
+def test_an_answer_with_values_of_another_kind_is_measured_again(tmp_path, monkeypatch, row, top):
+    monkeypatch.setenv("ACCEL_CACHE_DIR", str(tmp_path))
+    result = {**searched_result({"channels_last": {}}), **top}
+    result["rows"] = [{"name": "channels_last", "plan": {"channels_last": {}}, "status": "measured",
+                       "decision": "chosen", "median_ms": 5.0, **row}]
+    one_step(planted(tmp_path, result))  # it raised TypeError from the user's first batch
 
 
 PRUNE_IN_A_FRESH_PROCESS = """
