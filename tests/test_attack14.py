@@ -10,7 +10,9 @@ its fix.
   the user's stdout.
 - An answer's values were checked only by printing its table (cached_answer: str(result)): a row whose ``tests`` is
   a list, or ``settings`` that is a list, passed, and raised TypeError out of the user's first batch (the verdict's
-  words, the settled step)."""
+  words, the settled step).
+- compile's marker of a setup (in the same shared cache folder) with a ``first_run`` of a few hundred digits raised
+  OverflowError out of compile's apply: the compile plan failed where a damaged marker means a cold start."""
 import json
 import os
 import subprocess
@@ -19,6 +21,7 @@ import sys
 import pytest
 from faults.test_cache_entry_trust import one_step, planted, searched_result
 
+import accel.accelerators.compile.cache as compile_cache
 import accel.search.cache as plancache
 
 HUGE = 10 ** 400  # beyond float's range: float(HUGE) raises OverflowError
@@ -52,6 +55,15 @@ def test_an_answer_with_values_of_another_kind_is_measured_again(tmp_path, monke
     result["rows"] = [{"name": "channels_last", "plan": {"channels_last": {}}, "status": "measured",
                        "decision": "chosen", "median_ms": 5.0, **row}]
     one_step(planted(tmp_path, result))  # it raised TypeError from the user's first batch
+
+
+def test_a_compile_marker_with_a_number_beyond_floats_is_a_cold_start(tmp_path):
+    facts = {"model": "Net 0123", "compile": {"backend": "inductor"}}
+    assert compile_cache.warm_before(tmp_path, facts) == (False, 0)  # writes this setup's marker
+    marker = next((tmp_path / compile_cache.MARKERS).iterdir())
+    marker.write_text(json.dumps({"setup": facts, "first_run": HUGE, "last_run": 0}))
+    assert compile_cache.warm_before(tmp_path, facts) == (False, 0)  # it raised OverflowError
+    assert json.loads(marker.read_text())["first_run"] < float("inf")  # this run's marker replaces it
 
 
 PRUNE_IN_A_FRESH_PROCESS = """
