@@ -73,11 +73,20 @@ WARMUP = "warmup-"  # the name's start of a warm-up's entry (not a plan: not lis
 ENTRY_LIMIT = 1 << 20  # an entry is a few KiB: a larger file under its name is not one
 
 
+def _bounded(digits: str) -> int:
+    """A JSON integer within float's range: JSON sets no bound, and a number of a few hundred digits in an entry
+    would raise OverflowError wherever it is read as seconds."""
+    if len(digits.lstrip("-")) > 308:
+        raise ValueError(f"an integer of {len(digits)} digits")
+    return int(digits)
+
+
 def _entry(path: Path) -> dict[str, Any] | None:
     """An entry as store() writes it, or None: a file damaged, of another shape, a link (refused by the read itself,
     said), or crafted (a plan that would run code: accel.plan.untrusted) is not one."""
     try:
-        entry = json.loads(read_small(path, ENTRY_LIMIT))  # a named pipe or a terabyte in a shared folder
+        # (read_small: a named pipe or a terabyte in a shared folder)
+        entry = json.loads(read_small(path, ENTRY_LIMIT), parse_int=_bounded)
     except (OSError, ValueError, UnicodeError, RecursionError):  # (a link is refused by the open: said)
         linked(path, "the plan cache", "it is not read as an entry (a search measures again; storing its answer "
                                        "replaces the link)")

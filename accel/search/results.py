@@ -45,6 +45,20 @@ def timing_fields(median_s: float | None = None, first_s: float | None = None) -
             **({"first_step_s": round(first_s, 4)} if first_s is not None else {})}
 
 
+_KINDS = {"str": str, "bool": bool, "float": (int, float), "None": type(None)}
+
+
+def _of_its_kinds(cls: type, values: dict[str, Any]) -> dict[str, Any]:
+    """``values``, each of the kind its field of ``cls`` declares (str, a number, a dict, a list...): a cache entry
+    with a list where a name belongs passed the table's printing and raised later, from the user's loop."""
+    for f in fields(cls):
+        kinds = tuple(_KINDS.get(kind, dict if kind.startswith("dict") else list if kind.startswith("list") else
+                                 object) for kind in str(f.type).split(" | "))
+        if f.name in values and not isinstance(values[f.name], kinds):
+            raise TypeError(f"{cls.__name__}.{f.name} is a {type(values[f.name]).__name__}")
+    return values
+
+
 @dataclass
 class TuneResult:
     plan: Plan
@@ -85,8 +99,10 @@ class TuneResult:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TuneResult:
+        """The result a cache entry holds; a TypeError where a value is not of its field's kind (a file's word)."""
         known = {k: v for k, v in data.items() if k in {f.name for f in fields(cls)}}
-        return cls(**{**known, "plan": Plan(data["plan"]), "rows": [TuneRow(**r) for r in data["rows"]]})
+        return cls(**{**_of_its_kinds(cls, known), "plan": Plan(data["plan"]),
+                      "rows": [TuneRow(**_of_its_kinds(TuneRow, r)) for r in data["rows"]]})
 
     def __str__(self) -> str:
         source = (f"from the cache (measured {self.measured_at}, key {self.key[:12]})" if self.from_cache

@@ -84,7 +84,7 @@ def warm_before(where: Path, facts: dict[str, Any]) -> tuple[bool, int]:
     marker = where / MARKERS / f"{key}.json"
     try:  # a pipe, a terabyte or a link: not a marker
         first = float(json.loads(read_small(marker, 1 << 16))["first_run"])
-    except (OSError, ValueError, KeyError, TypeError, RecursionError):  # no marker, or a damaged one: cold
+    except (OSError, ValueError, KeyError, TypeError, RecursionError, OverflowError):  # none, or a damaged one: cold
         first = None
     entries = graph_entries(where)
     warm = first is not None and any(_stat(e).st_mtime >= first - SLACK_S for e in entries)

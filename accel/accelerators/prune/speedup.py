@@ -35,6 +35,10 @@ def count(model: nn.Module) -> int:
 
 @contextlib.contextmanager
 def nni_quiet():
+    """NNI's logger at WARNING inside the block; NNI imported first, since its import sets that logger to INFO (a
+    first import inside the block would undo the quiet)."""
+    import nni  # noqa: F401
+
     logger = logging.getLogger("nni")
     level = logger.level
     logger.setLevel(logging.WARNING)  # NNI logs every replaced module at INFO
