@@ -48,19 +48,21 @@ def _gone(pid: int) -> bool:
 _WRITING: set[Path] = set()  # this process's temporary files being written now (by any thread)
 
 
+def left_over(temporary: Path) -> bool:
+    """Whether one of accel's temporary files is left over: its writer on this host died, or it is this process's
+    own and no write holds it any more (a Ctrl-C at the worst moment). A live writer's, or another host's (whose
+    processes this one cannot see), is being written."""
+    _, host, pid, _ = (temporary.name[len(PREFIX):-len(SUFFIX)].split("-") + ["", "", "", ""])[:4]
+    if host != HOST or not pid.isdigit():
+        return False
+    return temporary not in _WRITING if int(pid) == os.getpid() else _gone(int(pid))
+
+
 def remove_leftovers(path: Path) -> None:
-    """Remove the temporary files that writers of path on this host left: those of processes that died, and this
-    process's own that no write holds any more (a Ctrl-C at the worst moment)."""
+    """Remove the temporary files that writers of path on this host left (left_over)."""
     for leftover in path.parent.glob(f"{PREFIX}{_tag(path.name)}-{HOST}-*{SUFFIX}"):
-        pid = leftover.name[len(PREFIX):].split("-")[2]
-        mine = pid == str(os.getpid())
-        if (mine and leftover not in _WRITING) or (not mine and pid.isdigit() and _gone(int(pid))):
+        if left_over(leftover):
             leftover.unlink(missing_ok=True)
-
-
-def is_temporary(path: Path) -> bool:
-    """Whether this is one of accel's temporary files (whatever it was writing)."""
-    return path.name.startswith(PREFIX) and path.name.endswith(SUFFIX)
 
 
 def write_atomically(path, write: Callable[[BinaryIO], None]) -> None:

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from accel.batches import map_tensors
-from accel.files import PREFIX, SUFFIX, cache_dir, linked, read_small, write_text
+from accel.files import PREFIX, SUFFIX, cache_dir, left_over, linked, read_small, write_text
 from accel.hardware import device_model
 from accel.hardware.launcher import node_cores
 from accel.modules import fingerprint
@@ -168,8 +168,9 @@ def clear(where: Any = True, key: str | None = None) -> int:
     for path in folder.glob("*.json"):
         name = path.name.removeprefix(WARMUP) if key is None else path.name  # a key names a plan's entry only
         removed += bool(ENTRY.fullmatch(name)) and name.startswith(key or "") and _unlink(path)
-    for path in folder.glob(f"{PREFIX}*{SUFFIX}") if key is None else ():  # accel's temporary files
-        _unlink(path)
+    for path in folder.glob(f"{PREFIX}*{SUFFIX}") if key is None else ():  # accel's, but not a live writer's
+        if left_over(path):
+            _unlink(path)
     return removed
 
 

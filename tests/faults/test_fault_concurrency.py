@@ -4,7 +4,10 @@ CPUs your own threads were pinned to)."""
 import json
 import multiprocessing
 import os
+import subprocess
+import sys
 import threading
+import time
 import warnings
 
 import pytest
@@ -65,6 +68,46 @@ def test_accel_cache_clear_removes_only_what_accel_wrote(tmp_path, monkeypatch, 
     (tmp_path / "compile" / "fxgraph").mkdir()
     assert main(["cache", "clear"]) == 0
     assert not (tmp_path / "compile").exists() and (tmp_path / "settings.json").exists()
+
+
+WRITER = """
+import pathlib, sys, time
+from accel.files import write_atomically
+path, started, go = map(pathlib.Path, sys.argv[1:])
+def write(file):
+    file.write(b'{"whole": true}')
+    started.touch()
+    while not go.exists():
+        time.sleep(0.01)
+write_atomically(path, write)
+"""
+
+
+def test_accel_cache_clear_leaves_a_live_writers_temporary_and_removes_a_dead_ones(tmp_path, monkeypatch):
+    """Before: `accel cache clear` removed every temporary file of accel's in the folder, also the one another process
+    was writing an entry into at that moment, whose write then failed (the entry it measured was lost)."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    monkeypatch.setenv("ACCEL_CACHE_DIR", str(cache))
+    dead = subprocess.run([sys.executable, "-c", "import pathlib, sys; from accel.files import temporary_name; "
+                           "temporary_name(pathlib.Path(sys.argv[1])).write_text('')", str(cache / "old.json")],
+                          timeout=60)
+    assert dead.returncode == 0
+    started, go = tmp_path / "started", tmp_path / "go"
+    writer = subprocess.Popen([sys.executable, "-c", WRITER, str(cache / "entry.json"), str(started), str(go)],
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not started.exists() and writer.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert started.exists(), writer.stderr.read() if writer.poll() is not None else "the writer never started"
+        assert main(["cache", "clear"]) == 0
+        go.touch()
+        assert writer.wait(60) == 0, writer.stderr.read()
+    finally:
+        writer.kill()
+    assert sorted(p.name for p in cache.iterdir()) == ["entry.json"]  # the dead writer's temporary went
+    assert json.loads((cache / "entry.json").read_text()) == {"whole": True}
 
 
 class Warns(Accelerator):
