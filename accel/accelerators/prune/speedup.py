@@ -33,19 +33,29 @@ def shape_changes(before: nn.Module, after: nn.Module) -> dict[str, str]:
 def count(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
+
 @contextlib.contextmanager
 def nni_quiet():
-    """NNI's logger at WARNING inside the block; NNI imported first, since its import sets that logger to INFO (a
-    first import inside the block would undo the quiet)."""
+    """NNI's log inside the block goes to accel's (QUIET): its warnings about its own mask bookkeeping at debug level,
+    its errors as errors, never to the user's stdout, where NNI's own handler writes. NNI is imported first, since
+    its import sets that logger up (a first import inside the block would undo this)."""
     import nni  # noqa: F401
 
     logger = logging.getLogger("nni")
-    level = logger.level
+    level, handlers, propagate = logger.level, logger.handlers, logger.propagate
     logger.setLevel(logging.WARNING)  # NNI logs every replaced module at INFO
+    logger.handlers, logger.propagate = [_ToAccel()], False
     try:
         yield
     finally:
         logger.setLevel(level)
+        logger.handlers, logger.propagate = handlers, propagate
+
+
+class _ToAccel(logging.Handler):
+    def emit(self, record: logging.LogRecord) -> None:
+        level = record.levelno if record.levelno >= logging.ERROR else logging.DEBUG
+        QUIET.log(level, "NNI: %s", record.getMessage())
 
 
 def output_shapes(model: nn.Module, dummy: Any) -> Any:
