@@ -10,12 +10,12 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import torch.optim as optim
-from torch.optim.lr_scheduler import StepLR
 from torch.utils.data import DataLoader, TensorDataset
 
-from accel.testing import Loop, Setup
+from accel.testing import Setup
 
 from . import digits
+from . import examples_mnist as mnist
 
 REFUSES = {}
 
@@ -44,27 +44,10 @@ class Net(nn.Module):
         return output
 
 
-class Train(Loop):
-    """train(): optimizer.zero_grad(), output = model(data), F.nll_loss, backward, step; scheduler.step() per epoch
-    (here every 2 batches, an epoch of the small loader), on run.optimizer."""
+class Train(mnist.Train):
+    """train() is mnist/main.py's, line for line (and StepLR's step per epoch with it)."""
 
     name = "mnist_rnn"
-
-    def start(self, held, run):
-        self.scheduler = StepLR(run.optimizer, step_size=1, gamma=0.7)
-
-    def step(self, index, run, held, batch, loss_of):
-        data, target = batch
-        with run.autocast():
-            output = run.model(data)
-        loss = F.nll_loss(output.float(), target)
-        run.backward(loss)
-        run.step()
-        return loss.detach()
-
-    def after(self, step, held, run, loss):
-        if step % 2 == 1:
-            self.scheduler.step()
 
 
 def build() -> Setup:
