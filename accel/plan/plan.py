@@ -10,18 +10,21 @@ import torch
 import yaml
 
 from accel.errors import PlanError, Problem
+from accel.files import read_small
 from accel.plan.contract import REGISTRY, Accelerator
 from accel.plan.untrusted import unfolding
 
 PlanSpec = Any  # Plan | list[str | dict | Accelerator] | dict[str, dict] | str | Path | None
 PLAN_FILE_SUFFIXES = (".toml", ".yaml", ".yml")
+PLAN_FILE_LIMIT = 1 << 20  # far above any plan
 
 
 def _load_file(path: Path) -> Any:
     """The file's plan data. TOML refuses a key given twice, and so does YAML as read here (PyYAML would keep the last
     silently); either must unfold to a plan's size (accel.plan.untrusted: YAML aliases can make a few hundred bytes
-    unfold to billions of values)."""
-    text = path.read_text()
+    unfold to billions of values). It is read as a small regular file (accel.files.read_small): a sparse terabyte
+    or a named pipe swapped in after the check is refused unread."""
+    text = read_small(path.resolve(), PLAN_FILE_LIMIT).decode()
     if path.suffix == ".toml":
         try:
             import tomllib

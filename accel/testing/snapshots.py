@@ -88,9 +88,10 @@ def snapshot(model: nn.Module, optimizer: torch.optim.Optimizer | None = None, l
     opt, kernels = None, []
     if optimizer is not None:
         kernels = kernel_settings(optimizer)
+        held = whole(optimizer.state_dict()["state"])  # its devices too: same_options compares across devices
         opt = (type(optimizer).__name__,
                [{k: v for k, v in g.items() if k not in ("params", *KERNEL_KEYS)} for g in optimizer.param_groups],
-               copy.deepcopy(whole(optimizer.state_dict()["state"])))
+               copy.deepcopy(held), map_tensors(lambda tensor: tensor.device, held))
     loader_attrs = {}
     if loader is not None:
         loader_attrs = {k: getattr(loader, k, None) for k in
