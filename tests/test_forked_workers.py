@@ -1,0 +1,44 @@
+"""A DataLoader worker forked after an earlier test left garbage does not run that garbage's finalizers.
+
+A closed run is cyclic garbage until this process collects it, and with a ddp run it holds gloo's process group
+(through DistributedDataParallel's reducer), whose worker threads wait on a condition variable. A forked worker
+inherits that garbage but not those threads; when its own collector frees the group, gloo's destructor wakes and
+joins threads that do not exist in it: the worker hangs, aborts or segfaults ("DataLoader worker (pid N) is killed
+by signal"), in whatever later test forks first. tests/conftest.py freezes the collector's objects across each fork.
+"""
+import gc
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+from zoo import MODELS, Net
+
+import accel
+from accel.testing import tiny_loader, tiny_optimizer
+
+
+class Collecting(Dataset):
+    """Each item collects the worker's garbage first, as its collector will on its own at some allocation."""
+
+    def __len__(self):
+        return 2
+
+    def __getitem__(self, index):
+        gc.collect()
+        return index
+
+
+def test_a_worker_forked_after_a_closed_ddp_run_became_garbage_loads_its_batches(one_rank):
+    gc.disable()  # what the suite's long-lived process meets: the closed run not collected yet when a worker forks
+    try:
+        model = Net(**MODELS["blocks"])
+        run = accel.accelerate(model, tiny_optimizer(model), tiny_loader(), plan=["ddp"], device="cpu")
+        for x, y in run.loader:
+            run.backward(torch.nn.functional.cross_entropy(run.model(x), y))
+            run.step()
+        run.close()
+        del run
+        loader = DataLoader(Collecting(), num_workers=1, timeout=60)  # a hung worker fails the test, not the suite
+        assert [int(batch) for batch in loader] == [0, 1]
+        assert gc.get_freeze_count() == 0  # thawed in this process after each fork: its garbage is collected here
+    finally:
+        gc.enable()
