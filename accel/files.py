@@ -38,14 +38,15 @@ def temporary_name(path: Path) -> Path:
 def _gone(pid: int) -> bool:
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+    except (ProcessLookupError, OverflowError):  # (beyond any process id: none such)
         return True
     except OSError:  # another user's process: alive
         return False
     return False
 
 
-_WRITING: set[Path] = set()  # this process's temporary files being written now (by any thread)
+_WRITING: set[str] = set()  # the names of this process's temporary files being written now (by any thread): a name,
+# unique to its writer, whatever spelling of the folder (relative, through a link) clear() or another write uses
 
 
 def left_over(temporary: Path) -> bool:
@@ -53,16 +54,17 @@ def left_over(temporary: Path) -> bool:
     own and no write holds it any more (a Ctrl-C at the worst moment). A live writer's, or another host's (whose
     processes this one cannot see), is being written."""
     _, host, pid, _ = (temporary.name[len(PREFIX):-len(SUFFIX)].split("-") + ["", "", "", ""])[:4]
-    if host != HOST or not pid.isdigit():
+    if host != HOST or not (pid.isascii() and pid.isdigit()):  # ('²' is a digit to isdigit, not to int)
         return False
-    return temporary not in _WRITING if int(pid) == os.getpid() else _gone(int(pid))
+    return temporary.name not in _WRITING if int(pid) == os.getpid() else _gone(int(pid))
 
 
 def remove_leftovers(path: Path) -> None:
     """Remove the temporary files that writers of path on this host left (left_over)."""
     for leftover in path.parent.glob(f"{PREFIX}{_tag(path.name)}-{HOST}-*{SUFFIX}"):
         if left_over(leftover):
-            leftover.unlink(missing_ok=True)
+            with contextlib.suppress(IsADirectoryError):  # a folder of that name is not accel's: the next goes on
+                leftover.unlink(missing_ok=True)
 
 
 def write_atomically(path, write: Callable[[BinaryIO], None]) -> None:
@@ -71,7 +73,7 @@ def write_atomically(path, write: Callable[[BinaryIO], None]) -> None:
     with contextlib.suppress(OSError):  # an unreadable folder: the write says why
         remove_leftovers(path)
     temporary = temporary_name(path)
-    _WRITING.add(temporary)
+    _WRITING.add(temporary.name)
     try:
         handle = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask decides, as for open()
         with os.fdopen(handle, "wb") as file:
@@ -83,7 +85,7 @@ def write_atomically(path, write: Callable[[BinaryIO], None]) -> None:
         temporary.unlink(missing_ok=True)  # or, if a Ctrl-C skips this, the next write of path
         raise
     finally:
-        _WRITING.discard(temporary)
+        _WRITING.discard(temporary.name)
     _sync_folder(path.parent)
 
 

@@ -1,0 +1,67 @@
+"""Attack 16: today's late changes from outside, each a test that failed before its fix.
+
+- files.left_over (accel cache clear, and every write's clean-up) read a temporary's process id with str.isdigit:
+  a name in a shared cache folder with a digit of another script ('²') or beyond a process id's range raised
+  ValueError / OverflowError out of `accel cache clear` and out of every write of that entry (a plan's answer lost).
+- A write of this process held its temporary by its Path: the same folder spelled otherwise (relative, through a
+  link) by clear() in another thread was not the same Path, so clear removed the temporary being written and the
+  write failed.
+- A folder named like a dead writer's temporary stopped a write's clean-up at the first unlink (EISDIR, suppressed
+  whole): the dead writers' files after it stayed forever."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+import accel.search.cache as plancache
+from accel.files import HOST, PREFIX, SUFFIX, _tag, temporary_name, write_atomically, write_text
+
+
+def _temporary(folder, name: str, pid: str):
+    return folder / f"{PREFIX}{_tag(name)}-{HOST}-{pid}-0123abcd{SUFFIX}"
+
+
+@pytest.mark.parametrize("pid", ["²", "9" * 30])
+def test_an_odd_process_id_in_a_temporarys_name_is_no_crash(tmp_path, pid):
+    odd = _temporary(tmp_path, "entry.json", pid)
+    odd.write_text("")
+    write_text(tmp_path / "entry.json", "{}")  # raised ValueError / OverflowError from the clean-up
+    assert (tmp_path / "entry.json").read_text() == "{}"
+    plancache.clear(tmp_path)  # likewise
+    assert (tmp_path / "entry.json").exists()
+
+
+def test_a_write_survives_clear_of_its_folder_spelled_otherwise(tmp_path, monkeypatch):
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "cache")
+    monkeypatch.chdir(tmp_path)
+    removed = []
+
+    def write(file):
+        file.write(b"{}")
+        for spelling in ("link", tmp_path / "cache"):  # another thread clears the folder, as it names it
+            clearing = threading.Thread(target=lambda: removed.append(plancache.clear(spelling)))
+            clearing.start()
+            clearing.join()
+
+    write_atomically("cache/entry.json", write)  # FileNotFoundError: clear had removed its temporary
+    assert (tmp_path / "cache" / "entry.json").read_text() == "{}" and removed == [0, 0]
+
+
+def test_a_folder_named_like_a_temporary_stops_no_clean_up(tmp_path):
+    dead = []
+    for number in range(20):  # interleaved: whatever order the folder lists them in, a file follows a folder
+        _temporary(tmp_path, "entry.json", str(5_000_000 + 2 * number)).mkdir()
+        dead.append(_temporary(tmp_path, "entry.json", str(5_000_001 + 2 * number)))
+        dead[-1].write_text("")
+    write_text(tmp_path / "entry.json", "{}")
+    assert not any(path.exists() for path in dead)
+    assert sum(path.is_dir() for path in tmp_path.iterdir()) == 20  # a folder is not accel's to remove
+
+
+def test_a_temporary_of_this_process_not_being_written_is_left_over(tmp_path):
+    left = temporary_name(tmp_path / "entry.json")  # a Ctrl-C between its open and its clean-up
+    left.write_text("")
+    write_text(tmp_path / "entry.json", "{}")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["entry.json"]
