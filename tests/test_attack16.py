@@ -7,14 +7,21 @@
   link) by clear() in another thread was not the same Path, so clear removed the temporary being written and the
   write failed.
 - A folder named like a dead writer's temporary stopped a write's clean-up at the first unlink (EISDIR, suppressed
-  whole): the dead writers' files after it stayed forever."""
+  whole): the dead writers' files after it stayed forever.
+- nni_quiet from two threads at once (two prunes) restored NNI's logger in the wrong order: the last to leave put
+  back the first's routing (NNI's logger sent to accel's, at WARNING, for the rest of the process), and the first to
+  leave put NNI's stdout handler back while the other was still pruning.
+- NNI's log routed to accel's raised out of NNI's own call where a record could not be formatted (a logging handler
+  reports that, as NNI's own did, and the prune goes on)."""
 from __future__ import annotations
 
+import logging
 import threading
 
 import pytest
 
 import accel.search.cache as plancache
+from accel.accelerators.prune.speedup import nni_quiet
 from accel.files import HOST, PREFIX, SUFFIX, _tag, temporary_name, write_atomically, write_text
 
 
@@ -65,3 +72,71 @@ def test_a_temporary_of_this_process_not_being_written_is_left_over(tmp_path):
     left.write_text("")
     write_text(tmp_path / "entry.json", "{}")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["entry.json"]
+
+
+def _state(logger):
+    return logger.level, list(logger.handlers), logger.propagate
+
+
+def test_nni_quiet_from_two_threads_at_once_restores_nni_as_it_was():
+    import nni  # noqa: F401
+
+    logger = logging.getLogger("nni")
+    mine = logging.StreamHandler()
+    before = logger.level, logger.handlers, logger.propagate
+    logger.setLevel(logging.DEBUG)
+    logger.handlers, logger.propagate = [mine], True  # the user configured NNI's logger themselves
+    try:
+        first_in, second_in, first_out = threading.Event(), threading.Event(), threading.Event()
+        inside = []
+
+        def first():
+            with nni_quiet():
+                first_in.set()
+                second_in.wait(30)
+            first_out.set()
+
+        def second():
+            first_in.wait(30)
+            with nni_quiet():
+                second_in.set()
+                first_out.wait(30)
+                inside.append(_state(logger))  # still pruning: still quiet
+
+        threads = [threading.Thread(target=first), threading.Thread(target=second)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert inside and mine not in inside[0][1] and inside[0][2] is False
+        assert _state(logger) == (logging.DEBUG, [mine], True)
+    finally:
+        logger.setLevel(before[0])
+        logger.handlers, logger.propagate = before[1], before[2]
+
+
+def test_nni_quiet_restores_nni_after_an_interrupt_inside():
+    import nni  # noqa: F401
+
+    logger = logging.getLogger("nni")
+    state = _state(logger)
+    with pytest.raises(KeyboardInterrupt), nni_quiet():
+        raise KeyboardInterrupt
+    assert _state(logger) == state
+
+
+def test_an_nni_record_that_cannot_be_formatted_raises_nothing_from_nnis_call(monkeypatch):
+    monkeypatch.setattr(logging, "raiseExceptions", False)  # (as in production: the handler's report is quiet)
+    with nni_quiet():
+        logging.getLogger("nni").error("%d layers", "some")  # raised TypeError out of NNI's own logging call
+
+
+def test_an_nni_error_keeps_its_traceback(caplog):
+    with nni_quiet(), caplog.at_level(logging.ERROR, "accel.prune.nni"):
+        try:
+            raise ValueError("inside NNI")
+        except ValueError:
+            logging.getLogger("nni").exception("NNI failed")
+    assert [r.exc_info[1].args for r in caplog.records if r.exc_info] == [("inside NNI",)]
+
+

@@ -34,28 +34,42 @@ def count(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
+_QUIETING = {"threads": 0, "saved": None, "lock": threading.Lock()}  # prunes inside nni_quiet now, NNI's logger before
+
+
 @contextlib.contextmanager
 def nni_quiet():
     """NNI's log inside the block goes to accel's (QUIET): its warnings about its own mask bookkeeping at debug level,
     its errors as errors, never to the user's stdout, where NNI's own handler writes. NNI is imported first, since
-    its import sets that logger up (a first import inside the block would undo this)."""
+    its import sets that logger up (a first import inside the block would undo this). The first block in saves NNI's
+    logger and the last out restores it: two threads pruning at once leave it as it was, each quiet throughout."""
     import nni  # noqa: F401
 
     logger = logging.getLogger("nni")
-    level, handlers, propagate = logger.level, logger.handlers, logger.propagate
-    logger.setLevel(logging.WARNING)  # NNI logs every replaced module at INFO
-    logger.handlers, logger.propagate = [_ToAccel()], False
+    with _QUIETING["lock"]:
+        if not _QUIETING["threads"]:
+            _QUIETING["saved"] = logger.level, logger.handlers, logger.propagate
+            logger.setLevel(logging.WARNING)  # NNI logs every replaced module at INFO
+            logger.handlers, logger.propagate = [_ToAccel()], False
+        _QUIETING["threads"] += 1
     try:
         yield
     finally:
-        logger.setLevel(level)
-        logger.handlers, logger.propagate = handlers, propagate
+        with _QUIETING["lock"]:
+            _QUIETING["threads"] -= 1
+            if not _QUIETING["threads"]:
+                level, handlers, propagate = _QUIETING["saved"]
+                logger.setLevel(level)
+                logger.handlers, logger.propagate = handlers, propagate
 
 
 class _ToAccel(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
-        level = record.levelno if record.levelno >= logging.ERROR else logging.DEBUG
-        QUIET.log(level, "NNI: %s", record.getMessage())
+        try:  # a record that cannot be formatted is the handler's to report (handleError), never NNI's call to raise
+            level = record.levelno if record.levelno >= logging.ERROR else logging.DEBUG
+            QUIET.log(level, "NNI: %s", record.getMessage(), exc_info=record.exc_info)
+        except Exception:
+            self.handleError(record)
 
 
 def output_shapes(model: nn.Module, dummy: Any) -> Any:
