@@ -8,6 +8,9 @@
   write failed.
 - A folder named like a dead writer's temporary stopped a write's clean-up at the first unlink (EISDIR, suppressed
   whole): the dead writers' files after it stayed forever.
+- A cached answer's row whose ratio estimate is no number (a string, a list) passed from_dict's kind check (it checks
+  a field's own kind, not inside its dict) and the table's printing, and raised TypeError out of run.report.to_dict()
+  (the ablation divides by the estimate): cached_answer now takes the entry only if its numbers come out too.
 - nni_quiet from two threads at once (two prunes) restored NNI's logger in the wrong order: the last to leave put
   back the first's routing (NNI's logger sent to accel's, at WARNING, for the rest of the process), and the first to
   leave put NNI's stdout handler back while the other was still pruning.
@@ -140,3 +143,32 @@ def test_an_nni_error_keeps_its_traceback(caplog):
     assert [r.exc_info[1].args for r in caplog.records if r.exc_info] == [("inside NNI",)]
 
 
+
+
+@pytest.mark.parametrize("estimate", ["fast", [1.0]])
+def test_an_answer_whose_ratio_is_no_number_is_measured_again(tmp_path, monkeypatch, estimate):
+    """An answer's row with a ratio whose estimate is no number passed the kind check and the table's
+    printing (which prints the samples) and raised from run.report.to_dict() (its ablation: 1 / the estimate)."""
+    import warnings
+
+    import torch
+    from faults.test_cache_entry_trust import planted, searched_result
+
+    import accel
+
+    monkeypatch.setenv("ACCEL_CACHE_DIR", str(tmp_path))
+    result = searched_result({})
+    result["rows"] = [{"name": "eager", "plan": {}, "status": "measured", "against": "channels_last",
+                       "tests": "channels_last", "median_ms": 5.0,
+                       "ratio": {"estimate": estimate, "low": 0.9, "high": 1.1, "rounds": 3, "samples": [1.0, 1.0]}}]
+    setup = planted(tmp_path, result)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        run = accel.accelerate(setup.model, setup.optimizer, setup.loader, plan="auto", device="cpu")
+        try:
+            x, y = next(iter(run.loader))
+            run.backward(torch.nn.functional.cross_entropy(run.model(x), y))
+            run.step()
+            run.report.to_json()  # raised TypeError
+        finally:
+            run.close()

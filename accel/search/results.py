@@ -124,7 +124,8 @@ def cached_answer(facts: dict[str, Any] | None, cache: Any, started: float) -> T
         return None
     try:
         result = TuneResult.from_dict(hit)
-        str(result)  # its table as the report prints it: values of the wrong kind are a damaged entry
+        str(result), result.to_dict()  # its table and numbers (the ablation) as the report gives them: values of
+        # the wrong kind are a damaged entry
     except (KeyError, TypeError, ValueError, AttributeError, IndexError):  # a damaged entry: measure again
         return None
     result.from_cache, result.elapsed_s = True, clock.now() - started
