@@ -105,8 +105,9 @@ def read_small(path, limit: int = 1 << 20) -> bytes:
         if not stat.S_ISREG(status.st_mode):
             raise OSError(errno.EINVAL, "not a regular file", str(path))
         if status.st_size > limit:
-            raise OSError(errno.EFBIG, f"{size_text(status.st_size)}, more than the {size_text(limit)} expected",
-                          str(path))
+            size, most = size_text(status.st_size), size_text(limit)
+            size, most = (size, most) if size != most else (f"{status.st_size} bytes", f"{limit}")  # (both 1.0 MiB)
+            raise OSError(errno.EFBIG, f"{size}, more than the {most} expected", str(path))
         with os.fdopen(handle, "rb", closefd=False) as file:
             return file.read(limit + 1)[:limit]
     finally:

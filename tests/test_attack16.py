@@ -11,6 +11,8 @@
 - A cached answer's row whose ratio estimate is no number (a string, a list) passed from_dict's kind check (it checks
   a field's own kind, not inside its dict) and the table's printing, and raised TypeError out of run.report.to_dict()
   (the ablation divides by the estimate): cached_answer now takes the entry only if its numbers come out too.
+- A plan file one byte over read_small's limit was refused as '1.0 MiB, more than the 1.0 MiB expected', and a plan
+  path naming a named pipe or a device (refused unread, rightly) was said to be 'not found'.
 - nni_quiet from two threads at once (two prunes) restored NNI's logger in the wrong order: the last to leave put
   back the first's routing (NNI's logger sent to accel's, at WARNING, for the rest of the process), and the first to
   leave put NNI's stdout handler back while the other was still pruning.
@@ -172,3 +174,33 @@ def test_an_answer_whose_ratio_is_no_number_is_measured_again(tmp_path, monkeypa
             run.report.to_json()  # raised TypeError
         finally:
             run.close()
+
+
+def test_a_plan_file_one_byte_over_the_limit_says_its_size(tmp_path):
+    from accel.errors import PlanError
+    from accel.plan import Plan
+    from accel.plan.plan import PLAN_FILE_LIMIT
+
+    path = tmp_path / "plan.yaml"
+    path.write_bytes(b"- channels_last\n".ljust(PLAN_FILE_LIMIT, b"#"))
+    assert Plan(path).names() == ["channels_last"]  # exactly at the limit: read
+    path.write_bytes(b"- channels_last\n".ljust(PLAN_FILE_LIMIT + 1, b"#"))
+    with pytest.raises(PlanError) as refused:  # it said '1.0 MiB, more than the 1.0 MiB expected'
+        Plan(path)
+    assert f"{PLAN_FILE_LIMIT + 1} bytes, more than the {PLAN_FILE_LIMIT} expected" in str(refused.value)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device"])
+def test_a_plan_path_to_a_pipe_or_a_device_is_not_said_to_be_missing(tmp_path, kind):
+    import os
+
+    from accel.errors import PlanError
+    from accel.plan import Plan
+
+    path = tmp_path / "plan.yaml"
+    if kind == "fifo":
+        os.mkfifo(path)
+    else:
+        path.symlink_to("/dev/null")
+    with pytest.raises(PlanError, match="a named pipe or a device, not a regular file"):  # it said: not found
+        Plan(path)

@@ -69,7 +69,9 @@ def _entries(spec: PlanSpec, problems: list[Problem]) -> list[tuple[str, Any]]:
         if not path.is_file():
             if isinstance(spec, Path) or path.suffix in PLAN_FILE_SUFFIXES or "/" in str(spec):
                 problems.append(Problem("plan",
-                                        "plan file not found" + (" (it is a directory)" if path.is_dir() else ""),
+                                        "plan file not found (it is a directory)" if path.is_dir() else
+                                        "is not a plan file: a named pipe or a device, not a regular file"
+                                        if path.exists() else "plan file not found",
                                         value=str(spec), allowed="an existing .toml, .yaml or .yml file",
                                         kind="missing"))
                 return []
