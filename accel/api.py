@@ -236,9 +236,9 @@ def keep_your_compile(yours: torch.nn.Module, model: torch.nn.Module, applied: l
         return model, "replaced by the plan's compile (run.model); run.unwrap() is the module inside yours"
     if model is yours._orig_mod:
         return yours, "kept: run.model is your compiled model; run.unwrap() is the module inside it"
-    from torch._dynamo.eval_frame import OptimizedModule  # torch's own (a kind of yours may construct otherwise)
-
-    return (OptimizedModule(model, yours.dynamo_ctx),
+    wrapper = yours.dynamo_ctx(model)  # as your torch.compile made yours (a kind of yours may construct otherwise)
+    wrapper.__class__ = type(yours)  # your own kind: its methods (a __call__ of its own) are what your training runs
+    return (wrapper,
             "kept outermost: your torch.compile settings wrap the plan's wrappers (run.model); run.unwrap() is the "
             "module inside yours")
 

@@ -13,6 +13,9 @@
   (the ablation divides by the estimate): cached_answer now takes the entry only if its numbers come out too.
 - A plan file one byte over read_small's limit was refused as '1.0 MiB, more than the 1.0 MiB expected', and a plan
   path naming a named pipe or a device (refused unread, rightly) was said to be 'not found'.
+- Your own kind of compiled model (an OptimizedModule subclass) around a plan's wrapper became torch's own kind
+  (be18cf9): a __call__ of its own, which is what your training runs, was dropped silently (its model computed
+  something else); now the wrapper is made as your compile made yours (dynamo_ctx(model)) and is your kind again.
 - nni_quiet from two threads at once (two prunes) restored NNI's logger in the wrong order: the last to leave put
   back the first's routing (NNI's logger sent to accel's, at WARNING, for the rest of the process), and the first to
   leave put NNI's stdout handler back while the other was still pruning.
@@ -24,10 +27,15 @@ import logging
 import threading
 
 import pytest
+import torch
+import torch._dynamo
 
+import accel
 import accel.search.cache as plancache
 from accel.accelerators.prune.speedup import nni_quiet
 from accel.files import HOST, PREFIX, SUFFIX, _tag, temporary_name, write_atomically, write_text
+from accel.plan.contract import Accelerator, Stage
+from accel.testing import tiny_loader, tiny_model, tiny_optimizer
 
 
 def _temporary(folder, name: str, pid: str):
@@ -204,3 +212,47 @@ def test_a_plan_path_to_a_pipe_or_a_device_is_not_said_to_be_missing(tmp_path, k
         path.symlink_to("/dev/null")
     with pytest.raises(PlanError, match="a named pipe or a device, not a regular file"):  # it said: not found
         Plan(path)
+
+
+class _Wrapper(torch.nn.Module):
+    def __init__(self, module):
+        super().__init__()
+        self.module = module
+
+    def forward(self, x):
+        return self.module(x)
+
+
+class _Wraps(Accelerator):
+    """Wraps the model (as ddp does), so that the user's compile goes around the plan's wrapper."""
+
+    name, stage = "wraps", Stage.DISTRIBUTION
+
+    def apply(self, ctx):
+        ctx.model = _Wrapper(ctx.model)
+        return {}
+
+    def unwrap(self, state, model):
+        return model.module if isinstance(model, _Wrapper) else model
+
+
+class _Doubled(torch._dynamo.eval_frame.OptimizedModule):
+    """A user's own kind of compiled model, with a __call__ of its own (what the user's training runs)."""
+
+    def __call__(self, x):
+        return super().__call__(x * 2)
+
+
+def test_your_own_kind_of_compiled_model_keeps_its_call_around_the_plans_wrapper():
+    model = tiny_model(0)
+    compiled = torch.compile(model, backend="eager")
+    yours = _Doubled(compiled._orig_mod, compiled.dynamo_ctx)
+    run = accel.accelerate(yours, tiny_optimizer(model), tiny_loader(), plan=[_Wraps()], device="cpu")
+    try:
+        x, _ = next(iter(tiny_loader()))
+        assert type(run.model) is _Doubled  # it was torch's own kind, without the doubling
+        assert run.model.dynamo_ctx is yours.dynamo_ctx and isinstance(run.model._orig_mod, _Wrapper)
+        with torch.no_grad():
+            assert torch.equal(run.model(x), model(x * 2))
+    finally:
+        run.close()
