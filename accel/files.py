@@ -109,7 +109,10 @@ def read_small(path, limit: int = 1 << 20) -> bytes:
             size, most = (size, most) if size != most else (f"{status.st_size} bytes", f"{limit}")  # (both 1.0 MiB)
             raise OSError(errno.EFBIG, f"{size}, more than the {most} expected", str(path))
         with os.fdopen(handle, "rb", closefd=False) as file:
-            return file.read(limit + 1)[:limit]
+            data = file.read(limit + 1)
+        if len(data) > limit:  # it grew since, or says no size (/proc): never a silently cut read
+            raise OSError(errno.EFBIG, f"more than the {size_text(limit)} expected", str(path))
+        return data
     finally:
         os.close(handle)
 

@@ -16,6 +16,8 @@
 - Your own kind of compiled model (an OptimizedModule subclass) around a plan's wrapper became torch's own kind
   (be18cf9): a __call__ of its own, which is what your training runs, was dropped silently (its model computed
   something else); now the wrapper is made as your compile made yours (dynamo_ctx(model)) and is your kind again.
+- read_small cut a file whose read gave more than its size said (it grew meanwhile; /proc's files say 0) at the limit
+  and returned the cut bytes as the whole file.
 - nni_quiet from two threads at once (two prunes) restored NNI's logger in the wrong order: the last to leave put
   back the first's routing (NNI's logger sent to accel's, at WARNING, for the rest of the process), and the first to
   leave put NNI's stdout handler back while the other was still pruning.
@@ -256,3 +258,15 @@ def test_your_own_kind_of_compiled_model_keeps_its_call_around_the_plans_wrapper
             assert torch.equal(run.model(x), model(x * 2))
     finally:
         run.close()
+
+
+def test_a_small_read_of_a_file_longer_than_its_size_says_is_refused_not_cut():
+    """A file that grew between its size check and its read (or one that gives no size: /proc's) was cut at the
+    limit and returned as if whole (a plan or an entry missing its end)."""
+    import errno
+
+    from accel.files import read_small
+
+    with pytest.raises(OSError) as refused:
+        read_small("/proc/self/status", limit=64)  # a regular file of size 0 whose read gives more
+    assert refused.value.errno == errno.EFBIG
