@@ -34,7 +34,10 @@ def count(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-_QUIETING = {"threads": 0, "saved": None, "lock": threading.Lock()}  # prunes inside nni_quiet now, NNI's logger before
+class _Quieting:
+    """How many blocks are inside nni_quiet now (threads pruning at once), and NNI's logger before the first."""
+
+    lock, inside, saved = threading.Lock(), 0, (logging.NOTSET, [], True)
 
 
 @contextlib.contextmanager
@@ -46,19 +49,19 @@ def nni_quiet():
     import nni  # noqa: F401
 
     logger = logging.getLogger("nni")
-    with _QUIETING["lock"]:
-        if not _QUIETING["threads"]:
-            _QUIETING["saved"] = logger.level, logger.handlers, logger.propagate
+    with _Quieting.lock:
+        if not _Quieting.inside:
+            _Quieting.saved = logger.level, logger.handlers, logger.propagate
             logger.setLevel(logging.WARNING)  # NNI logs every replaced module at INFO
             logger.handlers, logger.propagate = [_ToAccel()], False
-        _QUIETING["threads"] += 1
+        _Quieting.inside += 1
     try:
         yield
     finally:
-        with _QUIETING["lock"]:
-            _QUIETING["threads"] -= 1
-            if not _QUIETING["threads"]:
-                level, handlers, propagate = _QUIETING["saved"]
+        with _Quieting.lock:
+            _Quieting.inside -= 1
+            if not _Quieting.inside:
+                level, handlers, propagate = _Quieting.saved
                 logger.setLevel(level)
                 logger.handlers, logger.propagate = handlers, propagate
 
