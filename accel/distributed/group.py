@@ -17,7 +17,7 @@ from accel.hardware.launcher import Launch, _initialized, rank
 from accel.run.shared_settings import set_by_runs
 
 __all__ = ["BACKEND_DEVICE", "EXIT_BARRIER_S", "all_reduce_mean", "drain_gloo_workers", "gloo_workers_busy",
-           "is_main_process", "join_group", "leave_group"]
+           "is_main_process", "join_group", "leave_group", "let_go"]
 
 EXIT_BARRIER_S = 30
 
@@ -111,6 +111,25 @@ def _join_or_leave(joined: bool, launch: Launch, backend: str, timeout_s: float)
         atexit.register(leave_group)  # a group left to the interpreter's exit can abort it ("terminate called ...")
     elif not joined and torch.distributed.is_initialized():
         leave_group()
+
+
+def let_go(journal, what: str, holder: object, names: tuple[str, ...]) -> None:
+    """Journal that ``holder`` (a wrapper or mesh accel made) lets go of the process group when the run is closed:
+    its attributes ``names`` set to None, kept only while the journal can still redo (a hand-over whose next plan
+    fails). destroy_process_group() ends nothing a holder still has: gloo's threads would live on, in garbage that
+    a forked DataLoader worker inherits and whose destructor there joins threads the child does not have."""
+    kept: dict[str, object] = {}
+
+    def release():
+        kept.update({name: getattr(holder, name) for name in names if getattr(holder, name, None) is not None})
+        for name in kept:
+            setattr(holder, name, None)
+
+    def restore():
+        for name, value in kept.items():
+            setattr(holder, name, value)
+        kept.clear()
+    journal.change(what, restore, release, kind="object")
 
 
 def is_main_process() -> bool:

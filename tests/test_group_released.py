@@ -1,0 +1,27 @@
+"""run.close() ends the process group accel started, its gloo threads with it: nothing of it is left to a forked
+DataLoader worker (tests/test_forked_workers.py), whose collector would otherwise join threads it does not have."""
+import gc
+
+import torch
+from zoo import MODELS, Net
+
+import accel
+from accel.distributed.group import _gloo_states
+from accel.testing import tiny_loader, tiny_optimizer, train_steps
+
+
+def test_closing_a_ddp_run_ends_gloo_s_threads_even_across_a_hand_over(one_rank):
+    gc.disable()  # the closed runs stay uncollected: only close() may end the group
+    try:
+        model = Net(**MODELS["blocks"])
+        optimizer = tiny_optimizer(model)
+        first = accel.accelerate(model, optimizer, tiny_loader(), plan=["ddp"], device="cpu")
+        train_steps(first)
+        assert _gloo_states()
+        second = accel.accelerate(model, optimizer, tiny_loader(), plan=["ddp"], device="cpu")  # hands over
+        train_steps(second)
+        second.close()
+        assert not torch.distributed.is_initialized()
+        assert _gloo_states() == []  # before the fix: two pt_gloo_runloop threads lived on in DDP's reducer
+    finally:
+        gc.enable()
