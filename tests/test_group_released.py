@@ -25,3 +25,22 @@ def test_closing_a_ddp_run_ends_gloo_s_threads_even_across_a_hand_over(one_rank)
         assert _gloo_states() == []  # before the fix: two pt_gloo_runloop threads lived on in DDP's reducer
     finally:
         gc.enable()
+
+
+def test_closing_an_fsdp_run_ends_gloo_s_threads_and_leaves_no_fsdp_hook_on_the_model(one_rank):
+    gc.disable()
+    try:
+        model = Net(**MODELS["blocks"])
+        optimizer = tiny_optimizer(model)
+        hooks = [dict(m._state_dict_pre_hooks) for m in model.modules()]
+        first = accel.accelerate(model, optimizer, tiny_loader(), plan=["fsdp"], device="cpu")
+        train_steps(first)  # FSDP2 adds its state_dict pre-hooks at the first forward, past what it shards
+        second = accel.accelerate(model, optimizer, tiny_loader(), plan=["fsdp"], device="cpu")  # hands over
+        train_steps(second)
+        second.close()
+        assert [dict(m._state_dict_pre_hooks) for m in model.modules()] == hooks
+        assert _gloo_states() == []  # before the fix: its mesh infos, torch's mesh caches and those hooks held it
+        assert set(model.state_dict()) == {name for name, _ in model.named_parameters()} | {
+            name for name, _ in model.named_buffers()}
+    finally:
+        gc.enable()

@@ -8,8 +8,10 @@ import atexit
 import contextlib
 import os
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -113,17 +115,19 @@ def _join_or_leave(joined: bool, launch: Launch, backend: str, timeout_s: float)
         leave_group()
 
 
-def let_go(journal, what: str, holder: object, names: tuple[str, ...]) -> None:
+def let_go(journal, what: str, holder: object, names: tuple[str, ...], empty: Callable[[], Any] = lambda: None):
     """Journal that ``holder`` (a wrapper or mesh accel made) lets go of the process group when the run is closed:
-    its attributes ``names`` set to None, kept only while the journal can still redo (a hand-over whose next plan
-    fails). destroy_process_group() ends nothing a holder still has: gloo's threads would live on, in garbage that
-    a forked DataLoader worker inherits and whose destructor there joins threads the child does not have."""
+    its attributes ``names`` set to ``empty()``, their values kept only while the journal can still redo (a
+    hand-over whose next plan fails). destroy_process_group() ends nothing a holder still has: gloo's threads live
+    on, in garbage that a forked DataLoader worker inherits, whose destructor there joins threads it does not have."""
     kept: dict[str, object] = {}
 
     def release():
+        if kept:  # let go already
+            return
         kept.update({name: getattr(holder, name) for name in names if getattr(holder, name, None) is not None})
         for name in kept:
-            setattr(holder, name, None)
+            setattr(holder, name, empty())
 
     def restore():
         for name, value in kept.items():
