@@ -74,8 +74,9 @@ def let_go_of_fsdp(sharded: list[nn.Module]) -> None:
     its first forward (beyond what shard_model recorded), and the process group in its mesh infos. Left, each keeps
     the group and gloo's threads alive: in the user's model, or in FSDP's own cyclic state, garbage that a forked
     DataLoader worker would inherit (and whose destructor there joins threads the child does not have)."""
-    groups = [getattr(module._get_fsdp_state(), "_fsdp_param_group", None) for module in sharded
-              if hasattr(module, "_get_fsdp_state")]
+    states = [module._get_fsdp_state() for module in sharded if hasattr(module, "_get_fsdp_state")]
+    groups = [g for state in states  # one param group per module, or a list of them (newer torch)
+              for g in getattr(state, "_fsdp_param_groups", None) or [getattr(state, "_fsdp_param_group", None)]]
     for group in [g for g in groups if g is not None]:
         for name in ("_module_to_pre_save_state_dict_hook_handle", "_module_to_pre_load_state_dict_hook_handle"):
             for handle in getattr(group, name, {}).values():
