@@ -2,11 +2,14 @@
 DataLoader worker (tests/test_forked_workers.py), whose collector would otherwise join threads it does not have."""
 import gc
 
+import pytest
 import torch
+from test_fsdp import Fails
 from zoo import MODELS, Net
 
 import accel
 from accel.distributed.group import _gloo_states
+from accel.plan.contract import register, unregister
 from accel.testing import tiny_loader, tiny_optimizer, train_steps
 
 
@@ -44,3 +47,22 @@ def test_closing_an_fsdp_run_ends_gloo_s_threads_and_leaves_no_fsdp_hook_on_the_
             name for name, _ in model.named_buffers()}
     finally:
         gc.enable()
+
+
+@pytest.mark.parametrize("wrapper", ["ddp", "fsdp"])
+def test_a_failed_hand_over_gives_the_earlier_run_its_hold_on_the_group_back(one_rank, wrapper):
+    """The next plan fails after its own wrapper: the earlier run, its changes redone, trains on through the group
+    its wrapper let go of meanwhile, and its close ends the group."""
+    register(Fails)
+    try:
+        model = Net(**MODELS["blocks"])
+        optimizer = tiny_optimizer(model)
+        earlier = accel.accelerate(model, optimizer, tiny_loader(), plan=[wrapper], device="cpu")
+        train_steps(earlier)
+        with pytest.raises(accel.AccelerateError, match="boom"):
+            accel.accelerate(model, optimizer, tiny_loader(), plan=[wrapper, "fails_last"], device="cpu")
+        assert all(torch.isfinite(torch.tensor(train_steps(earlier))))
+        earlier.close()
+        assert _gloo_states() == []
+    finally:
+        unregister("fails_last")
