@@ -14,6 +14,8 @@ from accel.testing import tiny_loader, tiny_model, tiny_optimizer, train_steps
 
 
 class Collecting(Dataset):
+    """Each item collects the worker's garbage first, as its collector will on its own at some allocation."""
+
     def __len__(self):
         return 2
 
@@ -22,11 +24,12 @@ class Collecting(Dataset):
         return index
 
 
-gc.disable()  # the closed run stays uncollected garbage in this process until the worker forks
-for wrapper in sys.argv[1:]:
-    model = tiny_model()
-    run = accel.accelerate(model, tiny_optimizer(model), tiny_loader(), plan=[wrapper], device="cpu")
-    train_steps(run)
-    run.close()
-    del run
-    print(wrapper, [int(batch) for batch in DataLoader(Collecting(), num_workers=1, timeout=30)], flush=True)
+if __name__ == "__main__":
+    gc.disable()  # the closed run stays uncollected garbage in this process until the worker forks
+    for wrapper in sys.argv[1:]:
+        model = tiny_model()
+        run = accel.accelerate(model, tiny_optimizer(model), tiny_loader(), plan=[wrapper], device="cpu")
+        train_steps(run)
+        run.close()
+        del run
+        print(wrapper, [int(batch) for batch in DataLoader(Collecting(), num_workers=1, timeout=30)], flush=True)
