@@ -4,6 +4,7 @@ import gc
 
 import pytest
 import torch
+from scripts.launching import one_rank_env
 from test_fsdp import Fails
 from zoo import MODELS, Net
 
@@ -66,3 +67,21 @@ def test_a_failed_hand_over_gives_the_earlier_run_its_hold_on_the_group_back(one
         assert _gloo_states() == []
     finally:
         unregister("fails_last")
+
+
+def test_a_group_your_script_joined_stays_yours_after_ddp_and_fsdp_runs_close(monkeypatch):
+    for key, value in one_rank_env().items():
+        monkeypatch.setenv(key, value)
+    torch.distributed.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        for wrapper in ("ddp", "fsdp"):
+            model = Net(**MODELS["blocks"])
+            run = accel.accelerate(model, tiny_optimizer(model), tiny_loader(), plan=[wrapper], device="cpu")
+            train_steps(run)
+            run.close()
+            assert torch.distributed.is_initialized() and _gloo_states()
+            total = torch.ones(1)
+            torch.distributed.all_reduce(total)  # your group still works
+            assert total.item() == 1
+    finally:
+        torch.distributed.destroy_process_group()
