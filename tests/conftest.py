@@ -20,11 +20,12 @@ if os.environ.get("CI"):
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
-# A forked process (a DataLoader worker) inherits the garbage this long-lived process has not collected yet: an
-# earlier test's closed run (ddp's reducer, fsdp's mesh, a rank agreement) holds gloo's process group, whose
-# destructor, run by the child's collector, wakes and joins the parent's threads, which do not exist there: the worker
-# hangs, aborts or segfaults (tests/test_forked_workers.py; scripts/collect_in_forked_children.py shows it at once).
-# Frozen across the fork (the use the gc docs give gc.freeze), what this process owns is finalized here, never there.
+# A forked process (a DataLoader worker) inherits the garbage this long-lived process has not collected yet. A closed
+# run ends the process group accel started (tests/test_group_released.py), but garbage that holds one (a test's own
+# DDP over a group it joined) would, collected in the child, have gloo's destructor join the parent's threads, which do
+# not exist there: the worker hangs, aborts or segfaults (tests/test_forked_workers.py;
+# scripts/collect_in_forked_children.py shows it at once). Frozen across the fork (the use the gc docs give
+# gc.freeze), what this process owns is finalized here, never there.
 PYTEST_PROCESS = os.getpid()
 
 

@@ -1,30 +1,25 @@
 """A DataLoader worker forked after an earlier test left garbage does not run that garbage's finalizers.
 
-A closed run is cyclic garbage until this process collects it, and with a ddp run it holds gloo's process group
-(through DistributedDataParallel's reducer), whose worker threads wait on a condition variable. A forked worker
-inherits that garbage but not those threads; when its own collector frees the group, gloo's destructor wakes and
-joins threads that do not exist in it: the worker hangs, aborts or segfaults ("DataLoader worker (pid N) is killed
-by signal"), in whatever later test forks first. tests/conftest.py freezes the collector's objects across each fork.
+A closed run is cyclic garbage until this process collects it; a ddp run held gloo's process group (through
+DistributedDataParallel's reducer) until close let go of it, and gloo's worker threads wait on a condition variable.
+A forked worker inherits that garbage but not those threads; when its own collector frees the group, gloo's
+destructor wakes and joins threads that do not exist in it: the worker hangs, aborts or segfaults ("DataLoader
+worker (pid N) is killed by signal"), in whatever later test forks first. run.close() ends the group accel
+started, and tests/conftest.py freezes the collector's objects across each fork (for any other garbage that a child
+should not finalize).
 """
 import gc
+import subprocess
+import sys
 
 import torch
-from torch.utils.data import DataLoader, Dataset
+from scripts.closed_run_then_workers import Collecting
+from scripts.launching import SCRIPTS, clean_env, one_rank_env
+from torch.utils.data import DataLoader
 from zoo import MODELS, Net
 
 import accel
 from accel.testing import tiny_loader, tiny_optimizer
-
-
-class Collecting(Dataset):
-    """Each item collects the worker's garbage first, as its collector will on its own at some allocation."""
-
-    def __len__(self):
-        return 2
-
-    def __getitem__(self, index):
-        gc.collect()
-        return index
 
 
 def test_a_worker_forked_after_a_closed_ddp_run_became_garbage_loads_its_batches(one_rank):
@@ -42,3 +37,11 @@ def test_a_worker_forked_after_a_closed_ddp_run_became_garbage_loads_its_batches
         assert gc.get_freeze_count() == 0  # thawed in this process after each fork: its garbage is collected here
     finally:
         gc.enable()
+
+
+def test_a_users_script_loads_with_workers_after_closed_ddp_and_fsdp_runs_without_the_suites_freeze():
+    """The user's script has no gc.freeze() around its forks: close itself must leave nothing of the group."""
+    result = subprocess.run([sys.executable, str(SCRIPTS / "closed_run_then_workers.py"), "ddp", "fsdp"],
+                            env={**clean_env(), **one_rank_env()}, capture_output=True, text=True, timeout=150)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.splitlines() == ["ddp [0, 1]", "fsdp [0, 1]"], result.stderr[-3000:]

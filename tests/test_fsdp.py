@@ -503,6 +503,7 @@ def test_auto_under_torchrun_picks_by_memory_and_both_ranks_agree(room, expected
     assert len(ranks) == 2, output(result)
     for rank in ranks:
         assert rank["plan"] == expected and rank["same"] and rank["steps"] > 0, rank
+        assert rank["gloo_threads"] == [], rank  # its wrapper, mesh and rank agreement let go of the group
         assert rank["why"].startswith(expected[0]), rank["why"]
         assert f"every plan measured ran with {expected[0]} (by memory fit)" in rank["why"], rank["why"]
         assert "memory fit" in rank["report"] and ("it fits" in rank["report"]) == (room == "fits"), rank["report"]

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from accel.distributed.data_parallel import LAUNCHERS, DataParallel, DataParallelOptions
+from accel.distributed.group import let_go
 from accel.errors import Skip
 from accel.hardware import is_accelerator
 from accel.modules import trainable
@@ -72,6 +73,8 @@ class DDP(DataParallel[DDPOptions, DDPState]):
 
             changes["comm_hook"] = f"{config.comm_hook}_compress_hook"
             wrapper.register_comm_hook(state=None, hook=getattr(default_hooks, changes["comm_hook"]))
+        let_go(ctx.journal, "ddp: DistributedDataParallel's hold on the process group", wrapper,
+               ("reducer", "logger", "process_group"))
         changes["sampler"] = self.shard(ctx)
         params = list(wrapper.parameters())
         state = DDPState(wrapper, params, trainable(params), ctx.decisions.launch.world_size, changes=changes)

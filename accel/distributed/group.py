@@ -8,8 +8,10 @@ import atexit
 import contextlib
 import os
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -17,7 +19,7 @@ from accel.hardware.launcher import Launch, _initialized, rank
 from accel.run.shared_settings import set_by_runs
 
 __all__ = ["BACKEND_DEVICE", "EXIT_BARRIER_S", "all_reduce_mean", "drain_gloo_workers", "gloo_workers_busy",
-           "is_main_process", "join_group", "leave_group"]
+           "is_main_process", "join_group", "leave_group", "let_go"]
 
 EXIT_BARRIER_S = 30
 
@@ -111,6 +113,27 @@ def _join_or_leave(joined: bool, launch: Launch, backend: str, timeout_s: float)
         atexit.register(leave_group)  # a group left to the interpreter's exit can abort it ("terminate called ...")
     elif not joined and torch.distributed.is_initialized():
         leave_group()
+
+
+def let_go(journal, what: str, holder: object, names: tuple[str, ...], empty: Callable[[], Any] = lambda: None):
+    """Journal that ``holder`` (a wrapper or mesh accel made) lets go of the process group when the run is closed:
+    its attributes ``names`` set to ``empty()``, their values kept only while the journal can still redo (a
+    hand-over whose next plan fails). destroy_process_group() ends nothing a holder still has: gloo's threads live
+    on, in garbage that a forked DataLoader worker inherits, whose destructor there joins threads it does not have."""
+    kept: dict[str, object] = {}
+
+    def release():
+        if kept:  # let go already
+            return
+        kept.update({name: getattr(holder, name) for name in names if getattr(holder, name, None) is not None})
+        for name in kept:
+            setattr(holder, name, empty())
+
+    def restore():
+        for name, value in kept.items():
+            setattr(holder, name, value)
+        kept.clear()
+    journal.change(what, restore, release, kind="object")
 
 
 def is_main_process() -> bool:

@@ -16,7 +16,7 @@ import torch
 import accel.search.cache as plancache
 from accel import clock
 from accel.api import accelerate
-from accel.distributed.agreement import in_step
+from accel.distributed.agreement import RankAgreement, in_step
 from accel.errors import AccelerateError, BypassWarning, CheckpointError, MeasureError, PlanError
 from accel.measure import TrainStep, plan_label
 from accel.modules import compiled
@@ -127,6 +127,7 @@ class InLoopSearch:
                 if not run.closed:
                     run.close()
             self.hold.release()  # the group leaves with the last run that held it (when accel joined it)
+            self.ranks = RankAgreement(None)  # its reference to the group, which would keep gloo's threads alive
 
     def load(self, path) -> dict:
         """Resume: the checkpoint's plan is the answer, once its state fits this run (else refused, nothing changed)."""

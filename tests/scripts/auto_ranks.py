@@ -11,6 +11,7 @@ import torch
 
 import accel
 from accel.distributed.agreement import footprint
+from accel.distributed.group import _gloo_states
 from accel.testing import tiny_loader, tiny_model
 
 model = tiny_model()
@@ -28,8 +29,9 @@ weights = torch.cat([p.detach().full_tensor().flatten() if hasattr(p, "full_tens
 gathered = [torch.zeros_like(weights) for _ in range(torch.distributed.get_world_size())]
 torch.distributed.all_gather(gathered, weights)
 rank = torch.distributed.get_rank()
-with open(f"{sys.argv[2]}/rank{rank}.json", "w") as out:  # a file each: two ranks' prints interleave
-    json.dump({"rank": rank, "plan": run.plan.names(), "why": run.report.tuning.why,
-               "same": all(torch.equal(gathered[0], g) for g in gathered), "steps": run.steps,
-               "report": str(run.report)}, out)
+said = {"rank": rank, "plan": run.plan.names(), "why": run.report.tuning.why,
+        "same": all(torch.equal(gathered[0], g) for g in gathered), "steps": run.steps, "report": str(run.report)}
 run.close()
+said["gloo_threads"] = _gloo_states()  # the group accel started ended with close, nothing of it left to a fork
+with open(f"{sys.argv[2]}/rank{rank}.json", "w") as out:  # a file each: two ranks' prints interleave
+    json.dump(said, out)

@@ -28,6 +28,7 @@ from accel.accelerators.fsdp.surgery import (
     unshard_model,
 )
 from accel.distributed.data_parallel import LAUNCHERS, DataParallel, DataParallelOptions
+from accel.distributed.group import let_go
 from accel.errors import Problem
 from accel.hardware import is_accelerator
 from accel.modules import absent_classes, chosen_classes, listed, outermost, own_class, tied_groups
@@ -149,7 +150,8 @@ class FSDP(DataParallel[FSDPOptions, FSDPState]):
         dtype = ctx.decisions.compute_dtype
         reduce = (torch.float32 if config.reduce_dtype == "float32" else dtype) if dtype is not None else None
         policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=reduce)  # (no amp: FSDP2's default policy)
-        mesh = init_device_mesh(ctx.device.type, (world,))
+        mesh = init_device_mesh(ctx.device.type, (world,))  # kept by torch's caches past close: it lets go there
+        let_go(ctx.journal, "fsdp: the device mesh's hold on the process group", mesh, ("_pg_registry",), dict)
         kwargs = {"mesh": mesh, "reshard_after_forward": config.reshard_after_forward, "mp_policy": policy,
                   "offload_policy": CPUOffloadPolicy() if config.cpu_offload else OffloadPolicy()}
         model, state = ctx.model, FSDPState(changes=changes)  # state.sharding: the model's sharding now

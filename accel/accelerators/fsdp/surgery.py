@@ -66,6 +66,28 @@ def shard_model(model: nn.Module, blocks: list[nn.Module], own: dict, sum_reduct
     return recorded()
 
 
+GROUP_FIELDS = ("shard_process_group", "reduce_scatter_process_group", "replicate_process_group")
+
+
+def let_go_of_fsdp(sharded: list[nn.Module]) -> None:
+    """What FSDP2 keeps past the sharding it is taken off with: the state_dict pre-hooks it puts on the model only at
+    its first forward (beyond what shard_model recorded), and the process group in its mesh infos. Left, each keeps
+    the group and gloo's threads alive: in the user's model, or in FSDP's own cyclic state, garbage that a forked
+    DataLoader worker would inherit (and whose destructor there joins threads the child does not have)."""
+    states = [module._get_fsdp_state() for module in sharded if hasattr(module, "_get_fsdp_state")]
+    groups = [g for state in states  # one param group per module, or a list of them (newer torch)
+              for g in getattr(state, "_fsdp_param_groups", None) or [getattr(state, "_fsdp_param_group", None)]]
+    for group in [g for g in groups if g is not None]:
+        for name in ("_module_to_pre_save_state_dict_hook_handle", "_module_to_pre_load_state_dict_hook_handle"):
+            for handle in getattr(group, name, {}).values():
+                handle.remove()
+        for holder in [group, *getattr(group, "fsdp_params", [])]:
+            for info in (getattr(holder, "mesh_info", None), getattr(holder, "post_forward_mesh_info", None)):
+                for field_name in GROUP_FIELDS:
+                    if getattr(info, field_name, None) is not None:
+                        setattr(info, field_name, None)
+
+
 def unshard_model(record: Sharding) -> None:
     """Gather the trained weights into the original parameters and take FSDP off the modules (a collective)."""
     for module in reversed(record.sharded):
@@ -75,6 +97,7 @@ def unshard_model(record: Sharding) -> None:
         current = module._parameters.get(leaf)
         if id(original) not in full:
             full[id(original)] = gather_state(current).detach()
+    let_go_of_fsdp(record.sharded)
     for module, where, key in reversed(record.added):
         _holders(module)[where].pop(key, None)
     with contextlib.suppress(ImportError):
