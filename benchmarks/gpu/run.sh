@@ -68,9 +68,9 @@ PYTHON
   } > "$OUT/1-env.txt" 2>&1
 }
 
-# the basic paths first, the longest last: a run cut short by the limit loses the least
-CUDA_TESTS="tests/cuda/test_cuda_paths.py tests/cuda/test_cuda_launch.py tests/cuda/test_cuda_compile.py
-  tests/cuda/test_cuda_zoo.py tests/cuda/test_cuda_auto.py"
+# the basic paths first (and the attacks' short cases), the longest last: a run cut short by the limit loses the least
+CUDA_TESTS="tests/cuda/test_cuda_paths.py tests/cuda/test_attack*.py tests/cuda/test_cuda_launch.py
+  tests/cuda/test_cuda_compile.py tests/cuda/test_cuda_zoo.py tests/cuda/test_cuda_auto.py"
 
 tests() {
   local limit=${ACCEL_GPU_CHECK_TESTS_S:-210} selection
