@@ -119,7 +119,11 @@ def let_go(journal, what: str, holder: object, names: tuple[str, ...], empty: Ca
     """Journal that ``holder`` (a wrapper or mesh accel made) lets go of the process group when the run is closed:
     its attributes ``names`` set to ``empty()``, their values kept only while the journal can still redo (a
     hand-over whose next plan fails). destroy_process_group() ends nothing a holder still has: gloo's threads live
-    on, in garbage that a forked DataLoader worker inherits, whose destructor there joins threads it does not have."""
+    on, in garbage that a forked DataLoader worker inherits, whose destructor there joins threads it does not have.
+    A group your script joined is not let go of: its threads are yours and live on, and the wrapper you may keep
+    using after close (run.model) needs its hold."""
+    if not set_by_runs("process group"):
+        return
     kept: dict[str, object] = {}
 
     def release():
