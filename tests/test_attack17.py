@@ -26,3 +26,21 @@ def test_a_ddp_wrapper_you_keep_on_a_group_your_script_joined_still_trains_after
         assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
     finally:
         torch.distributed.destroy_process_group()
+
+
+
+def test_run_model_you_keep_after_closing_a_ddp_run_evaluates_and_trains_as_your_model(one_rank):
+    """The group accel started is gone at close, and DDP's wrapper let go of it: its forward broadcast the model's
+    buffers through a group of None (a segfault of the whole process) or asserted its logger. Before the release
+    it ran; now it runs your model alone."""
+    model = Net(**MODELS["blocks"])
+    run = accel.accelerate(model, tiny_optimizer(model), tiny_loader(), plan=["ddp"], device="cpu")
+    train_steps(run)
+    run.close()
+    x = next(iter(tiny_loader()))[0]
+    run.model.eval()
+    with torch.no_grad():
+        assert torch.equal(run.model(x), model(x))
+    run.model.train()
+    run.model(x).float().sum().backward()
+    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)

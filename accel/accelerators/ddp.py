@@ -73,8 +73,11 @@ class DDP(DataParallel[DDPOptions, DDPState]):
 
             changes["comm_hook"] = f"{config.comm_hook}_compress_hook"
             wrapper.register_comm_hook(state=None, hook=getattr(default_hooks, changes["comm_hook"]))
-        let_go(ctx.journal, "ddp: DistributedDataParallel's hold on the process group", wrapper,
-               ("reducer", "logger", "process_group"))
+        if let_go(ctx.journal, "ddp: DistributedDataParallel's hold on the process group", wrapper,
+                  ("reducer", "logger", "process_group")):  # without them its forward fails (or segfaults):
+            ctx.journal.change("ddp: the wrapper, closed, runs your model alone (run.model after close)",
+                               lambda: wrapper.__dict__.pop("forward", None),
+                               lambda: setattr(wrapper, "forward", wrapper.module.__call__), kind="object")
         changes["sampler"] = self.shard(ctx)
         params = list(wrapper.parameters())
         state = DDPState(wrapper, params, trainable(params), ctx.decisions.launch.world_size, changes=changes)

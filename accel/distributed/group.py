@@ -115,15 +115,16 @@ def _join_or_leave(joined: bool, launch: Launch, backend: str, timeout_s: float)
         leave_group()
 
 
-def let_go(journal, what: str, holder: object, names: tuple[str, ...], empty: Callable[[], Any] = lambda: None):
+def let_go(journal, what: str, holder: object, names: tuple[str, ...], empty: Callable[[], Any] = lambda: None
+           ) -> bool:
     """Journal that ``holder`` (a wrapper or mesh accel made) lets go of the process group when the run is closed:
     its attributes ``names`` set to ``empty()``, their values kept only while the journal can still redo (a
     hand-over whose next plan fails). destroy_process_group() ends nothing a holder still has: gloo's threads live
     on, in garbage that a forked DataLoader worker inherits, whose destructor there joins threads it does not have.
     A group your script joined is not let go of: its threads are yours and live on, and the wrapper you may keep
-    using after close (run.model) needs its hold."""
+    using after close (run.model) needs its hold. True when journaled."""
     if not set_by_runs("process group"):
-        return
+        return False
     kept: dict[str, object] = {}
 
     def release():
@@ -138,6 +139,7 @@ def let_go(journal, what: str, holder: object, names: tuple[str, ...], empty: Ca
             setattr(holder, name, value)
         kept.clear()
     journal.change(what, restore, release, kind="object")
+    return True
 
 
 def is_main_process() -> bool:
