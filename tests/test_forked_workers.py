@@ -44,4 +44,5 @@ def test_a_users_script_loads_with_workers_after_closed_ddp_and_fsdp_runs_withou
     result = subprocess.run([sys.executable, str(SCRIPTS / "closed_run_then_workers.py"), "ddp", "fsdp"],
                             env={**clean_env(), **one_rank_env()}, capture_output=True, text=True, timeout=150)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.splitlines() == ["ddp [0, 1]", "fsdp [0, 1]"], result.stderr[-3000:]
+    said = [line for line in result.stdout.splitlines() if not line.startswith("[Gloo]")]  # torch 2.8's own lines
+    assert said == ["ddp [0, 1]", "fsdp [0, 1]"], result.stderr[-3000:]
