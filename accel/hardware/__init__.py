@@ -167,13 +167,6 @@ def hyperthread_siblings(cpus) -> tuple[int, ...]:
     return tuple(sorted(found - set(cpus)))
 
 
-def _allowed_cpus() -> tuple[int, ...]:
-    try:
-        return tuple(sorted(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):
-        return tuple(range(os.cpu_count() or 1))
-
-
 def _physical_cpus(allowed: tuple[int, ...]) -> tuple[int, ...]:
     """First logical CPU of each physical core (by package and core id), restricted to the allowed set."""
     seen: dict[tuple[str, str], int] = {}
@@ -184,19 +177,6 @@ def _physical_cpus(allowed: tuple[int, ...]) -> tuple[int, ...]:
             key = ("cpu", str(cpu))  # no topology exposed: count every logical CPU as a core
         seen.setdefault(key, cpu)
     return tuple(sorted(seen.values()))
-
-
-def _numa_nodes() -> dict[int, tuple[int, ...]]:
-    nodes = sorted(Path("/sys/devices/system/node").glob("node[0-9]*"))
-    return {int(node.name[4:]): parse_cpu_list(_read(node / "cpulist")) for node in nodes}
-
-
-def _cpuinfo() -> tuple[tuple[str, ...], str]:
-    text = _read("/proc/cpuinfo")
-    flags_line = re.search(r"^flags\s*:\s*(.*)$", text, re.M)
-    flags = set(flags_line.group(1).split()) if flags_line else set()
-    model = re.search(r"^model name\s*:\s*(.*)$", text, re.M)
-    return tuple(f for f in ISA_FLAGS if f in flags), (model.group(1) if model else platform.processor())
 
 
 def loaded_openmp(maps: str | None = None) -> str:
@@ -223,13 +203,20 @@ def _devices() -> dict[str, int]:
 @functools.lru_cache(maxsize=1)
 def probe() -> Hardware:
     """The machine as this process sees it (cached: the hardware does not change under us)."""
-    allowed = _allowed_cpus()
+    try:
+        allowed = tuple(sorted(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        allowed = tuple(range(os.cpu_count() or 1))
     physical = _physical_cpus(allowed)
-    isa, model = _cpuinfo()
+    cpuinfo = _read("/proc/cpuinfo")
+    flags = (re.findall(r"^flags\s*:\s*(.*)$", cpuinfo, re.M) or [""])[0].split()
+    nodes = sorted(Path("/sys/devices/system/node").glob("node[0-9]*"))
     versions = {"python": platform.python_version(), "torch": torch.__version__,
                 **{name: package_version(name) for name in OPTIONAL_PACKAGES}}
     return Hardware(logical_cpus=os.cpu_count() or 1, physical_cores=len(physical), cpus_allowed=allowed,
-                    physical_cpus=physical, numa_nodes=_numa_nodes(), isa=isa, cpu_model=model, openmp=loaded_openmp(),
+                    physical_cpus=physical, isa=tuple(f for f in ISA_FLAGS if f in flags), openmp=loaded_openmp(),
+                    numa_nodes={int(node.name[4:]): parse_cpu_list(_read(node / "cpulist")) for node in nodes},
+                    cpu_model=(re.findall(r"^model name\s*:\s*(.*)$", cpuinfo, re.M) or [platform.processor()])[0],
                     devices=_devices(), versions=versions, torch_cpu_capability=torch.backends.cpu.get_cpu_capability())
 
 
