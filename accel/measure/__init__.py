@@ -105,14 +105,10 @@ def chunk_steps(step_s: float, least: int = 1, target_s: float = CHUNK_S, most: 
     return max(least, min(most, math.ceil(target_s / max(step_s, 1e-6))))
 
 
-# one-sided 95% quantiles of Student's t by degrees of freedom (a ratio "clearly below x" has 95% confidence)
+# one-sided 95% quantiles of Student's t by degrees of freedom (a ratio "clearly below x" has 95% confidence); a df
+# between two is read as the smaller's (a slightly wider, never narrower, interval), beyond the table as its last
 T95 = {1: 6.314, 2: 2.920, 3: 2.353, 4: 2.132, 5: 2.015, 6: 1.943, 7: 1.895, 8: 1.860, 9: 1.833, 10: 1.812,
        12: 1.782, 15: 1.753, 20: 1.725, 30: 1.697}
-
-
-def t95(df: int) -> float:
-    """The nearest smaller df's (a slightly wider, never narrower, interval; beyond the table, its last)."""
-    return T95[max(k for k in T95 if k <= df)] if df > 0 else math.inf
 
 
 def summarize(times_s: list[float]) -> dict[str, float]:
@@ -146,7 +142,7 @@ class Ratio:
         if len(self.samples) < 2:
             return math.inf
         logs = [math.log(s) for s in self.samples]
-        return t95(len(logs) - 1) * statistics.stdev(logs) / math.sqrt(len(logs))
+        return T95[max(k for k in T95 if k < len(logs))] * statistics.stdev(logs) / math.sqrt(len(logs))
 
     @property
     def low(self) -> float:
@@ -202,7 +198,6 @@ def round_order(arms: list, index: int, rotate: bool = True) -> list:
     shift = (index // 2) % len(arms) if rotate and arms else 0
     order = arms[shift:] + arms[:shift]
     return order[::-1] if index % 2 else order
-
 
 
 def plan_label(plan: Any) -> str:
