@@ -51,8 +51,9 @@ def _images(channels: int, size: int, classes: int) -> Callable[[int], list]:
 
 
 def _classify(model: nn.Module, batch: Any) -> torch.Tensor:
-    images, labels = batch
-    return nn.functional.cross_entropy(model(images), labels)
+    """Cross-entropy of the model on a batch's inputs (images; an LSTM's ids and lengths) against its last item."""
+    *inputs, labels = batch
+    return nn.functional.cross_entropy(model(*inputs), labels)
 
 
 def _torchvision(name: str) -> Callable[[str], tuple]:
@@ -174,11 +175,6 @@ def _lstm(size: str):
     return Tagger(vocab, 16 if tiny else 256), make
 
 
-def _lstm_loss(model: nn.Module, batch: tuple) -> torch.Tensor:
-    ids, lengths, labels = batch
-    return nn.functional.cross_entropy(model(ids, lengths), labels)
-
-
 WORKLOADS: dict[str, Workload] = {w.name: w for w in (
     *(Workload(name, _torchvision(model), _classify, ("torchvision",))
       for name, model in (("alexnet", "alexnet"), ("resnet18", "resnet18"), ("resnet50", "resnet50"),
@@ -189,5 +185,5 @@ WORKLOADS: dict[str, Workload] = {w.name: w for w in (
     Workload("timm", _timm, _classify, ("timm",)),
     Workload("detector", _detector, _detection_loss, ("torchvision",), batch_size={"tiny": 2, "real": 4},
              collate=_detection_batch, lr=1e-4),
-    Workload("lstm", _lstm, _lstm_loss, batch_size={"tiny": 8, "real": 64}),
+    Workload("lstm", _lstm, _classify, batch_size={"tiny": 8, "real": 64}),
 )}
