@@ -21,7 +21,7 @@ from accel.plan import Plan
 from accel.run.report import render_table
 from accel.search import tune
 from accel.search.settings import placed
-from accel.workloads import WORKLOADS, TinyCNN
+from accel.workloads import WORKLOADS, build_model, make_optimizer
 
 MODELS = ("alexnet", "resnet18", "resnet50", "vgg16", "mobilenet_v2", "mobilenet_v3_large")
 DEFAULT_MODELS = ("alexnet", "resnet18", "mobilenet_v2")
@@ -29,29 +29,6 @@ CSV_FIELDS = ("model", "plan", "chosen", "status", "median_ms", "min_ms", "max_m
               "vs_baseline", "ratio_low", "ratio_high", "noise", "speedup", "first_step_s", "warmup_s", "setup_s",
               "tune_s", "dtype", "gflop_per_step", "gflops", "peak_gflops", "peak_fraction", "steps", "rounds",
               "optimizer", "batch_size", "image_size", "applied", "skipped", "error")
-
-
-def model_names() -> list[str]:
-    import torchvision  # slow to import: paid by what builds a torchvision model, not by every `accel` command
-
-    return ["tiny", *torchvision.models.list_models(module=torchvision.models)]
-
-
-def build_model(name: str, classes: int = 1000) -> torch.nn.Module:
-    """A torchvision model by name (random weights), or 'tiny' (accel.workloads.TinyCNN on 3x8x8 images)."""
-    if name == "tiny":
-        return TinyCNN(channels=3, classes=classes)
-    import torchvision  # slow to import (see model_names)
-
-    return torchvision.models.get_model(name, weights=None, num_classes=classes)
-
-
-def make_optimizer(name: str, model: torch.nn.Module) -> torch.optim.Optimizer:
-    if name == "adam":
-        return torch.optim.Adam(model.parameters(), lr=1e-3)
-    if name == "sgd":
-        return torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    raise ValueError(f"unknown optimizer {name!r} (allowed: 'adam', 'sgd')")
 
 
 class Progress:

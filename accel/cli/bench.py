@@ -7,10 +7,11 @@ import statistics
 import sys
 import time
 
-from accel.bench import DEFAULT_MODELS, MODELS, Progress, bench, model_names
+from accel.bench import DEFAULT_MODELS, MODELS, Progress, bench
 from accel.cli import parse_plan_argument, positive
 from accel.hardware import importable
 from accel.search.settings import BUDGET_STEPS, MIN_BUDGET_S
+from accel.workloads import model_names
 
 NEARLY = 0.95  # a phase whose end is estimated stops short of it until it really ends
 

@@ -15,11 +15,10 @@ import torch
 from torch.utils.data import DataLoader
 
 import accel
-from accel.bench import build_model
 from accel.cli import parse_plan_argument, positive
 from accel.hardware import importable
 from accel.measure import Ratio, TrainStep, endless, round_order
-from accel.workloads import accuracy, cifar_shaped, digits_datasets
+from accel.workloads import accuracy, build_model, cifar_shaped, digits_datasets
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:

@@ -1,7 +1,6 @@
-"""What accel trains, in one place: the book's CNNs on real data that ships with scikit-learn (nothing can be
-downloaded where accel is tested: the bundled 8x8 digits, optionally upsampled to the book's CIFAR-shaped 3x32x32;
-the demo, env and tests train on them), small models shaped like GPT-2 and ResNet for tests and benchmarks (random
-weights, sizes from arguments), the tiny objects of accel's tests and of tests of your accelerator (for plumbing, not
+"""What accel trains, in one place: real data that ships with scikit-learn (the 8x8 digits, optionally upsampled to
+the book's CIFAR-shaped 3x32x32: nothing is downloaded where accel is tested), the book's CNNs and small GPT-2- and
+ResNet-shaped models (random weights), torchvision's by name (bench, demo), the tiny objects of tests (plumbing, not
 accuracy), and in catalog.py the workloads people train today (Hugging Face, timm, torchvision, an LSTM: ``WORKLOADS``).
 """
 from __future__ import annotations
@@ -16,7 +15,8 @@ from torch.utils.data import DataLoader, TensorDataset
 from accel.workloads.catalog import SIZES, WORKLOADS, Tagger, Workload
 
 __all__ = ["SIZES", "WORKLOADS", "BookCNN", "NormCNN", "Tagger", "TinyCNN", "TinyGPT", "Workload", "accuracy",
-           "cifar_shaped", "digits_datasets", "tiny_loader", "tiny_model", "tiny_optimizer"]
+           "build_model", "cifar_shaped", "digits_datasets", "make_optimizer", "model_names", "tiny_loader",
+           "tiny_model", "tiny_optimizer"]
 
 
 class TinyCNN(nn.Module):
@@ -167,3 +167,26 @@ def tiny_loader(samples: int = 64, batch_size: int = 16, seed: int = 0, **kwargs
     images = torch.randn(samples, 1, 8, 8, generator=generator)
     labels = torch.randint(0, 10, (samples,), generator=generator)
     return DataLoader(TensorDataset(images, labels), batch_size=batch_size, **kwargs)
+
+
+def model_names() -> list[str]:
+    import torchvision  # slow to import: paid by what builds a torchvision model, not by every `accel` command
+
+    return ["tiny", *torchvision.models.list_models(module=torchvision.models)]
+
+
+def build_model(name: str, classes: int = 1000) -> torch.nn.Module:
+    """A torchvision model by name (random weights), or 'tiny' (TinyCNN on 3x8x8 images)."""
+    if name == "tiny":
+        return TinyCNN(channels=3, classes=classes)
+    import torchvision  # slow to import (see model_names)
+
+    return torchvision.models.get_model(name, weights=None, num_classes=classes)
+
+
+def make_optimizer(name: str, model: torch.nn.Module) -> torch.optim.Optimizer:
+    if name == "adam":
+        return torch.optim.Adam(model.parameters(), lr=1e-3)
+    if name == "sgd":
+        return torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    raise ValueError(f"unknown optimizer {name!r} (allowed: 'adam', 'sgd')")
