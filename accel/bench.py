@@ -7,12 +7,16 @@ from __future__ import annotations
 import csv
 import gc
 import json
+import statistics
+import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, TensorDataset
+from tqdm import tqdm
 
 from accel import clock
 from accel.measure import Ratio, TrainStep, matmul_peaks, peak_dtype, plan_label, summarize, training_flops
@@ -20,7 +24,7 @@ from accel.measure.lab import Lab
 from accel.plan import Plan
 from accel.run.report import render_table
 from accel.search import tune
-from accel.search.settings import placed
+from accel.search.settings import BUDGET_STEPS, MIN_BUDGET_S, placed
 from accel.workloads import WORKLOADS, build_model, make_optimizer
 
 MODELS = ("alexnet", "resnet18", "resnet50", "vgg16", "mobilenet_v2", "mobilenet_v3_large")
@@ -29,20 +33,49 @@ CSV_FIELDS = ("model", "plan", "chosen", "status", "median_ms", "min_ms", "max_m
               "vs_baseline", "ratio_low", "ratio_high", "noise", "speedup", "first_step_s", "warmup_s", "setup_s",
               "tune_s", "dtype", "gflop_per_step", "gflops", "peak_gflops", "peak_fraction", "steps", "rounds",
               "optimizer", "batch_size", "image_size", "applied", "skipped", "error")
+NEARLY = 0.95  # a phase whose end is estimated stops short of it until it really ends
 
 
 class Progress:
-    """What bench says as it goes (nothing here; the CLI draws a bar): ``total`` phases; a phase goes from ``start``
-    to ``end``, and step() is each training step in it (``steps`` of them, or a search of ``seconds``)."""
+    """bench's progress bar on stderr (drawn where ``shown``: the CLI), in ``total`` phases (each plan set up, auto's
+    search, each round); a phase goes from ``start`` to ``end``, and step() is each training step in it (``steps`` of
+    them, or a search of ``seconds``, moved by its time against its budget), so the bar never sits still while
+    something trains."""
 
-    def start(self, total: int) -> None: ...
+    def __init__(self, shown: bool = False):
+        self.shown = shown
+
+    def start(self, total: int) -> None:
+        self.bar = tqdm(total=total, file=sys.stderr, disable=not self.shown, bar_format="{desc} |{bar}| "
+                        "{percentage:3.0f}% of {total_fmt} phases [{elapsed}<{remaining}]")
+        self.phase("starting", 0, 0)
 
     def phase(self, description: str, start: float, end: float, steps: int | None = None,
-              seconds: float | None = None) -> None: ...
+              seconds: float | None = None) -> None:
+        self.description, self.start, self.end, self.steps, self.seconds = description, start, end, steps, seconds
+        self.began = self.last = time.perf_counter()
+        self.times: list[float] = []
+        self.bar.set_description_str(description, refresh=False)
+        self._move(start)
 
-    def step(self) -> None: ...
+    def step(self) -> None:
+        now = time.perf_counter()
+        self.times.append(now - self.last)
+        self.last = now
+        if self.steps:
+            done = len(self.times) / self.steps
+        else:
+            budget = self.seconds or max(MIN_BUDGET_S, BUDGET_STEPS * statistics.median(self.times))
+            done = (now - self.began) / budget
+            self.bar.set_description_str(f"{self.description}, step {len(self.times)}", refresh=False)
+        self._move(self.start + min(NEARLY, done) * (self.end - self.start))
 
-    def close(self) -> None: ...
+    def close(self) -> None:
+        self._move(self.bar.total)
+        self.bar.close()
+
+    def _move(self, position: float) -> None:
+        self.bar.update(max(0.0, position - self.bar.n))  # tqdm redraws at most every 0.1 s
 
 
 def add_ratios(rows: list[dict[str, Any]], peaks: dict[str, float]) -> None:
@@ -63,11 +96,9 @@ class BenchResult:
     machine: dict[str, Any] = field(default_factory=dict)
     settings: dict[str, Any] = field(default_factory=dict)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"machine": self.machine, "settings": self.settings, "rows": self.rows}
-
     def to_json(self, path=None, **kwargs: Any) -> str:
-        text = json.dumps(self.to_dict(), default=str, **kwargs)
+        data = {"machine": self.machine, "settings": self.settings, "rows": self.rows}
+        text = json.dumps(data, default=str, **kwargs)
         if path is not None:
             Path(path).write_text(text)
         return text
@@ -91,16 +122,13 @@ class BenchResult:
         plans = list(dict.fromkeys(r["plan"] for r in ok))
         fig, ax = plt.subplots(figsize=(max(6, 1.8 * len(models) * len(plans) / 2), 4))
         width = 0.8 / max(1, len(plans))
-        for i, plan in enumerate(plans):
-            xs, heights, labels = [], [], []
-            for j, model in enumerate(models):
-                row = next((r for r in ok if r["model"] == model and r["plan"] == plan), None)
-                if row is not None:
-                    xs.append(j + i * width)
-                    heights.append(row["median_ms"])
-                    labels.append(f"{row['vs_baseline']:.2f}" + ("~" if row.get("noise") else ""))
-            bars = ax.bar(xs, heights, width, label=plan)
-            ax.bar_label(bars, labels=labels, fontsize=7)
+        for i, plan in enumerate(plans):  # each model's first row of this plan
+            found = [(j, next((r for r in ok if r["model"] == model and r["plan"] == plan), None))
+                     for j, model in enumerate(models)]
+            found = [(j + i * width, row) for j, row in found if row is not None]
+            bars = ax.bar([x for x, _ in found], [row["median_ms"] for _, row in found], width, label=plan)
+            ax.bar_label(bars, labels=[f"{row['vs_baseline']:.2f}" + ("~" if row.get("noise") else "")
+                                       for _, row in found], fontsize=7)
         ax.set_xticks([j + width * (len(plans) - 1) / 2 for j in range(len(models))], models)
         ax.set_ylabel("ms per training step")
         ax.set_title(f"accel bench, {self.settings.get('batch_size')}x{self.settings.get('image_size')}px, "

@@ -3,17 +3,12 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import statistics
 import sys
-import time
 
 from accel.bench import DEFAULT_MODELS, MODELS, Progress, bench
 from accel.cli import parse_plan_argument, positive
 from accel.hardware import importable
-from accel.search.settings import BUDGET_STEPS, MIN_BUDGET_S
 from accel.workloads import model_names
-
-NEARLY = 0.95  # a phase whose end is estimated stops short of it until it really ends
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -51,44 +46,6 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     return parser
 
 
-class Bar(Progress):
-    """bench's progress on stderr, in phases (each plan set up, auto's search, each round); a phase moves with its
-    steps, the search with its time against its budget, so the bar never sits still while something trains."""
-
-    def start(self, total: int) -> None:
-        from tqdm import tqdm  # a test and benchmark dependency, not the library's
-
-        self.bar = tqdm(total=total, file=sys.stderr, bar_format="{desc} |{bar}| {percentage:3.0f}% of "
-                        "{total_fmt} phases [{elapsed}<{remaining}]")
-        self.phase("starting", 0, 0)
-
-    def phase(self, description, start, end, steps=None, seconds=None) -> None:
-        self.description, self.start, self.end, self.steps, self.seconds = description, start, end, steps, seconds
-        self.began = self.last = time.perf_counter()
-        self.times: list[float] = []
-        self.bar.set_description_str(description, refresh=False)
-        self._move(start)
-
-    def step(self) -> None:
-        now = time.perf_counter()
-        self.times.append(now - self.last)
-        self.last = now
-        if self.steps:
-            done = len(self.times) / self.steps
-        else:
-            budget = self.seconds or max(MIN_BUDGET_S, BUDGET_STEPS * statistics.median(self.times))
-            done = (now - self.began) / budget
-            self.bar.set_description_str(f"{self.description}, step {len(self.times)}", refresh=False)
-        self._move(self.start + min(NEARLY, done) * (self.end - self.start))
-
-    def close(self) -> None:
-        self._move(self.bar.total)
-        self.bar.close()
-
-    def _move(self, position: float) -> None:
-        self.bar.update(max(0.0, position - self.bar.n))  # tqdm redraws at most every 0.1 s
-
-
 def run(args) -> int:
     models = args.models or (MODELS if args.full else DEFAULT_MODELS)
     known = model_names() if args.suite is None else models
@@ -106,7 +63,7 @@ def run(args) -> int:
     image_size = args.image_size or (8 if set(models) == {"tiny"} else 224)  # tiny's CNN takes 3x8x8 images
     result = bench(models=models, plans=plans, rounds=args.rounds, steps=args.steps, warmup=args.warmup,
                    optimizer=args.optimizer, batch_size=args.batch_size, image_size=image_size,
-                   device=args.device, progress=Bar(), tune_budget_s=args.tune_budget,
+                   device=args.device, progress=Progress(shown=True), tune_budget_s=args.tune_budget,
                    expected_steps=args.expected_steps, suite=args.suite)
     print(result)
     if args.json:
