@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import sys
 
 from accel.bench import DEFAULT_MODELS, MODELS, Progress, bench
 from accel.cli import parse_plan_argument, positive
+from accel.errors import AccelError
 from accel.hardware import importable
 from accel.workloads import model_names
 
@@ -51,15 +51,12 @@ def run(args) -> int:
     known = model_names() if args.suite is None else models
     unknown = [m for m in models if m not in known]
     if unknown:  # before minutes of measuring
-        hints = {m: difflib.get_close_matches(m, known, n=1) for m in unknown}
-        print("accel bench: unknown model(s): " + ", ".join(m + (f" (did you mean {h[0]!r}?)" if h else "")
-                                                            for m, h in hints.items())
-              + "; torchvision.models.list_models() has them, and 'tiny'", file=sys.stderr)
-        return 2
+        hints = [m + "".join(f" (did you mean {h!r}?)" for h in difflib.get_close_matches(m, known, n=1))
+                 for m in unknown]
+        raise AccelError(f"unknown model(s): {', '.join(hints)}; torchvision.models.list_models() has them, and 'tiny'")
     plans = [p if p == "auto" else [] if p in ("eager", "baseline") else parse_plan_argument(p) for p in args.plans]
     if args.plot and not importable("matplotlib"):
-        print("accel bench: --plot needs matplotlib: pip install 'accel[bench]'", file=sys.stderr)
-        return 2
+        raise AccelError("--plot needs matplotlib: pip install 'accel[bench]'")
     image_size = args.image_size or (8 if set(models) == {"tiny"} else 224)  # tiny's CNN takes 3x8x8 images
     result = bench(models=models, plans=plans, rounds=args.rounds, steps=args.steps, warmup=args.warmup,
                    optimizer=args.optimizer, batch_size=args.batch_size, image_size=image_size,

@@ -13,9 +13,11 @@ import time
 
 import torch
 from torch.utils.data import DataLoader
+from tqdm import tqdm
 
 import accel
 from accel.cli import parse_plan_argument, positive
+from accel.errors import AccelError
 from accel.hardware import importable
 from accel.measure import Ratio, TrainStep, endless, round_order
 from accel.workloads import accuracy, build_model, cifar_shaped, digits_datasets
@@ -75,13 +77,13 @@ class TurnClock:
 class Training:
     """One of the two trainings: its run, where it is in its epochs, its turns' seconds and steps."""
 
-    def __init__(self, name: str, model_name: str, plan, image_size: int, batch_size: int, seed: int = 0):
+    def __init__(self, name: str, model_name: str, plan, image_size: int, batch_size: int):
         self.name, self.turn_s = name, []
-        train_set, self.test_set = (cifar_shaped(d, image_size) for d in digits_datasets(seed))
-        torch.manual_seed(seed)
+        train_set, self.test_set = (cifar_shaped(d, image_size) for d in digits_datasets())
+        torch.manual_seed(0)  # both trainings start from the same weights and batches
         model = build_model(model_name, classes=10)  # torchvision's, random weights, as accel bench builds
         loader = DataLoader(train_set, batch_size=batch_size, shuffle=True, drop_last=True,
-                            generator=torch.Generator().manual_seed(seed))
+                            generator=torch.Generator().manual_seed(0))
         started = time.perf_counter()
         self.run = accel.accelerate(model, torch.optim.Adam(model.parameters(), lr=1e-3), loader, plan=plan,
                                     device="cpu")
@@ -111,11 +113,8 @@ class Training:
 
 
 def run(args) -> int:
-    from tqdm import tqdm
-
     if not importable("sklearn"):
-        print("accel demo trains on scikit-learn's bundled digits: pip install 'accel[demo]'", file=sys.stderr)
-        return 2
+        raise AccelError("trains on scikit-learn's bundled digits: pip install 'accel[demo]'")
     plan = parse_plan_argument(args.plan)
     per_epoch = len(digits_datasets()[0]) // args.batch_size  # the loader drops the last, partial batch
     total = args.epochs * per_epoch
@@ -129,8 +128,7 @@ def run(args) -> int:
 
     if args.model not in torchvision.models.list_models(module=torchvision.models):
         bar.close()
-        print(f"accel demo: {args.model!r} is not a torchvision model", file=sys.stderr)
-        return 2
+        raise AccelError(f"{args.model!r} is not a torchvision model")
     clock = TurnClock()
     with accel.clock.use(clock):
         sides = [Training("plain", args.model, [], args.image_size, args.batch_size),
@@ -170,7 +168,11 @@ def run(args) -> int:
               f"{'s' if args.epochs != 1 else ''} x {per_epoch} batches), so a costly accelerator (compile) is kept "
               "only if its warm-up pays back within them")
     if isinstance(plan, accel.Auto):  # a plan given searches nothing, so nothing is cached for a next run
-        print(f"auto: {how_auto(accelerated)}; {next_run(tuning)}")
+        search = accelerated["report"].search
+        chose = ("it was still measuring when the training ended: nothing was chosen" if search is None or
+                 search.chosen is None else f"chose {'+'.join(search.chosen) or 'the plain loop'} (first verdict at "
+                 f"step {search.chosen_at} of {accelerated['steps']})")
+        print(f"auto: {chose}; {next_run(tuning)}")
     else:
         print(f"choosing the plan took {accelerated['setup_s']:.1f} s before training")
     if not args.no_plot and importable("matplotlib"):
@@ -206,14 +208,6 @@ def headline(ratio: Ratio) -> str:
                      "all (run it again when the machine is quieter)"}[verdict(ratio)]
 
 
-def how_auto(accelerated: dict) -> str:
-    search = accelerated["report"].search
-    if search is None or search.chosen is None:
-        return "it was still measuring when the training ended: nothing was chosen"
-    return (f"chose {'+'.join(search.chosen) or 'the plain loop'} (first verdict at step {search.chosen_at} of "
-            f"{accelerated['steps']})")
-
-
 def plot(path: str, plain: dict, accelerated: dict, ratio: Ratio, counts: list[int], model: str) -> None:
     """Each turn's step, both ways, and (when auto measured candidates) each candidate's step against the plain
     loop's with its interval, the chosen one marked; no empty panel, nothing cut."""
@@ -243,19 +237,14 @@ def plot(path: str, plain: dict, accelerated: dict, ratio: Ratio, counts: list[i
     fig.legend(*left.get_legend_handles_labels(), loc="outside lower left", fontsize=8)  # never over the data
     left.set_title("each turn, both trainings in one process", fontsize=10)
     if rows:
-        right = axes[0][1]
-        names, values, errors, colors = [], [], [[], []], []
-        for row in reversed(rows):
+        right, names = axes[0][1], []
+        for y, row in enumerate(reversed(rows)):  # one bar a candidate, its interval scaled to its step time
             scale = row.vs_baseline / row.ratio["estimate"]
-            low = (row.ratio["low"] or row.ratio["estimate"]) * scale
-            high = (row.ratio["high"] or row.ratio["estimate"]) * scale
+            low, high = ((row.ratio[end] or row.ratio["estimate"]) * scale for end in ("low", "high"))
             mark = row.plan == tuning.plan.to_dict()
             names.append(f"{row.name}{'  (chosen)' if mark else ''}\n{row.vs_baseline:.2f} ({low:.2f}-{high:.2f})")
-            values.append(row.vs_baseline)
-            errors[0].append(max(row.vs_baseline - low, 0))
-            errors[1].append(max(high - row.vs_baseline, 0))
-            colors.append("tab:orange" if mark else "tab:blue")
-        right.barh(range(len(rows)), values, height=0.6, xerr=errors, color=colors, capsize=3)
+            right.barh(y, row.vs_baseline, height=0.6, xerr=[[max(row.vs_baseline - low, 0)],
+                       [max(high - row.vs_baseline, 0)]], color="tab:orange" if mark else "tab:blue", capsize=3)
         right.set_yticks(range(len(rows)), names, fontsize=8)
         right.set_ylim(-0.8, len(rows) - 0.2)  # one candidate is one bar, not a wall
         right.axvline(1.0, color="grey", linestyle="--")

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from accel.distributed import rank_start
+from accel.errors import AccelError
 from accel.hardware import format_cpu_list, probe
 from accel.hardware.launcher import CORE_MAP_VARIABLE as CORE_MAP
 from accel.hardware.launcher import NODE_CPUS_VARIABLE as NODE_CPUS  # the node's cores, for the plan cache's key
@@ -24,8 +25,8 @@ JEMALLOC_CONF = "oversize_threshold:1,background_thread:true,metadata_thp:auto" 
 LIBRARY_DIRS = ("{prefix}/lib", "/usr/local/lib", "/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib")
 
 
-class LaunchError(ValueError):
-    """A launch that cannot be done as asked."""
+class LaunchError(AccelError, ValueError):
+    """A launch that cannot be done as asked (main() prints it and exits with 2)."""
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -54,11 +55,6 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     return parser
 
 
-def find_library(pattern: str, prefix: str = sys.prefix) -> str | None:
-    found = (sorted(glob.glob(os.path.join(folder.format(prefix=prefix), pattern))) for folder in LIBRARY_DIRS)
-    return next((files[0] for files in found if files), None)
-
-
 def rank_layout(physical_cpus: tuple[int, ...], nproc: int, cores_per_proc: int | None, node_rank: int = 0):
     """[(global rank, local rank, cpus)] on this node: disjoint shares of its physical cores."""
     per = cores_per_proc or max(1, len(physical_cpus) // nproc)
@@ -85,7 +81,8 @@ def environment(layout, iomp: bool, allocator: str, environ, prefix: str = sys.p
         wanted.update(KMP_BLOCKTIME="1")  # no KMP_AFFINITY: its compact binding pins every rank's children (a spawned
         # DataLoader worker) to the rank's first CPU; the rank is already pinned to its cores
     if allocator != "none":
-        library = find_library(ALLOCATORS[allocator], prefix)
+        found = (sorted(glob.glob(os.path.join(d.format(prefix=prefix), ALLOCATORS[allocator]))) for d in LIBRARY_DIRS)
+        library = next((files[0] for files in found if files), None)
         if library is None:
             raise LaunchError(f"--allocator {allocator}: no {ALLOCATORS[allocator]} in "
                               f"{', '.join(d.format(prefix=prefix) for d in LIBRARY_DIRS)}; install it (e.g. apt "
@@ -126,15 +123,11 @@ def check_numbers(args, environ=os.environ) -> int:
 def run(args) -> int:
     master_addr = args.master_addr or os.environ.get("MASTER_ADDR", "127.0.0.1")
     physical = probe().physical_cpus
-    try:
-        master_port = check_numbers(args)
-        layout = rank_layout(physical, args.nproc_per_node, args.cores_per_proc, args.node_rank)
-        set_, kept = environment(layout, args.iomp, args.allocator, os.environ, node_cpus=physical)
-        if not args.dry_run and not Path(args.script).is_file():
-            raise LaunchError(f"the training script {args.script!r} does not exist")
-    except LaunchError as error:
-        print(f"accel launch: {error}", file=sys.stderr)
-        return 2
+    master_port = check_numbers(args)
+    layout = rank_layout(physical, args.nproc_per_node, args.cores_per_proc, args.node_rank)
+    set_, kept = environment(layout, args.iomp, args.allocator, os.environ, node_cpus=physical)
+    if not args.dry_run and not Path(args.script).is_file():
+        raise LaunchError(f"the training script {args.script!r} does not exist")
     print(f"accel launch: {args.nnodes} node(s) x {args.nproc_per_node} process(es), {len(layout[0][2])} "
           f"physical core(s) each; node rank {args.node_rank}; master {master_addr}:{master_port}")
     for global_rank, local_rank, cpus in layout:
