@@ -152,7 +152,7 @@ class Lab:
         return ratios
 
     def pace(self, step_s: float, steps: int | None = None) -> None:
-        """Steps per chunk: about 0.5 s of them (at least one), plus a settling step for steps under 2 s."""
+        """Steps per chunk: about CHUNK_S worth (at least one), and a settling step for steps under SETTLE_BELOW_S."""
         self.chunk_steps = steps or chunk_steps(step_s)
         self.settle = 1 if step_s < SETTLE_BELOW_S else 0
 
