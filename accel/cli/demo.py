@@ -66,8 +66,9 @@ class TurnClock:
         now = time.perf_counter()
         return now - self.paused_s - (now - self.since if self.since is not None else 0.0)
 
-    def pause(self) -> None:
-        self.since = time.perf_counter()
+    def pause(self) -> None:  # twice in a row when the turns' order turns round: the first pause holds
+        if self.since is None:
+            self.since = time.perf_counter()
 
     def resume(self) -> None:
         if self.since is not None:
