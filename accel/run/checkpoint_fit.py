@@ -1,41 +1,19 @@
-"""What both checkpoint formats share: each rank's part of the state (its random state, and the states of
-accelerators whose State is ``per_rank``), whether a saved state fits a run, said in words before anything is
-loaded, and the load's end (refused whole, or restored), for the single file (checkpoint.py) and the shards
-(sharded_checkpoint.py) alike."""
+"""Whether a saved state fits a run, said in words before anything is loaded, for the single file (checkpoint.py)
+and the shards (sharded_checkpoint.py) alike: what run.save writes (its layout), each rank's part, the model, the
+optimizer and the accelerators."""
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from accel.errors import CheckpointError
 from accel.hardware.launcher import rank, world_size
 from accel.plan.contract import REGISTRY, Stage
 from accel.plan.untrusted import unfolding
 
 EXTRA_STATE = "_extra_state"  # the key state_dict gives what a module's get_extra_state returns
-
-
-def gather_from_ranks(obj: Any) -> list[Any]:
-    """Every rank's obj, in rank order (a collective when distributed; [obj] otherwise)."""
-    import torch.distributed as dist
-
-    if world_size() == 1:
-        return [obj]
-    gathered: list[Any] = [None] * world_size()
-    dist.all_gather_object(gathered, obj)
-    return gathered
-
-
-def gathered(run, state: dict[str, Any]) -> dict[str, Any]:
-    """The parts of a run's state that differ per rank, gathered from every rank (a collective), and the rest."""
-    ranked = {a.name for a in run.accelerators if run.states[a.name].per_rank}
-    return {"rng": gather_from_ranks(state["rng"]), "world_size": world_size(),
-            "accelerators_per_rank": gather_from_ranks({n: s for n, s in state["accelerators"].items() if n in ranked}),
-            "accelerators": {n: s for n, s in state["accelerators"].items() if n not in ranked}}
 
 
 def this_rank(saved: dict[str, Any]) -> dict[str, Any]:
@@ -208,20 +186,3 @@ def training_plan(plan: dict[str, dict]) -> dict[str, dict]:
     """The plan without its distribution accelerators (ddp, fsdp): what decides the model and the training."""
     return {name: options for name, options in plan.items()
             if name not in REGISTRY or REGISTRY[name].stage is not Stage.DISTRIBUTION}
-
-
-def refuse_unfit(path, problems: list[str]) -> None:
-    """Both formats: a state that does not fit the run is refused whole, before anything changes."""
-    if problems:
-        raise CheckpointError(f"{path} does not fit this run; nothing was loaded: " + "; ".join(problems))
-
-
-def restored(path, saved: dict[str, Any], put: Callable[[], None]) -> dict[str, Any]:
-    """Both formats: ``put()`` the checked state into the run (one that fails puts the run back as it was, and says
-    so); {"step", "epoch", "path"}."""
-    try:
-        put()
-    except Exception as error:
-        raise CheckpointError(f"{path} could not be restored ({type(error).__name__}: {error}); the run was put back "
-                              "as it was") from error
-    return {"step": saved["step"], "epoch": saved["epoch"], "path": str(path)}
