@@ -65,12 +65,10 @@ def _cause(error: BaseException) -> BaseException | None:
     any other BaseException (a Ctrl-C)."""
     from torch.distributed.checkpoint.api import CheckpointException
 
-    if isinstance(error, Exception):
-        return error
-    if not isinstance(error, CheckpointException):
-        return None
-    first = next(iter(error.failures.values()), None)
-    return first[0] if isinstance(first, tuple) and isinstance(first[0], BaseException) else error
+    if isinstance(error, CheckpointException):
+        first = next(iter(error.failures.values()), None)
+        return first[0] if isinstance(first, tuple) and isinstance(first[0], BaseException) else error
+    return error if isinstance(error, Exception) else None
 
 
 def save(run, path) -> None:

@@ -18,7 +18,7 @@ from accel.plan.untrusted import code_problems
 from accel.randomness import loader_generators, rng_state, set_rng_state
 from accel.run.checkpoint import FORMAT, decode_plan, encode_plan, on_rank_zero, plain_numbers, write_state, written
 from accel.run.checkpoint import read as read_checkpoint
-from accel.run.checkpoint_fit import fit_problems, rank_problems, seed_value, this_rank, training_plan
+from accel.run.checkpoint_fit import fit_problems, seed_value, this_rank, training_plan
 from accel.run.interrupts import autograd_kept, clean_up
 
 
@@ -154,8 +154,8 @@ def load_saved(run, path, saved: Saved | None = None) -> dict:
                                   f"plan=accel.run.state.saved_plan({str(where)!r})" + (
                                       " (or that plan with other ddp and fsdp options: the shards load at any world "
                                       "size, or in one process)" if saved.sharded else ""))
-        problems = rank_problems(state)
-        state = {**state, **this_rank(state)}  # before the fit checks: it warns when the world size changed
+        part, problems = this_rank(state)
+        state = {**state, **part}
         if saved.sharded:
             model, optimizer = sharded_checkpoint.states(run, where)
             problems += sharded_checkpoint.fit_problems(run, state, saved.shards, model)
