@@ -89,10 +89,8 @@ def resolve(reference: str) -> Callable | None:
         found = vars(found).get(part) if isinstance(found, (types.ModuleType, type)) else None
         if isinstance(found, staticmethod):
             found = found.__func__
-    if (isinstance(found, types.FunctionType) and found.__module__ == module_name
-            and found.__qualname__ == qualname):
-        return found
-    return None
+    same = isinstance(found, types.FunctionType) and (found.__module__, found.__qualname__) == (module_name, qualname)
+    return found if same else None
 
 
 def _tensors(obj: Any, path: str = ""):

@@ -74,13 +74,12 @@ class RunState:
             raise
 
     def _backup(self) -> dict[str, Any]:
-        """The run's state, with its tensors copied to host memory (no second copy of the weights on a GPU)."""
+        """The run's state, its tensors copied: the model's to host memory (no second copy of the weights on a GPU),
+        the optimizer's as they are (its load_state_dict casts them back to each device)."""
         state = self.state_dict()
-        state["model"] = {k: v.detach().to("cpu", copy=True) if isinstance(v, torch.Tensor) else v
-                          for k, v in state["model"].items()}
-        state["optimizer"] = copy.deepcopy(state["optimizer"])  # load_state_dict casts it back to each device
-        state["accelerators"] = copy.deepcopy(state["accelerators"])
-        return state
+        model = {k: v.detach().to("cpu", copy=True) if isinstance(v, torch.Tensor) else v
+                 for k, v in state["model"].items()}
+        return {**state, "model": model, **copy.deepcopy({k: state[k] for k in ("optimizer", "accelerators")})}
 
     def _restore(self, state: dict[str, Any]) -> None:
         self.unwrap().load_state_dict(state["model"])
@@ -138,9 +137,7 @@ class RunState:
 
 def load_saved(run, path, saved: Saved | None = None) -> dict:
     """run.load(path), of either format; ``saved``: the checkpoint as read_saved(path) read it (plan="auto" reads it
-    once, for its plan, its fit and this load). It loads into a run of the plan it was saved with (but for ddp and
-    fsdp, for shards, which load at any world size), and only whole: each refusal a CheckpointError, before anything
-    changes; a restore that fails half-way puts the run back as it was, and says so."""
+    once, for its plan, its fit and this load). Shards load into the plan they were saved with but for ddp and fsdp."""
     with autograd_kept():
         if run.sharded and not Path(path).is_dir():  # a sharded checkpoint is a folder, a single-file one a file
             raise CheckpointError(f"{path}: under fsdp, run.load reads the folder of shards that run.save wrote "
