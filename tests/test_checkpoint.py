@@ -38,7 +38,7 @@ def test_a_loaded_run_continues_exactly_like_the_saved_one(plan, tmp_path):
     expected = {k: v.clone() for k, v in run.unwrap().state_dict().items()}
 
     other = new_run(plan, seed=1)  # other weights, fresh optimizer and counters
-    summary = accel.run.checkpoint.load(other, tmp_path / "ckpt.pt", accel.run.checkpoint.read(tmp_path / "ckpt.pt"))
+    summary = other.load(tmp_path / "ckpt.pt")
     assert summary["step"] == other.steps == 4 and summary["epoch"] == other.loader.epoch == 1
     again = (torch.rand(3), random.random(), np.random.rand())
     assert torch.equal(again[0], after_save[0]) and again[1:] == after_save[1:]

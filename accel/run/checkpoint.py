@@ -26,8 +26,7 @@ import accel.run.checkpoint_fit as fit
 from accel.batches import map_tensors
 from accel.errors import CheckpointError, brief
 from accel.files import disk_full, space, write_atomically
-from accel.hardware.launcher import rank
-from accel.plan import same_options
+from accel.hardware.launcher import rank, world_size
 
 FORMAT = 2
 CALLABLE = "__callable__"
@@ -90,10 +89,8 @@ def resolve(reference: str) -> Callable | None:
         found = vars(found).get(part) if isinstance(found, (types.ModuleType, type)) else None
         if isinstance(found, staticmethod):
             found = found.__func__
-    if (isinstance(found, types.FunctionType) and found.__module__ == module_name
-            and found.__qualname__ == qualname):
-        return found
-    return None
+    same = isinstance(found, types.FunctionType) and (found.__module__, found.__qualname__) == (module_name, qualname)
+    return found if same else None
 
 
 def _tensors(obj: Any, path: str = ""):
@@ -119,13 +116,6 @@ def checksum(state: dict[str, Any]) -> str:
     return digest.hexdigest()
 
 
-def save(run, path) -> None:
-    """Write the run's state to path; a collective when distributed (every rank calls it, rank 0 writes)."""
-    path = Path(path)
-    state = saved(run, run.state_dict(), FORMAT)
-    on_rank_zero(lambda: write_state(path, state, path), path)
-
-
 def write_state(path: Path, state: dict[str, Any], checkpoint: Path) -> None:
     """Both formats (the file, or the sharded checkpoint's accel.pt): refuse what run.load could not read back
     rather than write it, else write it with its checksum, atomically."""
@@ -135,12 +125,26 @@ def write_state(path: Path, state: dict[str, Any], checkpoint: Path) -> None:
     write_atomically(path, lambda file: torch.save(state, file))
 
 
-def saved(run, state: dict[str, Any], form: int) -> dict[str, Any]:
-    """What both formats write of a run's state: its format, the plan as data, each rank's parts gathered (a
-    collective), numpy's scalars as Python's."""
-    state = {**state, "format": form, "plan": encode_plan(state["plan"]), **fit.gathered(run, state)}
+def written(run, state: dict[str, Any], form: int) -> dict[str, Any]:
+    """What both formats write of a run's state: its format, the plan as data, the parts that differ per rank (the
+    random state, the states of accelerators whose State is ``per_rank``) gathered from every rank (a collective),
+    numpy's scalars as Python's."""
+    ranked = {a.name for a in run.accelerators if run.states[a.name].per_rank}
+    accelerators = state["accelerators"]
+    state = {**state, "format": form, "plan": encode_plan(state["plan"]), "rng": gather_from_ranks(state["rng"]),
+             "world_size": world_size(), "accelerators": {n: s for n, s in accelerators.items() if n not in ranked},
+             "accelerators_per_rank": gather_from_ranks({n: s for n, s in accelerators.items() if n in ranked})}
     extra = {k: plain_numbers(v) for k, v in state.get("model", {}).items() if k.endswith(fit.EXTRA_STATE)}
     return {k: {**v, **extra} if k == "model" else plain_numbers(v) for k, v in state.items()}
+
+
+def gather_from_ranks(obj: Any) -> list[Any]:
+    """Every rank's obj, in rank order (a collective when distributed; [obj] otherwise)."""
+    if world_size() == 1:
+        return [obj]
+    gathered: list[Any] = [None] * world_size()
+    torch.distributed.all_gather_object(gathered, obj)
+    return gathered
 
 
 def plain_numbers(value: Any) -> Any:
@@ -190,7 +194,7 @@ def on_rank_zero(work: Callable[[], None], path: Path, remove: Path | None = Non
             if remove is not None:  # a refused state too: its shards are written, and named by nothing
                 shutil.rmtree(remove, ignore_errors=True)
             failure = str(error if isinstance(error, CheckpointError) else write_error(path, error))
-    failure = fit.gather_from_ranks(failure)[0]
+    failure = gather_from_ranks(failure)[0]
     if failure:
         raise CheckpointError(failure)
 
@@ -204,8 +208,6 @@ def write_error(path: Path, error: BaseException) -> CheckpointError:
 
 def first_line(error: BaseException) -> str:
     return str(error).strip().splitlines()[0] if str(error).strip() else ""
-
-
 
 
 def load_file(path: Path) -> Any:
@@ -258,24 +260,3 @@ def read(path, form: int = FORMAT, required=("plan", "model", "optimizer", "step
         raise CheckpointError(f"{path}: its tensors do not match the checksum saved with them: the file was "
                               "corrupted after it was written; nothing was loaded")
     return state
-
-
-def load(run, path, state: dict[str, Any]) -> dict[str, Any]:
-    """Restore a checkpoint (its state as ``read`` returned it) into a run created with the same plan; {"step",
-    "epoch", "path"}. Nothing changes unless everything fits; a restore that fails half-way puts the run back."""
-    refuse_another_plan(run, path, state["plan"])
-    problems = fit.rank_problems(state)
-    state = {**state, **fit.this_rank(state)}  # before the fit checks: it warns when the world size changed
-    fit.refuse_unfit(path, problems + run.state_problems(state))
-    return fit.restored(path, state, lambda: run.load_state_dict(state))
-
-
-def refuse_another_plan(run, path, saved: dict[str, dict], training: bool = False) -> None:
-    """Both formats: a checkpoint loads into a run of the plan it was saved with (``training``: the same but for
-    ddp and fsdp, for shards, which load at any world size); else a CheckpointError says how to create that run."""
-    mine, compared = encode_plan(run.plan.to_dict()), fit.training_plan if training else dict
-    if not same_options(compared(saved), compared(mine)):
-        raise CheckpointError(f"{path} was saved with the plan {brief(saved, 300)}, but this run has "
-                              f"{brief(mine, 300)}; create the run with plan=accel.run.state.saved_plan({str(path)!r})"
-                              + (" (or that plan with other ddp and fsdp options: the shards load at any world "
-                                 "size, or in one process)" if training else ""))

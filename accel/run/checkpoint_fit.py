@@ -1,17 +1,14 @@
-"""What both checkpoint formats share: each rank's part of the state (its random state, and the states of
-accelerators whose State is ``per_rank``), whether a saved state fits a run, said in words before anything is
-loaded, and the load's end (refused whole, or restored), for the single file (checkpoint.py) and the shards
-(sharded_checkpoint.py) alike."""
+"""Whether a saved state fits a run, said in words before anything is loaded, for the single file (checkpoint.py)
+and the shards (sharded_checkpoint.py) alike: what run.save writes (its layout), each rank's part, the model, the
+optimizer and the accelerators."""
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from accel.errors import CheckpointError
 from accel.hardware.launcher import rank, world_size
 from accel.plan.contract import REGISTRY, Stage
 from accel.plan.untrusted import unfolding
@@ -19,36 +16,24 @@ from accel.plan.untrusted import unfolding
 EXTRA_STATE = "_extra_state"  # the key state_dict gives what a module's get_extra_state returns
 
 
-def gather_from_ranks(obj: Any) -> list[Any]:
-    """Every rank's obj, in rank order (a collective when distributed; [obj] otherwise)."""
-    import torch.distributed as dist
-
-    if world_size() == 1:
-        return [obj]
-    gathered: list[Any] = [None] * world_size()
-    dist.all_gather_object(gathered, obj)
-    return gathered
-
-
-def gathered(run, state: dict[str, Any]) -> dict[str, Any]:
-    """The parts of a run's state that differ per rank, gathered from every rank (a collective), and the rest."""
-    ranked = {a.name for a in run.accelerators if run.states[a.name].per_rank}
-    return {"rng": gather_from_ranks(state["rng"]), "world_size": world_size(),
-            "accelerators_per_rank": gather_from_ranks({n: s for n, s in state["accelerators"].items() if n in ranked}),
-            "accelerators": {n: s for n, s in state["accelerators"].items() if n not in ranked}}
-
-
-def this_rank(saved: dict[str, Any]) -> dict[str, Any]:
+def this_rank(saved: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     """This rank's accelerator states and random state from a saved checkpoint (rank 0's when the world size
-    changed, with a warning)."""
+    changed, with a warning), and why it cannot resume here: one saved mid-accumulation holds each rank's own
+    gradients, so it resumes only at its world size."""
     per_rank = saved.get("accelerators_per_rank") or [{}]
     rngs = saved["rng"] if isinstance(saved["rng"], list) else [saved["rng"]]
     if len(rngs) != world_size():
         warnings.warn(f"checkpoint saved by {len(rngs)} rank(s), loaded by {world_size()}: every rank takes rank 0's "
                       "random state", stacklevel=4)
+    holding = saved.get("holding_gradients")
+    if holding is None:  # a file of 0.3: grad_accumulation's count of micro-batches tells
+        holding = any(s.get("micro") for part in per_rank for s in part.values() if isinstance(s, dict))
+    problems = [f"saved by {len(per_rank)} rank(s) in the middle of accumulating gradients, which differ per rank; "
+                f"loaded by {world_size()}: resume from a checkpoint saved on an optimizer step"
+                ] if len(per_rank) != world_size() and holding else []
     mine = per_rank[rank()] if len(per_rank) == world_size() else per_rank[0]
     return {"accelerators": {**saved.get("accelerators", {}), **mine},
-            "rng": rngs[rank()] if len(rngs) == world_size() else rngs[0]}
+            "rng": rngs[rank()] if len(rngs) == world_size() else rngs[0]}, problems
 
 
 def layout_problems(saved: dict[str, Any]) -> list[str]:
@@ -60,6 +45,9 @@ def layout_problems(saved: dict[str, Any]) -> list[str]:
 
     def integer(value):
         return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+    def listing(value, of):
+        return isinstance(value, list) and all(of(v) for v in value)
 
     def mapping(value, of=lambda v: True):
         return isinstance(value, dict) and all(isinstance(k, str) and of(v) for k, v in value.items())
@@ -73,8 +61,7 @@ def layout_problems(saved: dict[str, Any]) -> list[str]:
         state, groups = (value.get("state"), value.get("param_groups")) if isinstance(value, dict) else (None, None)
         return (isinstance(state, dict) and all(integer(i) and isinstance(s, dict) or isinstance(i, str)
                                                  for i, s in state.items())  # a name: an optimizer-wide value
-                and isinstance(groups, list) and all(isinstance(g, dict) and isinstance(g.get("params"), list)
-                                                     and all(integer(i) for i in g["params"]) for g in groups))
+                and listing(groups, lambda g: isinstance(g, dict) and listing(g.get("params"), integer)))
 
     def files(value):  # a sharded checkpoint's manifest: (size, hash) by the name of a file in its folder
         return mapping(value, lambda f: isinstance(f, (list, tuple)) and len(f) == 2 and integer(f[0])
@@ -83,14 +70,11 @@ def layout_problems(saved: dict[str, Any]) -> list[str]:
     kinds = {"plan": lambda v: mapping(v, lambda o: isinstance(o, dict)), "model": model, "optimizer": optimizer,
              "optimizer_class": lambda v: v is None or isinstance(v, str), "step": integer, "epoch": integer,
              "optimizer_steps": integer, "world_size": integer, "holding_gradients": lambda v: isinstance(v, bool),
-             "sampler": lambda v: mapping(v, seed_value),
-             "rng": lambda v: isinstance(v, dict) or (isinstance(v, list) and v and all(isinstance(r, dict)
-                                                                                         for r in v)),
+             "sampler": lambda v: mapping(v, seed_value), "files": files,
+             "rng": lambda v: isinstance(v, dict) or (listing(v, lambda r: isinstance(r, dict)) and v),
              "accelerators": lambda v: mapping(v, lambda a: isinstance(a, dict)),
-             "accelerators_per_rank": lambda v: isinstance(v, list) and all(mapping(p, lambda a: isinstance(a, dict))
-                                                                            for p in v),
-             "loader_generators": lambda v: isinstance(v, list) and all(isinstance(g, torch.Tensor) for g in v),
-             "files": files}
+             "accelerators_per_rank": lambda v: listing(v, lambda p: mapping(p, lambda a: isinstance(a, dict))),
+             "loader_generators": lambda v: listing(v, lambda g: isinstance(g, torch.Tensor))}
     wrong = sorted(name for name, ok in kinds.items() if name in saved and not ok(saved[name]))
     return [f"its {', '.join(wrong)} {'is' if len(wrong) == 1 else 'are'} not what run.save writes"] if wrong else []
 
@@ -101,40 +85,27 @@ def seed_value(value: Any) -> bool:
     return value is None or isinstance(value, int) and not isinstance(value, bool) and -2**63 <= value < 2**64
 
 
-def rank_problems(saved: dict[str, Any]) -> list[str]:
-    """A checkpoint saved mid-accumulation holds each rank's own gradients: it resumes only at its world size."""
-    per_rank = saved.get("accelerators_per_rank") or [{}]
-    holding = saved.get("holding_gradients")
-    if holding is None:  # a file of 0.3: grad_accumulation's count of micro-batches tells
-        holding = any(s.get("micro") for part in per_rank for s in part.values() if isinstance(s, dict))
-    if len(per_rank) != world_size() and holding:
-        return [f"saved by {len(per_rank)} rank(s) in the middle of accumulating gradients, which differ per rank; "
-                f"loaded by {world_size()}: resume from a checkpoint saved on an optimizer step"]
-    return []
-
-
 def model_problems(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
     """Keys and shapes: ``saved`` maps each key to a tensor or a shape (DCP's metadata gives shapes)."""
     def shape(value):
         return tuple(value.shape) if isinstance(value, torch.Tensor) else tuple(value) if value is not None else None
 
-    problems = []
+    def some(keys):
+        return f"{keys[:5]}{' ...' if len(keys) > 5 else ''}"
+
     missing, unexpected = sorted(set(current) - set(saved)), sorted(set(saved) - set(current))
-    if missing:
-        problems.append(f"the model's {missing[:5]}{' ...' if len(missing) > 5 else ''} are not in the checkpoint")
-    if unexpected:
-        problems.append(f"the checkpoint's {unexpected[:5]}{' ...' if len(unexpected) > 5 else ''} "
-                        "are not in the model")
     shapes = [f"{k} {shape(saved[k])} vs {tuple(v.shape)}" for k, v in current.items()
-              if k in saved and isinstance(v, torch.Tensor) and shape(saved[k]) is not None
-              and shape(saved[k]) != tuple(v.shape)]
-    if shapes:
-        problems.append("shapes differ (checkpoint vs model): " + "; ".join(shapes[:5]))
-    return problems
+              if k in saved and isinstance(v, torch.Tensor) and shape(saved[k]) not in (None, tuple(v.shape))]
+    problems = [f"the model's {some(missing)} are not in the checkpoint"] if missing else []
+    problems += [f"the checkpoint's {some(unexpected)} are not in the model"] if unexpected else []
+    return problems + (["shapes differ (checkpoint vs model): " + "; ".join(shapes[:5])] if shapes else [])
 
 
-def optimizer_problems(optimizer, saved_class: str | None, present: bool, saved: dict | None = None) -> list[str]:
-    """The optimizer's class, and, where the saved state is in hand (one file), its groups and state shapes."""
+def optimizer_problems(optimizer, checkpoint: dict[str, Any]) -> list[str]:
+    """The optimizer's class, and, where its saved state is in hand (one file: a sharded checkpoint's accel.pt has
+    none, DCP's files hold it), its groups and state shapes."""
+    saved_class, saved = checkpoint.get("optimizer_class"), checkpoint.get("optimizer")
+    present = saved is not None if "optimizer" in checkpoint else saved_class is not None
     if saved_class and optimizer is not None and saved_class != type(optimizer).__name__:
         return [f"the checkpoint holds a {saved_class}'s state, this run's optimizer is a {type(optimizer).__name__}"]
     if (optimizer is None) == present:
@@ -168,10 +139,9 @@ def _same_kind(saved: Any, value: Any) -> bool:
 
     if value is None:  # unset: what the optimizer takes in its place (LBFGS's line_search_fn, a scheduler's lr)
         return saved is None or isinstance(saved, (bool, str)) or number(saved)
-    if isinstance(value, bool):
-        return saved is None or isinstance(saved, bool)
-    if isinstance(value, str):
-        return saved is None or isinstance(saved, str)
+    for kind in (bool, str):
+        if isinstance(value, kind):
+            return saved is None or isinstance(saved, kind)
     if number(value):
         return number(saved)
     if isinstance(value, (list, tuple)):
@@ -196,10 +166,7 @@ def fit_problems(run, saved: dict[str, Any], model: dict[str, Any], current: dic
     hand, one file, its groups and state shapes), and no state of an accelerator the run did not apply (less ddp
     and fsdp: one process loads a launched job's checkpoint, their states are its world's)."""
     names = set(saved.get("accelerators", {})) | {n for part in saved.get("accelerators_per_rank", []) for n in part}
-    optimizer = saved.get("optimizer")  # absent from a sharded checkpoint's accel.pt: DCP's files hold it
-    present = optimizer is not None if "optimizer" in saved else saved.get("optimizer_class") is not None
-    problems = model_problems(model, current)
-    problems += optimizer_problems(run.optimizer, saved.get("optimizer_class"), present, optimizer)
+    problems = model_problems(model, current) + optimizer_problems(run.optimizer, saved)
     stray = sorted(set(training_plan(dict.fromkeys(names))) - {a.name for a in run.accelerators})
     return problems + ([f"state of accelerators this run did not apply: {stray}"] if stray else [])
 
@@ -208,20 +175,3 @@ def training_plan(plan: dict[str, dict]) -> dict[str, dict]:
     """The plan without its distribution accelerators (ddp, fsdp): what decides the model and the training."""
     return {name: options for name, options in plan.items()
             if name not in REGISTRY or REGISTRY[name].stage is not Stage.DISTRIBUTION}
-
-
-def refuse_unfit(path, problems: list[str]) -> None:
-    """Both formats: a state that does not fit the run is refused whole, before anything changes."""
-    if problems:
-        raise CheckpointError(f"{path} does not fit this run; nothing was loaded: " + "; ".join(problems))
-
-
-def restored(path, saved: dict[str, Any], put: Callable[[], None]) -> dict[str, Any]:
-    """Both formats: ``put()`` the checked state into the run (one that fails puts the run back as it was, and says
-    so); {"step", "epoch", "path"}."""
-    try:
-        put()
-    except Exception as error:
-        raise CheckpointError(f"{path} could not be restored ({type(error).__name__}: {error}); the run was put back "
-                              "as it was") from error
-    return {"step": saved["step"], "epoch": saved["epoch"], "path": str(path)}

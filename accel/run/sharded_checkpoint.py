@@ -41,7 +41,7 @@ def _quiet():
     return thread_filter("ignore", ".*assuming the intent is to (load|save) in a single process")
 
 
-def _states(run, path) -> tuple[dict, dict]:
+def states(run, path) -> tuple[dict, dict]:
     """The model's and optimizer's state, keyed by parameter name, as DTensor shards under FSDP."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
 
@@ -65,17 +65,15 @@ def _cause(error: BaseException) -> BaseException | None:
     any other BaseException (a Ctrl-C)."""
     from torch.distributed.checkpoint.api import CheckpointException
 
-    if isinstance(error, Exception):
-        return error
-    if not isinstance(error, CheckpointException):
-        return None
-    first = next(iter(error.failures.values()), None)
-    return first[0] if isinstance(first, tuple) and isinstance(first[0], BaseException) else error
+    if isinstance(error, CheckpointException):
+        first = next(iter(error.failures.values()), None)
+        return first[0] if isinstance(first, tuple) and isinstance(first[0], BaseException) else error
+    return error if isinstance(error, Exception) else None
 
 
-def save(run, path) -> Path:
-    """Write the run's sharded checkpoint under path (every rank calls it); returns its folder. A save that fails
-    raises a CheckpointError on every rank, and ``latest`` still names the last whole checkpoint."""
+def save(run, path) -> None:
+    """Write the run's sharded checkpoint under path (every rank calls it). A save that fails raises a
+    CheckpointError on every rank, and ``latest`` still names the last whole checkpoint."""
     import torch.distributed.checkpoint as dcp
 
     root = Path(path)
@@ -87,7 +85,7 @@ def save(run, path) -> Path:
                               "returned False (an optimizer step)")
     name = f"step-{run.steps:09d}"
     partial = root / f".{name}.partial"
-    model_state, optimizer_state = _states(run, root)
+    model_state, optimizer_state = states(run, root)
     optimizer_state = single.plain_numbers(optimizer_state)  # run.load reads them weights only (weights_only_planner)
     # as the single-file save: refused, not written (on every rank, before any file: the same on each)
     single.refuse_unreadable(root, {"plan": {}, "optimizer": optimizer_state}, _renamed_keys(optimizer_state))
@@ -101,11 +99,10 @@ def save(run, path) -> Path:
         if _cause(error) is None:  # a Ctrl-C
             raise
         raise single.write_error(root, _cause(error)) from error
-    meta = single.saved(run, run.state_dict(model=False), FORMAT)
+    meta = single.written(run, run.state_dict(model=False), FORMAT)
     mine = {f.name: (f.stat().st_size, _digest(f)) for f in partial.glob(f"__{rank()}_*")}
-    meta["files"] = {k: v for part in fit.gather_from_ranks(mine) for k, v in part.items()}
+    meta["files"] = {k: v for part in single.gather_from_ranks(mine) for k, v in part.items()}
     single.on_rank_zero(lambda: _finish(root, partial, name, meta), root, partial)
-    return root / read_small(root / LATEST).decode().strip()  # every rank, after rank 0 switched it
 
 
 def _renamed_keys(value: Any, at: str = "the optimizer's state") -> list[str]:
@@ -180,7 +177,7 @@ def read(path) -> tuple[Path, dict[str, Any], Any]:
     # each rank hashes its share of the files (every file is read once for the hash, not once per rank)
     changed = [name for name, (size, digest) in files[rank()::world_size()]
                if (where / name).stat().st_size != size or _digest(where / name) != digest]
-    changed = sorted(n for part in fit.gather_from_ranks(changed) for n in part)
+    changed = sorted(n for part in single.gather_from_ranks(changed) for n in part)
     if changed:
         raise CheckpointError(f"{where}: {changed[0]} differs from what was saved (size or hash): corrupted or torn; "
                               "nothing was loaded")
@@ -191,45 +188,50 @@ def _copy(state: Any) -> Any:
     return map_tensors(lambda tensor: tensor.detach().clone(), state)
 
 
-def _set(run, model_state: dict, optimizer_state: dict, progress: dict) -> None:
-    """The run's model, optimizer and progress set from these: the checkpoint's, or the run's own put back."""
+def put(run, state: dict[str, Any]) -> None:
+    """The run's model, optimizer (keyed as ``states`` gives them) and progress set from state: the checkpoint's, or
+    the run's own put back."""
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
 
     if run.optimizer is not None:
         run.watch.stepping = True  # set_state_dict steps an optimizer without state once too: not the loop's
         try:
-            set_state_dict(run.unwrap(), run.optimizer, model_state_dict=model_state, optim_state_dict=optimizer_state)
+            set_state_dict(run.unwrap(), run.optimizer, model_state_dict=state["model"],
+                           optim_state_dict=state["optimizer"])
         finally:
             run.watch.stepping = False
     else:
-        set_model_state_dict(run.unwrap(), model_state)
-    run.restore_progress(progress)
+        set_model_state_dict(run.unwrap(), state["model"])
+    run.restore_progress(state)
 
 
-def load(run, where: Path, meta: dict[str, Any], metadata: Any) -> dict[str, Any]:
-    """Restore a sharded checkpoint (its folder, accel.pt and DCP's metadata as ``read`` returned them) into a run
-    with the same plan, at any world size; {"step", "epoch", "path"}."""
-    import torch.distributed.checkpoint as dcp
+def fit_problems(run, state: dict[str, Any], metadata: Any, model: dict) -> list[str]:
+    """Why the checkpoint does not fit the run: its model's names and global shapes in DCP's metadata, against the
+    run's ``model`` keyed as DCP keys the saved one (a module's dict extra state by its keys), and the rest."""
     from torch.distributed.checkpoint._nested_dict import flatten_state_dict
 
-    single.refuse_another_plan(run, where, meta["plan"], training=True)
-    model, optimizer = _states(run, where)
-    saved = metadata.state_dict_metadata  # names and global shapes
-    shapes = {k[len("model."):]: getattr(v, "size", None) for k, v in saved.items() if k.startswith("model.")}
-    flat, _ = flatten_state_dict(model)  # keyed as DCP keys the saved ones: a module's dict extra state by its keys
-    fit.refuse_unfit(where, fit.rank_problems(meta) + fit.fit_problems(run, meta, shapes, flat))
-    read_into = {"model": _copy(model), "optimizer": _copy(optimizer)}  # the run's own stay until all is read
+    shapes = {k[len("model."):]: getattr(v, "size", None) for k, v in metadata.state_dict_metadata.items()
+              if k.startswith("model.")}
+    return fit.fit_problems(run, state, shapes, flatten_state_dict(model)[0])
+
+
+def load(run, where: Path, state: dict[str, Any], metadata: Any, model: dict, optimizer: dict) -> tuple[dict, dict]:
+    """The checkpoint's state (accel.pt's, checked to fit the run) with its shards read into copies of the run's
+    ``model`` and ``optimizer`` (as ``states`` gave them: the run's own stay until all is read), and a backup of the
+    run's own, for ``put``."""
+    import torch.distributed.checkpoint as dcp
+
+    read_into = {"model": _copy(model), "optimizer": _copy(optimizer)}
     if run.optimizer is None:
         del read_into["optimizer"]
     try:
         with _quiet():
-            dcp.load(read_into, storage_reader=checked_reader(where, metadata, meta["files"]),
+            dcp.load(read_into, storage_reader=checked_reader(where, metadata, state["files"]),
                      planner=weights_only_planner())
     except BaseException as error:  # DCP's CheckpointException is a BaseException
         if _cause(error) is None:
             raise
         raise CheckpointError(f"{where}: the shards could not be read ({type(error).__name__}: {error}); nothing "
                               "was loaded") from error
-    state = (read_into["model"], read_into.get("optimizer", {}), {**meta, **fit.this_rank(meta)})
-    backup = (_copy(model), _copy(optimizer), _copy(run.state_dict(model=False)))  # accelerators hand out live tensors
-    return fit.restored(where, meta, lambda: run.restore_or_put_back(lambda parts: _set(run, *parts), state, backup))
+    backup = {**run.state_dict(model=False), "model": model, "optimizer": optimizer}
+    return {**state, "optimizer": {}, **read_into}, _copy(backup)  # accelerators hand out live tensors

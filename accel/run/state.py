@@ -4,22 +4,21 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
 
 import accel.run.sharded_checkpoint as sharded_checkpoint
-from accel.errors import CheckpointError, PlanError
-from accel.plan import Plan
+from accel.errors import CheckpointError, PlanError, brief
+from accel.plan import Plan, same_options
 from accel.plan.contract import Capability
 from accel.plan.untrusted import code_problems
 from accel.randomness import loader_generators, rng_state, set_rng_state
-from accel.run.checkpoint import decode_plan, plain_numbers
-from accel.run.checkpoint import load as load_checkpoint
+from accel.run.checkpoint import FORMAT, decode_plan, encode_plan, on_rank_zero, plain_numbers, write_state, written
 from accel.run.checkpoint import read as read_checkpoint
-from accel.run.checkpoint import save as save_checkpoint
-from accel.run.checkpoint_fit import fit_problems, seed_value
+from accel.run.checkpoint_fit import fit_problems, seed_value, this_rank, training_plan
 from accel.run.interrupts import autograd_kept, clean_up
 
 
@@ -75,13 +74,12 @@ class RunState:
             raise
 
     def _backup(self) -> dict[str, Any]:
-        """The run's state, with its tensors copied to host memory (no second copy of the weights on a GPU)."""
+        """The run's state, its tensors copied: the model's to host memory (no second copy of the weights on a GPU),
+        the optimizer's as they are (its load_state_dict casts them back to each device)."""
         state = self.state_dict()
-        state["model"] = {k: v.detach().to("cpu", copy=True) if isinstance(v, torch.Tensor) else v
-                          for k, v in state["model"].items()}
-        state["optimizer"] = copy.deepcopy(state["optimizer"])  # load_state_dict casts it back to each device
-        state["accelerators"] = copy.deepcopy(state["accelerators"])
-        return state
+        model = {k: v.detach().to("cpu", copy=True) if isinstance(v, torch.Tensor) else v
+                 for k, v in state["model"].items()}
+        return {**state, "model": model, **copy.deepcopy({k: state[k] for k in ("optimizer", "accelerators")})}
 
     def _restore(self, state: dict[str, Any]) -> None:
         self.unwrap().load_state_dict(state["model"])
@@ -125,7 +123,8 @@ class RunState:
             if self.sharded:
                 sharded_checkpoint.save(self, path)
             else:
-                save_checkpoint(self, path)
+                state = written(self, self.state_dict(), FORMAT)
+                on_rank_zero(lambda: write_state(Path(path), state, Path(path)), Path(path))
 
     def load(self, path) -> dict:
         """Restore a checkpoint written by run.save into this run; returns {"step", "epoch", "path"}. A sharded
@@ -137,16 +136,39 @@ class RunState:
 
 
 def load_saved(run, path, saved: Saved | None = None) -> dict:
-    """run.load(path); ``saved``: the checkpoint as read_saved(path) read it (plan="auto" reads it once, for its
-    plan, its fit and this load)."""
+    """run.load(path), of either format; ``saved``: the checkpoint as read_saved(path) read it (plan="auto" reads it
+    once, for its plan, its fit and this load). Shards load into the plan they were saved with but for ddp and fsdp."""
     with autograd_kept():
         if run.sharded and not Path(path).is_dir():  # a sharded checkpoint is a folder, a single-file one a file
             raise CheckpointError(f"{path}: under fsdp, run.load reads the folder of shards that run.save wrote "
                                   "(this is a single-file checkpoint of a run without fsdp)")
         saved = saved or read_saved(path)
+        where, state = saved.where if saved.sharded else path, saved.state
+        mine, compared = encode_plan(run.plan.to_dict()), training_plan if saved.sharded else dict
+        if not same_options(compared(state["plan"]), compared(mine)):
+            raise CheckpointError(f"{where} was saved with the plan {brief(state['plan'], 300)}, but this run has "
+                                  f"{brief(mine, 300)}; create the run with "
+                                  f"plan=accel.run.state.saved_plan({str(where)!r})" + (
+                                      " (or that plan with other ddp and fsdp options: the shards load at any world "
+                                      "size, or in one process)" if saved.sharded else ""))
+        part, problems = this_rank(state)
+        state = {**state, **part}
         if saved.sharded:
-            return sharded_checkpoint.load(run, saved.where, saved.state, saved.shards)
-        return load_checkpoint(run, path, saved.state)
+            model, optimizer = sharded_checkpoint.states(run, where)
+            problems += sharded_checkpoint.fit_problems(run, state, saved.shards, model)
+        else:
+            problems += run.state_problems(state)
+        if problems:
+            raise CheckpointError(f"{where} does not fit this run; nothing was loaded: " + "; ".join(problems))
+        if saved.sharded:
+            state, backup = sharded_checkpoint.load(run, where, state, saved.shards, model, optimizer)
+        restore = partial(sharded_checkpoint.put, run) if saved.sharded else run._restore
+        try:
+            run.restore_or_put_back(restore, state, backup if saved.sharded else run._backup())
+        except Exception as error:
+            raise CheckpointError(f"{where} could not be restored ({type(error).__name__}: {error}); the run was put "
+                                  "back as it was") from error
+        return {"step": state["step"], "epoch": state["epoch"], "path": str(where)}
 
 
 class Saved(NamedTuple):

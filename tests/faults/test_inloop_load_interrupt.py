@@ -33,7 +33,7 @@ def test_a_second_ctrl_c_on_the_switch_back_still_puts_autos_plan_back(tmp_path,
     def profile(frame, event, arg):
         if event != "call":
             return
-        if not steps and frame.f_code is state_module.load_checkpoint.__code__:
+        if not steps and frame.f_code is state_module.load_saved.__code__:
             steps.append("loading")
         elif steps == ["loading"] and frame.f_back.f_code is InLoopSearch.load.__code__:
             steps.append("ctrl-c")
