@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
-import os
 import pickle
 from pathlib import Path
 from typing import Any
@@ -36,11 +35,21 @@ def _allowed(module: str, name: str) -> bool:
                               ("pathlib", "PosixPath"), ("pathlib", "WindowsPath"), ("pathlib", "Path")}
 
 
-def checked_metadata(path: Path) -> Any:
+def checked_metadata(path: Path, files: dict[str, tuple[int, str]]) -> Any:
     """DCP's metadata, unpickled with nothing of it called beyond DCP's own metadata classes: DCP reads the file with
-    pickle.load, so a crafted folder would run code at run.load. Read once: DCP is handed this
-    (``checked_reader``), never the file again, which could have been replaced since."""
+    pickle.load, so a crafted folder would run code at run.load. Read once, and those bytes hashed against the
+    manifest (``files``): a file replaced since the folder's check is refused, never unpickled; DCP is handed this
+    (``checked_reader``), never the file again."""
     from torch.distributed.checkpoint.metadata import Metadata
+
+    size, digest = files.get(path.name, (0, None))
+    try:
+        data = read_small(path.resolve(), size)  # (a link the user made followed, as for the shards)
+    except OSError as error:
+        raise CheckpointError(f"{path}: changed since run.load checked it ({error.strerror}); nothing was loaded") \
+            from error
+    if digest is None or hashlib.blake2b(data, digest_size=20).hexdigest() != digest:
+        raise CheckpointError(f"{path}: changed since run.load checked it (size or hash); nothing was loaded")
 
     found: list[str] = []
 
@@ -52,8 +61,7 @@ def checked_metadata(path: Path) -> Any:
             return super().find_class(module, name)
 
     try:
-        with open(path, "rb", opener=lambda name, flags: os.open(name, flags | os.O_NONBLOCK)) as file:  # a pipe:
-            metadata = Names(file).load()  # at once
+        metadata = Names(io.BytesIO(data)).load()
     except Exception as error:  # a damaged pickle is foreign too
         metadata = found[0] if found else f"a pickle that does not load ({type(error).__name__})"
     if not isinstance(metadata, Metadata):

@@ -181,7 +181,7 @@ def read(path) -> tuple[Path, dict[str, Any], Any]:
     if changed:
         raise CheckpointError(f"{where}: {changed[0]} differs from what was saved (size or hash): corrupted or torn; "
                               "nothing was loaded")
-    return where, meta, checked_metadata(where / ".metadata")
+    return where, meta, checked_metadata(where / ".metadata", meta["files"])
 
 
 def _copy(state: Any) -> Any:

@@ -44,3 +44,33 @@ def test_a_shard_replaced_after_its_check_is_not_loaded(tmp_path, one_rank):
     finally:
         sys.setprofile(None)
         run.close()
+
+
+def test_a_metadata_file_replaced_after_its_check_is_not_unpickled(tmp_path, one_rank):
+    """DCP's .metadata decides which bytes of which shard go to which tensor: it was hashed with the folder's check,
+    then opened again and unpickled, so one replaced in between (another model's) was read unchecked. Its bytes are
+    now read once, hashed and unpickled from the same read (found by CK, the sibling of the shards' swap)."""
+    folder = saved(tmp_path / "mine", 0)
+    other_model = torch.nn.Sequential(torch.nn.Linear(8, 3))
+    other = accel.accelerate(other_model, torch.optim.SGD(other_model.parameters(), lr=0.1), tiny_loader(), ["fsdp"],
+                             device="cpu")
+    other.save(tmp_path / "other")
+    other.close()
+    other_metadata = (tmp_path / "other" / (tmp_path / "other" / "latest").read_text().strip() / ".metadata")
+
+    def swap(frame, event, arg):  # after the folder's check, as its metadata is read
+        if event == "call" and frame.f_code is sharded_checkpoint.checked_metadata.__code__:
+            (folder / ".metadata").write_bytes(other_metadata.read_bytes())
+
+    run = fsdp_run(2)
+    before = [p.detach().clone() for p in run.unwrap().parameters()]
+    try:
+        sys.setprofile(swap)
+        try:
+            with pytest.raises(CheckpointError, match="changed since run.load checked it"):
+                run.load(tmp_path / "mine")
+        finally:
+            sys.setprofile(None)
+        assert all(torch.equal(a, b) for a, b in zip(before, run.unwrap().parameters()))
+    finally:
+        run.close()
