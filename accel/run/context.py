@@ -1,9 +1,7 @@
 """What a plan works on: the user's objects, the run's objects, the typed decisions, and the undo journal.
 
-Accelerators never read each other; they read ``ctx.decisions``. Decisions are made for the whole plan before
-anything is applied (device and rank by the core; compute dtype, threads, workers... by the accelerators),
-so an accelerator of an early stage can follow what a later one decided.
-"""
+Accelerators never read each other; they read ``ctx.decisions``, made for the whole plan before anything is applied,
+so an accelerator of an early stage can follow what a later one decided."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -25,10 +23,8 @@ __all__ = ["Context", "Decisions", "placement"]
 
 @dataclass
 class Decisions:
-    """Typed decisions of a plan. ``by`` says which accelerator made each one and ``why``.
-
-    device and launch are the core's (before any stage, so every rank of a launched job starts on its own
-    device); the others belong to the accelerator that sets them through ``Context.decide``.
+    """Typed decisions of a plan; ``by`` says which accelerator made each one and ``why``. device and launch are
+    the core's (before any stage: every rank starts on its own device); the others are set through ``Context.decide``.
     """
 
     device: torch.device
@@ -50,8 +46,7 @@ class Decisions:
     def summary(self) -> dict[str, str]:
         """Every decision that was made, as text for the report."""
         shown = {"device": str(self.device)}
-        if self.launch:
-            launch = self.launch
+        if launch := self.launch:
             shown["rank"] = f"{launch.rank}/{launch.world_size} (local {launch.local_rank}, {launch.launcher})"
         for name in self.by:  # modules by count and class (a module's repr is its whole tree)
             value = self.extra[name] if name in self.extra else getattr(self, name)
@@ -64,11 +59,9 @@ class Decisions:
 
 @dataclass
 class Context:
-    """The user's objects, the run's objects (the user's own unless an accelerator wraps or replaces them), and
-    the decisions. Accelerators change how the user's objects run through the journal (``journal.hook``,
-    ``journal.set_item``), never what they hold; what they wrap or replace they put in ``model``/``optimizer``/
-    ``loader``. ``batch_transforms`` run on every batch the run's loader yields, after it reaches the device.
-    """
+    """The user's objects, the run's objects (the user's own unless an accelerator wraps or replaces them: then in
+    ``model``/``optimizer``/``loader``), and the decisions. Accelerators change how the user's objects run through the
+    journal, never what they hold. ``batch_transforms`` run on every batch of the run's loader, on the device."""
 
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer | None
@@ -89,22 +82,18 @@ class Context:
         return self.decisions.device
 
     def decide(self, name: str, value: Any, why: str = "") -> None:
-        """Record a typed decision (or one in ``extra`` for a user-written accelerator's own).
-
-        Two accelerators deciding the same thing differently is a conflict in the plan.
-        """
+        """Record a typed decision (or one in ``extra`` for a user-written accelerator's own); two accelerators
+        deciding the same thing differently is a conflict in the plan."""
         by = self.deciding or "accel"
         known = name in Decisions.__dataclass_fields__ and name not in ("extra", "by", "why")
-        current = getattr(self.decisions, name) if known else self.decisions.extra.get(name)
+        decided = vars(self.decisions) if known else self.decisions.extra  # a typed field, or a user's own
+        current = decided.get(name)
         if name in self.decisions.by and self.decisions.by[name] != by:
             if current != value:
                 self.problems.append(Problem(by, f"decides {name}={value}, but {self.decisions.by[name]} decided "
                                              f"{current}", field=name, kind="conflict"))
             return  # the same value: the first to decide keeps it (a later one that skips takes back nothing)
-        if known:
-            setattr(self.decisions, name, value)
-        else:
-            self.decisions.extra[name] = value
+        decided[name] = value
         self.decisions.by[name] = by
         self.decisions.why[name] = why
 
@@ -128,8 +117,6 @@ def placement(device: Any, hardware: Hardware, problems: list[Problem]) -> Decis
         problems.append(Problem("device", why, value=device if isinstance(device, str) else str(device),
                                 allowed="'auto', 'cpu', or a device that is here", kind="missing"))
         return None
-    decisions = Decisions(device=resolved, launch=launch)
-    decisions.by["device"] = "accel"
-    decisions.why["device"] = (f"local rank {launch.local_rank}'s device" if launch and resolved.index is not None
-                               else "asked for" if device not in (None, "auto") else "the fastest device here")
-    return decisions
+    why = (f"local rank {launch.local_rank}'s device" if launch and resolved.index is not None
+           else "asked for" if device not in (None, "auto") else "the fastest device here")
+    return Decisions(device=resolved, launch=launch, by={"device": "accel"}, why={"device": why})

@@ -1,7 +1,6 @@
 """The run's loader: the user's batches (or a loader an accelerator rebuilt) moved to the run's device; and
-rebuilding a user's DataLoader with other settings (workers, pinning, a sampler) while keeping everything else: its
-constructor arguments read back from its attributes, exact for torch's own DataLoader in every batching mode, refused
-for a subclass (what it adds would be lost). The user's loader itself is never changed."""
+rebuilding a user's DataLoader with other settings (workers, pinning, a sampler), its constructor arguments read back
+from its attributes (refused for a subclass: what it adds would be lost). The user's loader is never changed."""
 from __future__ import annotations
 
 import contextlib
@@ -46,26 +45,25 @@ class DeviceLoader:
     """Wraps the run's DataLoader: batches arrive on the device, then go through the plan's batch transforms;
     epochs are counted so a distributed sampler reshuffles every epoch."""
 
-    def __init__(self, loader: Any, device: torch.device, non_blocking: bool, transforms: list):
+    def __init__(self, loader: Any, device: torch.device, non_blocking: bool, transforms: list, rebuilt: bool = False):
         self.loader = loader
+        self.rebuilt = rebuilt  # an accelerator rebuilt the user's loader: its workers are the run's to stop
         self.device = device
         self.non_blocking = non_blocking
         self.transforms = list(transforms)
         self.epoch = 0
-        self._move = device.type != "cpu"
         self.drawn: Callable[[], None] | None = None  # told of every batch (the run watching for own accumulation)
         self.open: list[Any] = []  # the wrapped loader's iterators of the epochs begun and not ended
         self.handed_over = False  # accelerate() again on the model made another run: this loader is the earlier's
         self.read_by_a_run = False  # the loop gave it to accelerate() again: the new run's loader reads it
         if isinstance(loader, DeviceLoader):
             loader.read_by_a_run = True
-        self.stop_when_idle = False  # stop the workers once no epoch is open (a rebuilt loader handed over)
         self.stopped: str | None = None  # why the workers were stopped under an open epoch (said if it goes on)
         self.told = _last_told(getattr(loader, "sampler", None))  # the sampler's epoch as a run last set it
 
     def __iter__(self) -> Iterator[Any]:
         batches = self.start_epoch()  # now, as iter(DataLoader) draws its seeds: zip(run.loader, other) keeps its order
-        if not self._move and not self.transforms and self.drawn is None:
+        if self.device.type == "cpu" and not self.transforms and self.drawn is None:
             return batches
         return self._prepared(batches)
 
@@ -109,7 +107,7 @@ class DeviceLoader:
                 yield batch
         finally:
             self.open = [i for i in self.open if i is not iterator]
-            if self.stop_when_idle and not self.open:
+            if self.handed_over and self.rebuilt and not self.open:  # hand_over stopped none under an open epoch
                 self.stop_workers()
 
     def stop_workers(self, why: str | None = None) -> None:
@@ -122,15 +120,16 @@ class DeviceLoader:
         if self.open and why and getattr(self.loader, "num_workers", 0):
             self.stopped = why
 
-    def stop_workers_after_epoch(self) -> None:
-        """Stop the workers once the open epochs end (the loop may finish the epoch it is in), or now if none is."""
-        self.stop_when_idle = True
-        if not self.open:
+    def hand_over(self) -> None:
+        """Another run took over (a new epoch here is warned of); a rebuilt loader's workers stop once the open
+        epochs end (the loop may finish the epoch it is in), or now if none is."""
+        self.handed_over = True
+        if self.rebuilt and not self.open:
             self.stop_workers()
 
     def prepare(self, batch: Any) -> Any:
         """One batch as the plan wants it: on the device, through the batch transforms."""
-        if self._move:
+        if self.device.type != "cpu":
             batch = move(batch, self.device, self.non_blocking)
         for transform in self.transforms:
             batch = transform(batch)
@@ -200,19 +199,17 @@ def rebuild_problem(loader: Any) -> str | None:
     return None
 
 
+_KEPT = ("dataset", "num_workers", "collate_fn", "pin_memory", "timeout", "worker_init_fn", "multiprocessing_context",
+         "generator", "prefetch_factor", "persistent_workers", "pin_memory_device", "in_order")  # as the user gave them
+
+
 def rebuild_loader(loader: DataLoader, **overrides: Any) -> DataLoader:
     """A new DataLoader equal to ``loader`` but for ``overrides`` (num_workers, pin_memory, sampler, ...): built from
     its constructor arguments, read back from its attributes."""
     why = rebuild_problem(loader)
     if why:
         raise ValueError(f"cannot rebuild the loader: {why}")
-    kwargs = dict(
-        dataset=loader.dataset, num_workers=loader.num_workers, collate_fn=loader.collate_fn,
-        pin_memory=loader.pin_memory, timeout=loader.timeout, worker_init_fn=loader.worker_init_fn,
-        multiprocessing_context=loader.multiprocessing_context, generator=loader.generator,
-        prefetch_factor=loader.prefetch_factor, persistent_workers=loader.persistent_workers,
-        pin_memory_device=loader.pin_memory_device, in_order=loader.in_order,
-    )
+    kwargs = {name: getattr(loader, name) for name in _KEPT}
     if isinstance(loader.dataset, IterableDataset):
         kwargs.update(batch_size=loader.batch_size, drop_last=loader.drop_last)
     elif loader.batch_size is not None:  # built from batch_size (+ shuffle/sampler/drop_last)
@@ -232,8 +229,7 @@ def rebuild_loader(loader: DataLoader, **overrides: Any) -> DataLoader:
 
 
 def release_workers(loader: Any) -> None:
-    """Stop a DataLoader's persistent worker processes now, not whenever the garbage collector runs (maybe in a
-    process forked later, which cannot stop them)."""
+    """Stop a DataLoader's persistent workers now, not at garbage collection (maybe in a forked process that cannot)."""
     iterator = getattr(loader, "_iterator", None)
     if iterator is not None and hasattr(iterator, "_shutdown_workers"):
         iterator._shutdown_workers()

@@ -1,10 +1,8 @@
 """Critical sections that a Ctrl-C cannot tear: inside ``deferred()``, SIGINT (and a SIGTERM handled in Python) is
-noted, not handled, and delivered when the outermost section ends. Where accel changes two things together (a journal
-entry and its change, a checkpoint's tensors and counters), an interrupt in between leaves a state no undo repairs.
-A signal that lands on the call of a clean-up skips it (CPython handles signals as a function is entered, before its
-first ``try``), so a clean-up is idempotent and its caller calls it again from its own ``except BaseException``.
-Only the main thread receives signals; SIGKILL is met by atomic renames (accel.files).
-"""
+noted and delivered when the outermost section ends, so two things changed together (a journal entry and its change,
+a checkpoint's tensors and counters) are never torn apart. A signal that lands on the call of a clean-up skips it
+(CPython handles signals as a function is entered, before its first ``try``), so a clean-up is idempotent and its
+caller calls it again from its own ``except BaseException``. Only the main thread receives signals."""
 from __future__ import annotations
 
 import contextlib

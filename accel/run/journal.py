@@ -1,10 +1,9 @@
 """The undo journal: every change an accelerator makes outside its own new objects, with how to undo and redo it.
 
-Its kinds: ``process`` (threads, affinity, environment, backend flags, a process group: each a layer of a value
-shared by every open run, accel/run/shared_settings.py), ``setup`` (undone only if the plan fails: the model moved
-to the run's device, an earlier run on it closed) and ``object`` (how the user's own objects run, never what they
-hold: a hook, a checkpointed forward, ``fused=True``; the run trains the user's objects, so what they do to them
-stays live). A failed plan rolls everything back; run.close() undoes the process and object changes.
+Its kinds: ``process`` (threads, affinity, environment, backend flags, a process group: layers of values shared by
+every open run, accel/run/shared_settings.py), ``setup`` (undone only if the plan fails: the model moved to the
+device, an earlier run closed) and ``object`` (how the user's objects run, never what they hold: a hook,
+``fused=True``). A failed plan rolls everything back; run.close() undoes the process and object changes.
 """
 from __future__ import annotations
 
@@ -12,7 +11,7 @@ import contextlib
 import os
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -34,17 +33,10 @@ def _each_thread(work: Callable[[int], None]) -> int:
     return done
 
 
-def pin_process(cpus) -> int:
-    """Set the affinity of every thread of this process (the OpenMP pool included); returns threads pinned."""
-    cpus = tuple(cpus)
-    return _each_thread(lambda tid: os.sched_setaffinity(tid, cpus))
-
-
 @dataclass(frozen=True)
 class Affinity:
-    """The CPU affinity of the process: the calling thread's (``cpus``: what a run sets, and what tells a user's
-    own write) and every thread's own (``threads``: what is put back, so that a thread you pinned elsewhere
-    returns there; one started meanwhile takes ``cpus``)."""
+    """The calling thread's CPUs (``cpus``: what a run sets and compares) and every thread's own (``threads``: what
+    is put back, so a thread you pinned elsewhere returns there; one started meanwhile takes ``cpus``)."""
 
     cpus: tuple[int, ...]
     threads: dict[int, tuple[int, ...]] = field(compare=False)
@@ -58,17 +50,21 @@ def _affinity() -> Affinity | None:
     return Affinity(tuple(sorted(os.sched_getaffinity(0))), threads)
 
 
-def _pin(value: Affinity) -> None:
-    """Put each thread on its own CPUs (``threads``), a thread not listed there on ``cpus``."""
-    _each_thread(lambda tid: os.sched_setaffinity(tid, value.threads.get(tid, value.cpus)))
+def _pin(value: Affinity) -> int:
+    """Put each thread on its own CPUs (``threads``), a thread not listed there on ``cpus``; returns threads pinned."""
+    return _each_thread(lambda tid: os.sched_setaffinity(tid, value.threads.get(tid, value.cpus)))
 
 
-@dataclass
-class Entry:
+def pin_process(cpus) -> int:
+    """Set the affinity of every thread of this process (the OpenMP pool included); returns threads pinned."""
+    return _pin(Affinity(tuple(cpus), {}))
+
+
+class Entry(NamedTuple):
     what: str
     redo: Callable[[], None]
     undo: Callable[[], None]
-    kind: str  # "process", "setup" or "object" (see the module's docstring)
+    kind: str  # one of KINDS (see the module's docstring)
 
 
 KINDS = ("process", "setup", "object")
@@ -82,12 +78,9 @@ class Journal:
         self.active = True
 
     def change(self, what: str, redo: Callable[[], None], undo: Callable[[], None], kind: str = "process") -> None:
-        """Make a change now (``redo``) and remember how to take it back (``undo``). A redo that fails half-way
-        is undone at once, so a rollback never meets a half-made change.
-
-        The entry is listed before the change is made: a Ctrl-C arriving just after the change can then never
-        leave a change that no undo knows of. So an undo must be harmless on a change not made (one interrupted
-        before it began), and a redo harmless on a change already made (``redo_all`` after a torn ``undo_all``)."""
+        """Make a change now (``redo``) and remember how to take it back (``undo``); a redo that fails half-way is
+        undone at once. The entry is listed first, so a Ctrl-C just after the change leaves none that no undo knows
+        of: an undo must be harmless on a change not made, a redo on a change already made."""
         if kind not in KINDS:
             raise ValueError(f"journal: kind {kind!r} is not one of {KINDS}")
         entry = Entry(what, redo, undo, kind)
@@ -111,8 +104,7 @@ class Journal:
 
     def layer(self, key: Hashable, what: str, read: Callable[[], Any], write: Callable[[Any], None],
               value: Any) -> None:
-        """Set a process-wide value as a layer of its Setting (the module's docstring): undone, it restores what
-        the other open runs, or the process before them, had."""
+        """A process-wide value as a layer of its Setting: undone, it restores what other runs or the process had."""
         layer = Layer(key, value, read, write)
         self.change(what, layer.put, layer.take)
 
@@ -137,11 +129,9 @@ class Journal:
                    lambda: getattr(obj, name), lambda v: setattr(obj, name, v), value)
 
     def move_module(self, module: torch.nn.Module, device: torch.device) -> None:
-        """module.to(device) in place, remembering every tensor it replaced so undo restores them exactly.
-
-        torch moves a gradient by assigning its .data (the same object, moved) and may swap in new Parameter
-        objects; so the parameter dicts, each parameter's data and each gradient's data are all kept.
-        """
+        """module.to(device) in place, keeping what undo restores exactly: torch may swap in new Parameter objects
+        and moves a gradient by assigning its .data, so the parameter dicts and each parameter's and gradient's data
+        are kept."""
         saved = [(m, dict(m._parameters), {k: (p, p.data, p.grad, None if p.grad is None else p.grad.data)
                                            for k, p in m._parameters.items() if p is not None}, dict(m._buffers))
                  for m in module.modules()]
@@ -166,16 +156,14 @@ class Journal:
                     kind="object")
 
     def set_item(self, mapping: Any, key: str, value: Any, what: str = "") -> None:
-        """mapping[key] = value on one of the user's objects (e.g. an optimizer's param group), undone exactly
-        (a key that was missing is removed again)."""
+        """mapping[key] = value on a user's object (a param group), undone exactly (a missing key is removed again)."""
         old = mapping.get(key, _MISSING)
         self.change(what or f"{key}={value}", lambda: mapping.__setitem__(key, value),
                     lambda: mapping.pop(key, None) if old is _MISSING else mapping.__setitem__(key, old), kind="object")
 
     def rollback(self) -> None:
-        """Undo every change, newest first (process state and tensor placement), and forget them. An undo that
-        fails does not stop the others; the failures are raised together at the end. A Ctrl-C waits until every
-        change is undone (accel.run.interrupts)."""
+        """Undo every change, newest first, and forget them; an undo that fails does not stop the others (raised
+        together at the end). A Ctrl-C waits until every change is undone (accel.run.interrupts)."""
         failed = []
         with deferred():
             for entry in reversed(self._made()):
@@ -203,13 +191,11 @@ class Journal:
             self.active = True
 
     def commit(self) -> None:
-        """After a plan succeeded: the setup stays (the model on its device, the earlier run closed); the process
-        and object changes stay recorded, for run.close()."""
+        """After a plan succeeded: the setup stays; the process and object changes stay recorded, for run.close()."""
         self.entries = [e for e in self.entries if e.kind != "setup"]
 
     def detach(self) -> Journal:
-        """A journal that owns these changes (made, still recorded), leaving this one empty: a run hands its
-        changes over to the journal of the run that replaces it, which can put them back if its plan fails."""
+        """These changes, handed to a new journal (this one left empty) that can put them back if its plan fails."""
         moved = Journal()
         moved.entries, moved.active = self.entries, self.active
         self.entries, self.active = [], True

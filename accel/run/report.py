@@ -10,16 +10,11 @@ from typing import Any
 
 
 def render_table(header: Sequence[str], rows: Sequence[Sequence[Any]], right: Sequence[int] = ()) -> list[str]:
-    """Aligned text lines: columns padded to their widest cell; ``right`` columns right-aligned; the last column
-    left as it is (a free-text note)."""
+    """Aligned lines: columns padded to their widest cell (``right`` ones right-aligned), the last left as it is."""
     cells = [[str(c) for c in header]] + [["" if c is None else str(c) for c in row] for row in rows]
-    fixed = len(header) - 1
-    widths = [max(len(row[i]) for row in cells) for i in range(fixed)]
-    lines = []
-    for row in cells:
-        parts = [row[i].rjust(widths[i]) if i in right else row[i].ljust(widths[i]) for i in range(fixed)]
-        lines.append("  ".join([*parts, row[-1]]).rstrip())
-    return lines
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header) - 1)]
+    return ["  ".join([*(row[i].rjust(w) if i in right else row[i].ljust(w) for i, w in enumerate(widths)), row[-1]])
+            .rstrip() for row in cells]
 
 
 @dataclass
@@ -33,10 +28,8 @@ class Row:
 
 
 class StepTimes:
-    """Seconds between consecutive Run.step calls, in memory that does not grow with the run: how many, the first
-    (compile and warm-up land there), the steps in which torch.compile compiled again (each with its compile
-    seconds; torch's recompile limit bounds them, and so does ``WARM``), and the latest ``KEPT`` other steps for
-    the steady median."""
+    """Seconds between consecutive Run.step calls, in bounded memory: how many, the first (compile and warm-up),
+    up to ``WARM`` steps in which torch.compile compiled again (with its seconds), and the latest ``KEPT`` others."""
 
     KEPT = 1024
     WARM = 64
@@ -79,8 +72,7 @@ class Report:
     decisions: dict[str, str] = field(default_factory=dict)  # device, rank, dtype, threads, workers...
     stale: dict[str, str] = field(default_factory=dict)  # "model"/"optimizer" -> what went stale and what to use
     continued: str = ""  # what this run took over from an earlier run on the same model
-    search: Any = None  # plan="auto"'s words (accel.search.words.SearchState), kept current while it measures:
-    # its lines, and who put each accelerator of the plan in place there (auto's turn or auto's choice)
+    search: Any = None  # plan="auto"'s words (accel.search.words.SearchState), kept current while it measures
 
     def shown_rows(self) -> list[Row]:
         """The rows as printed and exported: under plan="auto", each with who put it there (never "asked for")."""

@@ -1,9 +1,8 @@
 """The object the training loop talks to: run.model, run.optimizer, run.loader, run.autocast(), run.backward(loss),
 run.step(). It trains the user's own objects (a wrapper or a replacement is reported), chains the applied
-accelerators' runtime hooks in plan order (the earliest outermost; innermost ``loss.backward()`` and the
-optimizer's update, then ``zero_grad``), and asks those that play a role for the rest: run.scaler and
-run.unscale_gradients() (``LossScaler``), run.accumulating (``StepSchedule``), gradient reduction (``GradientSync``).
-"""
+accelerators' runtime hooks in plan order (the earliest outermost; innermost ``loss.backward()``, the optimizer's
+update and ``zero_grad``) and asks those that play a role for the rest: run.scaler and run.unscale_gradients()
+(``LossScaler``), run.accumulating (``StepSchedule``), gradient reduction (``GradientSync``)."""
 from __future__ import annotations
 
 import contextlib
@@ -39,8 +38,7 @@ def open_run(model: torch.nn.Module) -> Run | None:
 class Run(RunState):
     """The accelerated training objects. Use run.model, run.optimizer and run.loader in your loop."""
 
-    def __init__(self, ctx: Context, report: Report, accelerators: list[Accelerator],
-                 states: dict[str, State] | None = None):
+    def __init__(self, ctx: Context, report: Report, accelerators: list[Accelerator], states: dict[str, State]):
         self.model = ctx.model
         self.optimizer = ctx.optimizer
         self.device = ctx.device
@@ -49,10 +47,9 @@ class Run(RunState):
         self.decisions = ctx.decisions
         self.journal = ctx.journal
         self.accelerators = list(accelerators)  # the applied ones, in plan order
-        self.states = {a.name: (states or {}).get(a.name) or State() for a in self.accelerators}  # what apply returned
-        self.loader = (DeviceLoader(ctx.loader, ctx.device, ctx.decisions.non_blocking, ctx.batch_transforms)
-                       if ctx.loader is not None else None)
-        self._user_loader = ctx.user_loader
+        self.states = {a.name: states[a.name] for a in self.accelerators}  # what apply returned
+        self.loader = (DeviceLoader(ctx.loader, ctx.device, ctx.decisions.non_blocking, ctx.batch_transforms,
+                                    rebuilt=ctx.loader is not ctx.user_loader) if ctx.loader is not None else None)
         self.steps = 0  # run.step() calls (one per batch), restored by run.load
         self.optimizer_steps = 0  # steps the optimizer really took (not skipped, not accumulating)
         self.holding_gradients = False  # the last run.step() was held by a step schedule: the gradients accumulate
@@ -67,11 +64,7 @@ class Run(RunState):
         self._step = self._chain("step", self._update)
         self._last_step = clock.now()  # the first step's time includes compile and warm-up
         self._compiled_s = compile_seconds()  # and recompiles (a new sequence length) land in later steps
-        self.watch = Watch(self, self.accelerators)  # the loop's own backward, step or accumulation, noticed
-        if self.watch.needed:
-            self.watch.watch_optimizers(ctx.journal, [self.optimizer, ctx.user_optimizer])
-            if self.loader is not None:
-                self.loader.drawn = self.watch.batch_drawn
+        self.watch = Watch(self, ctx.journal, ctx.user_optimizer)  # the loop's own backward, step... noticed
         self._sync()
         _OPEN[ctx.user_model] = weakref.ref(self)
 
@@ -113,29 +106,23 @@ class Run(RunState):
         """Gradients a wrapper holds unreduced, not yet in ``.grad`` (FSDP2 while accumulating)."""
         return [g for a, state in self._syncing for g in a.held_gradients(state)]
 
-    def _sync(self) -> None:
+    def _sync(self, release: bool = False) -> None:
         """Tell the distribution wrappers whether the next forward and backward reduce gradients: not while a step
-        schedule accumulates (DDP's no_sync, FSDP's set_requires_gradient_sync(False)), whatever the loop enters."""
+        schedule accumulates (DDP's no_sync, FSDP's set_requires_gradient_sync(False)), whatever the loop enters.
+        ``release``: a schedule stood aside (accel/run/watch.py), so what the wrappers held while reduction was off
+        reaches the loop's own step now, not the next synced backward."""
         enabled = not self.accumulating
         if self._syncing and enabled is not self._synced:
             for accelerator, state in self._syncing:
                 accelerator.gradient_sync(self, state, enabled)
-            self._synced = enabled
-
-    def _sync_after_bypass(self) -> None:
-        """A schedule stood aside (accel/run/watch.py): the wrappers reduce again, and where reduction was off,
-        what they held since reaches the loop's own step now, not the next synced backward."""
-        was = self._synced
-        self._sync()
-        if was is False and self._synced:
-            for accelerator, state in self._syncing:
+            for accelerator, state in self._syncing if release and enabled and self._synced is False else ():
                 accelerator.release_held_gradients(self, state)
+            self._synced = enabled
 
     @contextlib.contextmanager
     def autocast(self) -> Iterator[None]:
         """The contexts the plan chose for the forward pass and the loss (autocast), and torch's autograd switch put
-        back as it was at ``with`` if the block raises: a compiled forward (torch.compile, dynamo) that raises inside
-        a ``no_grad`` region (spectral_norm's power iteration) leaves it off for the rest of the process."""
+        back if the block raises (a compiled forward raising inside a ``no_grad`` region leaves it off)."""
         with contextlib.ExitStack() as stack:  # entered at `with`; one that fails exits those before it
             stack.enter_context(autograd_kept())
             for accelerator in self._contexts:
@@ -146,7 +133,7 @@ class Run(RunState):
 
     def backward(self, loss: torch.Tensor) -> None:
         """loss.backward(), through the plan's hooks (loss scaling, accumulation)."""
-        self.watch.before_backward()
+        self.watch.before_backward(self)
         self._backward(loss)
 
     def unscale_gradients(self, optimizer: torch.optim.Optimizer | None = None) -> None:
@@ -158,13 +145,12 @@ class Run(RunState):
     def step(self) -> bool:
         """The optimizer step through the plan's hooks, then zero_grad; call it once per batch.
 
-        Returns True when the optimizer did not step: the GradScaler skipped it (inf/NaN gradients) or gradients
-        are still being accumulated. A learning-rate scheduler steps when it returns False.
-        """
+        Returns True when the optimizer did not step (the GradScaler skipped it, or gradients accumulate): a
+        learning-rate scheduler steps when it returns False."""
         if self.optimizer is None:
             raise LoopError("run.step() needs an optimizer: pass one to accel.accelerate(model, optimizer, ...), or, "
                             "where your loop updates the weights itself, call nothing in its place")
-        self.watch.before_step(self._has_gradients)
+        self.watch.before_step(self)
         self.watch.stepping = self.holding_gradients = True  # until the innermost step zeroes them
         try:
             stepped = self._step(self.optimizer)
@@ -179,9 +165,6 @@ class Run(RunState):
         self._compiled_s = compiled
         self._last_step = now
         return not stepped
-
-    def _has_gradients(self) -> bool:
-        return any(p.grad is not None for group in self.optimizer.param_groups for p in group["params"])
 
     def accelerator(self, name: str) -> Accelerator:
         """The applied accelerator of that name: its options are ``.config``; its run state is ``run.state(name)``."""
@@ -226,9 +209,8 @@ class Run(RunState):
     # --- lifetime ------------------------------------------------------------------------------------------------
 
     def hand_over(self, successor: Run) -> None:
-        """This run is replaced by another on the same model (accelerate() again, once per epoch or with another
-        plan): the successor continues its counters, the loader's epoch and the state of every accelerator both
-        plans apply; this run is closed (accelerate() already undid its changes)."""
+        """accelerate() again on the model replaced this run (its changes undone already): the successor continues
+        its counters, the loader's epoch and the state of every accelerator both plans apply; this run is closed."""
         successor.steps, successor.optimizer_steps = self.steps, self.optimizer_steps
         successor.holding_gradients = self.holding_gradients
         successor.watch.backwards = self.watch.backwards  # a backward of this run that the successor steps
@@ -244,19 +226,14 @@ class Run(RunState):
                 kept.append(f"{name} started afresh ({error})")
         successor.report.continued = "the earlier run on this model, now closed: " + ", ".join(kept)
         if self.loader is not None:
-            self.loader.handed_over = True
-        if self._rebuilt_loader():  # the loop may finish the epoch it is in on this run's loader
-            self.loader.stop_workers_after_epoch()
+            self.loader.hand_over()
         self.closed = True
 
-    def _rebuilt_loader(self) -> bool:
-        return self.loader is not None and self.loader.loader is not self._user_loader
-
     def close(self) -> None:
-        """Put your objects and the process back as they were before accelerate() (hooks, optimizer flags, threads,
-        affinity, environment, backend flags, a process group accel started), keeping what was trained, and stop
-        the workers of a loader the run rebuilt (an epoch of it that goes on raises, saying so)."""
-        if self._rebuilt_loader():
+        """Put your objects and the process back as they were before accelerate() (hooks, flags, threads, affinity,
+        environment, a process group), keeping what was trained; a rebuilt loader's workers stop (an epoch of it that
+        goes on raises, saying so)."""
+        if self.loader is not None and self.loader.rebuilt:
             self.loader.stop_workers("run.loader: the run was closed during this epoch, and the worker processes of "
                                      "the loader it rebuilt are stopped; iterate your own loader, or a new run's")
         self.journal.rollback()

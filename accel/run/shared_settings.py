@@ -1,10 +1,8 @@
 """Process-wide values shared by every open run, as layers a journal entry (accel/run/journal.py) puts on and takes off.
 
 Each value (an environment variable, torch's threads, the affinity, the process group) is a ``Setting``: its value
-before the first run (``base``) and one ``Layer`` per journal entry that set it; the live value is the newest layer's.
-So runs (a GAN's two) closed in any order leave the process as it was. A value the user set while runs had layers on
-it wins: those layers give up their claim, seen when a run next opens or closes.
-"""
+before the first run (``base``) and one ``Layer`` per journal entry that set it; the live value is the newest layer's,
+so runs closed in any order leave the process as it was. A value the user set while runs had layers on it wins."""
 from __future__ import annotations
 
 import bisect
@@ -25,15 +23,10 @@ def _same(a: Any, b: Any) -> bool:
 
 @dataclass(eq=False)
 class Setting:
-    """One process-wide value and the layers open runs put on it (the module's docstring says why); each layer
-    knows how to read and write it."""
+    """One process-wide value and the layers open runs put on it; each layer knows how to read and write it."""
 
     base: Any  # the value under every layer: before the first run, or the user's own last write
     layers: list[Layer] = field(default_factory=list)  # oldest first (by Layer.order)
-
-    def live(self) -> Any:
-        """The value the layers say it has."""
-        return self.layers[-1].value if self.layers else self.base
 
     def adopt_user_write(self, now: Any) -> None:
         """If the value (``now``) is not what the layers set, the user set it: that value wins, and the layers give
@@ -70,10 +63,8 @@ class Layer:
                     self.write(self.value)
                     self.value = self.read()  # what the value reads as (e.g. the affinity, sorted)
                 except BaseException:
-                    setting.layers.remove(self)
                     with contextlib.suppress(Exception):  # the write's own error is the one to report
-                        self.write(setting.live())
-                    self._forget(setting)
+                        self._lift(setting)
                     raise
 
     def take(self) -> None:
@@ -84,20 +75,20 @@ class Layer:
             if setting is None:
                 return
             setting.adopt_user_write(self.read())  # every run that opens or closes sees the user's writes
-            if self not in setting.layers:
-                self._forget(setting)
-                return
-            newest = setting.layers[-1] is self
-            setting.layers.remove(self)
-            try:
-                if newest:
-                    self.write(setting.live())
-            finally:
-                self._forget(setting)
+            self._lift(setting)
 
-    def _forget(self, setting: Setting) -> None:
-        if not setting.layers and _SETTINGS.get(self.key) is setting:
-            del _SETTINGS[self.key]
+    def _lift(self, setting: Setting) -> None:
+        """Off its setting, which takes the newest value left (or its base) if this one was live; a setting left
+        with no layer leaves the registry."""
+        try:
+            if self in setting.layers:
+                newest = setting.layers[-1] is self
+                setting.layers.remove(self)
+                if newest:
+                    self.write(setting.layers[-1].value if setting.layers else setting.base)
+        finally:
+            if not setting.layers and _SETTINGS.get(self.key) is setting:
+                del _SETTINGS[self.key]
 
 
 def set_by_runs(key: Hashable) -> bool:

@@ -1,8 +1,8 @@
 """Warnings filters and captures that hold in the calling thread only.
 
 ``warnings.catch_warnings`` swaps the process-wide filter list and restores the one it saw on entry, so two threads
-in such blocks at once restore each other's lists and catch each other's warnings. Here a block adds one entry to the
-user's list that matches only in the threads inside such a block, and a capture takes only its own thread's warnings.
+in such blocks at once restore each other's lists and catch each other's warnings. Here a block adds an entry to the
+user's list that matches only in its own thread, and a capture takes only its own thread's warnings.
 """
 from __future__ import annotations
 
@@ -16,68 +16,55 @@ from typing import Any
 from accel.run.interrupts import clean_up, deferred
 
 _LOCK = threading.RLock()
-_active: dict[tuple[str, str], _ThreadMatch] = {}  # (action, pattern) -> its entry's matcher while a block uses it
-_captures: dict[int, list[list[warnings.WarningMessage]]] = {}  # thread -> its open captures, innermost last
+_captures: dict[int, tuple[int, list[warnings.WarningMessage]]] = {}  # id(capture) -> (its thread, it), oldest first
 _shown_before: Any = None  # warnings._showwarnmsg before the first capture hooked it
 
 
 class _ThreadMatch:
-    """A filter's message pattern that matches in the threads inside a block, and only there (``entry``: the filter)."""
+    """A filter's message pattern that matches in one thread only: the one inside the block that added it."""
 
-    def __init__(self, action: str, pattern: str):
-        self.regex, self.threads = re.compile(pattern, re.I), {}
-        self.entry = (action, self, Warning, None, 0)
+    def __init__(self, pattern: str):
+        self.regex, self.thread = re.compile(pattern, re.I), threading.get_ident()
 
     def match(self, text: str) -> bool:
-        return threading.get_ident() in self.threads and self.regex.match(text) is not None
+        return threading.get_ident() == self.thread and self.regex.match(text) is not None
 
 
 @contextlib.contextmanager
 def thread_filter(action: str, message: str = "") -> Iterator[None]:
     """Like ``warnings.filterwarnings(action, message)`` inside ``catch_warnings()``, for this thread only. A
     Ctrl-C at any point leaves no entry behind (accel.run.interrupts)."""
-    token = object()  # this block's claim on the entry: taken back once, however often the clean-up runs
+    entry = (action, _ThreadMatch(message), Warning, None, 0)  # this block's own: taken back once, however often
     try:
-        _claim(action, message, token)
+        _add(entry)
         yield
     finally:
         try:  # twice if a Ctrl-C lands on the call (accel.run.interrupts)
-            clean_up(_release, action, message, token)
+            clean_up(_remove, entry)
         except BaseException:
-            clean_up(_release, action, message, token)
+            clean_up(_remove, entry)
             raise
 
 
-def _claim(action: str, message: str, token: object) -> None:
+def _add(entry: tuple) -> None:
     with deferred(), _LOCK:
-        matcher = _active.get((action, message))
-        if matcher is None:
-            matcher = _active[(action, message)] = _ThreadMatch(action, message)
-            warnings.filters.insert(0, matcher.entry)
-        matcher.threads.setdefault(threading.get_ident(), set()).add(token)
+        warnings.filters.insert(0, entry)
         warnings._filters_mutated()  # warnings already seen once show again (as catch_warnings does)
 
 
-def _release(action: str, message: str, token: object) -> None:
+def _remove(entry: tuple) -> None:
     with _LOCK:  # (inside clean_up: signals held)
-        matcher, me = _active.get((action, message)), threading.get_ident()
-        if matcher is None or token not in matcher.threads.get(me, ()):
-            return
-        matcher.threads[me].discard(token)
-        if not matcher.threads[me]:
-            del matcher.threads[me]
-        if not matcher.threads:
-            del _active[(action, message)]
-            with contextlib.suppress(ValueError):  # the user may have reset the filters meanwhile
-                warnings.filters.remove(matcher.entry)
-        warnings._filters_mutated()
+        if any(e is entry for e in warnings.filters):  # else removed already, or the user reset the filters
+            warnings.filters.remove(entry)
+            warnings._filters_mutated()
 
 
 def _show(message: warnings.WarningMessage) -> None:
     """warnings' display hook while a capture is open: into the capture of the thread that warned, else on."""
-    captures = _captures.get(threading.get_ident())
-    if captures:
-        captures[-1].append(message)
+    with _LOCK:
+        mine = [caught for thread, caught in _captures.values() if thread == threading.get_ident()]
+    if mine:
+        mine[-1].append(message)
     else:
         (_shown_before or warnings._showwarnmsg_impl)(message)
 
@@ -104,18 +91,14 @@ def _hook(caught: list) -> None:
     with deferred(), _LOCK:
         if not _captures:
             _shown_before, warnings._showwarnmsg = warnings._showwarnmsg, _show
-        _captures.setdefault(threading.get_ident(), []).append(caught)
+        _captures[id(caught)] = (threading.get_ident(), caught)
 
 
 def _unhook(caught: list) -> None:
     global _shown_before
     with _LOCK:  # (inside clean_up: signals held)
-        mine = _captures.get(threading.get_ident(), [])
-        if not any(c is caught for c in mine):
+        if _captures.pop(id(caught), None) is None:
             return
-        mine[:] = [c for c in mine if c is not caught]
-        if not mine:
-            del _captures[threading.get_ident()]
         if not _captures:
             if warnings._showwarnmsg is _show:
                 warnings._showwarnmsg = _shown_before
