@@ -31,6 +31,8 @@ from accel.plan.options import Options, module_classes
 
 __all__ = ["ActivationCheckpointing", "ActivationCheckpointingOptions"]
 
+# plain values: what a block is handed besides tensors and lists, tuples or dicts of them that a recomputation can see
+# again as it was (not a KV cache object, say, which the block's forward may change)
 ATOMS = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device, torch.Size, torch.layout,
          torch.memory_format, enum.Enum, slice, type(Ellipsis), types.FunctionType, types.BuiltinFunctionType)
 COPIES: WeakIdKeyDictionary = WeakIdKeyDictionary()  # a tensor handed to blocks -> (its version, weakref to the copy)
@@ -50,13 +52,6 @@ def copy_of(tensor: torch.Tensor) -> torch.Tensor:
     copied.requires_grad_(tensor.requires_grad)  # the recomputation saves what the first pass saved
     COPIES[tensor] = (tensor._version, weakref.ref(copied))
     return copied
-
-
-def opaque(values) -> list[str]:
-    """Type names of what a block was handed that cannot be copied as it was (not a tensor, a plain value or a
-    list, tuple or dict of them): a KV cache object, say, which the block's forward may change."""
-    leaves, _ = tree_flatten(values)
-    return sorted({type(v).__name__ for v in leaves if not isinstance(v, (torch.Tensor, *ATOMS))})
 
 
 MODULE_KEYS = frozenset(nn.Module().__dict__)  # every module's own attributes: its parameters, buffers, hooks, mode
@@ -184,7 +179,9 @@ def checkpointed_forward(self: nn.Module, *args, **kwargs):
     forward = type(self).forward.__get__(self)
     if not (torch.is_grad_enabled() and self.training):  # eval or no_grad: nothing to keep for backward
         return forward(*args, **kwargs)
-    others, hooks = opaque((args, kwargs)), modules.rerun_hooks(self)
+    leaves, spec = tree_flatten((args, kwargs))
+    others = sorted({type(v).__name__ for v in leaves if not isinstance(v, (torch.Tensor, *ATOMS))})
+    hooks = modules.rerun_hooks(self)
     if others or hooks:
         why = (f"is handed {', '.join(others)}, which its forward may change and a recomputation could not see as it "
                "was" if others else f"holds forward hooks on its layers ({modules.listed(hooks, 3)}), which a "
@@ -195,7 +192,6 @@ def checkpointed_forward(self: nn.Module, *args, **kwargs):
             warnings.warn(f"accel activation_checkpointing: a {type(self).__name__} {why}: those calls run without "
                           "checkpointing", stacklevel=2)
         return forward(*args, **kwargs)
-    leaves, spec = tree_flatten((args, kwargs))
     versions = {i: v._version for i, v in enumerate(leaves) if isinstance(v, torch.Tensor)}
     copies = {i: copy_of(leaves[i]) for i in versions}
     first = FirstPass(self)
