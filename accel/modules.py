@@ -49,15 +49,12 @@ def qualified(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
-# where torch makes a class of its own for a module: parametrize (ParametrizedResidual, one per module) and FSDP2's
-# fully_shard (FSDPResidual, its FSDPModule first); both subclass the module's class
-MADE_BY_TORCH = (parametrize.__name__, "torch.distributed.fsdp")
-
-
 def own_class(module: nn.Module) -> type:
-    """The module's class as the user wrote it, under the classes torch's parametrize and FSDP2 make from it (in
-    either order: FSDPParametrizedResidual and ParametrizedFSDPResidual are both Residual)."""
-    return next(kind for kind in type(module).__mro__ if not kind.__module__.startswith(MADE_BY_TORCH))
+    """The module's class as the user wrote it, under the subclasses torch makes of it: parametrize's (one per module)
+    and FSDP2's (FSDPModule first), in either order (FSDPParametrizedResidual and ParametrizedFSDPResidual are both
+    Residual)."""
+    made = (parametrize.__name__, "torch.distributed.fsdp")
+    return next(kind for kind in type(module).__mro__ if not kind.__module__.startswith(made))
 
 
 def class_names(model: nn.Module) -> dict[type, str]:
