@@ -52,9 +52,6 @@ def kernel_settings(optimizer: torch.optim.Optimizer) -> list[dict]:
     return [{k: group.get(k) for k in KERNEL_KEYS} for group in [*optimizer.param_groups, optimizer.defaults]]
 
 
-SHARDED_FUSED = (torch.optim.Adam, torch.optim.AdamW)  # DTensor (fsdp) has fused kernels for these (torch 2.15)
-
-
 def as_yours(settings: list[dict], optimizer: torch.optim.Optimizer, state_dict: dict | None = None) -> dict | None:
     """Your own fused/foreach values (``settings``: kernel_settings() before the run) in the optimizer's groups and
     defaults, or in its ``state_dict`` (a state-dict post-hook, bound to your settings with functools.partial: a
@@ -101,7 +98,8 @@ class FusedOptimizer(Accelerator[Options, FusedOptimizerState]):
         optimizer = ctx.optimizer
         if why := fused_problem(optimizer):
             raise Skip(why)
-        if (sharded := ctx.plan.providing(Capability.MODEL_SHARDED)) and not isinstance(optimizer, SHARDED_FUSED):
+        sharded = ctx.plan.providing(Capability.MODEL_SHARDED)  # DTensor has fused kernels for Adam and AdamW only
+        if sharded and not isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
             raise Skip(f"{sharded[0]} trains DTensor shards, and torch has no sharded fused kernel for "
                        f"{type(optimizer).__name__} (aten._fused_{type(optimizer).__name__.lower()}_ has no sharding "
                        "strategy; fused Adam and AdamW have one): the foreach step runs")
