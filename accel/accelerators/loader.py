@@ -184,10 +184,8 @@ class Loader(Accelerator[LoaderOptions, State]):
         changes = {"num_workers": f"{workers} ({decisions.why['workers']})", "pin_memory": pin,
                    "persistent_workers": persistent}
         prefetch = (config.prefetch_factor or loader.prefetch_factor) if workers > 0 else None
-        if config.prefetch_factor is not None and workers == 0:
-            changes["prefetch_factor"] = "ignored (no workers)"
-        elif prefetch is not None:
-            changes["prefetch_factor"] = prefetch
+        if prefetch is not None or config.prefetch_factor is not None:
+            changes["prefetch_factor"] = prefetch or "ignored (no workers)"
         changes["non_blocking"] = decisions.non_blocking
         init = loader.worker_init_fn
         if workers > 0:
