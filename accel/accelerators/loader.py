@@ -191,9 +191,8 @@ class Loader(Accelerator[LoaderOptions, State]):
         if workers > 0:
             cpus, where = worker_cpus(ctx)
             changes["worker_cpus"] = f"{format_cpu_list(cpus)} ({where})" if cpus else where
-            if cpus and not (isinstance(init, PinWorkers) and init.cpus == cpus):
-                init = PinWorkers(cpus, init)
-                user = init.user_fn
+            if cpus and init != (pinned := PinWorkers(cpus, init)):  # (a PinWorkers of these CPUs stays)
+                init, user = pinned, pinned.user_fn
                 changes["worker_init_fn"] = "pins each worker to its CPUs, then calls " + (
                     f"yours ({getattr(user, '__qualname__', type(user).__name__)})" if user is not None
                     else "nothing (the loader had none)")
