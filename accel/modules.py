@@ -45,22 +45,16 @@ def trainable(params: list[nn.Parameter]) -> tuple[bool, ...]:
     return tuple(p.requires_grad for p in params)
 
 
-CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
-
-
 def qualified(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
-# where torch makes a class of its own for a module: parametrize (ParametrizedResidual, one per module) and FSDP2's
-# fully_shard (FSDPResidual, its FSDPModule first); both subclass the module's class
-MADE_BY_TORCH = (parametrize.__name__, "torch.distributed.fsdp")
-
-
 def own_class(module: nn.Module) -> type:
-    """The module's class as the user wrote it, under the classes torch's parametrize and FSDP2 make from it (in
-    either order: FSDPParametrizedResidual and ParametrizedFSDPResidual are both Residual)."""
-    return next(kind for kind in type(module).__mro__ if not kind.__module__.startswith(MADE_BY_TORCH))
+    """The module's class as the user wrote it, under the subclasses torch makes of it: parametrize's (one per module)
+    and FSDP2's (FSDPModule first), in either order (FSDPParametrizedResidual and ParametrizedFSDPResidual are both
+    Residual)."""
+    made = (parametrize.__name__, "torch.distributed.fsdp")
+    return next(kind for kind in type(module).__mro__ if not kind.__module__.startswith(made))
 
 
 def class_names(model: nn.Module) -> dict[type, str]:
@@ -71,16 +65,12 @@ def class_names(model: nn.Module) -> dict[type, str]:
     return {k: k.__name__ if shared[k.__name__] == 1 else qualified(k) for k in kinds}
 
 
-def is_block(module: nn.Module) -> bool:
-    """A module of layers: it has child modules and is no container. The parametrizations of a parametrized layer
-    (spectral_norm, weight_norm: ParametrizedConv2d's ``parametrizations``) are not layers: it stays one layer."""
-    return not isinstance(module, CONTAINERS) and any(name != "parametrizations" for name, _ in module.named_children())
-
-
 def repeated_blocks(model: nn.Module, least: int = 2) -> set[str]:
-    """Names of the classes of blocks (``is_block``) occurring at least ``least`` times, each class counted apart (by
-    ``class_names``: two classes of one name are two names)."""
-    counts = collections.Counter(own_class(m) for m in model.modules() if m is not model and is_block(m))
+    """Names of the classes of blocks occurring at least ``least`` times, each class counted apart (by ``class_names``:
+    two classes of one name are two names). A block is a module of layers: it has child modules and is no container;
+    a parametrized layer's ``parametrizations`` (spectral_norm, weight_norm) are no layers: it stays one layer."""
+    counts = collections.Counter(own_class(m) for m in model.modules() if m is not model and not isinstance(
+        m, (nn.Sequential, nn.ModuleList, nn.ModuleDict)) and {n for n, _ in m.named_children()} - {"parametrizations"})
     names = class_names(model)
     return {names[kind] for kind, count in counts.items() if count >= least}
 

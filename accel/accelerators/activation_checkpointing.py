@@ -31,6 +31,8 @@ from accel.plan.options import Options, module_classes
 
 __all__ = ["ActivationCheckpointing", "ActivationCheckpointingOptions"]
 
+# plain values: what a block is handed besides tensors and lists, tuples or dicts of them that a recomputation can see
+# again as it was (not a KV cache object, say, which the block's forward may change)
 ATOMS = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device, torch.Size, torch.layout,
          torch.memory_format, enum.Enum, slice, type(Ellipsis), types.FunctionType, types.BuiltinFunctionType)
 COPIES: WeakIdKeyDictionary = WeakIdKeyDictionary()  # a tensor handed to blocks -> (its version, weakref to the copy)
@@ -50,13 +52,6 @@ def copy_of(tensor: torch.Tensor) -> torch.Tensor:
     copied.requires_grad_(tensor.requires_grad)  # the recomputation saves what the first pass saved
     COPIES[tensor] = (tensor._version, weakref.ref(copied))
     return copied
-
-
-def opaque(values) -> list[str]:
-    """Type names of what a block was handed that cannot be copied as it was (not a tensor, a plain value or a
-    list, tuple or dict of them): a KV cache object, say, which the block's forward may change."""
-    leaves, _ = tree_flatten(values)
-    return sorted({type(v).__name__ for v in leaves if not isinstance(v, (torch.Tensor, *ATOMS))})
 
 
 MODULE_KEYS = frozenset(nn.Module().__dict__)  # every module's own attributes: its parameters, buffers, hooks, mode
@@ -137,11 +132,12 @@ class FirstPass:
     and attributes (only those the pass changed are kept), their modes, Python's and numpy's random states."""
 
     def __init__(self, module: nn.Module):
-        places = [d for m in module.modules() for d in (m._buffers, m.__dict__)]
+        self.parts = list(module.modules())
+        places = [d for m in self.parts for d in (m._buffers, m.__dict__)]
         self.state = [(d, key, value, keep(value)) for d in places for key, value in d.items()
                       if key not in MODULE_KEYS]
         self.keys = [(d, set(d)) for d in places]
-        self.moment = moment(list(module.modules()))
+        self.moment = moment(self.parts)
 
     def done(self) -> None:
         """Keep what the pass changed: rebound, changed in place, or added."""
@@ -151,16 +147,15 @@ class FirstPass:
         self.keys = []
 
     @contextlib.contextmanager
-    def again(self, module: nn.Module):
+    def again(self):
         """The block as the first pass found it; afterwards, as it is now (BatchNorm counts a batch once)."""
-        parts = list(module.modules())
-        now, later = moment(parts), []  # each place as the first pass left it: what it holds, and its contents
+        now, later = moment(self.parts), []  # each place as the first pass left it: what it holds, and its contents
         for d, key, value, kept in self.state:
             current = d.get(key, MISSING)
             later.append((current, keep(current), keep(value) if value is not current else None))
             place(d, key, value)
             put(value, kept)
-        set_moment(parts, self.moment)
+        set_moment(self.parts, self.moment)
         try:
             yield
         finally:
@@ -168,7 +163,7 @@ class FirstPass:
                 put(value, value_kept)
                 place(d, key, current)
                 put(current, current_kept)
-            set_moment(parts, now)
+            set_moment(self.parts, now)
 
 
 def place(holder: dict, key: str, value) -> None:
@@ -184,7 +179,9 @@ def checkpointed_forward(self: nn.Module, *args, **kwargs):
     forward = type(self).forward.__get__(self)
     if not (torch.is_grad_enabled() and self.training):  # eval or no_grad: nothing to keep for backward
         return forward(*args, **kwargs)
-    others, hooks = opaque((args, kwargs)), modules.rerun_hooks(self)
+    leaves, spec = tree_flatten((args, kwargs))
+    others = sorted({type(v).__name__ for v in leaves if not isinstance(v, (torch.Tensor, *ATOMS))})
+    hooks = modules.rerun_hooks(self)
     if others or hooks:
         why = (f"is handed {', '.join(others)}, which its forward may change and a recomputation could not see as it "
                "was" if others else f"holds forward hooks on its layers ({modules.listed(hooks, 3)}), which a "
@@ -195,7 +192,6 @@ def checkpointed_forward(self: nn.Module, *args, **kwargs):
             warnings.warn(f"accel activation_checkpointing: a {type(self).__name__} {why}: those calls run without "
                           "checkpointing", stacklevel=2)
         return forward(*args, **kwargs)
-    leaves, spec = tree_flatten((args, kwargs))
     versions = {i: v._version for i, v in enumerate(leaves) if isinstance(v, torch.Tensor)}
     copies = {i: copy_of(leaves[i]) for i in versions}
     first = FirstPass(self)
@@ -211,15 +207,11 @@ def checkpointed_forward(self: nn.Module, *args, **kwargs):
             leaves[:] = [None if i in copies else v for i, v in enumerate(leaves)]
             return output
         again, named = tree_unflatten([copies.get(i, v) for i, v in enumerate(leaves)], spec)  # new containers
-        with first.again(self):
+        with first.again():
             return forward(*again, **named)
 
     return torch.utils.checkpoint.checkpoint(once_then_recompute, *copies.values(), use_reentrant=False,
                                              preserve_rng_state=True)  # (the copies kept, and their devices' RNG)
-
-
-def is_checkpointed(module: nn.Module) -> bool:
-    return getattr(module.__dict__.get("forward"), "__func__", None) is checkpointed_forward
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -261,14 +253,14 @@ class ActivationCheckpointing(Accelerator[ActivationCheckpointingOptions, State]
             raise Skip(f"no module of class {sorted(classes)} left in the model to checkpoint "
                        f"(found: {sorted({type(m).__name__ for m in ctx.model.modules()})[:6]})")
         names = {id(m): name or "(the whole model)" for name, m in ctx.model.named_modules()}
-        if replaced := [names[id(m)] for m in chosen if "forward" in m.__dict__ and not is_checkpointed(m)]:
+        new = [m for m in chosen if getattr(m.__dict__.get("forward"), "__func__", None) is not checkpointed_forward]
+        if replaced := [names[id(m)] for m in new if "forward" in m.__dict__]:
             raise Skip(f"the forward of {replaced[:4]} is already replaced on the instance (by your code or another "
                        "tool): checkpointing it would hide that")
-        for module in chosen:
-            if not is_checkpointed(module):
-                ctx.journal.change(f"checkpointed forward on {names[id(module)]}",
-                                   lambda m=module: setattr(m, "forward", types.MethodType(checkpointed_forward, m)),
-                                   lambda m=module: m.__dict__.pop("forward", None), kind="object")
+        for module in new:  # (one checkpointed by an earlier run on this model stays so)
+            ctx.journal.change(f"checkpointed forward on {names[id(module)]}",
+                               lambda m=module: setattr(m, "forward", types.MethodType(checkpointed_forward, m)),
+                               lambda m=module: m.__dict__.pop("forward", None), kind="object")
         kinds = modules.class_names(ctx.model)
         return {"modules": f"{len(chosen)} x {', '.join(sorted({kinds[modules.own_class(m)] for m in chosen}))}: "
                            + modules.listed([names[id(m)] for m in chosen]),

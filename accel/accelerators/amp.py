@@ -70,20 +70,6 @@ def set_tf32(journal, flags, precision, allow: bool) -> None:
         journal.setattr(flags, "allow_tf32", allow)
 
 
-def needs_closure(optimizer) -> bool:
-    """An optimizer whose step cannot run without a closure (LBFGS)."""
-    closure = inspect.signature(type(optimizer).step).parameters.get("closure")
-    return closure is not None and closure.default is inspect.Parameter.empty
-
-
-def outside_optimizer(model: torch.nn.Module, optimizer) -> list[str]:
-    """Names of the model's parameters that require gradients and are in none of the optimizer's param groups."""
-    if optimizer is None:
-        return []
-    held = {id(p) for group in optimizer.param_groups for p in group["params"]}
-    return [name for name, p in model.named_parameters() if p.requires_grad and id(p) not in held]
-
-
 @dataclass(frozen=True, kw_only=True)
 class AmpOptions(Options):
     dtype: str = option("auto", choices=("auto", *DTYPES), help="auto = what the device computes natively")
@@ -148,14 +134,17 @@ class Amp(Accelerator[AmpOptions, AmpState], LossScaler[AmpState]):
             return [Problem(self.name, f"a grad scaler is only for fp16, and the dtype is bfloat16 ({source}); bf16 "
                             "has fp32's range", field="grad_scaler", value=True,
                             allowed="'auto' or False with bfloat16, or dtype='float16'", kind="conflict")]
-        if ctx.decisions.loss_scaling and ctx.optimizer is None:  # what loss scaling needs: the optimizer's step
+        if not ctx.decisions.loss_scaling:
+            return []
+        if ctx.optimizer is None:  # what loss scaling needs: the optimizer's step
             return [Problem(self.name, "loss scaling (fp16's GradScaler) needs the optimizer: the scaler unscales the "
                             "gradients and skips the steps that overflowed in the optimizer's step; a loop that "
                             "updates the weights itself (p.data.add_(p.grad, ...)) would apply gradients 65536x too "
                             "large", field="grad_scaler", value=self.config.grad_scaler,
                             allowed="pass your optimizer to accelerate(), dtype='bfloat16' (no scaling), or "
                             "grad_scaler=False (fp16 gradients may then underflow)", kind="missing")]
-        if ctx.decisions.loss_scaling and needs_closure(ctx.optimizer):
+        closure = inspect.signature(type(ctx.optimizer).step).parameters.get("closure")  # LBFGS's has no default
+        if closure is not None and closure.default is inspect.Parameter.empty:
             return [Problem(self.name, f"loss scaling (fp16's GradScaler) steps the optimizer itself, and "
                             f"{type(ctx.optimizer).__name__}.step needs a closure, which the GradScaler cannot pass",
                             field="grad_scaler", value=self.config.grad_scaler,
@@ -171,8 +160,9 @@ class Amp(Accelerator[AmpOptions, AmpState], LossScaler[AmpState]):
         scaler = torch.amp.GradScaler(device.type) if ctx.decisions.loss_scaling else None
         changes = {"dtype": dtype_name(dtype), "why": ctx.decisions.why["compute_dtype"],
                    "grad_scaler": scaler is not None}
-        outside = outside_optimizer(ctx.model, ctx.optimizer) if scaler is not None else []
-        if outside:  # a second optimizer of the loop's would step them on gradients the scaler scaled
+        held = {id(p) for group in ctx.optimizer.param_groups for p in group["params"]} if scaler else set()
+        outside = [n for n, p in ctx.model.named_parameters() if p.requires_grad and id(p) not in held]
+        if scaler is not None and outside:  # a second optimizer of the loop's would step them, scaled
             warnings.warn(f"amp: parameters that train are not in the optimizer ({listed(outside, 4)}): their "
                           "gradients stay multiplied by the GradScaler's scale (65536 at first); step an optimizer of "
                           "yours that holds them with run.scaler.step(it) (it unscales them, and skips a step whose "

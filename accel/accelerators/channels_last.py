@@ -10,7 +10,6 @@ order, so it draws the plain loop's masks. Its card: docs/accelerators/channels_
 from __future__ import annotations
 
 import contextlib
-import re
 import warnings
 import weakref
 
@@ -23,9 +22,6 @@ from accel.modules import recomputable
 from accel.plan.contract import SAME_MATH, Accelerator, Capability, Stage, register
 
 __all__ = ["ChannelsLast"]
-
-GLOBAL_HOOK_WARNING = re.compile(r"Using `torch\.compile\(module\)` when there are global hooks")
-
 
 def to_channels_last(args: tuple) -> tuple | None:
     """A conv's 4-D floating input in NHWC (a no-op when it already is); left as it is under a torch.func transform
@@ -65,7 +61,7 @@ class Layouts:
         """As the message of its own warnings filter: torch's warning at each call of a ``torch.compile(module)``
         wrapper while a global hook is registered, when the only ones are these (they pass the wrapper by; a user's
         own global hook earns the warning)."""
-        return (GLOBAL_HOOK_WARNING.match(text) is not None and not (
+        return (text.startswith("Using `torch.compile(module)` when there are global hooks") and not (
             nn_module._global_forward_hooks or nn_module._global_backward_hooks or nn_module._global_backward_pre_hooks)
             and all(isinstance(hook, Layouts) for hook in nn_module._global_forward_pre_hooks.values()))
 

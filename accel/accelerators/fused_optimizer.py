@@ -25,6 +25,8 @@ FUSABLE = (torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD, torch.optim.Ada
 
 def fused_problem(optimizer: torch.optim.Optimizer) -> str | None:
     """Why this optimizer cannot take ``fused=True`` here, or None."""
+    if optimizer.defaults.get("fused"):
+        return f"{type(optimizer).__name__} is already fused"
     if type(optimizer) not in FUSABLE:
         return (f"{type(optimizer).__name__} has no fused implementation in torch "
                 f"(fused: {', '.join(c.__name__ for c in FUSABLE)})")
@@ -50,23 +52,15 @@ def kernel_settings(optimizer: torch.optim.Optimizer) -> list[dict]:
     return [{k: group.get(k) for k in KERNEL_KEYS} for group in [*optimizer.param_groups, optimizer.defaults]]
 
 
-SHARDED_FUSED = (torch.optim.Adam, torch.optim.AdamW)  # DTensor (fsdp) has fused kernels for these (torch 2.15)
-
-
-def as_yours(settings: list[dict], groups: list[dict], defaults: dict | None = None) -> None:
-    """Your own fused/foreach values (``settings``: kernel_settings() before the run) in these groups (a group added
-    later takes your defaults' values)."""
+def as_yours(settings: list[dict], optimizer: torch.optim.Optimizer, state_dict: dict | None = None) -> dict | None:
+    """Your own fused/foreach values (``settings``: kernel_settings() before the run) in the optimizer's groups and
+    defaults, or in its ``state_dict`` (a state-dict post-hook, bound to your settings with functools.partial: a
+    checkpoint as the plain loop's); a group added later takes your defaults' values."""
     *own, own_defaults = settings
-    for index, group in enumerate(groups):
+    for index, group in enumerate(optimizer.param_groups if state_dict is None else state_dict["param_groups"]):
         group.update(own[index] if index < len(own) else own_defaults)
-    if defaults is not None:
-        defaults.update(own_defaults)
-
-
-def saved_as_yours(settings: list[dict], optimizer: torch.optim.Optimizer, state_dict: dict) -> dict:
-    """Your optimizer's state_dict() holds your own fused/foreach values: a checkpoint as the plain loop's (a
-    state-dict post-hook, bound to your settings with functools.partial)."""
-    as_yours(settings, state_dict["param_groups"])
+    if state_dict is None:
+        optimizer.defaults.update(own_defaults)
     return state_dict
 
 
@@ -98,25 +92,22 @@ class FusedOptimizer(Accelerator[Options, FusedOptimizerState]):
 
     @classmethod
     def candidates(cls, hardware, model, optimizer=None, loader=None):
-        return ([{}] if optimizer is not None and not optimizer.defaults.get("fused") and not fused_problem(optimizer)
-                else [])
+        return [{}] if optimizer is not None and not fused_problem(optimizer) else []
 
     def apply(self, ctx):
         optimizer = ctx.optimizer
-        if optimizer.defaults.get("fused"):
-            raise Skip(f"{type(optimizer).__name__} is already fused")
         if why := fused_problem(optimizer):
             raise Skip(why)
-        if (sharded := ctx.plan.providing(Capability.MODEL_SHARDED)) and not isinstance(optimizer, SHARDED_FUSED):
+        sharded = ctx.plan.providing(Capability.MODEL_SHARDED)  # DTensor has fused kernels for Adam and AdamW only
+        if sharded and not isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
             raise Skip(f"{sharded[0]} trains DTensor shards, and torch has no sharded fused kernel for "
                        f"{type(optimizer).__name__} (aten._fused_{type(optimizer).__name__.lower()}_ has no sharding "
                        "strategy; fused Adam and AdamW have one): the foreach step runs")
         journal, settings = ctx.journal, kernel_settings(optimizer)
         journal.change(f"your {type(optimizer).__name__}: fused=True", lambda: fused_again(optimizer),
-                       lambda: as_yours(settings, optimizer.param_groups, optimizer.defaults),
-                       kind="object")
+                       lambda: as_yours(settings, optimizer), kind="object")
         journal.hook("optimizer state_dict hook: saves your fused/foreach",
-                     lambda: optimizer.register_state_dict_post_hook(functools.partial(saved_as_yours, settings)))
+                     lambda: optimizer.register_state_dict_post_hook(functools.partial(as_yours, settings)))
         journal.hook("optimizer load_state_dict hook: stays fused",
                      lambda: optimizer.register_load_state_dict_post_hook(fused_again))
         return FusedOptimizerState(settings, changes={

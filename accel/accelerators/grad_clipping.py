@@ -20,16 +20,13 @@ from accel.plan.options import Options, option, positive
 __all__ = ["GradClipping", "GradClippingOptions", "GradClippingState"]
 
 
-def norm_type_problem(value) -> str | None:
-    return None if value == "inf" or (not isinstance(value, str) and value > 0) else "must be > 0 or 'inf'"
-
-
 @dataclass(frozen=True, kw_only=True)
 class GradClippingOptions(Options):
     example = {"max_norm": 1.0}
     max_norm: int | float | None = option(None, (int, float, type(None)), check=positive,
                                           help="largest total gradient norm")
-    norm_type: int | float | str = option(2.0, (int, float, str), choices=("inf",), check=norm_type_problem,
+    norm_type: int | float | str = option(2.0, (int, float, str), choices=("inf",),  # (the check sees numbers only)
+                                          check=lambda p: None if p > 0 else "must be > 0 or 'inf'",
                                           help="the p of the p-norm, or 'inf'")
     value: int | float | None = option(None, (int, float, type(None)), check=positive,
                                        help="clamp every gradient to +-value")

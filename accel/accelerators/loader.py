@@ -13,7 +13,7 @@ import dataclasses
 import os
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -30,16 +30,6 @@ from accel.run.journal import pin_process
 __all__ = ["Loader", "LoaderOptions", "PinWorkers"]
 
 
-def shards_by_worker(dataset: Any) -> bool:
-    """Whether an IterableDataset splits its stream between workers: it says so (``shards_by_worker = True``), or its
-    __iter__ calls ``torch.utils.data.get_worker_info()``, the documented way to shard."""
-    declared = getattr(dataset, "shards_by_worker", None)
-    if declared is not None:
-        return bool(declared)
-    code = getattr(getattr(type(dataset), "__iter__", None), "__code__", None)
-    return code is not None and "get_worker_info" in code.co_names
-
-
 STREAM_BATCHES = "an IterableDataset's batches depend on the number of workers"
 
 
@@ -49,31 +39,34 @@ def workers_change_batches(dataset: Any) -> str | None:
     order only its own code knows, so no merge in the main process could give the plain loop's batches."""
     if not isinstance(dataset, IterableDataset):
         return None
-    if shards_by_worker(dataset):
+    sharded = getattr(dataset, "shards_by_worker", None)  # it says whether it splits its stream between workers
+    if sharded is None:  # or its __iter__ calls torch.utils.data.get_worker_info(), the documented way to shard
+        code = getattr(getattr(type(dataset), "__iter__", None), "__code__", None)
+        sharded = code is not None and "get_worker_info" in code.co_names
+    if sharded:
         return ("this IterableDataset shards its stream by worker and each worker batches its own shard: another "
                 "number of workers would change which samples share a batch")
     return "this IterableDataset does not shard its stream by worker: every worker would yield every sample"
 
 
+@dataclass(frozen=True)
 class PinWorkers:
     """A ``worker_init_fn`` that pins each worker to ``cpus`` (a fork inherits the compute threads' cores), then calls
     the user's own. A module-level class, so spawn can pickle it; wrapping one again replaces its CPUs."""
 
-    def __init__(self, cpus, user_fn: Callable[[int], Any] | None = None):
-        self.cpus = tuple(sorted(cpus))
-        self.user_fn = user_fn.user_fn if isinstance(user_fn, PinWorkers) else user_fn
+    cpus: tuple[int, ...]
+    user_fn: Callable[[int], Any] | None = field(default=None, hash=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "cpus", tuple(sorted(self.cpus)))
+        if isinstance(self.user_fn, PinWorkers):
+            object.__setattr__(self, "user_fn", self.user_fn.user_fn)
 
     def __call__(self, worker_id: int) -> None:
         if hasattr(os, "sched_setaffinity"):
             pin_process(self.cpus)  # every thread this worker has so far; later ones inherit the main thread's
         if self.user_fn is not None:
             self.user_fn(worker_id)
-
-    def __eq__(self, other: Any) -> bool:
-        return isinstance(other, PinWorkers) and (self.cpus, self.user_fn) == (other.cpus, other.user_fn)
-
-    def __hash__(self) -> int:
-        return hash(self.cpus)
 
     def __repr__(self) -> str:
         then = f", then {getattr(self.user_fn, '__qualname__', self.user_fn)!s}" if self.user_fn is not None else ""
@@ -191,18 +184,15 @@ class Loader(Accelerator[LoaderOptions, State]):
         changes = {"num_workers": f"{workers} ({decisions.why['workers']})", "pin_memory": pin,
                    "persistent_workers": persistent}
         prefetch = (config.prefetch_factor or loader.prefetch_factor) if workers > 0 else None
-        if config.prefetch_factor is not None and workers == 0:
-            changes["prefetch_factor"] = "ignored (no workers)"
-        elif prefetch is not None:
-            changes["prefetch_factor"] = prefetch
+        if prefetch is not None or config.prefetch_factor is not None:
+            changes["prefetch_factor"] = prefetch or "ignored (no workers)"
         changes["non_blocking"] = decisions.non_blocking
         init = loader.worker_init_fn
         if workers > 0:
             cpus, where = worker_cpus(ctx)
             changes["worker_cpus"] = f"{format_cpu_list(cpus)} ({where})" if cpus else where
-            if cpus and not (isinstance(init, PinWorkers) and init.cpus == cpus):
-                init = PinWorkers(cpus, init)
-                user = init.user_fn
+            if cpus and init != (pinned := PinWorkers(cpus, init)):  # (a PinWorkers of these CPUs stays)
+                init, user = pinned, pinned.user_fn
                 changes["worker_init_fn"] = "pins each worker to its CPUs, then calls " + (
                     f"yours ({getattr(user, '__qualname__', type(user).__name__)})" if user is not None
                     else "nothing (the loader had none)")
