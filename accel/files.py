@@ -86,7 +86,12 @@ def write_atomically(path, write: Callable[[BinaryIO], None]) -> None:
         raise
     finally:
         _WRITING.discard(temporary.name)
-    _sync_folder(path.parent)
+    with contextlib.suppress(OSError):  # the rename itself on the disk (a power cut could lose it), where it can be
+        handle = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(handle)
+        finally:
+            os.close(handle)
 
 
 def read_small(path, limit: int = 1 << 20) -> bytes:
@@ -129,16 +134,6 @@ def linked(path: Path, cache: str, then: str) -> bool:
 
 def write_text(path, text: str) -> None:
     write_atomically(path, lambda file: file.write(text.encode()))
-
-
-def _sync_folder(folder: Path) -> None:
-    """The rename itself on the disk (a power cut could otherwise lose it)."""
-    with contextlib.suppress(OSError):  # some file systems cannot sync a folder
-        handle = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(handle)
-        finally:
-            os.close(handle)
 
 
 def disk_full(error: BaseException) -> bool:
