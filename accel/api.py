@@ -106,8 +106,7 @@ def decide(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = Non
 def _place(ctx: Context) -> None:
     """Put the model (and any optimizer state) on the run's device, recorded so a failure can undo it."""
     device = ctx.device
-    tensors = [*ctx.model.parameters(), *ctx.model.buffers()]
-    if all(t.device == device for t in tensors):
+    if all(t.device == device for t in [*ctx.model.parameters(), *ctx.model.buffers()]):
         return
     optimizer = ctx.optimizer
     if optimizer is not None and optimizer.state:  # recorded first, so it is undone after the parameters go back

@@ -154,11 +154,11 @@ def space(folder: Path) -> str:
 
 def size_text(count: float) -> str:
     """12582912 -> '12.0 MiB'."""
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if count < 1024 or unit == "TiB":
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if count < 1024:
             return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
         count /= 1024
-    return ""
+    return f"{count:.1f} TiB"
 
 
 def cache_dir(where: Any = True) -> Path:
