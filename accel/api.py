@@ -28,18 +28,6 @@ from accel.run.thread_warnings import captured
 __all__ = ["AccelerateError", "accelerate", "decide"]
 
 
-def _refuse_dropping_held_gradients(earlier: Run | None) -> None:
-    """accelerate() again closes the run open on this model first, which would drop the gradients a wrapper holds
-    unreduced (FSDP2 between an accumulation's micro-steps): refused here, before anything changes."""
-    holders = [a.name for a, state in earlier.playing(GradientSync) if a.held_gradients(state)] if earlier else []
-    if holders:
-        raise PlanError([Problem(holders[0], f"accelerate() again in the middle of accumulating gradients under "
-                                 f"{holders[0]}: it holds them unreduced in its own buffers, which closing the run "
-                                 f"open on this model would drop", field="accelerate",
-                                 allowed="call it after an optimizer step (run.step() returned False)",
-                                 kind="conflict")])
-
-
 def _retract(ctx: Context, name: str) -> None:
     """Forget the decisions of an accelerator that stands aside (skipped after deciding)."""
     defaults = Decisions(device=ctx.decisions.device)
@@ -118,8 +106,7 @@ def decide(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = Non
 def _place(ctx: Context) -> None:
     """Put the model (and any optimizer state) on the run's device, recorded so a failure can undo it."""
     device = ctx.device
-    tensors = [*ctx.model.parameters(), *ctx.model.buffers()]
-    if all(t.device == device for t in tensors):
+    if all(t.device == device for t in [*ctx.model.parameters(), *ctx.model.buffers()]):
         return
     optimizer = ctx.optimizer
     if optimizer is not None and optimizer.state:  # recorded first, so it is undone after the parameters go back
@@ -144,7 +131,15 @@ def accelerate(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None =
     yours = model if compiled(model) else None  # torch.compile(model) of your own: the plan works inside it
     model = model._orig_mod if yours is not None else model
     earlier = open_run(model)
-    _refuse_dropping_held_gradients(earlier)
+    # closing the run open on this model would drop the gradients a wrapper holds unreduced (FSDP2 between an
+    # accumulation's micro-steps): refused here, before anything changes
+    holders = [a.name for a, state in earlier.playing(GradientSync) if a.held_gradients(state)] if earlier else []
+    if holders:
+        raise PlanError([Problem(holders[0], f"accelerate() again in the middle of accumulating gradients under "
+                                 f"{holders[0]}: it holds them unreduced in its own buffers, which closing the run "
+                                 f"open on this model would drop", field="accelerate",
+                                 allowed="call it after an optimizer step (run.step() returned False)",
+                                 kind="conflict")])
     started = clock.now()
     journal = Journal()
     if earlier is not None:  # one run trains a model at a time: the earlier one's changes are undone first (before
@@ -158,7 +153,10 @@ def accelerate(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None =
         plan, tuning = resolve(yours if yours is not None else model, optimizer, loader, device) if resolve \
             else (plan, None)
         ctx, accelerators, skips = prepare(model, optimizer, loader, plan, device, journal)
-        report = Report(device=str(ctx.device), hardware=describe(ctx.hardware), tuning=tuning)
+        machine = ctx.hardware
+        report = Report(device=str(ctx.device), tuning=tuning, hardware=(
+            f"{machine.physical_cores} physical cores ({len(machine.cpus_allowed)} CPUs allowed), "
+            f"{','.join(machine.isa) or 'no AVX2'}, OpenMP {machine.openmp}, torch {machine.versions['torch']}"))
         current = "placement"
         _place(ctx)
         for accelerator in accelerators:
@@ -250,8 +248,3 @@ STALE = {  # what the user holds that no longer drives the training, and what to
                   "add_param_group and state_dict() on yours do not reach the training; use run.optimizer instead"),
 }
 
-
-def describe(hardware: Hardware) -> str:
-    isa = ",".join(hardware.isa) or "no AVX2"
-    return (f"{hardware.physical_cores} physical cores ({len(hardware.cpus_allowed)} CPUs allowed), {isa}, "
-            f"OpenMP {hardware.openmp}, torch {hardware.versions['torch']}")

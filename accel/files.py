@@ -86,7 +86,12 @@ def write_atomically(path, write: Callable[[BinaryIO], None]) -> None:
         raise
     finally:
         _WRITING.discard(temporary.name)
-    _sync_folder(path.parent)
+    with contextlib.suppress(OSError):  # the rename itself on the disk (a power cut could lose it), where it can be
+        handle = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(handle)
+        finally:
+            os.close(handle)
 
 
 def read_small(path, limit: int = 1 << 20) -> bytes:
@@ -131,16 +136,6 @@ def write_text(path, text: str) -> None:
     write_atomically(path, lambda file: file.write(text.encode()))
 
 
-def _sync_folder(folder: Path) -> None:
-    """The rename itself on the disk (a power cut could otherwise lose it)."""
-    with contextlib.suppress(OSError):  # some file systems cannot sync a folder
-        handle = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(handle)
-        finally:
-            os.close(handle)
-
-
 def disk_full(error: BaseException) -> bool:
     """Whether an error writing a file came from a full disk or quota (torch's writer hides the errno)."""
     if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
@@ -159,11 +154,11 @@ def space(folder: Path) -> str:
 
 def size_text(count: float) -> str:
     """12582912 -> '12.0 MiB'."""
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if count < 1024 or unit == "TiB":
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if count < 1024:
             return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
         count /= 1024
-    return ""
+    return f"{count:.1f} TiB"
 
 
 def cache_dir(where: Any = True) -> Path:

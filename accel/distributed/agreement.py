@@ -7,14 +7,14 @@ group across plan switches. In a single process nothing makes a collective.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
 
-from accel.distributed.data_parallel import DEVICE_BACKEND
-from accel.distributed.group import BACKEND_DEVICE, join_group
+from accel.distributed.group import DEVICE_BACKEND, collective_device, join_group
 from accel.files import size_text
 from accel.hardware.launcher import launcher_environment
 from accel.plan.contract import REGISTRY, Capability
@@ -62,8 +62,7 @@ def rank_memory(device: torch.device, local_world_size: int) -> tuple[int, str]:
     if device.type != "cpu" and hasattr(module, "get_device_properties"):
         total = module.get_device_properties(device).total_memory
         return total, f"{device.type} memory {size_text(total)}"
-    total = next(int(line.split()[1]) * 1024 for line in Path("/proc/meminfo").read_text().splitlines()
-                 if line.startswith("MemTotal:"))
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")  # /proc/meminfo's MemTotal
     limit = Path("/sys/fs/cgroup/memory.max")
     if limit.exists() and limit.read_text().strip().isdigit():
         total = min(total, int(limit.read_text()))
@@ -126,12 +125,8 @@ class RankAgreement:
         several = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
         return cls(dist.group.WORLD if several else None)
 
-    def _device(self) -> torch.device:
-        kind = BACKEND_DEVICE.get(torch.distributed.get_backend(self.group), "cpu")
-        return torch.device("cpu") if kind == "cpu" else torch.device(kind, getattr(torch, kind).current_device())
-
     def _max(self, values: list[float]) -> list[float]:
-        tensor = torch.tensor(values, dtype=torch.float64, device=self._device())
+        tensor = torch.tensor(values, dtype=torch.float64, device=collective_device(self.group))
         torch.distributed.all_reduce(tensor, op=torch.distributed.ReduceOp.MAX, group=self.group)
         return tensor.cpu().tolist()
 
@@ -158,7 +153,7 @@ class RankAgreement:
             return decision
         box = [decision if self.rank == 0 else None]
         torch.distributed.broadcast_object_list(box, src=torch.distributed.get_global_rank(self.group, 0),
-                                                group=self.group, device=self._device())
+                                                group=self.group, device=collective_device(self.group))
         return box[0]
 
     def past(self, deadline: float, now: float) -> bool:

@@ -10,10 +10,10 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 import torch
-from torch.utils.data import DataLoader, IterableDataset, RandomSampler, SequentialSampler
+from torch.utils.data import IterableDataset, RandomSampler, SequentialSampler
 from torch.utils.data.distributed import DistributedSampler
 
-from accel.distributed.group import BACKEND_DEVICE, join_group
+from accel.distributed.group import DEVICE_BACKEND, join_group
 from accel.errors import Problem, StaleWarning
 from accel.hardware import importable, is_accelerator
 from accel.plan.contract import Accelerator, GradientSync, State
@@ -21,18 +21,10 @@ from accel.plan.options import Options, option, positive
 from accel.run.device_loader import rebuild_loader, rebuild_problem
 
 BACKENDS = ("auto", "gloo", "nccl", "xccl", "ccl", "mpi")
-DEVICE_BACKEND = {device: backend for backend, device in BACKEND_DEVICE.items()}  # every other device: gloo
 BACKEND_DEVICES = {"nccl": ("cuda",), "xccl": ("xpu",), "gloo": ("cpu", "cuda"), "ccl": ("cpu", "xpu"),
                    "mpi": ("cpu", "cuda")}
 LAUNCHERS = ("RANK/WORLD_SIZE from accel launch or torchrun, OMPI_COMM_WORLD_*, PMI_*, or "
              "SLURM_PROCID/SLURM_NTASKS")
-
-
-def distributed_sampler(loader: DataLoader, world: int, rank: int):
-    """A DistributedSampler that keeps the user's shuffle and, if the loader has a generator, its seed."""
-    seed = loader.generator.initial_seed() if loader.generator is not None else 0
-    return DistributedSampler(loader.dataset, num_replicas=world, rank=rank,
-                              shuffle=isinstance(loader.sampler, RandomSampler), seed=seed)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -43,16 +35,6 @@ class DataParallelOptions(Options):
     timeout_s: int | float = option(600, (int, float), check=positive,
                                     help="a collective waiting longer than this raises instead of hanging")
     shard_loader: bool = option(True, help="put a DistributedSampler in the loader")
-
-
-def callers_level() -> int:
-    """The stacklevel of the first frame outside accel's and torch's files: the line of the user's loop, however
-    many hooks and wrappers are between (for a warning given from ``warn_stale``)."""
-    inside = tuple(os.path.dirname(module.__file__) + os.sep for module in (torch, sys.modules["accel"]))  # a folder
-    frame, level = sys._getframe(2), 2
-    while frame is not None and frame.f_code.co_filename.startswith(inside):
-        frame, level = frame.f_back, level + 1
-    return level
 
 
 DO = TypeVar("DO", bound=DataParallelOptions)
@@ -68,10 +50,16 @@ class DataParallel(Accelerator[DO, DS], GradientSync[DS]):
         return None
 
     def warn_stale(self, state: DS) -> None:
-        """The StaleWarning, once per run, pointing at the loop's own line (outside accel and torch)."""
-        if not state.warned and (message := self.stale(state)):
-            state.warned = True
-            warnings.warn(f"accel: {self.name}: {message}", StaleWarning, stacklevel=callers_level())
+        """The StaleWarning, once per run, pointing at the loop's own line: the first frame outside accel's and
+        torch's folders, however many hooks and wrappers are between."""
+        if state.warned or not (message := self.stale(state)):
+            return
+        state.warned = True
+        inside = tuple(os.path.dirname(module.__file__) + os.sep for module in (torch, sys.modules["accel"]))
+        frame, level = sys._getframe(1), 2
+        while frame is not None and frame.f_code.co_filename.startswith(inside):
+            frame, level = frame.f_back, level + 1
+        warnings.warn(f"accel: {self.name}: {message}", StaleWarning, stacklevel=level)
 
     def watch_forward(self, ctx, model: torch.nn.Module, state: DS) -> None:
         """Ask ``stale`` before each forward too, until the run's first ``step``: a loop that steps its optimizer
@@ -174,7 +162,9 @@ class DataParallel(Accelerator[DO, DS], GradientSync[DS]):
             warnings.warn(f"{self.name}: the loader's {type(loader.sampler).__name__} is kept; shard it per rank "
                           "yourself", stacklevel=2)
             return f"not sharded (custom sampler {type(loader.sampler).__name__})"
-        sampler = distributed_sampler(loader, launch.world_size, launch.rank)
+        seed = loader.generator.initial_seed() if loader.generator is not None else 0  # the user's seed and shuffle
+        sampler = DistributedSampler(loader.dataset, num_replicas=launch.world_size, rank=launch.rank,
+                                     shuffle=isinstance(loader.sampler, RandomSampler), seed=seed)
         ctx.loader = rebuild_loader(loader, sampler=sampler)
         return (f"DistributedSampler(shuffle={sampler.shuffle}, seed={sampler.seed}): "
                 f"{sampler.num_samples} of {len(loader.dataset)} samples per rank")

@@ -18,8 +18,8 @@ import torch
 from accel.hardware.launcher import Launch, _initialized, rank
 from accel.run.shared_settings import set_by_runs
 
-__all__ = ["BACKEND_DEVICE", "EXIT_BARRIER_S", "all_reduce_mean", "drain_gloo_workers", "gloo_workers_busy",
-           "is_main_process", "join_group", "leave_group", "let_go"]
+__all__ = ["BACKEND_DEVICE", "DEVICE_BACKEND", "EXIT_BARRIER_S", "all_reduce_mean", "collective_device",
+           "drain_gloo_workers", "gloo_workers_busy", "is_main_process", "join_group", "leave_group", "let_go"]
 
 EXIT_BARRIER_S = 30
 
@@ -148,14 +148,21 @@ def is_main_process() -> bool:
 
 
 BACKEND_DEVICE = {"nccl": "cuda", "xccl": "xpu"}  # other backends reduce CPU tensors
+DEVICE_BACKEND = {device: backend for backend, device in BACKEND_DEVICE.items()}  # every other device: gloo
+
+
+def collective_device(group: Any = None) -> torch.device:
+    """Where the group's backend reduces tensors: this rank's current device for nccl and xccl, else the cpu."""
+    kind = BACKEND_DEVICE.get(torch.distributed.get_backend(group), "cpu")
+    return torch.device("cpu") if kind == "cpu" else torch.device(kind, getattr(torch, kind).current_device())
 
 
 def all_reduce_mean(value: float | torch.Tensor) -> float | torch.Tensor:
     """The mean of a metric over all ranks (a float stays a float); the value itself in a single process."""
     if not _initialized():
         return value
-    device = BACKEND_DEVICE.get(torch.distributed.get_backend(), "cpu")
-    dtype = torch.float64 if device == "cpu" else torch.float32
+    device = collective_device()
+    dtype = torch.float64 if device.type == "cpu" else torch.float32
     tensor = torch.as_tensor(value, dtype=dtype, device=device).detach().clone()  # never the caller's own tensor
     torch.distributed.all_reduce(tensor)
     tensor /= torch.distributed.get_world_size()

@@ -60,45 +60,45 @@ class _YamlLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
-def _entries(spec: PlanSpec, problems: list[Problem]) -> list[tuple[str, Any]]:
-    """Flatten any accepted plan form into (name or instance, options) pairs, noting malformed parts."""
-    if spec is None:
-        return []
-    if isinstance(spec, (str, Path)):
-        path = Path(spec)
-        if not path.is_file():
-            if isinstance(spec, Path) or path.suffix in PLAN_FILE_SUFFIXES or "/" in str(spec):
-                problems.append(Problem("plan",
-                                        "plan file not found (it is a directory)" if path.is_dir() else
-                                        "is not a plan file: a named pipe or a device, not a regular file"
-                                        if path.exists() else "plan file not found",
-                                        value=str(spec), allowed="an existing .toml, .yaml or .yml file",
-                                        kind="missing"))
-                return []
-            if str(spec) == "auto":  # chosen by measuring: accel.accelerate resolves it (accel.search)
-                problems.append(Problem("plan", "is chosen by measuring: pass plan='auto' to accel.accelerate(), or "
-                                        "call accel.tune(...) and use its .plan", value=str(spec), kind="unknown"))
-                return []
-            known = ", ".join(sorted(REGISTRY))
-            problems.append(Problem("plan", f"is neither a plan file nor a plan; a one-accelerator plan is written "
-                                    f"[{str(spec)!r}]", value=str(spec),
-                                    allowed=f"a .toml/.yaml path, or a list of: {known}",
-                                    kind="unknown"))
-            return []
+def _from_file(spec: str | Path, problems: list[Problem]) -> Any:
+    """The plan a path names (None: an empty file, or a problem noted)."""
+    path = Path(spec)
+    if path.is_file():
         try:
-            spec = _load_file(path)
+            data = _load_file(path)
         except Exception as error:  # a broken file is a plan problem like any other
             problems.append(Problem("plan", f"plan file {str(path)!r} cannot be read: {error}", value=str(path)))
-            return []
-        if isinstance(spec, Mapping) and set(spec) == {"accelerators"}:
-            spec = spec["accelerators"]
-        if spec is None:
-            return []  # an empty file is the empty plan
-        if isinstance(spec, (str, bytes)) or not isinstance(spec, (Mapping, list)):
-            problems.append(Problem("plan", f"plan file {str(path)!r} holds a {type(spec).__name__}, not a mapping "
-                                    "or a list of accelerators", value=spec,
-                                    allowed="a mapping {name: options} or a list of names / {name: options}"))
-            return []
+            return None
+        if isinstance(data, Mapping) and set(data) == {"accelerators"}:
+            data = data["accelerators"]
+        if data is None or isinstance(data, (Mapping, list)):  # an empty file is the empty plan
+            return data
+        problems.append(Problem("plan", f"plan file {str(path)!r} holds a {type(data).__name__}, not a mapping "
+                                "or a list of accelerators", value=data,
+                                allowed="a mapping {name: options} or a list of names / {name: options}"))
+    elif isinstance(spec, Path) or path.suffix in PLAN_FILE_SUFFIXES or "/" in str(spec):
+        problems.append(Problem("plan",
+                                "plan file not found (it is a directory)" if path.is_dir() else
+                                "is not a plan file: a named pipe or a device, not a regular file"
+                                if path.exists() else "plan file not found",
+                                value=str(spec), allowed="an existing .toml, .yaml or .yml file", kind="missing"))
+    elif str(spec) == "auto":  # chosen by measuring: accel.accelerate resolves it (accel.search)
+        problems.append(Problem("plan", "is chosen by measuring: pass plan='auto' to accel.accelerate(), or "
+                                "call accel.tune(...) and use its .plan", value=str(spec), kind="unknown"))
+    else:
+        problems.append(Problem("plan", f"is neither a plan file nor a plan; a one-accelerator plan is written "
+                                f"[{str(spec)!r}]", value=str(spec),
+                                allowed=f"a .toml/.yaml path, or a list of: {', '.join(sorted(REGISTRY))}",
+                                kind="unknown"))
+    return None
+
+
+def _entries(spec: PlanSpec, problems: list[Problem]) -> list[tuple[str, Any]]:
+    """Flatten any accepted plan form into (name or instance, options) pairs, noting malformed parts."""
+    if isinstance(spec, (str, Path)):
+        spec = _from_file(spec, problems)
+    if spec is None:
+        return []
     if isinstance(spec, Mapping):
         return list(spec.items())
     if isinstance(spec, Accelerator):

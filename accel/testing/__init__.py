@@ -14,6 +14,7 @@ changed). The parts: trace.py (the user's code, what one training of it records)
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -34,7 +35,7 @@ from accel.run.device_loader import release_workers
 from accel.run.journal import pin_process
 from accel.run.report import Row
 from accel.search import accelerate
-from accel.testing.comparison import combined, compare, distance
+from accel.testing.comparison import combined, compare, declares_training, distance
 from accel.testing.snapshots import Snapshot, snapshot
 from accel.testing.trace import Held, Loop, Setup, Trace, global_hooks, process_state, remove_hooks_since, trained
 from accel.workloads import NormCNN, digits_datasets, tiny_loader, tiny_model, tiny_optimizer
@@ -137,11 +138,6 @@ class Equivalence:
         return "\n".join(lines)
 
 
-def declares_training(keeps: Keeps) -> bool:
-    """A card that changes what one step does (when or how much it steps) but no structure."""
-    return keeps.weights == "changed" and keeps.structure
-
-
 def draws_random_numbers(loader: DataLoader) -> bool:
     """Whether the dataset or collate_fn draws random numbers from the process's random states for a sample: one
     sample is fetched and collated here, every random state kept. Only on the reference's own objects: it reads the
@@ -194,10 +190,6 @@ def plain_run(setup: Setup, plan: Any, device: Any) -> Any:
         return accelerate(setup.model, setup.optimizer, setup.loader, plan=[], device=device)
 
 
-def _next_float(tensor: torch.Tensor, toward: float) -> torch.Tensor:
-    return torch.nextafter(tensor, torch.full_like(tensor, toward))
-
-
 def loop_amplification(build: Callable[[], Setup], plan: Any, steps: int, seed: int, device: Any,
                        expected: Trace) -> float:
     """How far the plain loop ends from its own run when nudged at the last bit, up or down, the weights once or every
@@ -205,21 +197,20 @@ def loop_amplification(build: Callable[[], Setup], plan: Any, steps: int, seed: 
     plan's float-order differences there are judged against the farthest of these four (where the loop is calm, about
     zero). One nudge is not enough: where the loop is chaotic, where it ends varies fivefold with the nudge."""
     farthest = 0.0
-    for every_gradient in (False, True):
-        for toward in (float("inf"), float("-inf")):
-            setup = built(build)
-            params = [p for p in setup.model.parameters() if p.is_floating_point()]
-            with torch.no_grad():
-                for p in params if not every_gradient else ():
-                    p.copy_(_next_float(p, toward))
-            handles = [p.register_hook(lambda grad, toward=toward: _next_float(grad, toward))
-                       for p in params if every_gradient and p.requires_grad]
-            try:
-                nudged = trained(plain_run(setup, plan, device), setup, steps, seed)
-            finally:
-                for handle in handles:
-                    handle.remove()
-            farthest = max(farthest, apart(expected, nudged))
+    for every_gradient, toward in itertools.product((False, True), (float("inf"), float("-inf"))):
+        setup = built(build)
+        params = [p for p in setup.model.parameters() if p.is_floating_point()]
+        with torch.no_grad():
+            for p in params if not every_gradient else ():
+                p.copy_(torch.nextafter(p, p.new_tensor(toward)))
+        handles = [p.register_hook(lambda grad, toward=toward: torch.nextafter(grad, grad.new_tensor(toward)))
+                   for p in params if every_gradient and p.requires_grad]
+        try:
+            nudged = trained(plain_run(setup, plan, device), setup, steps, seed)
+        finally:
+            for handle in handles:
+                handle.remove()
+        farthest = max(farthest, apart(expected, nudged))
     return farthest
 
 
@@ -251,7 +242,7 @@ def check_equivalence(plan: Any, build: Callable[[], Setup], steps: int = 3, see
         return result
     result = Equivalence(run.plan.names(), applied=run.report.applied, stale=dict(run.report.stale),
                          skipped={r.name: r.reason for r in run.report.rows if r.status == "skipped"})
-    result.keeps = combined([a.keeps for a in run.accelerators if not declares_training(a.keeps)])
+    result.keeps = combined([a.keeps for a in run.accelerators])
     # accelerate() may change how the user's objects run (hooks, fused flags: undone by close), never what they hold
     result.objects_changed = before.changes(snapshot(setup.model, setup.optimizer, setup.loader), how=False,
                                             sharded=run.sharded)
@@ -261,14 +252,13 @@ def check_equivalence(plan: Any, build: Callable[[], Setup], steps: int = 3, see
     result.idle = {r.name: r.reason for r in accelerated.run.report.rows if r.status == "idle"}
     if hasattr(run, "arms"):  # plan="auto" in the loop: every plan that took turns is held to its own card
         result.keeps = combined([REGISTRY[name].keeps for arm in run.arms if arm.rounds or arm.steps
-                                 for name in arm.plan if not declares_training(REGISTRY[name].keeps)])
+                                 for name in arm.plan])
     for what in run.report.stale:  # named stale: the user's object is not what trains, by declaration
         index = ("model", "optimizer").index(what)  # the loop drove the run's instead, as the report advised
         for trace in (expected, accelerated):
             trace.closed = tuple("" if i == index else v for i, v in enumerate(trace.closed))
             trace.user = {k: v for k, v in trace.user.items() if not k.startswith(f"your {what}")}
-    loop_keeps = combined([result.keeps] + [REGISTRY[name].keeps for name in run.plan.names()
-                                            if name in REGISTRY and not declares_training(REGISTRY[name].keeps)])
+    loop_keeps = combined([result.keeps] + [REGISTRY[name].keeps for name in run.plan.names() if name in REGISTRY])
     result.differences = compare(expected, accelerated, result.keeps, loop_keeps)
     numeric = [d for d in result.differences if any(words in d for words in FLOAT_ORDER)]
     if numeric and result.keeps.weights == "float":  # a plan's float order, or a change? the loop's own reach says

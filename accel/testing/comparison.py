@@ -11,8 +11,16 @@ from accel.testing.trace import Trace
 
 LEVELS = ("exact", "float", "tolerance", "changed")
 
+
+def declares_training(keeps: Keeps) -> bool:
+    """A card that changes what one step does (when or how much it steps) but no structure: the reference runs it."""
+    return keeps.weights == "changed" and keeps.structure
+
+
 def combined(cards: list[Keeps]) -> Keeps:
-    """What a plan keeps: the loosest level of its applied accelerators, their largest tolerances."""
+    """What a plan keeps: the loosest level of its accelerators' cards (but those that declare training), their
+    largest tolerances."""
+    cards = [c for c in cards if not declares_training(c)]
     if not cards:
         return EXACT
     return Keeps(max((c.weights for c in cards), key=LEVELS.index), rtol=max(c.rtol for c in cards),
@@ -80,11 +88,8 @@ def compare(reference: Trace, accelerated: Trace, keeps: Keeps, loop_keeps: Keep
     also counters and which optimizer states exist; then the weights and states at the card's level. What the loop
     built itself (a second model under its own run of the plan) is held to ``loop_keeps``: the whole plan's card,
     since its run may apply what the first model's skipped."""
-    found = []
-    for i, (a, b) in enumerate(zip(reference.batches, accelerated.batches)):
-        if a != b:
-            found.append(f"batches: the loop saw another batch at step {i}: {b} instead of {a}")
-            break
+    found = [f"batches: the loop saw another batch at step {i}: {b} instead of {a}"
+             for i, (a, b) in enumerate(zip(reference.batches, accelerated.batches)) if a != b][:1]
     if len(reference.batches) != len(accelerated.batches):
         found.append(f"batches: {len(accelerated.batches)} steps instead of {len(reference.batches)}")
     precise = keeps.weights in ("exact", "float")
@@ -112,10 +117,8 @@ def compare(reference: Trace, accelerated: Trace, keeps: Keeps, loop_keeps: Keep
         found.append(f"frozen parameters changed: {accelerated.frozen_moved[:4]}")
     if reference.groups != accelerated.groups:
         found.append(f"optimizer hyper-parameters: {accelerated.groups} instead of {reference.groups}")
-    for i, (a, b) in enumerate(zip(reference.rates, accelerated.rates)):
-        if a != b:
-            found.append(f"learning rates: step {i} used {b} instead of {a}")
-            break
+    found += [f"learning rates: step {i} used {b} instead of {a}"
+              for i, (a, b) in enumerate(zip(reference.rates, accelerated.rates)) if a != b][:1]
     if accelerated.steps_counted != reference.steps_counted:  # one per batch, unless the loop steps itself
         found.append(f"counters: run.steps is {accelerated.steps_counted} after {len(accelerated.batches)} batches "
                      f"instead of {reference.steps_counted}")

@@ -179,20 +179,22 @@ def copies(values: dict[str, Any], prefix: str = "", floats: bool = False) -> di
     return {k: (v.float() if floats else v).clone() for k, v in found.items()}
 
 
-def train(run: Run, setup: Setup, steps: int, seed: int) -> Trace:
-    """The README loop for `steps` batches, with the setup's loop behaviour, recording the batches, outputs,
-    losses and learning rates, then the model's, the user's and the loop's state."""
-    trace = Trace()
-    loop, held = setup.loop, setup.held(run)
-    model = run.unwrap()
-    frozen = {n: p.detach().clone() for n, p in model.named_parameters() if not p.requires_grad}
-    user_names = {id(p): n for n, p in setup.model.named_parameters()}  # the optimizer's places, by the user's names
-    groups = setup.optimizer.param_groups if setup.optimizer is not None else []  # (a loop may update by hand)
-    start = [user_names.get(id(p)) for group in groups for p in group["params"]]
-    hook = model.register_forward_hook(functools.partial(record_output, trace.outputs))
-    step = TrainStep(step_fn=setup.step_fn)
-    torch.manual_seed(seed)
+def trained(run: Run, setup: Setup, steps: int, seed: int) -> Trace:
+    """The README loop for `steps` batches, with the setup's loop behaviour, recording the batches, outputs, losses
+    and learning rates, then the model's, the user's and the loop's state; then, whatever happened, close the run the
+    loop ended with, finish the loop and release the loader's workers, and record how the user's objects run once
+    closed (hooks, forwards, kernel flags)."""
+    trace, hook = Trace(), None
     try:
+        loop, held = setup.loop, setup.held(run)
+        model = run.unwrap()
+        frozen = {n: p.detach().clone() for n, p in model.named_parameters() if not p.requires_grad}
+        user_names = {id(p): n for n, p in setup.model.named_parameters()}  # the optimizer's places, by your names
+        groups = setup.optimizer.param_groups if setup.optimizer is not None else []  # (a loop may update by hand)
+        start = [user_names.get(id(p)) for group in groups for p in group["params"]]
+        hook = model.register_forward_hook(functools.partial(record_output, trace.outputs))
+        step = TrainStep(step_fn=setup.step_fn)
+        torch.manual_seed(seed)
         batches = endless(run.loader)
         run.model.train()
         loop.start(held, run)
@@ -206,41 +208,34 @@ def train(run: Run, setup: Setup, steps: int, seed: int) -> Trace:
             loss = float(loop.step(i, run, held, batch, step.loss))
             trace.losses.append(loss)
             loop.after(i, held, run, loss)
-    finally:
         hook.remove()
-    trace.run = run  # the run at the end (the loop may have made another): the one to close
-    trace.steps_counted = run.steps
-    trace.observed = copies(loop.observed())
-    names = {id(p): n for n, p in model.named_parameters()}
-    trace.state = copies(model.state_dict())
-    trace.user = copies(setup.model.state_dict(), "your model's ")
-    for index, state in (setup.optimizer.state_dict()["state"] if setup.optimizer is not None else {}).items():
-        trace.user.update(copies(state, f"your optimizer's {index}.", floats=True))
-    trace.trainable = {n: p.requires_grad for n, p in model.named_parameters()}
-    trace.ties = sorted(tuple(names) for names in tied_groups(model))  # in a fixed order
-    trace.frozen_moved = [n for n, p in model.named_parameters() if n in frozen and not p.requires_grad and
-                          (p.shape != frozen[n].shape or not torch.equal(p.detach(), frozen[n]))]  # (unfrozen: trains)
-    # The optimizer's state through state_dict() (what the user saves), each place named by the model's parameter,
-    # or for a master copy that is not one (IPEX's fp32 weights) by the name its place held when training began.
-    if run.optimizer is None:
-        return trace
-    params = [param for group in run.optimizer.param_groups for param in group["params"]]
-    positions = [names.get(id(p)) or (start[i] if i < len(start) else None) or f"(not in the model) {tuple(p.shape)}"
-                 for i, p in enumerate(params)]
-    saved = run.optimizer.state_dict()
-    trace.groups = [{k: v for k, v in group.items() if k not in KERNEL_CHOICES} for group in saved["param_groups"]]
-    trace.optimizer = {key: copies(saved["state"].get(index, {}), floats=True) for index, key in enumerate(positions)}
-    return trace
-
-
-def trained(run: Run, setup: Setup, steps: int, seed: int) -> Trace:
-    """train(), then, whatever happened, close the run the loop ended with, finish the loop and release the
-    loader's workers; the trace records how the user's objects run once closed (hooks, forwards, kernel flags)."""
-    trace = None
-    try:
-        trace = train(run, setup, steps, seed)
+        trace.run = run  # the run at the end (the loop may have made another)
+        trace.steps_counted = run.steps
+        trace.observed = copies(loop.observed())
+        names = {id(p): n for n, p in model.named_parameters()}
+        trace.state = copies(model.state_dict())
+        trace.user = copies(setup.model.state_dict(), "your model's ")
+        for index, state in (setup.optimizer.state_dict()["state"] if setup.optimizer is not None else {}).items():
+            trace.user.update(copies(state, f"your optimizer's {index}.", floats=True))
+        trace.trainable = {n: p.requires_grad for n, p in model.named_parameters()}
+        trace.ties = sorted(tuple(names) for names in tied_groups(model))  # in a fixed order
+        trace.frozen_moved = [n for n, p in model.named_parameters() if n in frozen and not p.requires_grad  # (thawed:
+                              and (p.shape != frozen[n].shape or not torch.equal(p.detach(), frozen[n]))]  # it trains)
+        # The optimizer's state through state_dict() (what the user saves), each place named by the model's parameter,
+        # or for a master copy that is not one (IPEX's fp32 weights) by the name its place held when training began.
+        if run.optimizer is not None:
+            params = [param for group in run.optimizer.param_groups for param in group["params"]]
+            positions = [names.get(id(p)) or (start[i] if i < len(start) else None)
+                         or f"(not in the model) {tuple(p.shape)}" for i, p in enumerate(params)]
+            saved = run.optimizer.state_dict()
+            trace.groups = [{k: v for k, v in group.items() if k not in KERNEL_CHOICES}
+                            for group in saved["param_groups"]]
+            trace.optimizer = {key: copies(saved["state"].get(index, {}), floats=True)
+                               for index, key in enumerate(positions)}
     finally:
-        (trace.run if trace is not None else run).close()
+        if hook is not None:
+            hook.remove()
+        run.close()  # the run the loop ended with
         setup.loop.finish()
         release_workers(setup.loader)
     after = snapshot(setup.model, setup.optimizer)
