@@ -20,10 +20,16 @@ import torch
 from torch import nn
 
 from accel import randomness
-from accel.accelerators.prune.config import DEFAULT_CONFIG, PRUNERS, config_problems
+from accel.accelerators.prune.config import (
+    DEFAULT_CONFIG,
+    PRUNERS,
+    config_problems,
+    fx_trace,
+    keep_outputs,
+    structure_problems,
+)
 from accel.accelerators.prune.diagnosis import empty_message, same_for_every_input
 from accel.accelerators.prune.speedup import count, nni_quiet, output_shapes, shape_changes, speed_up, surgery
-from accel.accelerators.prune.tracing import fx_trace, keep_outputs, structure_problems
 from accel.batches import describe_batch, move
 from accel.errors import Problem
 from accel.optim import copy_with_optimizer, describe_optimizer, init_kwargs, rebuild_optimizer, same_params

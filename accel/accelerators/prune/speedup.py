@@ -13,8 +13,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from accel.accelerators.prune.config import fx_trace
 from accel.accelerators.prune.diagnosis import empty_layers, empty_message
-from accel.accelerators.prune.tracing import fx_trace
 from accel.batches import map_tensors
 from accel.modules import buffer_values, put_back_buffers, tied_groups
 
