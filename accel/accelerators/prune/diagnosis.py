@@ -131,9 +131,7 @@ def empty_message(speedup: Any) -> tuple[str, str]:
     nodes = {n.name: n for n in graph.graph.nodes}
     if hit := {node: cause for node, cause in causes.items()
                if node in nodes and _masked(node_infos[nodes[node]].output_masks)}:
-        kinds: dict[str, list[str]] = {}
-        for kind, what in hit.values():
-            kinds.setdefault(kind, []).append(what)
+        kinds = {kind: [what for each, what in hit.values() if each == kind] for kind, _ in hit.values()}
         text += (". NNI's ModelSpeedup takes for pruned every value that is the same for all the samples of its "
                  "random batch; these are: " + "; ".join(CAUSES[k].format(_some(v, quote=False))
                                                          for k, v in kinds.items()))

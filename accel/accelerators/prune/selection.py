@@ -1,5 +1,4 @@
-"""prune's config list: NNI 3.0's schema checked against the model, which layers each config selects, and what
-pruning them reshapes in the model's torch.fx graph (NNI's tracer fails on torch >= 2.2): the output's layers, ties."""
+"""prune's config list: NNI 3.0's schema, the layers it selects, and what pruning them reshapes (a torch.fx graph)."""
 from __future__ import annotations
 
 import difflib
@@ -127,7 +126,8 @@ def reparametrized_types(model: nn.Module, missing: list[str]) -> str:
 
 
 def fx_trace(model: nn.Module) -> torch.fx.GraphModule:
-    """A GraphModule of the model, or a ValueError naming the module where torch.fx failed and why."""
+    """A GraphModule of the model (torch.fx's tracer: NNI's fails on torch >= 2.2), or a ValueError naming the module
+    where torch.fx failed and why."""
     tracer = torch.fx.Tracer()
     try:
         graph = tracer.trace(model)
