@@ -162,9 +162,8 @@ def surgery(model: nn.Module, dummy: Any, masks: dict) -> None:
 
 @functools.cache
 def speedup_class() -> type:
-    """NNI's ModelSpeedup, checking the masks it inferred before it rebuilds anything: a layer it would empty is a
-    ValueError naming the layer and why, and any failure to rebuild a layer names the layer. With dry_run it infers
-    the masks (``.empty``) and rebuilds nothing."""
+    """NNI's ModelSpeedup, checking the masks it inferred before it rebuilds anything (``dry_run``: nothing after):
+    a layer it would empty is a ValueError naming the layer and why, and any failure to rebuild a layer names it."""
     from nni.compression.speedup import ModelSpeedup
     from nni.compression.speedup.replacement import replace_module
     from nni.compression.speedup.replacer import DefaultReplacer
