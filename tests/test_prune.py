@@ -9,9 +9,8 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import accel
-from accel.accelerators.prune.config import config_problems, selected
+from accel.accelerators.prune.selection import config_problems, fx_trace, selected
 from accel.accelerators.prune.speedup import retie
-from accel.accelerators.prune.tracing import fx_trace
 from accel.errors import AccelerateError, CheckpointError, PlanError
 from accel.hardware import torch_version
 from accel.run.state import saved_plan

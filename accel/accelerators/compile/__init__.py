@@ -162,8 +162,16 @@ class Compile(Accelerator[CompileOptions, CompileState]):
             ctx.journal.setattr(torch._inductor.config, "fallback_random", True)
             changes["random"] = "the plain loop's random numbers (inductor's fallback_random: dropout's masks kept)"
             changes.update(compile_cache.keep_in_accel_cache(ctx, {**kwargs, "regional": regional}))
-        if regional:
-            changes["regions"] = self.compile_blocks(ctx, blocks, kwargs)
+        if regional:  # each block compiled in place (``module.compile``): the blocks FSDP2 sharded, else the repeated
+            names = {id(m): name for name, m in ctx.model.named_modules()}
+            for block in blocks:
+                ctx.journal.change(f"compile: {names.get(id(block), type(block).__name__)}",
+                                   lambda b=block: b.compile(**kwargs),
+                                   lambda b=block: setattr(b, "_compiled_call_impl", None), kind="object")
+            kinds = sorted({type(b).__name__.removeprefix("FSDP") for b in blocks})
+            changes["regions"] = (f"{len(blocks)} x {', '.join(kinds)} compiled in place, one by one"
+                                  + (" (the blocks FSDP2 sharded)" if sharded else "") + ": "
+                                  + listed([names.get(id(b), "?") for b in blocks]) + "; the rest runs eagerly")
             if hands_blocks_a_cache(ctx.model):
                 changes["kv cache"] = ("the model's config.use_cache is True: Hugging Face hands every block its KV "
                                        "cache, and dynamo compiles a block again for each layer index, up to torch's "
@@ -187,18 +195,6 @@ class Compile(Accelerator[CompileOptions, CompileState]):
                              lambda: state.wrapper.register_forward_pre_hook(recompile_on_unfreeze))
             changes["unfreezing"] = "recompiles (torch < 2.15 does not by itself)"
         return state
-
-    def compile_blocks(self, ctx, blocks, kwargs) -> str:
-        """Compile each block in place (``module.compile``): the blocks FSDP2 sharded, else the repeated ones."""
-        names = {id(m): name for name, m in ctx.model.named_modules()}
-        for block in blocks:
-            ctx.journal.change(f"compile: {names.get(id(block), type(block).__name__)}",
-                               lambda b=block: b.compile(**kwargs),
-                               lambda b=block: setattr(b, "_compiled_call_impl", None), kind="object")
-        kinds = sorted({type(b).__name__.removeprefix("FSDP") for b in blocks})
-        return (f"{len(blocks)} x {', '.join(kinds)} compiled in place, one by one"
-                + (" (the blocks FSDP2 sharded)" if sharded_blocks(ctx.model) else "") + ": "
-                + listed([names.get(id(b), "?") for b in blocks]) + "; the rest runs eagerly")
 
     def step(self, run, state, optimizer, proceed):
         """Count what compiled since the last step (its warm-up, a recompile), in its state and its report row."""

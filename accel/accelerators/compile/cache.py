@@ -1,13 +1,10 @@
 """compile's compiled artifacts kept in accel's cache folder, so that a second run of a script compiles warm."""
-# torch keeps inductor's compiled graphs (AOTAutograd's, the FX graph cache's, their kernels) in
-# $TORCHINDUCTOR_CACHE_DIR, else /tmp/torchinductor_<user>: a folder the system may clear, shared by every torch
-# program. For the run, accel points the variable at ``compile/`` in its cache folder through the journal; a folder
-# the user chose is theirs. One folder serves every setup (the variable is process-wide; torch's own keys decide what
-# fits); a marker per setup judges whether this one starts warm: an earlier run left it, and graph entries were
-# written since its first run. Not ``torch.compiler.save_cache_artifacts()``: that carries graphs to another machine
-# and needs calls around the compile. No symbolic link in place of compile/ or of its entries is followed (the user
-# names the cache folder): a hostile one would point torch's kernels, accel's tag and markers and `accel cache clear`
-# elsewhere. Each is said in a warning naming it, and torch keeps its own folder. docs/accelerators/compile.md.
+# torch keeps inductor's compiled graphs in $TORCHINDUCTOR_CACHE_DIR, else /tmp/torchinductor_<user> (which the system
+# may clear); for the run, accel points the variable at ``compile/`` in its cache folder, through the journal (a folder
+# the user chose is theirs). One folder serves every setup, torch's own keys decide what fits; a marker per setup says
+# whether this one starts warm. Not ``torch.compiler.save_cache_artifacts()``: it needs calls around the compile. No
+# symbolic link at or in compile/ is followed (a hostile one would point torch's kernels, accel's markers and `accel
+# cache clear` elsewhere): each is said, and torch keeps its own folder. docs/accelerators/compile.md.
 from __future__ import annotations
 
 import contextlib
@@ -19,8 +16,6 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
-
-import torch
 
 from accel.files import cache_dir, linked, read_small, write_text
 from accel.hardware import device_model
@@ -38,32 +33,6 @@ def folder(where: Any = True) -> Path:
     return cache_dir(where) / "compile"
 
 
-def caches_off() -> str:
-    """Why torch will not keep compiled graphs (it compiles them again every run), or "" when it does. The
-    AOTAutograd cache keeps its graphs in the FX graph cache, and is bypassed without it."""
-    import torch._functorch.config
-    import torch._inductor.config
-
-    if torch._inductor.config.force_disable_caches:
-        return "torch.compiler.config.force_disable_caches is True"
-    if not torch._inductor.config.fx_graph_cache:
-        return "torch._inductor.config.fx_graph_cache is False (TORCHINDUCTOR_FX_GRAPH_CACHE=0?)"
-    if not torch._functorch.config.enable_autograd_cache:
-        return "torch._functorch.config.enable_autograd_cache is False (TORCHINDUCTOR_AUTOGRAD_CACHE=0?)"
-    return ""
-
-
-def users_folder() -> str | None:
-    """The folder the user chose for torch's caches, or None: unset, torch's default (torch writes that into the
-    environment at its first look-up), or set by an open run."""
-    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
-
-    chosen = os.environ.get(ENV)
-    if not chosen or os.path.abspath(chosen) == os.path.abspath(default_cache_dir()) or set_by_runs(("environ", ENV)):
-        return None
-    return chosen
-
-
 def graph_entries(where: Path) -> list[Path]:
     """torch's compiled-graph entries in a cache folder: one folder each in aotautograd/, and in fxgraph/ under a
     two-letter prefix."""
@@ -78,8 +47,8 @@ def _folders(path: Path) -> list[Path]:
 
 
 def warm_before(where: Path, facts: dict[str, Any]) -> tuple[bool, int]:
-    """Whether this setup compiled into the folder before (the module's comment says how that is judged), and how
-    many graph entries the folder holds; records this run's marker."""
+    """Whether this setup compiled into the folder before (an earlier run left its marker, and graph entries were
+    written since its first run), and how many graph entries the folder holds; records this run's marker."""
     key = hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()[:24]
     marker = where / MARKERS / f"{key}.json"
     try:  # a pipe, a terabyte or a link: not a marker
@@ -109,13 +78,27 @@ def keep_in_accel_cache(ctx, settings: dict[str, Any]) -> dict[str, str]:
     its plan fails); returns the report's lines: where the cache is, and whether this setup starts warm. Where
     that folder cannot be written (a read-only cache), or holds files accel did not put there, torch's own folder
     is left in place: compile works as it does without accel."""
-    if theirs := users_folder():
+    import torch._functorch.config
+    import torch._inductor.config
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    # the user's folder: neither torch's default (torch writes that into the environment at its first look-up) nor
+    # an open run's
+    theirs = os.environ.get(ENV)
+    if theirs and os.path.abspath(theirs) != os.path.abspath(default_cache_dir()) and not set_by_runs(("environ", ENV)):
         return {"compile cache": f"{theirs} (your {ENV}; accel leaves it as it is)"}
     place = os.path.abspath(folder())  # torch writes back the absolute path: the same value stays the run's
     if unusable := _unusable(Path(place)):
         return {"compile cache": f"torch's own ({place} {unusable})"}
     ctx.journal.setenv(ENV, place)
-    if off := caches_off():
+    # torch keeps no graph with its caches off; the AOTAutograd cache keeps its graphs in the FX graph cache, and is
+    # bypassed without it
+    if off := next((why for why, on in (
+            ("torch.compiler.config.force_disable_caches is True", torch._inductor.config.force_disable_caches),
+            ("torch._inductor.config.fx_graph_cache is False (TORCHINDUCTOR_FX_GRAPH_CACHE=0?)",
+             not torch._inductor.config.fx_graph_cache),
+            ("torch._functorch.config.enable_autograd_cache is False (TORCHINDUCTOR_AUTOGRAD_CACHE=0?)",
+             not torch._functorch.config.enable_autograd_cache)) if on), ""):
         return {"compile cache": place, "warm start": f"off ({off}): the graphs compile again every run"}
     # the marker's setup: what decides its graphs (torch's own keys, finer, decide whether an entry fits)
     warm, count = warm_before(Path(place), {"model": f"{type(ctx.model).__qualname__} {fingerprint(ctx.model)}",

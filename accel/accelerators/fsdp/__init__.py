@@ -9,24 +9,14 @@ your model, optimizer and parameters stay live. Its card: docs/accelerators/fsdp
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 from torch.nn.utils import parametrize
 
-from accel.accelerators.fsdp.surgery import (
-    Originals,
-    Sharding,
-    gather_state,
-    held_by_parameter,
-    reduce_into_shards,
-    shard_like,
-    shard_model,
-    swap_parameters,
-    unshard_model,
-)
+import accel.accelerators.fsdp.surgery as surgery
 from accel.distributed.data_parallel import LAUNCHERS, DataParallel, DataParallelOptions
 from accel.distributed.group import let_go
 from accel.errors import Problem
@@ -55,9 +45,8 @@ class FSDPState(State):
     """The model's sharding while the run holds it (None once run.close() or a later plan took it off; a failed
     later plan puts it back, redone), and what the hooks follow."""
 
-    sharding: Sharding | None = None  # what fully_shard changed, to give the model back (surgery.py)
-    originals: Originals | None = None  # your own parameters while their shards train
-    params: list[tuple[str, nn.Parameter]] = field(default_factory=list)  # the shards, checked for gradient hooks
+    sharding: surgery.Sharding | None = None  # what fully_shard changed, to give the model back
+    originals: surgery.Originals | None = None  # your own parameters while their shards train
     sync: bool = True  # reduce-scatter gradients in backward (False while a step schedule accumulates)
     warned: bool = False  # the StaleWarning about a gradient hook on a shard was given
     watching: Any = None  # the forward hook asking stale until the first run.step() (data_parallel.watch_forward)
@@ -84,8 +73,6 @@ def tied_apart(model: nn.Module, modules: list[nn.Module], names: dict[int, str]
 
 @register
 class FSDP(DataParallel[FSDPOptions, FSDPState]):
-    """Fully sharded data parallel (FSDP2): parameters, gradients and optimizer state split over the ranks."""
-
     name = "fsdp"
     stage = Stage.DISTRIBUTION
     provides = (Capability.MODEL_DISTRIBUTED, Capability.DATA_SHARD, Capability.MODEL_SHARDED)
@@ -157,7 +144,6 @@ class FSDP(DataParallel[FSDPOptions, FSDPState]):
         model, state = ctx.model, FSDPState(changes=changes)  # state.sharding: the model's sharding now
         kept = tied_apart(model, [m for m in model.modules() if keeps_float32(m) and m is not model], names)[0] + (
             [model] if keeps_float32(model) else []) if dtype is not None else []
-        own = {m: {"mp_policy": MixedPrecisionPolicy()} for m in kept}
 
         # torch 2.8's gloo reduce-scatter summed under ReduceOp.AVG; SUM and a division are right everywhere
         sums = torch.distributed.get_backend(mesh.get_group()) == "gloo"
@@ -165,30 +151,28 @@ class FSDP(DataParallel[FSDPOptions, FSDPState]):
                                          "average on every torch)" if sums else "average")
 
         def shard():  # also redone when a later plan on this model fails and this run is given back
-            state.sharding = shard_model(model, blocks, own, sums, **kwargs)
-            state.params = list(model.named_parameters())  # the shards, checked for gradient hooks every step
-            state.originals = Originals(model, state.sharding)
+            state.sharding = surgery.shard_model(model, blocks, kept, sums, **kwargs)
+            state.originals = surgery.Originals(model, state.sharding)
             if not state.sync:  # redone mid-run: the new FSDP state reduces by default, the run said not to
                 self.gradient_sync(None, state, False)
 
         def unshard():  # a collective; FSDP's own state (its gradient-sync flag with it) goes with the sharding
             if state.sharding is not None:
                 sharding, state.sharding = state.sharding, None
-                unshard_model(sharding)
+                surgery.unshard_model(sharding)
 
         ctx.journal.change(f"fsdp: fully_shard on {len(blocks)} block(s) and the root", shard, unshard, kind="object")
         optimizer = ctx.optimizer
+        follow = torch.compiler.disable(lambda *_: state.originals.follow(optimizer))  # eager under compile too
         if optimizer is not None:
             ctx.journal.change(
                 "fsdp: the optimizer's parameters replaced by their shards",
-                lambda: swap_parameters(optimizer, state.originals.shards, shard_like),
-                lambda: swap_parameters(optimizer, {id(shard): mine for mine, shard in state.originals.pairs},
-                                        lambda value, _: gather_state(value)),
+                lambda: surgery.swap_parameters(optimizer, state.originals.shards, surgery.shard_like),
+                lambda: surgery.swap_parameters(optimizer, {id(shard): mine for mine, shard in state.originals.pairs},
+                                                lambda value, _: surgery.gather_state(value)),
                 kind="object")
             ctx.journal.hook("fsdp: a group added later over your own parameters swapped for their shards at the "
-                             "step", lambda: optimizer.register_step_pre_hook(
-                                 lambda *_: state.originals.follow(optimizer)))
-        follow = torch.compiler.disable(lambda *_: state.originals.follow(optimizer))  # eager under compile too
+                             "step", lambda: optimizer.register_step_pre_hook(follow))
         ctx.journal.hook("fsdp: your own parameters' unfreezing, and groups added over them, followed before each "
                          "forward", lambda: model.register_forward_pre_hook(follow, prepend=True))
         self.watch_forward(ctx, model, state)
@@ -215,7 +199,7 @@ class FSDP(DataParallel[FSDPOptions, FSDPState]):
         return state
 
     def stale(self, state):
-        if hooked := [name for name, p in state.params
+        if hooked := [state.originals.names[id(p)] for _, p in state.originals.pairs  # the shards
                       if getattr(p, "_backward_hooks", None) or getattr(p, "_post_accumulate_grad_hooks", None)]:
             return (f"a gradient hook on the parameter(s) {hooked[:4]} never runs: under FSDP2 autograd computes the "
                     "gradient of the gathered weight and the shard's gradient comes from the reduce-scatter; hook the "
@@ -234,11 +218,11 @@ class FSDP(DataParallel[FSDPOptions, FSDPState]):
         """The gradients FSDP2 holds unreduced while gradient sync is off (accumulation's micro-steps): what a
         grad_accumulation that stands aside multiplies back."""
         sharded = state.sharding.sharded if state.sharding is not None else []
-        return [g for _, held in held_by_parameter(sharded) for g in held]
+        return [g for _, held in surgery.held_by_parameter(sharded) for g in held]
 
     def release_held_gradients(self, run, state):
         """The loop stepped the optimizer itself mid-accumulation: FSDP2 would reduce what it holds only in the next
         synced backward, a step late. Reduced now into the shards' .grad, as its reduce-scatter would."""
         if state.sharding is not None:
-            reduce_into_shards(state.sharding.sharded)
+            surgery.reduce_into_shards(state.sharding.sharded)
 

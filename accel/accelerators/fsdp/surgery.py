@@ -35,12 +35,13 @@ def _holders(module: nn.Module) -> dict[str, dict]:
             for where in (*HOOK_DICTS, "__dict__")}
 
 
-def shard_model(model: nn.Module, blocks: list[nn.Module], own: dict, sum_reductions: bool, **kwargs) -> Sharding:
-    """fully_shard each block, then the root, recording what changes (the model is changed in place); ``own``
-    maps modules sharded on their own to the options they take instead (float32 under amp; one may be a block, the
-    root, or hold one). Each module is sharded once, inside ones before those around them, as FSDP2 needs.
-    ``sum_reductions``: gradients reduced with SUM and divided by the world size apart, never with ReduceOp.AVG."""
-    from torch.distributed.fsdp import fully_shard
+def shard_model(model: nn.Module, blocks: list[nn.Module], float32: list[nn.Module], sum_reductions: bool,
+                **kwargs) -> Sharding:
+    """fully_shard each block, then the root, recording what changes (the model is changed in place); ``float32``:
+    modules sharded on their own with float32 parameters under amp (one may be a block, the root, or hold one). Each
+    module is sharded once, inside ones before those around them, as FSDP2 needs. ``sum_reductions``: gradients
+    reduced with SUM and divided by the world size apart, never with ReduceOp.AVG."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     record = Sharding(slots=[(m, leaf, p) for m in model.modules() for leaf, p in m._parameters.items()
                              if p is not None],
@@ -54,9 +55,9 @@ def shard_model(model: nn.Module, blocks: list[nn.Module], own: dict, sum_reduct
         return record
 
     try:
-        chosen = {*own, *blocks, model}
+        chosen = {*float32, *blocks, model}
         for module in [m for m in reversed(list(model.modules())) if m in chosen]:
-            fully_shard(module, **{**kwargs, **own.get(module, {})})
+            fully_shard(module, **{**kwargs, **({"mp_policy": MixedPrecisionPolicy()} if module in float32 else {})})
             record.sharded.append(module)
             if sum_reductions:
                 module.set_force_sum_reduction_for_comms(True)
@@ -66,7 +67,11 @@ def shard_model(model: nn.Module, blocks: list[nn.Module], own: dict, sum_reduct
     return recorded()
 
 
-GROUP_FIELDS = ("shard_process_group", "reduce_scatter_process_group", "replicate_process_group")
+def param_groups(sharded: list[nn.Module]) -> list[Any]:
+    """FSDP2's param groups of the sharded modules: torch 2.15 keeps a list of them per module, 2.8 one group."""
+    states = [module._get_fsdp_state() for module in sharded if hasattr(module, "_get_fsdp_state")]
+    return [g for state in states for g in getattr(state, "_fsdp_param_groups", None)
+            or [getattr(state, "_fsdp_param_group", None)] if g is not None]
 
 
 def let_go_of_fsdp(sharded: list[nn.Module]) -> None:
@@ -74,16 +79,13 @@ def let_go_of_fsdp(sharded: list[nn.Module]) -> None:
     its first forward (beyond what shard_model recorded), and the process group in its mesh infos. Left, each keeps
     the group and gloo's threads alive: in the user's model, or in FSDP's own cyclic state, garbage that a forked
     DataLoader worker would inherit (and whose destructor there joins threads the child does not have)."""
-    states = [module._get_fsdp_state() for module in sharded if hasattr(module, "_get_fsdp_state")]
-    groups = [g for state in states  # one param group per module, or a list of them (newer torch)
-              for g in getattr(state, "_fsdp_param_groups", None) or [getattr(state, "_fsdp_param_group", None)]]
-    for group in [g for g in groups if g is not None]:
+    for group in param_groups(sharded):
         for name in ("_module_to_pre_save_state_dict_hook_handle", "_module_to_pre_load_state_dict_hook_handle"):
             for handle in getattr(group, name, {}).values():
                 handle.remove()
         for holder in [group, *getattr(group, "fsdp_params", [])]:
             for info in (getattr(holder, "mesh_info", None), getattr(holder, "post_forward_mesh_info", None)):
-                for field_name in GROUP_FIELDS:
+                for field_name in ("shard_process_group", "reduce_scatter_process_group", "replicate_process_group"):
                     if getattr(info, field_name, None) is not None:
                         setattr(info, field_name, None)
 
@@ -94,9 +96,8 @@ def unshard_model(record: Sharding) -> None:
         module.reshard()  # a forward without backward (eval) may have left a module unsharded
     full: dict[int, torch.Tensor] = {}
     for module, leaf, original in record.slots:  # in the model's order on every rank: the gathers pair up
-        current = module._parameters.get(leaf)
         if id(original) not in full:
-            full[id(original)] = gather_state(current).detach()
+            full[id(original)] = gather_state(module._parameters.get(leaf)).detach()
     let_go_of_fsdp(record.sharded)
     for module, where, key in reversed(record.added):
         _holders(module)[where].pop(key, None)
@@ -183,17 +184,13 @@ class Originals:
 
 
 def held_by_parameter(sharded: list[nn.Module]) -> Iterator[tuple[Any, list[torch.Tensor]]]:
-    """Each FSDPParam of the sharded modules with the unsharded gradients it holds (FSDP2's state: torch 2.15 keeps
-    one list of param groups per module, 2.8 one group; the gradient sits on the unsharded parameter, or in
-    ``_unsharded_accumulated_grad`` where it accumulates in another dtype)."""
-    for module in sharded:
-        fsdp_state = module._get_fsdp_state()
-        groups = getattr(fsdp_state, "_fsdp_param_groups", None) or [getattr(fsdp_state, "_fsdp_param_group", None)]
-        for fsdp_param in (p for group in groups if group is not None for p in group.fsdp_params):
-            param = getattr(fsdp_param, "_unsharded_param", None)
-            grads = [getattr(param, "grad", None), getattr(fsdp_param, "_unsharded_accumulated_grad", None)]
-            if held := list({id(g): g for g in grads if g is not None}.values()):
-                yield fsdp_param, held
+    """Each FSDPParam of the sharded modules with the unsharded gradients it holds: on the unsharded parameter, or
+    in ``_unsharded_accumulated_grad`` where it accumulates in another dtype."""
+    for fsdp_param in (p for group in param_groups(sharded) for p in group.fsdp_params):
+        param = getattr(fsdp_param, "_unsharded_param", None)
+        grads = [getattr(param, "grad", None), getattr(fsdp_param, "_unsharded_accumulated_grad", None)]
+        if held := list({id(g): g for g in grads if g is not None}.values()):
+            yield fsdp_param, held
 
 
 def reduce_into_shards(sharded: list[nn.Module]) -> None:

@@ -19,11 +19,10 @@ from typing import Any
 import torch
 from torch import nn
 
+import accel.accelerators.prune.selection as selection
 from accel import randomness
-from accel.accelerators.prune.config import DEFAULT_CONFIG, PRUNERS, config_problems
 from accel.accelerators.prune.diagnosis import empty_message, same_for_every_input
 from accel.accelerators.prune.speedup import count, nni_quiet, output_shapes, shape_changes, speed_up, surgery
-from accel.accelerators.prune.tracing import fx_trace, keep_outputs, structure_problems
 from accel.batches import describe_batch, move
 from accel.errors import Problem
 from accel.optim import copy_with_optimizer, describe_optimizer, init_kwargs, rebuild_optimizer, same_params
@@ -62,8 +61,9 @@ def foreign_kept(optimizer: torch.optim.Optimizer | None, model: nn.Module):
 
 @dataclass(frozen=True, kw_only=True)
 class PruneOptions(Options):
-    pruner: str = option("l1", (str,), choices=tuple(PRUNERS), help="l1/l2 norm, fpgm, or taylor (trains to score)")
-    config_list: list = option(DEFAULT_CONFIG, (list,),
+    pruner: str = option("l1", (str,), choices=tuple(selection.PRUNERS),
+                         help="l1/l2 norm, fpgm, or taylor (trains to score)")
+    config_list: list = option(selection.DEFAULT_CONFIG, (list,),
                                help="NNI config dicts (op_types, op_names, sparse_ratio, ...)")
     warmup_steps: int = option(0, (int,), check=at_least(0), help="train this many steps on the loader first")
     taylor_steps: int = option(20, (int,), check=at_least(1), help="taylor: training steps that score the channels")
@@ -75,8 +75,6 @@ class PruneOptions(Options):
 
 @register
 class Prune(Accelerator[PruneOptions, State]):
-    """Structured pruning with NNI, then real surgery: smaller layers, fewer parameters, faster steps."""
-
     name = "prune"
     stage = Stage.SURGERY
     requires = ("nni",)
@@ -86,17 +84,16 @@ class Prune(Accelerator[PruneOptions, State]):
 
     def check(self, ctx):
         config = self.config
-        found = config_problems(config.config_list, ctx.model)
+        found = selection.config_problems(config.config_list, ctx.model)
         problems = [Problem(self.name, message, field="config_list") for message in found]
         if config.dummy_input is None and ctx.loader is None:
             problems.append(Problem(self.name, "needs a dummy_input or a loader to take one from", field="dummy_input",
                                     kind="missing"))
         trains = [f for f, on in (("warmup_steps", config.warmup_steps > 0), ("pruner", config.pruner == "taylor"))
                   if on]
-        for field in trains:
-            if ctx.loader is None or ctx.optimizer is None:
-                problems.append(Problem(self.name, "needs the loader and the optimizer (it trains)", field=field,
-                                        value=getattr(config, field), kind="missing"))
+        if ctx.loader is None or ctx.optimizer is None:
+            problems += [Problem(self.name, "needs the loader and the optimizer (it trains)", field=field,
+                                 value=getattr(config, field), kind="missing") for field in trains]
         batch = None
         if ctx.loader is not None and (config.dummy_input is None or trains):
             batch = first_batch(ctx.loader)
@@ -105,13 +102,13 @@ class Prune(Accelerator[PruneOptions, State]):
         runs = self._run_problems(ctx, dummy) if dummy is not None else []
         problems += runs
         try:
-            graph = fx_trace(ctx.model)
+            graph = selection.fx_trace(ctx.model)
         except ValueError as error:
             problems.append(Problem(self.name, f"{error}; ModelSpeedup needs a torch.fx graph (the model was left "
                                     "as it was)", field="model", value=type(ctx.model).__name__))
             return problems
         if not found:
-            structure = structure_problems(config.config_list, ctx.model, graph)
+            structure = selection.structure_problems(config.config_list, ctx.model, graph)
             problems += [Problem(self.name, message, field="config_list") for message in structure]
             if not (structure or runs or trains) and dummy is not None:
                 problems += self._empty_problems(ctx, graph, dummy)
@@ -145,8 +142,8 @@ class Prune(Accelerator[PruneOptions, State]):
 
         ratios = [{k: float(v) if k.endswith("sparse_ratio") else v for k, v in c.items()}
                   for c in self.config.config_list]
-        config_list, kept = keep_outputs(ratios, model, fx_trace(model))
-        pruner = getattr(pruning, PRUNERS[self.config.pruner])(model, config_list, *evaluator)
+        config_list, kept = selection.keep_outputs(ratios, model, selection.fx_trace(model))
+        pruner = getattr(pruning, selection.PRUNERS[self.config.pruner])(model, config_list, *evaluator)
         _, masks = pruner.compress()
         pruner.unwrap_model()
         return masks, kept
@@ -154,18 +151,15 @@ class Prune(Accelerator[PruneOptions, State]):
     def _batch_problems(self, batch, trains):
         if batch is None:
             return [Problem(self.name, "the loader yields no batch", field="dummy_input" if not trains else trains[0])]
-        problems = []
-        if self.config.dummy_input is None and model_input(batch) is None:
-            problems.append(Problem(self.name, f"the loader's batches are {describe_batch(batch)}, not a tensor or an "
-                                    "(inputs, ...) tuple: pass the model's input as dummy_input=...",
-                                    field="dummy_input"))
+        problems = [Problem(self.name, f"the loader's batches are {describe_batch(batch)}, not a tensor or an "
+                            "(inputs, ...) tuple: pass the model's input as dummy_input=...", field="dummy_input")
+                    ] if self.config.dummy_input is None and model_input(batch) is None else []
         trainable = isinstance(batch, (list, tuple)) and len(batch) >= 2 and isinstance(batch[0], torch.Tensor)
-        for field in trains if not trainable else ():  # warm-up and Taylor steps: loss_fn(model(batch[0]), batch[1])
-            problems.append(Problem(self.name, f"trains with loss_fn(model(batch[0]), batch[1]), but the loader's "
-                                    f"batches are {describe_batch(batch)}: use a loader of (inputs, targets) "
-                                    "batches, or no warm-up and a pruner that does not train (l1, l2, fpgm)",
-                                    field=field, value=getattr(self.config, field)))
-        return problems
+        return problems + [  # warm-up and Taylor steps: loss_fn(model(batch[0]), batch[1])
+            Problem(self.name, f"trains with loss_fn(model(batch[0]), batch[1]), but the loader's batches are "
+                    f"{describe_batch(batch)}: use a loader of (inputs, targets) batches, or no warm-up and a pruner "
+                    "that does not train (l1, l2, fpgm)", field=field, value=getattr(self.config, field))
+            for field in (trains if not trainable else ())]
 
     def _run_problems(self, ctx, dummy):
         """NNI runs the model on the dummy input: a model that needs more than the batch's first item (a mask
@@ -196,7 +190,7 @@ class Prune(Accelerator[PruneOptions, State]):
         def loss_of(batch, model):  # NNI's training_step signature
             return loss_fn(model(batch[0]), batch[1])
 
-        changes: dict[str, Any] = {"pruner": PRUNERS[config.pruner], "parameters_before": count(user_model)}
+        changes: dict[str, Any] = {"pruner": selection.PRUNERS[config.pruner], "parameters_before": count(user_model)}
         modes = {name: module.training for name, module in model.named_modules()}  # a frozen BatchNorm's eval
         with randomness.kept(ctx.loader), foreign_kept(optimizer, model), nni_quiet():
             if config.warmup_steps:

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 from torch.utils._pytree import tree_leaves
@@ -69,15 +69,9 @@ def _kept(mask: Any, dim: int) -> torch.Tensor | None:
     return mask.sum(dim=[d for d in range(mask.dim()) if d != dim]) != 0 if mask.dim() > 1 else mask != 0
 
 
-class Empty(NamedTuple):
-    layer: str
-    kind: str  # the module's class, with its groups when it has several
-    lost: str  # what it would keep no channel of
-    grouped: bool  # a group of a grouped convolution with channels on one side only
-
-
-def empty_layers(graph: torch.fx.GraphModule, node_infos: Mapping) -> list[Empty]:
-    """The layers ModelSpeedup would rebuild with no channel on a side, from the masks it inferred (NNI's
+def empty_layers(graph: torch.fx.GraphModule, node_infos: Mapping) -> list[tuple[str, str, str, bool]]:
+    """(layer, its class and groups, what it keeps no channel of, whether a group of a grouped convolution did) for
+    the layers ModelSpeedup would rebuild with no channel on a side, from the masks it inferred (NNI's
     convert_to_coarse_mask: a channel is kept where any of its values is): no input channel; no output channel for
     a layer that makes its own (Conv, Linear, Embedding); or a group of a grouped convolution that keeps channels
     on one side only. NNI cannot build those: EmptyLayerError or UnBalancedGroupError for a convolution, and a
@@ -100,12 +94,12 @@ def empty_layers(graph: torch.fx.GraphModule, node_infos: Mapping) -> list[Empty
         groups = getattr(module, "groups", 1)
         kind += f", groups={groups}" if groups > 1 else ""
         if lost:
-            found.append(Empty(node.target, kind, " and ".join(lost), False))
+            found.append((node.target, kind, " and ".join(lost), False))
         elif groups > 1 and kept_in is not None and kept_out is not None:
             per_in, per_out = kept_in.view(groups, -1).sum(1), kept_out.view(groups, -1).sum(1)
             if bad := [g for g in range(groups) if (per_in[g] > 0) != (per_out[g] > 0)]:
-                found.append(Empty(node.target, kind, f"group {bad[0]} keeping {int(per_in[bad[0]])} input and "
-                                   f"{int(per_out[bad[0]])} output channels ({len(bad)} such group(s))", True))
+                found.append((node.target, kind, f"group {bad[0]} keeping {int(per_in[bad[0]])} input and "
+                              f"{int(per_out[bad[0]])} output channels ({len(bad)} such group(s))", True))
     return found
 
 
@@ -122,18 +116,16 @@ def empty_message(speedup: Any) -> tuple[str, str]:
     """(what is wrong, what is allowed): which layer NNI's ModelSpeedup (its mask inference run, ``.empty`` found)
     would empty, and why: the values it takes for pruned because they vary for no input, a grouped convolution whose
     groups lose their channels apart, or masks that leave a layer nothing."""
-    empty, graph, node_infos = speedup.empty, speedup.graph_module, speedup.node_infos
+    graph, node_infos = speedup.graph_module, speedup.node_infos
     causes = same_for_every_input(graph, speedup.dummy_input)
-    first = empty[0]
-    text = f"pruning would leave layer {first.layer!r} ({first.kind}) with {first.lost}"
-    if len(empty) > 1:
-        text += f", and {len(empty) - 1} more layer(s) too: {_some([e.layer for e in empty[1:]])}"
+    (layer, kind, lost, grouped), *others = speedup.empty
+    text = f"pruning would leave layer {layer!r} ({kind}) with {lost}"
+    if others:
+        text += f", and {len(others)} more layer(s) too: {_some([other[0] for other in others])}"
     nodes = {n.name: n for n in graph.graph.nodes}
     if hit := {node: cause for node, cause in causes.items()
                if node in nodes and _masked(node_infos[nodes[node]].output_masks)}:
-        kinds: dict[str, list[str]] = {}
-        for kind, what in hit.values():
-            kinds.setdefault(kind, []).append(what)
+        kinds = {each: [what for cause, what in hit.values() if cause == each] for each, _ in hit.values()}
         text += (". NNI's ModelSpeedup takes for pruned every value that is the same for all the samples of its "
                  "random batch; these are: " + "; ".join(CAUSES[k].format(_some(v, quote=False))
                                                          for k, v in kinds.items()))
@@ -142,10 +134,10 @@ def empty_message(speedup: Any) -> tuple[str, str]:
             text += "; so the model's whole output counts as pruned, and NNI spreads that back to the layers that " \
                     "feed it"
         return text, TRAIN_FIRST
-    if first.grouped:
+    if grouped:
         return (text + ": a grouped convolution keeps or loses each group's input and output channels together, "
                 "but its inputs follow the layers before it and its outputs its own mask (or the layers after it)",
-                f"grouped convolutions left out of config_list (exclude_op_names=[{first.layer!r}, ...]), so that "
+                f"grouped convolutions left out of config_list (exclude_op_names=[{layer!r}, ...]), so that "
                 "their outputs follow their inputs")
     return (text + ": the masks of the layers around it leave it nothing",
             "fewer layers selected, or a lower sparse_ratio")

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from accel.accelerators.prune.diagnosis import empty_layers, empty_message
-from accel.accelerators.prune.tracing import fx_trace
+from accel.accelerators.prune.selection import fx_trace
 from accel.batches import map_tensors
 from accel.modules import buffer_values, put_back_buffers, tied_groups
 
@@ -34,10 +34,8 @@ def count(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-class _Quieting:
-    """How many blocks are inside nni_quiet now (threads pruning at once), and NNI's logger before the first."""
-
-    lock, inside, saved = threading.Lock(), 0, (logging.NOTSET, [], True)
+_quieting = threading.Lock()  # nni_quiet's: how many blocks are inside now (threads pruning at once), NNI's logger
+_inside, _saved = 0, (logging.NOTSET, [], True)  # before the first
 
 
 @contextlib.contextmanager
@@ -48,20 +46,21 @@ def nni_quiet():
     logger and the last out restores it: two threads pruning at once leave it as it was, each quiet throughout."""
     import nni  # noqa: F401
 
+    global _inside, _saved
     logger = logging.getLogger("nni")
-    with _Quieting.lock:
-        if not _Quieting.inside:
-            _Quieting.saved = logger.level, logger.handlers, logger.propagate
+    with _quieting:
+        if not _inside:
+            _saved = logger.level, logger.handlers, logger.propagate
             logger.setLevel(logging.WARNING)  # NNI logs every replaced module at INFO
             logger.handlers, logger.propagate = [_ToAccel()], False
-        _Quieting.inside += 1
+        _inside += 1
     try:
         yield
     finally:
-        with _Quieting.lock:
-            _Quieting.inside -= 1
-            if not _Quieting.inside:
-                level, handlers, propagate = _Quieting.saved
+        with _quieting:
+            _inside -= 1
+            if not _inside:
+                level, handlers, propagate = _saved
                 logger.setLevel(level)
                 logger.handlers, logger.propagate = handlers, propagate
 
@@ -163,9 +162,8 @@ def surgery(model: nn.Module, dummy: Any, masks: dict) -> None:
 
 @functools.cache
 def speedup_class() -> type:
-    """NNI's ModelSpeedup, checking the masks it inferred before it rebuilds anything: a layer it would empty is a
-    ValueError naming the layer and why, and any failure to rebuild a layer names the layer. With dry_run it infers
-    the masks (``.empty``) and rebuilds nothing."""
+    """NNI's ModelSpeedup, checking the masks it inferred before it rebuilds anything (``dry_run``: nothing after):
+    a layer it would empty is a ValueError naming the layer and why, and any failure to rebuild a layer names it."""
     from nni.compression.speedup import ModelSpeedup
     from nni.compression.speedup.replacement import replace_module
     from nni.compression.speedup.replacer import DefaultReplacer
