@@ -861,20 +861,20 @@ def test_a_loss_the_plain_loop_gives_too_is_the_datas_fault_and_no_arm_pays(virt
 def test_judging_a_fault_changes_nothing_the_training_holds():
     """The replay under the plain loop runs in train mode without grad, and puts back every buffer (BatchNorm's
     running statistics) and torch's RNG."""
-    from accel.search.fault import Capture, Fault, blame
+    from accel.search.fault import Fault, Faults, blame
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Dropout(0.5), nn.Linear(8, 3))
-    capture = Capture(model)
+    capture = Faults(model, tolerance=0.05)
     inputs = torch.randn(6, 4)
     output = model(inputs)
-    calls = capture.take()
+    calls, capture.forwards = capture.forwards, []
     before = {k: v.clone() for k, v in model.state_dict().items()}
     rng = torch.get_rng_state()
     verdict = blame(model, Fault(3, "x", calls), tolerance=0.05, capture=capture)
     assert not verdict.plan and verdict.who == "the data or the loop", verdict  # the same output, dropout's mask too
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
-    assert torch.equal(torch.get_rng_state(), rng) and model.training and not capture.calls
+    assert torch.equal(torch.get_rng_state(), rng) and model.training and not capture.forwards
     poisoned = Fault(3, "x", [dataclasses_replace(calls[0], output=output.detach() * float("nan"))])
     assert blame(model, poisoned, tolerance=0.05).plan
     capture.remove()

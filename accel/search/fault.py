@@ -31,46 +31,6 @@ class Call:
     output: Any = None
 
 
-class Capture:
-    """Your model's forwards with grad since the last backward (a deepcopy of it, an EMA's, shares the hooks and is
-    ignored)."""
-
-    def __init__(self, model: torch.nn.Module):
-        self.model, self.calls, self.paused, self.removed, self.handles = model, [], False, False, []
-        ref = weakref.ref(self)
-
-        def before(module, args, kwargs):
-            capture = ref()
-            if capture is not None and not capture.paused and module is model and torch.is_grad_enabled():
-                capture.calls = capture.calls[-(MAX_CALLS - 1):] + [Call(args, kwargs, torch.get_rng_state())]
-
-        def after(module, args, output):
-            capture = ref()
-            if capture is not None and not capture.paused and module is model and torch.is_grad_enabled() \
-                    and capture.calls and capture.calls[-1].output is None:
-                capture.calls[-1].output = tree_map(lambda t: t.detach() if isinstance(t, torch.Tensor) else t, output)
-
-        self.hooks = (before, after)
-        self.attach()
-
-    def attach(self) -> None:
-        """(Again) the last of your model's hooks, after a switch: the output kept is the one your loss saw."""
-        if not self.removed:
-            for handle in self.handles:
-                handle.remove()
-            self.handles = [self.model.register_forward_pre_hook(self.hooks[0], with_kwargs=True),
-                            self.model.register_forward_hook(self.hooks[1])]
-
-    def take(self) -> list[Call]:
-        calls, self.calls = self.calls, []
-        return calls
-
-    def remove(self) -> None:
-        for handle in self.handles:
-            handle.remove()
-        self.handles, self.calls, self.removed = [], [], True
-
-
 @dataclass
 class Fault:
     """A loss that was not finite: the step, the plan in place, its forwards, and the model's state then (None: as
@@ -109,7 +69,7 @@ def _same(a: Any, b: Any, tolerance: float) -> bool:
         <= tolerance * max(float(y.float().abs().max()), 1e-6) for x, y in zip(left, right))
 
 
-def replay(model: torch.nn.Module, calls: list[Call], state: dict | None, capture: Capture | None = None) -> list:
+def replay(model: torch.nn.Module, calls: list[Call], state: dict | None, capture: Faults | None = None) -> list:
     """The model's outputs on these forwards' inputs under the plain loop, in the state given, in full precision;
     parameters, buffers and torch's RNG are put back however it ends."""
     kept, rng = snapshot(model), torch.get_rng_state()
@@ -135,7 +95,7 @@ def replay(model: torch.nn.Module, calls: list[Call], state: dict | None, captur
             capture.paused = False
 
 
-def blame(model: torch.nn.Module, fault: Fault, tolerance: float, capture: Capture | None = None) -> Blame:
+def blame(model: torch.nn.Module, fault: Fault, tolerance: float, capture: Faults | None = None) -> Blame:
     """Judge a fault under the plain loop (the search has switched to it)."""
     at, during = f"at step {fault.step}", f"at step {fault.step} ({fault.plan} in place)"
 
@@ -170,16 +130,46 @@ def blame(model: torch.nn.Module, fault: Fault, tolerance: float, capture: Captu
 
 class Faults:
     """The losses of the measured steps, checked: on a CPU at each step before its update (judged in the weights it
-    happened in), on an accelerator at the chunk's end. ``blames``: the faults no plan paid for, each kind once."""
+    happened in), on an accelerator at the chunk's end, with your model's forwards with grad since the last backward,
+    kept by hooks (a deepcopy of it, an EMA's, shares the hooks and is ignored). ``blames``: the faults no plan paid
+    for, each kind once."""
 
     def __init__(self, model: torch.nn.Module, tolerance: float):
-        self.model, self.tolerance, self.capture = model, tolerance, Capture(model)
-        self.losses, self.calls, self.record, self.blames = [], [], [], []
+        self.model, self.tolerance, self.paused, self.removed, self.handles = model, tolerance, False, False, []
+        self.forwards, self.losses, self.calls, self.record, self.blames = [], [], [], [], []
         self.fault: Fault | None = None  # this chunk's first loss that was not finite, judged at its end
+        ref = weakref.ref(self)
+
+        def before(module, args, kwargs):
+            own = ref()
+            if own is not None and not own.paused and module is model and torch.is_grad_enabled():
+                own.forwards = own.forwards[-(MAX_CALLS - 1):] + [Call(args, kwargs, torch.get_rng_state())]
+
+        def after(module, args, output):
+            own = ref()
+            if own is not None and not own.paused and module is model and torch.is_grad_enabled() \
+                    and own.forwards and own.forwards[-1].output is None:
+                own.forwards[-1].output = tree_map(lambda t: t.detach() if isinstance(t, torch.Tensor) else t, output)
+
+        self.hooks = (before, after)
+        self.attach()
+
+    def attach(self) -> None:
+        """(Again) the last of your model's hooks, after a switch: the output kept is the one your loss saw."""
+        if not self.removed:
+            for handle in self.handles:
+                handle.remove()
+            self.handles = [self.model.register_forward_pre_hook(self.hooks[0], with_kwargs=True),
+                            self.model.register_forward_hook(self.hooks[1])]
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.handles, self.forwards, self.removed = [], [], True
 
     def backward(self, loss: torch.Tensor) -> None:
         self.losses.append(loss.detach())
-        self.calls += self.capture.take()
+        self.calls, self.forwards = self.calls + self.forwards, []
 
     def before_update(self, step: int, plan: str, on_cpu: bool, copy: bool) -> float:
         """Check this step's losses; the seconds a copy of the weights took (not the plan's: the chunk skips them)."""
@@ -199,15 +189,14 @@ class Faults:
         fault, record, self.fault, self.record = self.fault, self.record, None, []
         return fault or next((Fault(step, plan, calls) for step, losses, calls in record if not finite(losses)), None)
 
-    def judge(self, fault: Fault, plain: bool, to_plain) -> Blame:
-        """Whose fault: the plan's, or the plain loop's too (replayed under it, after ``to_plain()``)."""
+    def judge(self, fault: Fault, plain: bool) -> Blame:
+        """Whose fault: the plan's, or the plain loop's too (replayed under it: the plain loop is in place)."""
         if plain:
             blamed = Blame(False, "the data or the loop", f"a loss was not finite at step {fault.step} under the "
                                                           "plain loop itself", fault.step)
         else:
-            to_plain()
             with deferred():  # the replay puts your model's weights back: never half-way
-                blamed = blame(self.model, fault, self.tolerance, self.capture)
+                blamed = blame(self.model, fault, self.tolerance, self)
         if not blamed.plan:
             same = next((b for b in self.blames if b.who == blamed.who), None)
             same.also.append(blamed.step) if same is not None else self.blames.append(blamed)

@@ -25,12 +25,11 @@ from accel.run.checkpoint_fit import training_plan
 from accel.run.interrupts import clean_up, deferred
 from accel.run.state import load_saved, plan_of, read_saved
 from accel.search.fault import Faults
-from accel.search.loader import SearchLoader
 from accel.search.results import TuneResult, cached_answer, distribute
 from accel.search.settings import Auto, candidates_of, placed
 from accel.search.strategy import Search
 from accel.search.turns import Turns
-from accel.search.words import SearchState, say, verdict
+from accel.search.words import SearchLoader, SearchState, say, verdict
 
 CHUNK_S = 0.5  # a chunk's timed steps take about this long (tests shorten it here)
 ENDED = "the run ended while it measured what budget was left"
@@ -120,7 +119,7 @@ class InLoopSearch:
         elif self.phase == "chosen":
             self._settle(ENDED, switch=False)
         with deferred():
-            self.faults.capture.remove()
+            self.faults.remove()
             self.watching.remove()
             interrupted = self._open_run() if self.switching else None
             for run in dict.fromkeys(r for r in (interrupted, self.current) if r is not None):  # the newest first
@@ -158,8 +157,9 @@ class InLoopSearch:
         return info
 
     def _switch_back(self, plan: dict[str, dict]) -> None:
+        """The plan was switched away and back under this chunk (a refused run.load): it starts again."""
         self.switch(plan)
-        self.turns.restart_chunk()
+        self.turns.chunk.steps, self.turns.chunk.untimed, self.faults.record = 0, 1, []
 
     def switch(self, plan: dict[str, dict], arm: Any = None) -> bool | None:
         """accelerate() on your objects with this plan: True when switched, False when it was in place, None when
@@ -186,7 +186,7 @@ class InLoopSearch:
                 self.switched_at = clock.now()
                 self.switch_s += self.switched_at - began
             self.current, self.switching, run.report.search, run.report.tuning = run, False, self.search, self.result
-            self.faults.capture.attach()  # after the plan's own hooks on your model
+            self.faults.attach()  # after the plan's own hooks on your model
             for accelerator in run.accelerators:  # those handed over by the run before already have theirs
                 if accelerator.name not in leaving and accelerator.name in self.saved:
                     with contextlib.suppress(ValueError):  # another configuration of it: it starts afresh
@@ -250,7 +250,7 @@ class InLoopSearch:
         self.result = self.current.report.tuning = verdict(self, why, plan, result)
         if switch:
             self.switch(self.loader.now(self.result.plan.to_dict()))
-        self.faults.capture.remove()
+        self.faults.remove()
         say(self)
 
     def for_ranks(self, result: TuneResult) -> TuneResult:

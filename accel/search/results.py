@@ -200,7 +200,7 @@ class Arm:
 
     @property
     def name(self) -> str:
-        return plan_label(self.plan)
+        return plan_label(self.plan) if self.plan else "the plain loop"
 
     @property
     def usable(self) -> bool:

@@ -93,7 +93,7 @@ class Turns:
             self.cut = self.cut or unmeasured[0].reason == OUT
             return self.answer(unmeasured)
         if request.costly:
-            run.faults.capture.remove()  # compile would trace hooks on the model: no replay from here
+            run.faults.remove()  # compile would trace hooks on the model: no replay from here
         self.challengers = [self.arm(plan) for plan in request.challengers]
         for arm in self.challengers:
             if arm.status in ("waiting", "measuring", "measured"):  # one that could not run before is not tried again
@@ -160,10 +160,6 @@ class Turns:
             self.chunk.starts(self.run.switched_at, self.run.loader.waited_s)
         say(self.run)
 
-    def restart_chunk(self) -> None:
-        """The plan was switched away and back under this chunk (a refused run.load): it starts again."""
-        self.chunk.steps, self.chunk.untimed, self.run.faults.record = 0, 1, []
-
     def before_update(self) -> None:
         spent = self.run.faults.before_update(self.run.steps + 1, self.active.name, self.run.device.type == "cpu",
                                               self.active is not self.plain)
@@ -191,13 +187,13 @@ class Turns:
         fault = run.faults.chunk_fault(arm.name)
         agreed = run.ranks.chunk(ChunkTimes(clock.now() - chunk.started, tuple(chunk.timed_s), fault is not None))
         chunk.timed_s, elapsed = list(agreed.step_s), agreed.seconds
-        if agreed.nonfinite and run.ranks.world_size > 1 and arm is not self.plain:
-            run.switch({})  # every rank to the plain loop together (ddp's wrapping is collective)
-        blamed = run.faults.judge(fault, arm is self.plain, lambda: run.switch({})) if fault is not None else None
+        if agreed.nonfinite and arm is not self.plain:  # the plain loop judges it, every rank there together (ddp's
+            run.switch({})  # wrapping is collective)
+        blamed = run.faults.judge(fault, arm is self.plain) if fault is not None else None
         step_s, fastest = self._steps(timed, elapsed)
         if chunk.recheck is not None:  # this chunk timed the reference again, for the arm caught before it
             caught, its_fastest, count = chunk.recheck
-            chunk.recheck, why = None, stop_reason(its_fastest, count, step_s, self._name(self.reference))
+            chunk.recheck, why = None, stop_reason(its_fastest, count, step_s, self.reference.name)
             if why:
                 caught.status, caught.reason = "stopped early", why.replace("in the round beside it",
                                                                             "timed again right after it")
@@ -229,9 +225,5 @@ class Turns:
         steps = self.chunk.timed_s
         return (statistics.median_low(steps), min(steps)) if len(steps) == timed else (elapsed / timed,) * 2
 
-    def _name(self, arm: Arm) -> str:
-        return "the plain loop" if arm is self.plain else arm.name
-
     def _stop_reason(self, timed: int, against: Arm, elapsed: float = 0.0) -> str:
-        return stop_reason(self._steps(timed, elapsed)[1], timed, beside(against.rounds, self.round),
-                           self._name(against))
+        return stop_reason(self._steps(timed, elapsed)[1], timed, beside(against.rounds, self.round), against.name)
