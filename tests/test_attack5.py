@@ -107,7 +107,7 @@ run.close()
 
 def test_auto_says_so_when_the_loader_it_chose_cannot_join():
     """plan=Auto with only a rebuilt loader to decide: the data wait chooses it, and it is to join at the next epoch
-    (search/words.py SearchLoader.join_at_epoch -> switch). When that accelerate() fails (found with a process ignoring SIGCHLD,
+    (search/words.py SearchLoader.join -> switch). When that accelerate() fails (found with a process ignoring SIGCHLD,
     where a probe of the loader failed; here a loader accelerator of the user's that fails in apply), switch() gave
     None and the loop trained on with the plan in place while the report said 'auto: chose ...', nothing said."""
     done = run_script(textwrap.dedent("""
