@@ -232,8 +232,9 @@ class Run(RunState):
     def close(self) -> None:
         """Put your objects and the process back as they were before accelerate() (hooks, flags, threads, affinity,
         environment, a process group), keeping what was trained; a rebuilt loader's workers stop (an epoch of it that
-        goes on raises, saying so)."""
-        if self.loader is not None and self.loader.rebuilt:
+        goes on raises, saying so). A run another took over (closed by it) is left as the hand-over left it: its
+        loader's workers stop once no epoch is open (the new run's may read it, the loop may finish its epoch)."""
+        if self.loader is not None and self.loader.rebuilt and not self.loader.handed_over:
             self.loader.stop_workers("run.loader: the run was closed during this epoch, and the worker processes of "
                                      "the loader it rebuilt are stopped; iterate your own loader, or a new run's")
         self.journal.rollback()
