@@ -59,3 +59,4 @@ def test_a_refused_load_and_a_save_before_the_first_step_leave_the_training_as_i
     assert not resumed.optimizer.state  # the checkpoint's optimizer had taken no step
     assert same(trained(resumed), plain)
     shutil.rmtree(tmp_path)
+

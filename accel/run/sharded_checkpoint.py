@@ -6,6 +6,7 @@ before changing anything, then reads the shards at any world size, or into one p
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
@@ -21,6 +22,7 @@ from accel.errors import CheckpointError
 from accel.files import read_small, write_text
 from accel.hardware.launcher import rank, world_size
 from accel.run.dcp_reading import checked_metadata, checked_reader, weights_only_planner
+from accel.run.interrupts import deferred
 from accel.run.thread_warnings import thread_filter
 
 FORMAT = 1
@@ -51,8 +53,9 @@ def states(run, path) -> tuple[dict, dict]:
         return get_model_state_dict(run.unwrap()), {}
     fresh = not run.optimizer.state
     run.watch.stepping = True  # get_state_dict steps an optimizer without state once (to create it): not the loop's
-    try:
-        return get_state_dict(run.unwrap(), run.optimizer)
+    try:  # with every group's lr 0 meanwhile: a Ctrl-C waits until they are back (accel.run.interrupts)
+        with deferred() if fresh else contextlib.nullcontext():
+            return get_state_dict(run.unwrap(), run.optimizer)
     except KeyError:  # get_state_dict maps every key of the optimizer's state to a parameter
         named = sorted(str(key) for key in run.optimizer.state if not isinstance(key, torch.Tensor))
         if not named:
