@@ -21,6 +21,7 @@ def step(run, batch):
     return run.step()
 
 
+@pytest.mark.filterwarnings("ignore::accel.BypassWarning")  # the new run's grad_accumulation stands aside: said too
 @pytest.mark.parametrize("closed_by", ["accelerate() again", "run.close()"])
 def test_stepping_a_closed_run_is_said_once(closed_by):
     model, loader = tiny_model(0), tiny_loader()
