@@ -70,6 +70,7 @@ def layout_problems(saved: dict[str, Any]) -> list[str]:
     kinds = {"plan": lambda v: mapping(v, lambda o: isinstance(o, dict)), "model": model, "optimizer": optimizer,
              "optimizer_class": lambda v: v is None or isinstance(v, str), "step": integer, "epoch": integer,
              "optimizer_steps": integer, "world_size": integer, "holding_gradients": lambda v: isinstance(v, bool),
+             "fresh_optimizer": lambda v: isinstance(v, bool),
              "sampler": lambda v: mapping(v, seed_value), "files": files,
              "rng": lambda v: isinstance(v, dict) or (listing(v, lambda r: isinstance(r, dict)) and v),
              "accelerators": lambda v: mapping(v, lambda a: isinstance(a, dict)),

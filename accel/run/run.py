@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import warnings
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
@@ -14,7 +15,7 @@ from typing import Any, TypeVar
 import torch
 
 from accel import clock
-from accel.errors import LoopError
+from accel.errors import LoopError, StaleWarning
 from accel.modules import compile_seconds, compiled
 from accel.plan.contract import Accelerator, Capability, GradientSync, LossScaler, State, StepSchedule, overrides
 from accel.run.context import Context
@@ -54,6 +55,7 @@ class Run(RunState):
         self.optimizer_steps = 0  # steps the optimizer really took (not skipped, not accumulating)
         self.holding_gradients = False  # the last run.step() was held by a step schedule: the gradients accumulate
         self.closed = False
+        self._closed_used = False  # the loop went on with it once closed (said once)
         self._contexts = [a for a in self.accelerators if overrides(a, "forward_context")]
         self._scalers = self.playing(LossScaler)
         self._schedules = self.playing(StepSchedule)
@@ -133,6 +135,7 @@ class Run(RunState):
 
     def backward(self, loss: torch.Tensor) -> None:
         """loss.backward(), through the plan's hooks (loss scaling, accumulation)."""
+        self._closed_said("run.backward(loss)")
         self.watch.before_backward(self)
         self._backward(loss)
 
@@ -150,6 +153,7 @@ class Run(RunState):
         if self.optimizer is None:
             raise LoopError("run.step() needs an optimizer: pass one to accel.accelerate(model, optimizer, ...), or, "
                             "where your loop updates the weights itself, call nothing in its place")
+        self._closed_said("run.step()")
         self.watch.before_step(self)
         self.watch.stepping = self.holding_gradients = True  # until the innermost step zeroes them
         try:
@@ -165,6 +169,15 @@ class Run(RunState):
         self._compiled_s = compiled
         self._last_step = now
         return not stepped
+
+    def _closed_said(self, call: str) -> None:
+        """A loop that goes on with a closed run (accelerate() again took it over and the loop kept the old name, or
+        it closed it early) trains through a plan that no longer applies: said once, at the loop's line."""
+        if self.closed and not self._closed_used:
+            self._closed_used = True
+            warnings.warn(f"accel: {call} on a closed run (run.close(), or accelerate() again on its model took it "
+                          "over): its plan's changes are undone and a newer run's counters and schedule do not see "
+                          "this step; use the run accelerate() returned last", StaleWarning, stacklevel=3)
 
     def accelerator(self, name: str) -> Accelerator:
         """The applied accelerator of that name: its options are ``.config``; its run state is ``run.state(name)``."""
@@ -232,8 +245,9 @@ class Run(RunState):
     def close(self) -> None:
         """Put your objects and the process back as they were before accelerate() (hooks, flags, threads, affinity,
         environment, a process group), keeping what was trained; a rebuilt loader's workers stop (an epoch of it that
-        goes on raises, saying so)."""
-        if self.loader is not None and self.loader.rebuilt:
+        goes on raises, saying so). A run another took over (closed by it) is left as the hand-over left it: its
+        loader's workers stop once no epoch is open (the new run's may read it, the loop may finish its epoch)."""
+        if self.loader is not None and self.loader.rebuilt and not self.loader.handed_over:
             self.loader.stop_workers("run.loader: the run was closed during this epoch, and the worker processes of "
                                      "the loader it rebuilt are stopped; iterate your own loader, or a new run's")
         self.journal.rollback()

@@ -6,6 +6,7 @@ before changing anything, then reads the shards at any world size, or into one p
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
@@ -21,6 +22,7 @@ from accel.errors import CheckpointError
 from accel.files import read_small, write_text
 from accel.hardware.launcher import rank, world_size
 from accel.run.dcp_reading import checked_metadata, checked_reader, weights_only_planner
+from accel.run.interrupts import deferred
 from accel.run.thread_warnings import thread_filter
 
 FORMAT = 1
@@ -42,14 +44,18 @@ def _quiet():
 
 
 def states(run, path) -> tuple[dict, dict]:
-    """The model's and optimizer's state, keyed by parameter name, as DTensor shards under FSDP."""
+    """The model's and optimizer's state, keyed by parameter name, as DTensor shards under FSDP. An optimizer without
+    state (no step yet) is left without: get_state_dict creates one by a step with lr 0, which moves Adam's step count
+    (its first real step would be bias-corrected as its second)."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
 
     if run.optimizer is None:
         return get_model_state_dict(run.unwrap()), {}
+    fresh = not run.optimizer.state
     run.watch.stepping = True  # get_state_dict steps an optimizer without state once (to create it): not the loop's
-    try:
-        return get_state_dict(run.unwrap(), run.optimizer)
+    try:  # with every group's lr 0 meanwhile: a Ctrl-C waits until they are back (accel.run.interrupts)
+        with deferred() if fresh else contextlib.nullcontext():
+            return get_state_dict(run.unwrap(), run.optimizer)
     except KeyError:  # get_state_dict maps every key of the optimizer's state to a parameter
         named = sorted(str(key) for key in run.optimizer.state if not isinstance(key, torch.Tensor))
         if not named:
@@ -58,6 +64,8 @@ def states(run, path) -> tuple[dict, dict]:
                               f"this optimizer keeps {named} under a name of its own") from None
     finally:
         run.watch.stepping = False
+        if fresh:
+            run.optimizer.state.clear()
 
 
 def _cause(error: BaseException) -> BaseException | None:
@@ -85,6 +93,7 @@ def save(run, path) -> None:
                               "returned False (an optimizer step)")
     name = f"step-{run.steps:09d}"
     partial = root / f".{name}.partial"
+    fresh = run.optimizer is not None and not run.optimizer.state
     model_state, optimizer_state = states(run, root)
     optimizer_state = single.plain_numbers(optimizer_state)  # run.load reads them weights only (weights_only_planner)
     # as the single-file save: refused, not written (on every rank, before any file: the same on each)
@@ -100,6 +109,7 @@ def save(run, path) -> None:
             raise
         raise single.write_error(root, _cause(error)) from error
     meta = single.written(run, run.state_dict(model=False), FORMAT)
+    meta["fresh_optimizer"] = fresh  # its state as saved is the one get_state_dict made: run.load leaves it fresh
     mine = {f.name: (f.stat().st_size, _digest(f)) for f in partial.glob(f"__{rank()}_*")}
     meta["files"] = {k: v for part in single.gather_from_ranks(mine) for k, v in part.items()}
     single.on_rank_zero(lambda: _finish(root, partial, name, meta), root, partial)
@@ -200,6 +210,8 @@ def put(run, state: dict[str, Any]) -> None:
                            optim_state_dict=state["optimizer"])
         finally:
             run.watch.stepping = False
+        if state.get("fresh_optimizer"):  # saved before its first step (or the run's own, put back): no state
+            run.optimizer.state.clear()
     else:
         set_model_state_dict(run.unwrap(), state["model"])
     run.restore_progress(state)
@@ -233,5 +245,6 @@ def load(run, where: Path, state: dict[str, Any], metadata: Any, model: dict, op
             raise
         raise CheckpointError(f"{where}: the shards could not be read ({type(error).__name__}: {error}); nothing "
                               "was loaded") from error
-    backup = {**run.state_dict(model=False), "model": model, "optimizer": optimizer}
+    backup = {**run.state_dict(model=False), "model": model, "optimizer": optimizer,
+              "fresh_optimizer": run.optimizer is not None and not run.optimizer.state}
     return {**state, "optimizer": {}, **read_into}, _copy(backup)  # accelerators hand out live tensors

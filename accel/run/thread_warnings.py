@@ -21,7 +21,9 @@ _shown_before: Any = None  # warnings._showwarnmsg before the first capture hook
 
 
 class _ThreadMatch:
-    """A filter's message pattern that matches in one thread only: the one inside the block that added it."""
+    """A filter's message pattern that matches in one thread only, the one inside the block that added it, and only
+    until the block ends (``thread`` None): a ``catch_warnings()`` of another thread, entered while the block was
+    open and left after it ended, puts back a list that still holds the entry."""
 
     def __init__(self, pattern: str):
         self.regex, self.thread = re.compile(pattern, re.I), threading.get_ident()
@@ -54,9 +56,10 @@ def _add(entry: tuple) -> None:
 
 def _remove(entry: tuple) -> None:
     with _LOCK:  # (inside clean_up: signals held)
+        entry[1].thread = None  # ended: matches nothing, wherever a list that holds it is put back
         if any(e is entry for e in warnings.filters):  # else removed already, or the user reset the filters
             warnings.filters.remove(entry)
-            warnings._filters_mutated()
+        warnings._filters_mutated()
 
 
 def _show(message: warnings.WarningMessage) -> None:
