@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from accel import clock
-from accel.errors import AccelerateError, PlanError, Problem, Skip, StaleWarning
+from accel.errors import AccelerateError, PlanError, Problem, Skip, StaleWarning, loops_level
 from accel.hardware import Hardware, install_hint, package_version, probe
 from accel.modules import compiled
 from accel.plan import Plan, PlanSpec
@@ -179,9 +179,9 @@ def accelerate(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None =
                     _retract(ctx, accelerator.name)
                 finally:
                     ctx.deciding = ""
-            for warning in caught:  # keep them in the report and still show them to the user
+            for warning in caught:  # keep them in the report and still show them to the user, at the loop's line
                 row.warnings.append(str(warning.message))
-                warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+                warnings.warn(warning.message, warning.category, stacklevel=loops_level())
             state = states.get(accelerator.name)  # (a wrapper keeps the model live)
             if state is not None and accelerator.unwrap(state, ctx.model) is not model_before:
                 replaced.setdefault("model", accelerator.name)
@@ -194,7 +194,7 @@ def accelerate(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None =
             ctx.model, report.decisions["your_compile"] = keep_your_compile(yours, ctx.model, applied)
         report.stale = {what: STALE[what].format(name=name) for what, name in replaced.items()}  # never silent
         for text in report.stale.values():
-            warnings.warn(f"accel: {text}", StaleWarning, stacklevel=2)
+            warnings.warn(f"accel: {text}", StaleWarning, stacklevel=loops_level())
         run = Run(ctx, report, applied, states)
         if earlier is not None:
             earlier.hand_over(run)
@@ -219,7 +219,7 @@ def _roll_back(journal: Journal, earlier: Run | None, model: torch.nn.Module) ->
     try:
         journal.rollback()
     except RuntimeError as undo_error:  # said, never hiding why the plan failed
-        warnings.warn(f"accel: {undo_error}", stacklevel=4)
+        warnings.warn(f"accel: {undo_error}", stacklevel=loops_level())
     if earlier is not None:
         earlier.closed = False
         _OPEN[model] = weakref.ref(earlier)

@@ -4,11 +4,23 @@ PlanError carries every problem found in a plan; nothing has been changed when i
 """
 from __future__ import annotations
 
+import os
 import reprlib
+import sys
 from dataclasses import dataclass
 from typing import Any
 
 _UNSET = object()
+
+
+def loops_level() -> int:
+    """The ``stacklevel`` that makes a warnings.warn in the calling function name the loop's own line: the first frame
+    outside accel's and torch's folders, however many hooks, wrappers and accel layers are between."""
+    inside = tuple(os.path.dirname(sys.modules[name].__file__) + os.sep for name in ("torch", "accel"))
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_code.co_filename.startswith(inside):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 class AccelError(Exception):

@@ -19,6 +19,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from accel.errors import loops_level
+
 PREFIX = ".accel-"
 SUFFIX = ".tmp"
 
@@ -128,7 +130,7 @@ def linked(path: Path, cache: str, then: str) -> bool:
     if not path.is_symlink():
         return False
     warnings.warn(f"accel: {path} in {cache} is a symbolic link, and accel does not follow links there: {then}",
-                  stacklevel=3)
+                  stacklevel=loops_level())
     return True
 
 

@@ -25,7 +25,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from torch.utils.weak import WeakIdKeyDictionary
 
 from accel import modules
-from accel.errors import Problem, Skip
+from accel.errors import Problem, Skip, loops_level
 from accel.plan.contract import EXACT, Accelerator, Capability, Stage, State, register
 from accel.plan.options import Options, module_classes
 
@@ -190,7 +190,7 @@ def checkpointed_forward(self: nn.Module, *args, **kwargs):
         if (said := f"{modules.qualified(type(self))}: {others or hooks}") not in WARNED:
             WARNED.add(said)
             warnings.warn(f"accel activation_checkpointing: a {type(self).__name__} {why}: those calls run without "
-                          "checkpointing", stacklevel=2)
+                          "checkpointing", stacklevel=loops_level())
         return forward(*args, **kwargs)
     versions = {i: v._version for i, v in enumerate(leaves) if isinstance(v, torch.Tensor)}
     copies = {i: copy_of(leaves[i]) for i in versions}

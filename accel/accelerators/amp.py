@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from accel.errors import Problem, Skip
+from accel.errors import Problem, Skip, loops_level
 from accel.hardware import Hardware
 from accel.modules import listed
 from accel.plan.contract import Accelerator, Call, Capability, Keeps, LossScaler, Stage, State, dtype_name, register
@@ -156,7 +156,8 @@ class Amp(Accelerator[AmpOptions, AmpState], LossScaler[AmpState]):
         device, config, dtype = ctx.device, self.config, ctx.decisions.compute_dtype
         if config.dtype != "auto" and emulated(device, dtype, ctx.hardware):
             warnings.warn(f"amp: {dtype} autocast on a CPU without native {dtype} support is emulated and can be "
-                          "many times slower than fp32; measure it (accel bench) before keeping it", stacklevel=2)
+                          "many times slower than fp32; measure it (accel bench) before keeping it",
+                          stacklevel=loops_level())
         scaler = torch.amp.GradScaler(device.type) if ctx.decisions.loss_scaling else None
         changes = {"dtype": dtype_name(dtype), "why": ctx.decisions.why["compute_dtype"],
                    "grad_scaler": scaler is not None}
@@ -167,7 +168,7 @@ class Amp(Accelerator[AmpOptions, AmpState], LossScaler[AmpState]):
                           "gradients stay multiplied by the GradScaler's scale (65536 at first); step an optimizer of "
                           "yours that holds them with run.scaler.step(it) (it unscales them, and skips a step whose "
                           "gradients overflowed; run.unscale_gradients(it) first to read them), or pass one optimizer "
-                          "holding every parameter that trains", stacklevel=2)
+                          "holding every parameter that trains", stacklevel=loops_level())
         if device.type == "cuda":
             ctx.journal.setattr(torch.backends.cudnn, "benchmark", config.cudnn_benchmark)
             for flags, precision in ((torch.backends.cuda.matmul, torch.backends.cuda.matmul),

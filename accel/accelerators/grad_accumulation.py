@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from accel.errors import LoopWarning, Skip
+from accel.errors import LoopWarning, Skip, loops_level
 from accel.plan.contract import Accelerator, Call, Capability, Keeps, Stage, State, StepSchedule, register
 from accel.plan.options import Options, at_least, option
 
@@ -129,6 +129,6 @@ class GradAccumulation(Accelerator[GradAccumulationOptions, GradAccumulationStat
             warnings.warn("accel: grad_accumulation: the learning rate changed between run.step() calls that held the "
                           "update (a scheduler stepped on every batch): the schedule runs once per batch, "
                           f"{self.config.steps} times per update; step it when run.step() returns False",
-                          LoopWarning, stacklevel=4)
+                          LoopWarning, stacklevel=loops_level())
         state.micro, state.divided = 0, False
         return proceed(optimizer)

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch.utils.data import IterableDataset
 
-from accel.errors import Problem, Skip
+from accel.errors import Problem, Skip, loops_level
 from accel.hardware import format_cpu_list, hyperthread_siblings, is_accelerator
 from accel.hardware.launcher import cores_for_rank, rank_cores
 from accel.plan.contract import Accelerator, Capability, Stage, State, register
@@ -178,7 +178,7 @@ class Loader(Accelerator[LoaderOptions, State]):
         workers, pin = decisions.workers, is_accelerator(ctx.device) and config.pin_memory is not False
         if config.pin_memory is True and not pin:
             warnings.warn(f"loader: pin_memory=True ignored: device {ctx.device} needs no host-to-device copy",
-                          stacklevel=2)
+                          stacklevel=loops_level())
         persistent = (loader.persistent_workers if config.persistent_workers == "auto" else config.persistent_workers
                       ) and workers > 0  # check() refused any other change of it
         changes = {"num_workers": f"{workers} ({decisions.why['workers']})", "pin_memory": pin,

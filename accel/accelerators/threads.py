@@ -13,6 +13,7 @@ import os
 import warnings
 from dataclasses import dataclass
 
+from accel.errors import loops_level
 from accel.hardware import format_cpu_list, loaded_openmp
 from accel.hardware.launcher import rank_cores
 from accel.plan.contract import SAME_MATH, Accelerator, Capability, Stage, State, register
@@ -64,7 +65,7 @@ class Threads(Accelerator[ThreadsOptions, State]):
         changes = {"threads": threads}
         if threads > len(ctx.hardware.cpus_allowed):
             warnings.warn(f"{threads} threads on {len(ctx.hardware.cpus_allowed)} allowed CPUs oversubscribe the cores",
-                          stacklevel=2)
+                          stacklevel=loops_level())
         journal.set_threads(threads)
         _, source = rank_cores(ctx.hardware.physical_cpus, launch)  # where decide() took the cores from
         if (launch and launch.local_world_size > 1) or source == "accel launch":

@@ -4,7 +4,6 @@ the loader, keeping the user's shuffle and seed. The backend follows the device 
 from __future__ import annotations
 
 import os
-import sys
 import warnings
 from dataclasses import dataclass
 from typing import TypeVar
@@ -14,7 +13,7 @@ from torch.utils.data import IterableDataset, RandomSampler, SequentialSampler
 from torch.utils.data.distributed import DistributedSampler
 
 from accel.distributed.group import DEVICE_BACKEND, join_group
-from accel.errors import Problem, StaleWarning
+from accel.errors import Problem, StaleWarning, loops_level
 from accel.hardware import importable, is_accelerator
 from accel.plan.contract import Accelerator, GradientSync, State
 from accel.plan.options import Options, option, positive
@@ -55,11 +54,7 @@ class DataParallel(Accelerator[DO, DS], GradientSync[DS]):
         if state.warned or not (message := self.stale(state)):
             return
         state.warned = True
-        inside = tuple(os.path.dirname(module.__file__) + os.sep for module in (torch, sys.modules["accel"]))
-        frame, level = sys._getframe(1), 2
-        while frame is not None and frame.f_code.co_filename.startswith(inside):
-            frame, level = frame.f_back, level + 1
-        warnings.warn(f"accel: {self.name}: {message}", StaleWarning, stacklevel=level)
+        warnings.warn(f"accel: {self.name}: {message}", StaleWarning, stacklevel=loops_level())
 
     def watch_forward(self, ctx, model: torch.nn.Module, state: DS) -> None:
         """Ask ``stale`` before each forward too, until the run's first ``step``: a loop that steps its optimizer
@@ -156,11 +151,11 @@ class DataParallel(Accelerator[DO, DS], GradientSync[DS]):
         if (rebuild_problem(loader) or isinstance(loader.dataset, IterableDataset)
                 or loader.batch_size is None):
             warnings.warn(f"{self.name}: only a map-style DataLoader built with batch_size can be sharded; every rank "
-                          "sees every sample of this loader", stacklevel=2)
+                          "sees every sample of this loader", stacklevel=loops_level())
             return "not sharded (not a map-style DataLoader with batch_size)"
         if not isinstance(loader.sampler, (RandomSampler, SequentialSampler)):
             warnings.warn(f"{self.name}: the loader's {type(loader.sampler).__name__} is kept; shard it per rank "
-                          "yourself", stacklevel=2)
+                          "yourself", stacklevel=loops_level())
             return f"not sharded (custom sampler {type(loader.sampler).__name__})"
         seed = loader.generator.initial_seed() if loader.generator is not None else 0  # the user's seed and shuffle
         sampler = DistributedSampler(loader.dataset, num_replicas=launch.world_size, rank=launch.rank,

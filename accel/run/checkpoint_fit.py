@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from accel.errors import loops_level
 from accel.hardware.launcher import rank, world_size
 from accel.plan.contract import REGISTRY, Stage
 from accel.plan.untrusted import unfolding
@@ -24,7 +25,7 @@ def this_rank(saved: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     rngs = saved["rng"] if isinstance(saved["rng"], list) else [saved["rng"]]
     if len(rngs) != world_size():
         warnings.warn(f"checkpoint saved by {len(rngs)} rank(s), loaded by {world_size()}: every rank takes rank 0's "
-                      "random state", stacklevel=4)
+                      "random state", stacklevel=loops_level())
     holding = saved.get("holding_gradients")
     if holding is None:  # a file of 0.3: grad_accumulation's count of micro-batches tells
         holding = any(s.get("micro") for part in per_rank for s in part.values() if isinstance(s, dict))

@@ -15,7 +15,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from accel.batches import move
-from accel.errors import LoopWarning, StaleWarning
+from accel.errors import LoopWarning, StaleWarning, loops_level
 
 _END = object()
 
@@ -85,7 +85,7 @@ class DeviceLoader:
         if self.handed_over and not self.read_by_a_run:  # the loop kept it (train_loader = run.loader) past one
             warnings.warn("accel: run.loader: a new epoch on the loader of a run that accelerate() again took over: "
                           "your loop holds the earlier run's loader, so the new run's (its plan's batches) is not "
-                          "read; iterate the new run's run.loader each epoch", StaleWarning, stacklevel=3)
+                          "read; iterate the new run's run.loader each epoch", StaleWarning, stacklevel=loops_level())
         return self._epoch(timed_as_plain(self.loader))
 
     def _epoch(self, make: Callable[[], Iterator[Any]]) -> Iterator[Any]:
@@ -99,7 +99,7 @@ class DeviceLoader:
                         raise RuntimeError(self.stopped)
                     if done is None:  # a stream cannot say: the epoch ends here, said
                         warnings.warn(f"accel: {self.stopped}; this stream's epoch ends here, with whatever batches it "
-                                      "had left", LoopWarning, stacklevel=2)
+                                      "had left", LoopWarning, stacklevel=loops_level())
                     return
                 batch = next(iterator, _END)
                 if batch is _END:

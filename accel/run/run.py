@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 import torch
 
 from accel import clock
-from accel.errors import LoopError, StaleWarning
+from accel.errors import LoopError, StaleWarning, loops_level
 from accel.modules import compile_seconds, compiled
 from accel.plan.contract import Accelerator, Capability, GradientSync, LossScaler, State, StepSchedule, overrides
 from accel.run.context import Context
@@ -177,7 +177,7 @@ class Run(RunState):
             self._closed_used = True
             warnings.warn(f"accel: {call} on a closed run (run.close(), or accelerate() again on its model took it "
                           "over): its plan's changes are undone and a newer run's counters and schedule do not see "
-                          "this step; use the run accelerate() returned last", StaleWarning, stacklevel=3)
+                          "this step; use the run accelerate() returned last", StaleWarning, stacklevel=loops_level())
 
     def accelerator(self, name: str) -> Accelerator:
         """The applied accelerator of that name: its options are ``.config``; its run state is ``run.state(name)``."""

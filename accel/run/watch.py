@@ -9,7 +9,7 @@ import warnings
 import weakref
 from typing import Any
 
-from accel.errors import BypassWarning, LoopWarning
+from accel.errors import BypassWarning, LoopWarning, loops_level
 from accel.plan.contract import Capability
 
 # what the loop did, what to call instead, and the call whose work it goes around (see State.relies_on)
@@ -83,7 +83,7 @@ class Watch:
                 self.say(run, accelerator, f"run.backward() was called {self.backwards + 1} times before run.step(): "
                          "fine for one batch with several losses (a GAN's real and fake); if your loop accumulates "
                          f"gradients itself, {accelerator.name} accumulates on top of it (iterate run.loader and "
-                         "accel notices it)", idle=False, level=4)
+                         "accel notices it)", idle=False)
         self.backwards += 1
 
     def before_step(self, run: Any) -> None:
@@ -101,7 +101,8 @@ class Watch:
                         "batches)" if held else "no gradients: the optimizer had nothing to step on, so the weights "
                         "did not change")
                 warnings.warn(f"accel: run.step() was called with no run.backward() since the last run.step() and "
-                              f"{what}; call run.backward(loss) before run.step()", LoopWarning, stacklevel=3)
+                              f"{what}; call run.backward(loss) before run.step()", LoopWarning,
+                              stacklevel=loops_level())
         self.backwards = 0
         self.held = None
 
@@ -129,10 +130,10 @@ class Watch:
                 "accelerate()?), so they did not go through {}; iterate run.loader")
         changing = [a for a in run.accelerators if {Capability.DATA_LOADER, Capability.DATA_SHARD} & set(a.provides)]
         for accelerator in changing:
-            self.say(run, accelerator, text.format(f"what {accelerator.name} changed in run.loader"), idle=False,
-                     level=5)
+            self.say(run, accelerator, text.format(f"what {accelerator.name} changed in run.loader"), idle=False)
         if not changing:
-            warnings.warn("accel: " + text.format(f"the move to {loader.device}"), BypassWarning, stacklevel=4)
+            warnings.warn("accel: " + text.format(f"the move to {loader.device}"), BypassWarning,
+                          stacklevel=loops_level())
 
     def batch_drawn(self) -> None:
         """A batch of run.loader (see before_backward)."""
@@ -152,13 +153,13 @@ class Watch:
             fix = "; ".join(WENT_AROUND[c][1] for c in mine)
             now = accelerator.bypassed(run, state, WENT_AROUND[mine[-1]][2])
             run._sync(release=True)  # a schedule that stood aside accumulates no more
-            self.say(run, accelerator, f"bypassed: {did}, so its {missed} did not happen; {now}; {fix}", level=5)
+            self.say(run, accelerator, f"bypassed: {did}, so its {missed} did not happen; {now}; {fix}")
 
-    def say(self, run: Any, accelerator: Any, text: str, idle: bool = True, level: int = 4) -> None:
-        """Into the accelerator's row, and a warning pointing at the loop's line (``level`` frames up from here)."""
+    def say(self, run: Any, accelerator: Any, text: str, idle: bool = True) -> None:
+        """Into the accelerator's row, and a warning pointing at the loop's line."""
         row = run.report.row(accelerator.name)
         if idle:
             row.status, row.reason = "idle", text
         else:
             row.warnings.append(text)
-        warnings.warn(f"accel: {accelerator.name}: {text}", BypassWarning, stacklevel=level)
+        warnings.warn(f"accel: {accelerator.name}: {text}", BypassWarning, stacklevel=loops_level())

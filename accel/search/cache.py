@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from accel.batches import map_tensors
+from accel.errors import loops_level
 from accel.files import PREFIX, SUFFIX, cache_dir, left_over, linked, read_small, write_text
 from accel.hardware import device_model
 from accel.hardware.launcher import node_cores
@@ -120,7 +121,7 @@ def store(parts: dict[str, Any], result: dict[str, Any], where: Any = True, what
                    json.dumps({"key": parts, "result": {**result, "key": key}}, default=str, indent=1))
     except OSError as error:
         warnings.warn(f"accel: the plan cache {folder} cannot be written ({error}); {what} is not remembered",
-                      stacklevel=3)
+                      stacklevel=loops_level())
         return ""
     return key
 

@@ -17,7 +17,7 @@ import accel.search.cache as plancache
 from accel import clock
 from accel.api import accelerate
 from accel.distributed.agreement import RankAgreement, in_step
-from accel.errors import AccelerateError, BypassWarning, CheckpointError, MeasureError, PlanError
+from accel.errors import AccelerateError, BypassWarning, CheckpointError, MeasureError, PlanError, loops_level
 from accel.measure import TrainStep, plan_label
 from accel.modules import compiled
 from accel.run import open_run
@@ -218,7 +218,7 @@ class InLoopSearch:
         self.bypassed = True
         warnings.warn("accel: plan='auto' times your steps between run.step() calls, and your loop called "
                       "optimizer.step() itself: nothing can be measured, so the plain loop stays (nothing applied); "
-                      "call run.step() once per batch to let auto measure", BypassWarning, stacklevel=3)
+                      "call run.step() once per batch to let auto measure", BypassWarning, stacklevel=loops_level())
         if not self.current.plan.to_dict().keys() - self.distributed.keys():
             self._end_bypassed()
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from accel import clock
+from accel.errors import loops_level
 from accel.measure import plan_label
 from accel.plan import Plan
 from accel.plan.contract import Capability
@@ -285,4 +286,4 @@ class SearchLoader:
             verdict(run, result=result)
         warnings.warn(f"accel: plan='auto' chose {', '.join(joining)} for your loop's wait for data, and it could not "
                       f"join at this epoch ({outcome.status}: {outcome.reason}); your loop goes on with the plan in "
-                      "place", RuntimeWarning, stacklevel=3)  # your loop's iter(run.loader)
+                      "place", RuntimeWarning, stacklevel=loops_level())  # your loop's iter(run.loader)

@@ -20,6 +20,7 @@ import torch.optim.optimizer as torch_optimizer
 from torch import nn
 
 from accel.batches import map_tensors
+from accel.errors import loops_level
 from accel.measure import TrainStep, endless
 from accel.modules import tied_groups
 from accel.run import Run
@@ -146,7 +147,7 @@ def remove_hooks_since(before: dict[str, dict]) -> None:
             hook = hooks.pop(key, None)
             if callable(hook):
                 warnings.warn(f"accel.testing: {hook!r} was left registered in torch's {name}, called for every "
-                              "module or optimizer of the process: removed", stacklevel=3)
+                              "module or optimizer of the process: removed", stacklevel=loops_level())
 
 
 KERNEL_CHOICES = ("params", "fused", "foreach", "capturable", "differentiable")  # how a step runs, not what it does

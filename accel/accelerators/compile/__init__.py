@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 import accel.accelerators.compile.cache as compile_cache
-from accel.errors import LoopError, Problem, Skip
+from accel.errors import LoopError, Problem, Skip, loops_level
 from accel.hardware import PACKAGE_BACKENDS, torch_version
 from accel.modules import (
     checkpoints_itself,
@@ -177,7 +177,7 @@ class Compile(Accelerator[CompileOptions, CompileState]):
                                        "cache, and dynamo compiles a block again for each layer index, up to torch's "
                                        "recompile_limit (8), then runs the rest eagerly; set "
                                        "model.config.use_cache = False for training")
-                warnings.warn(f"accel compile: {changes['kv cache']}", stacklevel=2)
+                warnings.warn(f"accel compile: {changes['kv cache']}", stacklevel=loops_level())
             return CompileState(changes=changes, compiled_s=compile_seconds())
         state = CompileState(torch.compile(ctx.model, **kwargs), changes=changes, compiled_s=compile_seconds())
         ctx.model = state.wrapper
