@@ -3,19 +3,10 @@ StaleWarning; but one on the Parameter you hold (taken before accelerate(), hook
 either, and nothing said so: autograd never reaches your own Parameter while its shard trains."""
 import pytest
 import torch
-from scripts.launching import one_rank_env
 
 import accel
 from accel.errors import StaleWarning
 from accel.testing import tiny_loader, tiny_model
-
-
-@pytest.fixture
-def one_rank(monkeypatch):
-    for key, value in one_rank_env().items():
-        monkeypatch.setenv(key, value)
-    yield
-    assert not torch.distributed.is_initialized()
 
 
 @pytest.mark.parametrize("hooked", ["before", "after"])
