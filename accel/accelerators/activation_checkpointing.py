@@ -176,7 +176,11 @@ def place(holder: dict, key: str, value) -> None:
 def checkpointed_forward(self: nn.Module, *args, **kwargs):
     """The class's forward, recomputed in backward from what the first pass saw (``FirstPass``, copies of the
     inputs). Bound to the module (``types.MethodType``), so a deep copy of the model binds it to the copy."""
-    forward = type(self).forward.__get__(self)
+    cls_forward = type(self).forward  # called with self, never bound: dynamo's resume function after a graph break
+
+    def forward(*args, **kwargs):  # rebuilds a bound method as self.forward, which is this function again
+        return cls_forward(self, *args, **kwargs)
+
     if not (torch.is_grad_enabled() and self.training):  # eval or no_grad: nothing to keep for backward
         return forward(*args, **kwargs)
     leaves, spec = tree_flatten((args, kwargs))

@@ -40,6 +40,7 @@ class Fault:
     plan: str
     calls: list[Call]
     state: dict[str, torch.Tensor] | None = None
+    optimizer: dict | None = None  # your optimizer's state then (None: not kept, so the plan's step is not undone)
 
 
 @dataclass
@@ -134,8 +135,11 @@ class Faults:
     kept by hooks (a deepcopy of it, an EMA's, shares the hooks and is ignored). ``blames``: the faults no plan paid
     for, each kind once."""
 
-    def __init__(self, model: torch.nn.Module, tolerance: float):
+    def __init__(self, model: torch.nn.Module, tolerance: float, optimizer: torch.optim.Optimizer | None = None):
+        """``optimizer``: yours, to put back with the weights when a plan's own NaN step is undone (a single process:
+        with several ranks one rank's undoing would leave the replicas apart)."""
         self.model, self.tolerance, self.paused, self.removed, self.handles = model, tolerance, False, False, []
+        self.optimizer = optimizer
         self.forwards, self.losses, self.calls, self.record, self.blames = [], [], [], [], []
         self.fault: Fault | None = None  # this chunk's first loss that was not finite, judged at its end
         ref = weakref.ref(self)
@@ -180,7 +184,9 @@ class Faults:
             self.record.append((step, losses, calls))
         elif not finite(losses):
             began = clock.now()
-            self.fault = Fault(step, plan, calls, snapshot(self.model) if copy else None)
+            kept = {p: {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in state.items()}
+                    for p, state in self.optimizer.state.items()} if copy and self.optimizer is not None else None
+            self.fault = Fault(step, plan, calls, snapshot(self.model) if copy else None, kept)
             return clock.now() - began
         return 0.0
 
@@ -197,6 +203,13 @@ class Faults:
         else:
             with deferred():  # the replay puts your model's weights back: never half-way
                 blamed = blame(self.model, fault, self.tolerance, self)
+                if blamed.plan and fault.state is not None and fault.optimizer is not None:  # its NaN step trained
+                    with torch.no_grad():  # your weights and optimizer on: undone, as the plain loop never took it
+                        self.model.load_state_dict(fault.state, strict=False)
+                    self.optimizer.state.clear()
+                    self.optimizer.state.update(fault.optimizer)
+                    blamed.words += (f"; your model's weights and your optimizer's state are put back as they were "
+                                     f"before step {fault.step} (the steps since under it are undone)")
         if not blamed.plan:
             same = next((b for b in self.blames if b.who == blamed.who), None)
             same.also.append(blamed.step) if same is not None else self.blames.append(blamed)

@@ -63,7 +63,8 @@ class InLoopSearch:
             raise
         self.search = SearchState(since_step=self.current.steps)  # what the report says auto has done so far
         self.current.report.search = self.search
-        self.faults = Faults(model, settings.tolerance)  # losses that are not finite, judged under the plain loop
+        self.faults = Faults(model, settings.tolerance,  # losses that are not finite, judged under the plain loop
+                             optimizer if self.ranks.world_size == 1 else None)
         self.loader = SearchLoader(self)
         self.saved: dict[str, dict] = {}  # accelerator name -> its state when its plan last stepped aside
         self.result: TuneResult | None = None

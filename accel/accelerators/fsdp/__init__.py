@@ -199,12 +199,13 @@ class FSDP(DataParallel[FSDPOptions, FSDPState]):
         return state
 
     def stale(self, state):
-        if hooked := [state.originals.names[id(p)] for _, p in state.originals.pairs  # the shards
-                      if getattr(p, "_backward_hooks", None) or getattr(p, "_post_accumulate_grad_hooks", None)]:
+        # the shards, and your own Parameters (autograd never reaches them while their shards train)
+        if hooked := [state.originals.names[id(shard)] for pair in state.originals.pairs for shard in pair[1:]
+                      if any(getattr(p, "_backward_hooks", None) or getattr(p, "_post_accumulate_grad_hooks", None)
+                             for p in pair)]:
             return (f"a gradient hook on the parameter(s) {hooked[:4]} never runs: under FSDP2 autograd computes the "
                     "gradient of the gathered weight and the shard's gradient comes from the reduce-scatter; hook the "
-                    "module instead (register_full_backward_hook), or register the hook before accelerate() and run "
-                    "without fsdp")
+                    "module instead (register_full_backward_hook), or run without fsdp")
         return None
 
     def gradient_sync(self, run, state, enabled):
