@@ -7,7 +7,6 @@ group across plan switches. In a single process nothing makes a collective.
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -62,7 +61,8 @@ def rank_memory(device: torch.device, local_world_size: int) -> tuple[int, str]:
     if device.type != "cpu" and hasattr(module, "get_device_properties"):
         total = module.get_device_properties(device).total_memory
         return total, f"{device.type} memory {size_text(total)}"
-    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")  # /proc/meminfo's MemTotal
+    total = next(int(line.split()[1]) * 1024 for line in Path("/proc/meminfo").read_text().splitlines()
+                 if line.startswith("MemTotal:"))
     limit = Path("/sys/fs/cgroup/memory.max")
     if limit.exists() and limit.read_text().strip().isdigit():
         total = min(total, int(limit.read_text()))
