@@ -8,6 +8,7 @@ or finite but different, the plan's; the same output, the loss your code compute
 from __future__ import annotations
 
 import contextlib
+import copy
 import weakref
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,7 +41,7 @@ class Fault:
     plan: str
     calls: list[Call]
     state: dict[str, torch.Tensor] | None = None
-    optimizer: dict | None = None  # your optimizer's state then (None: not kept, so the plan's step is not undone)
+    optimizer: dict | None = None  # your optimizer's state and groups then (optimizer_moment; None: not undone)
 
 
 @dataclass
@@ -184,8 +185,7 @@ class Faults:
             self.record.append((step, losses, calls))
         elif not finite(losses):
             began = clock.now()
-            kept = {p: {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in state.items()}
-                    for p, state in self.optimizer.state.items()} if copy and self.optimizer is not None else None
+            kept = optimizer_moment(self.optimizer) if copy and self.optimizer is not None else None
             self.fault = Fault(step, plan, calls, snapshot(self.model) if copy else None, kept)
             return clock.now() - began
         return 0.0
@@ -206,14 +206,33 @@ class Faults:
                 if blamed.plan and fault.state is not None and fault.optimizer is not None:  # its NaN step trained
                     with torch.no_grad():  # your weights and optimizer on: undone, as the plain loop never took it
                         self.model.load_state_dict(fault.state, strict=False)
-                    self.optimizer.state.clear()
-                    self.optimizer.state.update(fault.optimizer)
+                    set_optimizer_moment(self.optimizer, fault.optimizer)
                     blamed.words += (f"; your model's weights and your optimizer's state are put back as they were "
                                      f"before step {fault.step} (the steps since under it are undone)")
         if not blamed.plan:
             same = next((b for b in self.blames if b.who == blamed.who), None)
             same.also.append(blamed.step) if same is not None else self.blames.append(blamed)
         return blamed
+
+
+def optimizer_moment(optimizer: torch.optim.Optimizer) -> dict:
+    """A copy of what the optimizer's steps change: its state (lists of tensors too: LBFGS's history) and what its
+    param groups hold besides the hyperparameters a scheduler moves (``defaults``' keys): timm's Lamb and Adan count
+    their steps in ``group["step"]``, in place or not."""
+    return {"state": {p: copy.deepcopy(state) for p, state in optimizer.state.items()},
+            "groups": [{k: copy.deepcopy(v) for k, v in group.items() if k != "params" and k not in optimizer.defaults}
+                       for group in optimizer.param_groups]}
+
+
+def set_optimizer_moment(optimizer: torch.optim.Optimizer, moment: dict) -> None:
+    """Put back what ``optimizer_moment`` kept: a group key its steps added since is removed (a group added since,
+    and the hyperparameters, are left as they are)."""
+    optimizer.state.clear()
+    optimizer.state.update(moment["state"])
+    for group, kept in zip(optimizer.param_groups, moment["groups"]):
+        for key in [k for k in group if k != "params" and k not in optimizer.defaults and k not in kept]:
+            del group[key]
+        group.update(kept)
 
 
 def summary(blames: list[Blame]) -> list[str]:
