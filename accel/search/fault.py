@@ -207,8 +207,11 @@ class Faults:
                     with torch.no_grad():  # your weights and optimizer on: undone, as the plain loop never took it
                         self.model.load_state_dict(fault.state, strict=False)
                     set_optimizer_moment(self.optimizer, fault.optimizer)
+                    for p in self.model.parameters():  # gradients a step schedule holds have its NaN in them
+                        p.grad = None
                     blamed.words += (f"; your model's weights and your optimizer's state are put back as they were "
-                                     f"before step {fault.step} (the steps since under it are undone)")
+                                     f"before step {fault.step} (the steps since under it are undone, the gradients "
+                                     "held dropped)")
         if not blamed.plan:
             same = next((b for b in self.blames if b.who == blamed.who), None)
             same.also.append(blamed.step) if same is not None else self.blames.append(blamed)
