@@ -125,6 +125,7 @@ class Run(RunState):
     def autocast(self) -> Iterator[None]:
         """The contexts the plan chose for the forward pass and the loss (autocast), and torch's autograd switch put
         back if the block raises (a compiled forward raising inside a ``no_grad`` region leaves it off)."""
+        self._closed_said("with run.autocast()")
         with contextlib.ExitStack() as stack:  # entered at `with`; one that fails exits those before it
             stack.enter_context(autograd_kept())
             for accelerator in self._contexts:

@@ -1,0 +1,33 @@
+"""``with run.autocast():`` on a closed run (run.close(), or accelerate() again on its model took it over and the loop
+kept the old name) entered the closed plan's autocast silently, where run.backward()/run.step() say it: a loop stepping
+its own optimizer ran its forwards in bfloat16 after the plan was undone, unsaid. Said once now, at the ``with`` line
+(the first frame outside accel's and torch's folders and contextlib's, which the ``with`` goes through)."""
+import warnings
+
+import torch
+from torch import nn
+
+import accel
+from accel.errors import StaleWarning
+from accel.testing import tiny_loader, tiny_model
+
+
+def test_autocast_on_a_closed_run_is_said_once_at_the_with_line():
+    model = tiny_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # amp's emulated bfloat16 on a CPU without it
+        run = accel.accelerate(model, optimizer, tiny_loader(), [{"amp": {"dtype": "bfloat16"}}], device="cpu")
+    run.close()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for x, y in tiny_loader():
+            with run.autocast():  # the loop's own line
+                loss = nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            run.backward(nn.functional.cross_entropy(model(x), y))
+    stale = [w for w in caught if issubclass(w.category, StaleWarning)]
+    assert len(stale) == 1 and "run.autocast()" in str(stale[0].message), [str(w.message) for w in caught]
+    assert stale[0].filename == __file__, stale[0].filename
