@@ -78,3 +78,28 @@ def describe_optimizer(optimizer: torch.optim.Optimizer) -> str:
     shown = ", ".join(f"{k}={optimizer.defaults[k]}" for k in keys if optimizer.defaults.get(k) is not None)
     groups = len(optimizer.param_groups)
     return f"{type(optimizer).__name__}({shown})" + (f", {groups} param groups" if groups > 1 else "")
+
+
+def optimizer_moment(optimizer: torch.optim.Optimizer) -> dict:
+    """A copy of what the optimizer's steps change: its state (lists of tensors too: LBFGS's history) and what its
+    param groups hold besides the hyperparameters a scheduler moves (``defaults``' keys): timm's Lamb and Adan count
+    their steps in ``group["step"]``, in place or not."""
+    return {"state": {p: copy.deepcopy(state) for p, state in optimizer.state.items()},
+            "groups": [{k: copy.deepcopy(v) for k, v in group.items() if k != "params" and k not in optimizer.defaults}
+                       for group in optimizer.param_groups]}
+
+
+def set_optimizer_moment(optimizer: torch.optim.Optimizer, moment: dict) -> None:
+    """Put back what ``optimizer_moment`` kept (its state objects become the optimizer's)."""
+    optimizer.state.clear()
+    optimizer.state.update(moment["state"])
+    put_groups(optimizer.param_groups, moment["groups"], optimizer.defaults)
+
+
+def put_groups(groups: list[dict], kept: list[dict], defaults: dict) -> None:
+    """Each group's entries besides its hyperparameters as kept: one a step added since is removed (a group added
+    since, and the hyperparameters, are left as they are)."""
+    for group, entries in zip(groups, kept):
+        for key in [k for k in group if k not in ("params", "param_names") and k not in defaults and k not in entries]:
+            del group[key]
+        group.update(copy.deepcopy(entries))

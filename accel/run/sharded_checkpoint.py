@@ -21,6 +21,7 @@ from accel.batches import map_tensors
 from accel.errors import CheckpointError
 from accel.files import read_small, write_text
 from accel.hardware.launcher import rank, world_size
+from accel.optim import optimizer_moment, put_groups, set_optimizer_moment
 from accel.run.dcp_reading import checked_metadata, checked_reader, weights_only_planner
 from accel.run.interrupts import deferred
 from accel.run.thread_warnings import thread_filter
@@ -51,11 +52,14 @@ def states(run, path) -> tuple[dict, dict]:
 
     if run.optimizer is None:
         return get_model_state_dict(run.unwrap()), {}
-    fresh = not run.optimizer.state
+    fresh = optimizer_moment(run.optimizer) if not run.optimizer.state else None  # its groups count steps too
     run.watch.stepping = True  # get_state_dict steps an optimizer without state once (to create it): not the loop's
     try:  # with every group's lr 0 meanwhile: a Ctrl-C waits until they are back (accel.run.interrupts)
         with deferred() if fresh else contextlib.nullcontext():
-            return get_state_dict(run.unwrap(), run.optimizer)
+            model_state, optimizer_state = get_state_dict(run.unwrap(), run.optimizer)
+        if fresh:  # saved as it was (timm's Lamb counts that step in group["step"]): a load puts those groups
+            put_groups(optimizer_state["param_groups"], fresh["groups"], run.optimizer.defaults)
+        return model_state, optimizer_state
     except KeyError:  # get_state_dict maps every key of the optimizer's state to a parameter
         named = sorted(str(key) for key in run.optimizer.state if not isinstance(key, torch.Tensor))
         if not named:
@@ -65,7 +69,7 @@ def states(run, path) -> tuple[dict, dict]:
     finally:
         run.watch.stepping = False
         if fresh:
-            run.optimizer.state.clear()
+            set_optimizer_moment(run.optimizer, fresh)
 
 
 def _cause(error: BaseException) -> BaseException | None:

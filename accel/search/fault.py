@@ -8,7 +8,6 @@ or finite but different, the plan's; the same output, the loss your code compute
 from __future__ import annotations
 
 import contextlib
-import copy
 import weakref
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,6 +16,7 @@ import torch
 from torch.utils._pytree import tree_leaves, tree_map
 
 from accel import clock
+from accel.optim import optimizer_moment, set_optimizer_moment
 from accel.run.interrupts import deferred
 
 MAX_CALLS = 4  # training forwards kept per step (the last ones: a loop's extra forwards before them are dropped)
@@ -216,26 +216,6 @@ class Faults:
             same = next((b for b in self.blames if b.who == blamed.who), None)
             same.also.append(blamed.step) if same is not None else self.blames.append(blamed)
         return blamed
-
-
-def optimizer_moment(optimizer: torch.optim.Optimizer) -> dict:
-    """A copy of what the optimizer's steps change: its state (lists of tensors too: LBFGS's history) and what its
-    param groups hold besides the hyperparameters a scheduler moves (``defaults``' keys): timm's Lamb and Adan count
-    their steps in ``group["step"]``, in place or not."""
-    return {"state": {p: copy.deepcopy(state) for p, state in optimizer.state.items()},
-            "groups": [{k: copy.deepcopy(v) for k, v in group.items() if k != "params" and k not in optimizer.defaults}
-                       for group in optimizer.param_groups]}
-
-
-def set_optimizer_moment(optimizer: torch.optim.Optimizer, moment: dict) -> None:
-    """Put back what ``optimizer_moment`` kept: a group key its steps added since is removed (a group added since,
-    and the hyperparameters, are left as they are)."""
-    optimizer.state.clear()
-    optimizer.state.update(moment["state"])
-    for group, kept in zip(optimizer.param_groups, moment["groups"]):
-        for key in [k for k in group if k != "params" and k not in optimizer.defaults and k not in kept]:
-            del group[key]
-        group.update(kept)
 
 
 def summary(blames: list[Blame]) -> list[str]:
