@@ -46,13 +46,14 @@ def _quiet():
 
 def states(run, path) -> tuple[dict, dict]:
     """The model's and optimizer's state, keyed by parameter name, as DTensor shards under FSDP. An optimizer without
-    state (no step yet) is left without: get_state_dict creates one by a step with lr 0, which moves Adam's step count
-    (its first real step would be bias-corrected as its second)."""
+    state (no step yet) is left as it was: get_state_dict creates one by a step with lr 0 and zero gradients, which
+    moves Adam's step count (its first real step would be bias-corrected as its second), and a step that raises (a
+    step() taking no closure) leaves the lr 0."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
 
     if run.optimizer is None:
         return get_model_state_dict(run.unwrap()), {}
-    fresh = optimizer_moment(run.optimizer) if not run.optimizer.state else None  # its groups count steps too
+    fresh = optimizer_moment(run.optimizer, whole=True) if not run.optimizer.state else None  # (put back after)
     run.watch.stepping = True  # get_state_dict steps an optimizer without state once (to create it): not the loop's
     try:  # with every group's lr 0 meanwhile: a Ctrl-C waits until they are back (accel.run.interrupts)
         with deferred() if fresh else contextlib.nullcontext():
