@@ -31,3 +31,20 @@ def test_autocast_on_a_closed_run_is_said_once_at_the_with_line():
     stale = [w for w in caught if issubclass(w.category, StaleWarning)]
     assert len(stale) == 1 and "run.autocast()" in str(stale[0].message), [str(w.message) for w in caught]
     assert stale[0].filename == __file__, stale[0].filename
+
+
+def test_save_and_load_on_a_run_taken_over_are_said(tmp_path):
+    """run.save() of the run accelerate() again took over checkpointed its undone plan and counters, and run.load()
+    resumed it while the run training now started afresh: both silently."""
+    for call in (lambda earlier: earlier.save(tmp_path / "c.pt"), lambda earlier: earlier.load(tmp_path / "c.pt")):
+        model = tiny_model()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        earlier = accel.accelerate(model, optimizer, tiny_loader(), [{"grad_accumulation": {"steps": 2}}],
+                                   device="cpu")
+        run = accel.accelerate(model, optimizer, tiny_loader(), [], device="cpu")  # takes the model over
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            call(earlier)
+        run.close()
+        stale = [w for w in caught if issubclass(w.category, StaleWarning)]
+        assert len(stale) == 1 and stale[0].filename == __file__, [(w.filename, str(w.message)) for w in caught]

@@ -177,8 +177,17 @@ class Run(RunState):
         if self.closed and not self._closed_used:
             self._closed_used = True
             warnings.warn(f"accel: {call} on a closed run (run.close(), or accelerate() again on its model took it "
-                          "over): its plan's changes are undone and a newer run's counters and schedule do not see "
-                          "this step; use the run accelerate() returned last", StaleWarning, stacklevel=loops_level())
+                          "over): its plan's changes are undone and a newer run's counters, schedule and checkpoints "
+                          "do not see this; use the run accelerate() returned last", StaleWarning,
+                          stacklevel=loops_level())
+
+    def save(self, path) -> None:
+        self._closed_said("run.save()")  # its plan and counters, not those of the run training now
+        super().save(path)
+
+    def load(self, path) -> dict:
+        self._closed_said("run.load()")  # into a run no loop should use: the newer run resumes nothing
+        return super().load(path)
 
     def accelerator(self, name: str) -> Accelerator:
         """The applied accelerator of that name: its options are ``.config``; its run state is ``run.state(name)``."""
