@@ -48,3 +48,12 @@ def test_save_and_load_on_a_run_taken_over_are_said(tmp_path):
         run.close()
         stale = [w for w in caught if issubclass(w.category, StaleWarning)]
         assert len(stale) == 1 and stale[0].filename == __file__, [(w.filename, str(w.message)) for w in caught]
+
+
+def test_a_run_you_closed_saves_what_it_trained_unsaid(tmp_path):
+    model = tiny_model()
+    run = accel.accelerate(model, torch.optim.SGD(model.parameters(), lr=0.1), tiny_loader(), [], device="cpu")
+    run.close()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        run.save(tmp_path / "final.pt")  # train, close, save: the order of many loops

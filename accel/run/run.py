@@ -56,6 +56,7 @@ class Run(RunState):
         self.holding_gradients = False  # the last run.step() was held by a step schedule: the gradients accumulate
         self.closed = False
         self._closed_used = False  # the loop went on with it once closed (said once)
+        self.taken_over = False  # accelerate() again on its model closed it (hand_over)
         self._contexts = [a for a in self.accelerators if overrides(a, "forward_context")]
         self._scalers = self.playing(LossScaler)
         self._schedules = self.playing(StepSchedule)
@@ -182,11 +183,13 @@ class Run(RunState):
                           stacklevel=loops_level())
 
     def save(self, path) -> None:
-        self._closed_said("run.save()")  # its plan and counters, not those of the run training now
+        if self.taken_over:  # its plan and counters, not the newer run's (one you closed saves what it trained)
+            self._closed_said("run.save()")
         super().save(path)
 
     def load(self, path) -> dict:
-        self._closed_said("run.load()")  # into a run no loop should use: the newer run resumes nothing
+        if self.taken_over:  # into a run no loop should use: the newer run resumes nothing
+            self._closed_said("run.load()")
         return super().load(path)
 
     def accelerator(self, name: str) -> Accelerator:
@@ -250,7 +253,7 @@ class Run(RunState):
         successor.report.continued = "the earlier run on this model, now closed: " + ", ".join(kept)
         if self.loader is not None:
             self.loader.hand_over()
-        self.closed = True
+        self.closed = self.taken_over = True
 
     def close(self) -> None:
         """Put your objects and the process back as they were before accelerate() (hooks, flags, threads, affinity,
