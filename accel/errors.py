@@ -4,6 +4,7 @@ PlanError carries every problem found in a plan; nothing has been changed when i
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import reprlib
 import sys
@@ -15,8 +16,10 @@ _UNSET = object()
 
 def loops_level() -> int:
     """The ``stacklevel`` that makes a warnings.warn in the calling function name the loop's own line: the first frame
-    outside accel's and torch's folders, however many hooks, wrappers and accel layers are between."""
-    inside = tuple(os.path.dirname(sys.modules[name].__file__) + os.sep for name in ("torch", "accel"))
+    outside accel's and torch's folders, contextlib (the ``with`` of an accel context manager) and torch.fx's
+    generated forwards (a GraphModule's), however many hooks, wrappers and accel layers are between."""
+    inside = (*(os.path.dirname(sys.modules[name].__file__) + os.sep for name in ("torch", "accel")),
+              contextlib.__file__, "<eval_with_key>")
     frame, level = sys._getframe(1), 1
     while frame is not None and frame.f_code.co_filename.startswith(inside):
         frame, level = frame.f_back, level + 1

@@ -78,3 +78,37 @@ def describe_optimizer(optimizer: torch.optim.Optimizer) -> str:
     shown = ", ".join(f"{k}={optimizer.defaults[k]}" for k in keys if optimizer.defaults.get(k) is not None)
     groups = len(optimizer.param_groups)
     return f"{type(optimizer).__name__}({shown})" + (f", {groups} param groups" if groups > 1 else "")
+
+
+def optimizer_moment(optimizer: torch.optim.Optimizer, whole: bool = False) -> dict:
+    """A copy of what the optimizer's steps change: its state (lists of tensors too: LBFGS's history) and what its
+    param groups hold besides the hyperparameters a scheduler moves (``defaults``' keys): timm's Lamb and Adan count
+    their steps in ``group["step"]``, in place or not. ``whole``: the hyperparameters and the gradients too (torch's
+    step with lr 0 and zero gradients that creates a state, which leaves them so where the step raises)."""
+    moment = {"state": {p: copy.deepcopy(state) for p, state in optimizer.state.items()},
+              "groups": [{k: copy.deepcopy(v) for k, v in group.items() if k != "params" and k not in
+                          optimizer.defaults} for group in optimizer.param_groups]}
+    if whole:
+        moment["whole"] = [({k: v for k, v in group.items() if k in optimizer.defaults},
+                            [(p, p.grad) for p in group["params"]]) for group in optimizer.param_groups]
+    return moment
+
+
+def set_optimizer_moment(optimizer: torch.optim.Optimizer, moment: dict) -> None:
+    """Put back what ``optimizer_moment`` kept (its state objects become the optimizer's)."""
+    optimizer.state.clear()
+    optimizer.state.update(moment["state"])
+    put_groups(optimizer.param_groups, moment["groups"], optimizer.defaults)
+    for group, (hyperparameters, grads) in zip(optimizer.param_groups, moment.get("whole", ())):
+        group.update(hyperparameters)
+        for p, grad in grads:
+            p.grad = grad
+
+
+def put_groups(groups: list[dict], kept: list[dict], defaults: dict) -> None:
+    """Each group's entries besides its hyperparameters as kept: one a step added since is removed (a group added
+    since, and the hyperparameters, are left as they are)."""
+    for group, entries in zip(groups, kept):
+        for key in [k for k in group if k not in ("params", "param_names") and k not in defaults and k not in entries]:
+            del group[key]
+        group.update(copy.deepcopy(entries))

@@ -36,7 +36,9 @@ def finite(tensors) -> bool:
     return all(bool(torch.isfinite(t).all()) for t in tensors if isinstance(t, torch.Tensor))
 
 
-def test_a_plans_nan_step_is_undone_in_your_weights_and_optimizer(monkeypatch):
+def searched(monkeypatch, make_optimizer, flaky_plan):
+    """Your loop under plan="auto" until it settles, then one more epoch: (model, optimizer, the flaky arm, the
+    report's search faults, the updates)."""
     monkeypatch.setattr(inloop, "CHUNK_S", 0.0)
     register(Flaky)
     try:
@@ -44,25 +46,27 @@ def test_a_plans_nan_step_is_undone_in_your_weights_and_optimizer(monkeypatch):
             torch.manual_seed(0)
             model = tiny_model()
             CLOCK.per_forward(model, 0.01)
-            optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+            optimizer = make_optimizer(model.parameters())
             run = accel.accelerate(model, optimizer, tiny_loader(), accel.Auto(
-                cache=False, budget_s=10, candidates=[["flaky"], ["channels_last"]]), device="cpu")
-            steps = 0
-            while run.phase != "settled" and steps < 200:
+                cache=False, budget_s=10, candidates=[flaky_plan, ["channels_last"]]), device="cpu")
+            updates, epochs = 0, 0
+            while epochs < 1 and updates < 200:
                 for x, y in run.loader:
-                    loss = nn.functional.cross_entropy(run.model(x), y)
-                    run.backward(loss)
-                    run.step()
-                    optimizer.zero_grad()
-                    steps += 1
-                    if run.phase == "settled":
-                        break
-            flaky = next(a for a in run.arms if a.plan == {"flaky": {}})
-            assert flaky.status == "loss off", flaky
-            assert finite(model.parameters()) and finite(model.buffers()), "the plan's NaN step trains on"
-            assert "put back" in flaky.reason, flaky.reason
-            assert finite(t for state in optimizer.state.values() for t in state.values())
-            assert not run.report.to_dict()["search"]["faults"], "a later step was blamed on NaN weights"
+                    run.backward(nn.functional.cross_entropy(run.model(x), y))
+                    updates += not run.step()
+                epochs += run.phase == "settled"
+            faults = run.report.to_dict()["search"]["faults"]
             run.close()
     finally:
         unregister("flaky")
+    flaky = next(a for a in run.arms if "flaky" in a.plan)
+    assert flaky.status == "loss off" and "put back" in flaky.reason, flaky
+    return model, optimizer, faults, updates
+
+
+def test_a_plans_nan_step_is_undone_in_your_weights_and_optimizer(monkeypatch):
+    model, optimizer, faults, _ = searched(monkeypatch, lambda params: torch.optim.SGD(params, lr=0.05, momentum=0.9),
+                                           ["flaky"])
+    assert finite(model.parameters()) and finite(model.buffers()), "the plan's NaN step trains on"
+    assert finite(t for state in optimizer.state.values() for t in state.values())
+    assert not faults, "a later step was blamed on NaN weights"

@@ -56,6 +56,7 @@ class Run(RunState):
         self.holding_gradients = False  # the last run.step() was held by a step schedule: the gradients accumulate
         self.closed = False
         self._closed_used = False  # the loop went on with it once closed (said once)
+        self.taken_over = False  # accelerate() again on its model closed it (hand_over)
         self._contexts = [a for a in self.accelerators if overrides(a, "forward_context")]
         self._scalers = self.playing(LossScaler)
         self._schedules = self.playing(StepSchedule)
@@ -125,6 +126,7 @@ class Run(RunState):
     def autocast(self) -> Iterator[None]:
         """The contexts the plan chose for the forward pass and the loss (autocast), and torch's autograd switch put
         back if the block raises (a compiled forward raising inside a ``no_grad`` region leaves it off)."""
+        self._closed_said("with run.autocast()")
         with contextlib.ExitStack() as stack:  # entered at `with`; one that fails exits those before it
             stack.enter_context(autograd_kept())
             for accelerator in self._contexts:
@@ -176,8 +178,19 @@ class Run(RunState):
         if self.closed and not self._closed_used:
             self._closed_used = True
             warnings.warn(f"accel: {call} on a closed run (run.close(), or accelerate() again on its model took it "
-                          "over): its plan's changes are undone and a newer run's counters and schedule do not see "
-                          "this step; use the run accelerate() returned last", StaleWarning, stacklevel=loops_level())
+                          "over): its plan's changes are undone and a newer run's counters, schedule and checkpoints "
+                          "do not see this; use the run accelerate() returned last", StaleWarning,
+                          stacklevel=loops_level())
+
+    def save(self, path) -> None:
+        if self.taken_over:  # its plan and counters, not the newer run's (one you closed saves what it trained)
+            self._closed_said("run.save()")
+        super().save(path)
+
+    def load(self, path) -> dict:
+        if self.taken_over:  # into a run no loop should use: the newer run resumes nothing
+            self._closed_said("run.load()")
+        return super().load(path)
 
     def accelerator(self, name: str) -> Accelerator:
         """The applied accelerator of that name: its options are ``.config``; its run state is ``run.state(name)``."""
@@ -240,7 +253,7 @@ class Run(RunState):
         successor.report.continued = "the earlier run on this model, now closed: " + ", ".join(kept)
         if self.loader is not None:
             self.loader.hand_over()
-        self.closed = True
+        self.closed = self.taken_over = True
 
     def close(self) -> None:
         """Put your objects and the process back as they were before accelerate() (hooks, flags, threads, affinity,

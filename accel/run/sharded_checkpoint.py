@@ -21,6 +21,7 @@ from accel.batches import map_tensors
 from accel.errors import CheckpointError
 from accel.files import read_small, write_text
 from accel.hardware.launcher import rank, world_size
+from accel.optim import optimizer_moment, put_groups, set_optimizer_moment
 from accel.run.dcp_reading import checked_metadata, checked_reader, weights_only_planner
 from accel.run.interrupts import deferred
 from accel.run.thread_warnings import thread_filter
@@ -45,17 +46,21 @@ def _quiet():
 
 def states(run, path) -> tuple[dict, dict]:
     """The model's and optimizer's state, keyed by parameter name, as DTensor shards under FSDP. An optimizer without
-    state (no step yet) is left without: get_state_dict creates one by a step with lr 0, which moves Adam's step count
-    (its first real step would be bias-corrected as its second)."""
+    state (no step yet) is left as it was: get_state_dict creates one by a step with lr 0 and zero gradients, which
+    moves Adam's step count (its first real step would be bias-corrected as its second), and a step that raises (a
+    step() taking no closure) leaves the lr 0."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
 
     if run.optimizer is None:
         return get_model_state_dict(run.unwrap()), {}
-    fresh = not run.optimizer.state
+    fresh = optimizer_moment(run.optimizer, whole=True) if not run.optimizer.state else None  # (put back after)
     run.watch.stepping = True  # get_state_dict steps an optimizer without state once (to create it): not the loop's
     try:  # with every group's lr 0 meanwhile: a Ctrl-C waits until they are back (accel.run.interrupts)
         with deferred() if fresh else contextlib.nullcontext():
-            return get_state_dict(run.unwrap(), run.optimizer)
+            model_state, optimizer_state = get_state_dict(run.unwrap(), run.optimizer)
+        if fresh:  # saved as it was (timm's Lamb counts that step in group["step"]): a load puts those groups
+            put_groups(optimizer_state["param_groups"], fresh["groups"], run.optimizer.defaults)
+        return model_state, optimizer_state
     except KeyError:  # get_state_dict maps every key of the optimizer's state to a parameter
         named = sorted(str(key) for key in run.optimizer.state if not isinstance(key, torch.Tensor))
         if not named:
@@ -65,7 +70,7 @@ def states(run, path) -> tuple[dict, dict]:
     finally:
         run.watch.stepping = False
         if fresh:
-            run.optimizer.state.clear()
+            set_optimizer_moment(run.optimizer, fresh)
 
 
 def _cause(error: BaseException) -> BaseException | None:

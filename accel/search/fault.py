@@ -16,6 +16,7 @@ import torch
 from torch.utils._pytree import tree_leaves, tree_map
 
 from accel import clock
+from accel.optim import optimizer_moment, set_optimizer_moment
 from accel.run.interrupts import deferred
 
 MAX_CALLS = 4  # training forwards kept per step (the last ones: a loop's extra forwards before them are dropped)
@@ -40,7 +41,7 @@ class Fault:
     plan: str
     calls: list[Call]
     state: dict[str, torch.Tensor] | None = None
-    optimizer: dict | None = None  # your optimizer's state then (None: not kept, so the plan's step is not undone)
+    optimizer: dict | None = None  # your optimizer's state and groups then (optimizer_moment; None: not undone)
 
 
 @dataclass
@@ -184,8 +185,7 @@ class Faults:
             self.record.append((step, losses, calls))
         elif not finite(losses):
             began = clock.now()
-            kept = {p: {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in state.items()}
-                    for p, state in self.optimizer.state.items()} if copy and self.optimizer is not None else None
+            kept = optimizer_moment(self.optimizer) if copy and self.optimizer is not None else None
             self.fault = Fault(step, plan, calls, snapshot(self.model) if copy else None, kept)
             return clock.now() - began
         return 0.0
@@ -206,10 +206,12 @@ class Faults:
                 if blamed.plan and fault.state is not None and fault.optimizer is not None:  # its NaN step trained
                     with torch.no_grad():  # your weights and optimizer on: undone, as the plain loop never took it
                         self.model.load_state_dict(fault.state, strict=False)
-                    self.optimizer.state.clear()
-                    self.optimizer.state.update(fault.optimizer)
+                    set_optimizer_moment(self.optimizer, fault.optimizer)
+                    for p in self.model.parameters():  # gradients a step schedule holds have its NaN in them
+                        p.grad = None
                     blamed.words += (f"; your model's weights and your optimizer's state are put back as they were "
-                                     f"before step {fault.step} (the steps since under it are undone)")
+                                     f"before step {fault.step} (the steps since under it are undone, the gradients "
+                                     "held dropped)")
         if not blamed.plan:
             same = next((b for b in self.blames if b.who == blamed.who), None)
             same.also.append(blamed.step) if same is not None else self.blames.append(blamed)
