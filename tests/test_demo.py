@@ -83,14 +83,13 @@ def test_the_headline_tells_a_speed_up_from_none_and_from_noise():
     assert headline(Ratio([0.5, 2.0, 1.0, 1.6, 0.7])).startswith("the machine was too noisy for a verdict")
 
 
-def test_the_turn_clock_stays_paused_across_two_plain_turns_in_a_row(monkeypatch):
+def test_the_turn_clock_stays_paused_across_two_plain_turns_in_a_row():
     """Turns alternate their order each round (plain, accelerated | accelerated, plain | plain, ...), so the plain
     loop takes two turns in a row: auto's clock must not count the first of them as its own time."""
     from accel.cli import demo
 
     now = [100.0]
-    monkeypatch.setattr(demo.time, "perf_counter", lambda: now[0])
-    clock = demo.TurnClock()
+    clock = demo.TurnClock(now=lambda: now[0])
     start = clock()
     for paused, step_s in ((True, 7.0), (False, 1.0), (False, 1.0), (True, 5.0), (True, 5.0), (False, 1.0)):
         clock.pause() if paused else clock.resume()

@@ -10,6 +10,7 @@ import itertools
 import json
 import sys
 import time
+from collections.abc import Callable
 
 import torch
 from torch.utils.data import DataLoader
@@ -59,20 +60,20 @@ class TurnClock:
     """The clock auto reads here (accel.clock): it runs only while the accelerated training takes its turn, so its
     chunks, rounds and budget are its own steps, never the plain loop's turns between them."""
 
-    def __init__(self):
-        self.paused_s, self.since = 0.0, None
+    def __init__(self, now: Callable[[], float] = time.perf_counter):
+        self.now, self.paused_s, self.since = now, 0.0, None
 
     def __call__(self) -> float:
-        now = time.perf_counter()
+        now = self.now()
         return now - self.paused_s - (now - self.since if self.since is not None else 0.0)
 
     def pause(self) -> None:  # twice in a row when the turns' order turns round: the first pause holds
         if self.since is None:
-            self.since = time.perf_counter()
+            self.since = self.now()
 
     def resume(self) -> None:
         if self.since is not None:
-            self.paused_s, self.since = self.paused_s + time.perf_counter() - self.since, None
+            self.paused_s, self.since = self.paused_s + self.now() - self.since, None
 
 
 class Training:

@@ -43,12 +43,14 @@ def checked_metadata(path: Path, files: dict[str, tuple[int, str]]) -> Any:
     from torch.distributed.checkpoint.metadata import Metadata
 
     size, digest = files.get(path.name, (0, None))
+    if digest is None:  # a manifest crafted without it: nothing vouches for the file
+        raise CheckpointError(f"{path}: not in the checkpoint's list of files; nothing was loaded")
     try:
         data = read_small(path.resolve(), size)  # (a link the user made followed, as for the shards)
     except OSError as error:
         raise CheckpointError(f"{path}: changed since run.load checked it ({error.strerror}); nothing was loaded") \
             from error
-    if digest is None or hashlib.blake2b(data, digest_size=20).hexdigest() != digest:
+    if hashlib.blake2b(data, digest_size=20).hexdigest() != digest:
         raise CheckpointError(f"{path}: changed since run.load checked it (size or hash); nothing was loaded")
 
     found: list[str] = []

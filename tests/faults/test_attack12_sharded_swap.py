@@ -74,3 +74,13 @@ def test_a_metadata_file_replaced_after_its_check_is_not_unpickled(tmp_path, one
         assert all(torch.equal(a, b) for a, b in zip(before, run.unwrap().parameters()))
     finally:
         run.close()
+
+
+def test_a_manifest_without_the_metadata_file_is_refused_as_such(tmp_path, one_rank):
+    """A manifest (accel.pt, its checksum redone) crafted without DCP's .metadata: nothing vouches for that file, and
+    the error says so rather than that it changed since a check that never covered it."""
+    folder = saved(tmp_path / "mine", 0)
+    meta = torch.load(folder / sharded_checkpoint.META, weights_only=True)
+    del meta["files"][".metadata"]
+    with pytest.raises(CheckpointError, match="not in the checkpoint's list of files"):
+        sharded_checkpoint.checked_metadata(folder / ".metadata", meta["files"])
