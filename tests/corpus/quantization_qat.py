@@ -10,9 +10,10 @@ inplace=False)`` evaluated on the test images.
 Smaller: inverted_residual_setting [[1, 8, 1, 1], [6, 8, 2, 2]], width_mult 0.25 and a last_channel of 64 (upstream
 the seven stages of MobileNetV2 at 1.0, 1280 last), real digits at 16x16 on 3 channels in batches of 8 (upstream
 ImageNet at 224), lr 0.05 (upstream fine-tunes a pretrained model at 1e-4: three steps would not move it), one batch
-an epoch, the observers frozen after epoch 1 and BatchNorm after epoch 0 (upstream 3 and 2). An epoch's batches are the harness's next ones (upstream
-iterates the loader anew each epoch). The run's calls: run.model, run.autocast(), run.backward(loss), run.step();
-the epoch's model.train(), the apply() calls and the conversion are on the user's qat_model, as upstream."""
+an epoch, the observers frozen after epoch 1 and BatchNorm after epoch 0 (upstream 3 and 2). An epoch's batches
+are the harness's next ones (upstream iterates the loader anew each epoch). The run's calls: run.model,
+run.autocast(), run.backward(loss), run.step(); the epoch's model.train(), the apply() calls and the conversion
+are on the user's qat_model, as upstream."""
 import torch
 import torch.nn as nn
 from torch.ao.quantization import DeQuantStub, QuantStub
