@@ -171,17 +171,19 @@ class Originals:
                 original.grad = grad
 
     def after_backward(self, module: nn.Module, args: Any, output: Any) -> None:
-        """A forward hook on the model: the backward through its output shares the gradients at its end, once per
-        backward (the loop's own loss.backward() too), after FSDP2's own end of backward: its hooks on the output,
-        which queue that, were registered first and run first."""
-        tensor = next(needing_grad(output), None) if not self.queued and torch.is_grad_enabled() else None
-        if tensor is not None:
-            tensor.register_hook(self._queue)
+        """A forward hook on the model: a backward through its output shares the gradients at its end, once per
+        backward (the loop's own loss.backward() too)."""
+        if not self.queued and torch.is_grad_enabled():
+            for tensor in needing_grad(output):
+                tensor.register_hook(self._queue)
 
     def _queue(self, grad: torch.Tensor) -> None:
+        """At the end of this backward, after every callback queued in it (FSDP2's end of backward, which gives the
+        shards their gradients): queued from a callback, which the engine runs after those queued before it."""
         if not self.queued:
             self.queued = True
-            torch.autograd.Variable._execution_engine.queue_callback(self.share_grads)
+            queue = torch.autograd.Variable._execution_engine.queue_callback
+            queue(lambda: queue(self.share_grads))
 
     def follow(self, optimizer: torch.optim.Optimizer | None) -> None:
         """Before every forward and every optimizer step: your unfreezing, then your optimizer's new groups, and
