@@ -50,18 +50,47 @@ class GradAccumulationState(State):
         return {"micro": self.micro, "grads": {n: p.grad.detach().clone() for n, p in params if p.grad is not None}}
 
     def load_state_dict(self, saved: dict[str, Any]) -> None:
+        """Take the micro-step and the gradients held at it, each checked against its parameter first (a ValueError
+        names every one that differs, nothing taken); all are made before any is set: never half a checkpoint's."""
         micro, grads = saved.get("micro"), saved.get("grads", {})
-        params = dict(self.model.named_parameters())
-        if not isinstance(micro, int) or not 0 <= micro < self.steps:
+        if not isinstance(micro, int) or isinstance(micro, bool) or not 0 <= micro < self.steps:
             raise ValueError(f"micro-step {micro!r} does not fit steps={self.steps}")
-        unknown = set(grads) - set(params)
-        wrong = [n for n, g in grads.items() if n in params and g.shape != params[n].shape]
-        if unknown or wrong:
-            raise ValueError(f"accumulated gradients do not fit the model (unknown {sorted(unknown)}, "
-                             f"other shapes {sorted(wrong)})")
+        if not isinstance(grads, dict):
+            raise ValueError(f"accumulated gradients are a {type(grads).__name__}, not gradients by parameter name")
+        if grads and not micro:
+            raise ValueError("gradients held at micro-step 0 (an update's boundary holds none): "
+                             f"{sorted(map(str, grads))[:5]}")
+        params = dict(self.model.named_parameters())
+        problems = misfits(grads, params)
+        if problems:
+            raise ValueError("accumulated gradients do not fit the model: " + "; ".join(problems))
+        taken = {name: grads[name].to(param.device).clone() for name, param in params.items() if name in grads}
         self.micro, self.divided = micro, micro > 0  # what it resumes holds losses it divided
         for name, param in params.items():
-            param.grad = grads[name].to(param.device, param.dtype).clone() if name in grads else None
+            param.grad = taken.get(name)
+
+
+def misfits(grads: dict[str, Any], params: dict[str, torch.nn.Parameter]) -> list[str]:
+    """What of held gradients does not fit the parameters they name: no such parameter, not a tensor, a tensor
+    without data (meta), another shape, another dtype than the parameter's gradient takes (torch's ``grad_dtype``:
+    a cast would change what the next update adds). The device is not compared: run.load reads every tensor to
+    the CPU, and each gradient goes to its parameter's."""
+    def some(found: list[str]) -> str:
+        return "; ".join(found[:5]) + (" ..." if len(found) > 5 else "")
+
+    unknown = sorted(str(n) for n in grads if n not in params)
+    known = {n: (g, params[n]) for n, g in grads.items() if n in params}
+    kinds = [f"{n} (a {type(g).__name__})" for n, (g, _) in known.items()
+             if not isinstance(g, torch.Tensor)]
+    known = {n: (g, p) for n, (g, p) in known.items() if isinstance(g, torch.Tensor)}
+    empty = [f"{n} (a meta tensor)" for n, (g, _) in known.items() if g.device.type == "meta"]
+    shapes = [f"{n} {tuple(g.shape)} vs {tuple(p.shape)}" for n, (g, p) in known.items() if g.shape != p.shape]
+    dtypes = [f"{n} {g.dtype} vs {taken}" for n, (g, p) in known.items()
+              if (taken := getattr(p, "grad_dtype", p.dtype)) is not None and g.dtype != taken]
+    return ([f"the checkpoint's {unknown[:5]}{' ...' if len(unknown) > 5 else ''} are not in the model"]
+            if unknown else []) + [f"{what}: {some(found)}" for what, found in (
+                ("not tensors", kinds), ("without data", empty), ("shapes differ (checkpoint vs model)", shapes),
+                ("dtypes differ (checkpoint vs model)", dtypes)) if found]
 
 
 @register

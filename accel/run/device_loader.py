@@ -56,8 +56,11 @@ class DeviceLoader:
         self.open: list[Any] = []  # the wrapped loader's iterators of the epochs begun and not ended
         self.handed_over = False  # accelerate() again on the model made another run: this loader is the earlier's
         self.read_by_a_run = False  # the loop gave it to accelerate() again: the new run's loader reads it
+        self.readers: weakref.WeakSet = weakref.WeakSet()  # the loaders of the runs given it (another model's too)
+        self.ending = False  # its workers stop once no epoch of it is open (handed over, or closed under a reader's)
         if isinstance(loader, DeviceLoader):
             loader.read_by_a_run = True
+            loader.readers.add(self)
         self.stopped: str | None = None  # why the workers were stopped under an open epoch (said if it goes on)
         self.told = _last_told(getattr(loader, "sampler", None))  # the sampler's epoch as a run last set it
 
@@ -107,12 +110,17 @@ class DeviceLoader:
                 yield batch
         finally:
             self.open = [i for i in self.open if i is not iterator]
-            if self.handed_over and self.rebuilt and not self.open:  # hand_over stopped none under an open epoch
+            if self.ending and self.rebuilt and not self.open:  # hand_over or close stopped none under an epoch
                 self.stop_workers()
 
     def stop_workers(self, why: str | None = None) -> None:
         """Stop the wrapped loader's worker processes now: an open epoch's, and a persistent iterator's; an open epoch
-        that goes on raises ``why`` (else it would end early, silently)."""
+        that goes on raises ``why`` (else it would end early, silently). Its run closed (``why``) while another run
+        reads it (a GAN's generator given the discriminator's run.loader): that run's epoch goes on, and the workers
+        stop once no epoch is open, as after a hand-over."""
+        if why and any(reader.open for reader in self.readers):
+            self.ending = True
+            return
         for iterator in self.open:
             if hasattr(iterator, "_shutdown_workers"):
                 iterator._shutdown_workers()
@@ -123,7 +131,7 @@ class DeviceLoader:
     def hand_over(self) -> None:
         """Another run took over (a new epoch here is warned of); a rebuilt loader's workers stop once the open
         epochs end (the loop may finish the epoch it is in), or now if none is."""
-        self.handed_over = True
+        self.handed_over = self.ending = True
         if self.rebuilt and not self.open:
             self.stop_workers()
 

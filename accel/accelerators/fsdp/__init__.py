@@ -175,6 +175,9 @@ class FSDP(DataParallel[FSDPOptions, FSDPState]):
                              "step", lambda: optimizer.register_step_pre_hook(follow))
         ctx.journal.hook("fsdp: your own parameters' unfreezing, and groups added over them, followed before each "
                          "forward", lambda: model.register_forward_pre_hook(follow, prepend=True))
+        shared = torch.compiler.disable(lambda *hooked: state.originals.after_backward(*hooked))
+        ctx.journal.hook("fsdp: the shards' gradients shared with your own parameters at the end of each backward",
+                         lambda: model.register_forward_hook(shared))
         self.watch_forward(ctx, model, state)
         changes["sharded"] = (f"{len(blocks)} x {', '.join(kinds)}: "
                               + listed([names[id(m)] for m in blocks]) + ", then the root") if blocks else (

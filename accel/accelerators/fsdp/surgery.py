@@ -157,9 +157,38 @@ class Originals:
         self.pairs = [(o, self.shards[id(o)]) for o in {id(o): o for _, _, o in record.slots}.values()]
         self.seen = [o.requires_grad for o, _ in self.pairs]  # what the shards were given from your parameters
         self.names = {id(p): n for n, p in reversed(list(model.named_parameters(remove_duplicate=False)))}
+        self.queued = False  # a backward will share the gradients at its end
+
+    def share_grads(self) -> None:
+        """Your own Parameters' ``.grad`` is their shard's gradient, the same DTensor: clip_grad_norm_ over
+        Parameters taken before accelerate() scales what trains, as a norm over them reads it. Where the shard's
+        lives on another device than yours (cpu_offload's host memory), yours stays as it was."""
+        self.queued = False
+        for original, shard in self.pairs:
+            grad = shard.grad
+            if original.grad is not grad and (grad is None or (grad.device, grad.dtype) == (original.device,
+                                                                                             original.dtype)):
+                original.grad = grad
+
+    def after_backward(self, module: nn.Module, args: Any, output: Any) -> None:
+        """A forward hook on the model: a backward through its output shares the gradients at its end, once per
+        backward (the loop's own loss.backward() too)."""
+        if not self.queued and torch.is_grad_enabled():
+            for tensor in needing_grad(output):
+                tensor.register_hook(self._queue)
+
+    def _queue(self, grad: torch.Tensor) -> None:
+        """At the end of this backward, after every callback queued in it (FSDP2's end of backward, which gives the
+        shards their gradients): queued from a callback, which the engine runs after those queued before it."""
+        if not self.queued:
+            self.queued = True
+            queue = torch.autograd.Variable._execution_engine.queue_callback
+            queue(lambda: queue(self.share_grads))
 
     def follow(self, optimizer: torch.optim.Optimizer | None) -> None:
-        """Before every forward and every optimizer step: your unfreezing, then your optimizer's new groups."""
+        """Before every forward and every optimizer step: your unfreezing, then your optimizer's new groups, and
+        your Parameters' gradients (None after a zero_grad)."""
+        self.share_grads()
         for i, (original, shard) in enumerate(self.pairs):
             if original.requires_grad != self.seen[i]:
                 self.seen[i] = original.requires_grad
@@ -181,6 +210,19 @@ class Originals:
                             "refuses a parameter in more than one group. The weights and the optimizer are as they "
                             "were")
         swap_parameters(optimizer, self.shards, shard_like)
+
+
+def needing_grad(output: Any) -> Iterator[torch.Tensor]:
+    """The tensors of a forward's output (in tuples, lists and dicts: a model output) that a backward goes through."""
+    if isinstance(output, torch.Tensor):
+        if output.requires_grad:
+            yield output
+    elif isinstance(output, (list, tuple)):
+        for item in output:
+            yield from needing_grad(item)
+    elif isinstance(output, dict):
+        for item in output.values():
+            yield from needing_grad(item)
 
 
 def held_by_parameter(sharded: list[nn.Module]) -> Iterator[tuple[Any, list[torch.Tensor]]]:
