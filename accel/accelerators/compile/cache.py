@@ -121,9 +121,6 @@ def _unusable(place: Path) -> str:
     then = "torch keeps its compiled graphs in its own folder"
     if linked(place, CACHE, then):
         return "is a symbolic link: accel follows none in its cache"
-    if (free := _free(place)) is not None and free < ROOM:  # (before anything is made there)
-        return f"is on a disk with {space(_existing(place))}, less than the {size_text(ROOM)} torch's compiled " \
-               "graphs may need there"
     try:
         place.mkdir(parents=True, exist_ok=True)
         if any(linked(entry, CACHE, then) for entry in place.iterdir()):
@@ -135,23 +132,12 @@ def _unusable(place: Path) -> str:
         if not owns_compile_folder():
             write_text(place / TAG, TAG_TEXT)
         tempfile.TemporaryFile(dir=place).close()
+        free = shutil.disk_usage(place).free
     except OSError as error:
         return f"cannot be written: {error.strerror or error}"
+    if free < ROOM:
+        return f"is on a disk with {space(place)}, less than the {size_text(ROOM)} torch's compiled graphs may need"
     return ""
-
-
-def _existing(place: Path) -> Path:
-    """place, or its nearest folder above that exists (where it would be made)."""
-    while not place.exists() and place.parent != place:
-        place = place.parent
-    return place
-
-
-def _free(place: Path) -> int | None:
-    try:
-        return shutil.disk_usage(_existing(place)).free
-    except OSError:  # unknown: the write that follows says whether the folder can be written
-        return None
 
 
 def _foreign(place: Path) -> bool:
