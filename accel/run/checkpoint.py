@@ -25,7 +25,7 @@ import torch
 import accel.run.checkpoint_fit as fit
 from accel.batches import map_tensors
 from accel.errors import CheckpointError, brief
-from accel.files import disk_full, space, write_atomically
+from accel.files import disk_full, size_text, space, write_atomically
 from accel.hardware.launcher import rank, world_size
 
 FORMAT = 2
@@ -229,6 +229,7 @@ def load_file(path: Path) -> Any:
         if not zipfile.is_zipfile(file):  # torch.save writes a zip archive; its end is missing when truncated
             raise CheckpointError(f"{path}: not a whole torch checkpoint (truncated or corrupted, or another kind of "
                                   "file: torch.save writes a zip archive)")
+        refuse_inflating(path, file, status.st_size)
         file.seek(0)
         try:
             return torch.load(file, map_location="cpu", weights_only=True)
@@ -238,6 +239,26 @@ def load_file(path: Path) -> Any:
         except Exception as error:  # e.g. an UnpicklingError: objects weights_only refuses
             raise CheckpointError(f"{path}: not an accel checkpoint (it holds objects beyond tensors and plain data: "
                                   f"{type(error).__name__})") from error
+
+
+def refuse_inflating(path: Path, file, size: int) -> None:
+    """A CheckpointError for an archive that unpacks to more than its size, before torch reads it: torch.load reads a
+    compressed entry too, whole, at the size its header gives (a few MiB of deflated zeros: GiBs). torch.save stores
+    its entries as they are, so none is compressed, and together they hold no more than the file."""
+    file.seek(0)
+    try:
+        with zipfile.ZipFile(file) as archive:
+            entries = archive.infolist()
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, ValueError, EOFError) as error:
+        raise CheckpointError(f"{path}: not a whole torch checkpoint (truncated or corrupted): "
+                              f"{type(error).__name__}: {first_line(error)}") from error
+    if packed := next((entry for entry in entries if entry.compress_type != zipfile.ZIP_STORED), None):
+        raise CheckpointError(f"{path}: not a checkpoint torch.save wrote (its entry {brief(packed.filename, 100)} is "
+                              f"compressed, and unpacks to {size_text(packed.file_size)}; torch.save stores its "
+                              "entries as they are); nothing was read")
+    if (total := sum(entry.file_size for entry in entries)) > size:
+        raise CheckpointError(f"{path}: not a whole torch checkpoint (its entries say they hold {size_text(total)}, "
+                              f"more than the file's {size_text(size)}); nothing was read")
 
 
 def read(path, form: int = FORMAT, required=("plan", "model", "optimizer", "step", "epoch", "rng")) -> dict[str, Any]:

@@ -31,9 +31,6 @@ write_atomically(place / TAG, write)
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="accel/accelerators/compile/cache.py _unusable: any entry in an untagged "
-                   "compile/ counts as 'files accel did not write', a live writer's temporary of accel's own tag "
-                   "included")
 def test_a_second_process_while_the_first_tags_the_compile_folder_keeps_its_graphs_in_accels_folder(tmp_path,
                                                                                                    monkeypatch):
     if not has_compiler():

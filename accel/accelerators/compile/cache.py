@@ -11,13 +11,15 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import shutil
+import stat
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from accel.files import cache_dir, linked, read_small, write_text
+from accel.files import PREFIX, SUFFIX, cache_dir, linked, read_small, size_text, space, temporary_name, write_text
 from accel.hardware import device_model
 from accel.modules import fingerprint
 from accel.run.shared_settings import set_by_runs
@@ -26,6 +28,8 @@ ENV = "TORCHINDUCTOR_CACHE_DIR"
 MARKERS = "accel-setups"
 CACHE = "compile's cache"  # in the warning of a link in it
 SLACK_S = 2.0  # file systems that keep modification times to the second or two (FAT: 2 s)
+ROOM = 256 << 20  # the free space below which torch keeps its own folder: a model's kernels and graphs take tens of
+# MiB, and g++ or triton failing to write one fails the step that compiles it
 
 
 def folder(where: Any = True) -> Path:
@@ -112,7 +116,8 @@ def keep_in_accel_cache(ctx, settings: dict[str, Any]) -> dict[str, str]:
 
 def _unusable(place: Path) -> str:
     """Why torch cannot keep its graphs in accel's folder, or "": it is made (with accel's tag, so that `accel cache
-    clear` knows it for accel's) and written to here, where torch would otherwise fail in the middle of a step."""
+    clear` knows it for accel's) and written to here, where torch would otherwise fail in the middle of a step: a
+    folder that cannot be written, or on a disk too full for the kernels torch compiles (an empty file fits there)."""
     then = "torch keeps its compiled graphs in its own folder"
     if linked(place, CACHE, then):
         return "is a symbolic link: accel follows none in its cache"
@@ -120,14 +125,34 @@ def _unusable(place: Path) -> str:
         place.mkdir(parents=True, exist_ok=True)
         if any(linked(entry, CACHE, then) for entry in place.iterdir()):
             return "holds a symbolic link: accel follows none in its cache"
+        # the tag's name decides, read again after the look: another process's tag written meanwhile, through a
+        # temporary the look found, makes the folder accel's
+        if not owns_compile_folder() and _foreign(place) and not owns_compile_folder():
+            return "holds files accel did not write: it is not accel's to fill"
         if not owns_compile_folder():
-            if any(place.iterdir()):
-                return "holds files accel did not write: it is not accel's to fill"
             write_text(place / TAG, TAG_TEXT)
         tempfile.TemporaryFile(dir=place).close()
+        free = shutil.disk_usage(place).free
     except OSError as error:
         return f"cannot be written: {error.strerror or error}"
+    if free < ROOM:
+        return f"is on a disk with {space(place)}, less than the {size_text(ROOM)} torch's compiled graphs may need"
     return ""
+
+
+def _foreign(place: Path) -> bool:
+    """Whether the untagged folder holds anything but the temporary files accel's writer makes of the tag (another
+    process tagging it now: a regular file under a name of that writer's form, or one gone since the look)."""
+    digest = temporary_name(place / TAG).name[len(PREFIX):].split("-")[0]  # (of the tag's name: the same in any)
+    own = re.compile(rf"{re.escape(PREFIX + digest)}-[0-9a-f]{{8}}-[0-9]{{1,10}}-[0-9a-f]{{8}}{re.escape(SUFFIX)}")
+    for entry in place.iterdir():
+        try:
+            regular = stat.S_ISREG(entry.lstat().st_mode)
+        except FileNotFoundError:  # renamed over the tag since, or removed
+            continue
+        if not (regular and own.fullmatch(entry.name)):
+            return True
+    return False
 
 
 def compile_usage(where: Any = True) -> tuple[int, int]:
