@@ -99,7 +99,16 @@ def decide(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = Non
     hardware: decide for another machine than this one (a ``Hardware``, e.g. ``dataclasses.replace(accel.probe(),
     isa=("avx2", "fma"))`` for a CPU without native bf16). Raises the PlanError accelerate() would raise.
     """
-    ctx, _, _ = prepare(model, optimizer, loader, plan, device, hardware=hardware)
+    enabled = torch.is_grad_enabled()  # as accelerate(): a check may copy the model under torch's no_grad
+    try:
+        ctx, _, _ = prepare(model, optimizer, loader, plan, device, hardware=hardware)
+    except BaseException:
+        try:  # twice if a Ctrl-C lands on the call (accel.run.interrupts)
+            clean_up(torch.set_grad_enabled, enabled)
+        except BaseException:
+            clean_up(torch.set_grad_enabled, enabled)
+            raise
+        raise
     return ctx.decisions
 
 
@@ -128,6 +137,9 @@ def accelerate(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None =
     (plan, result)`` chooses the plan once an earlier run on the model is undone (accel.accelerate passes
     accel.tune's for plan="auto" apart); its result is the report's ``tuning``.
     """
+    # torch's autograd switch as it came: a Ctrl-C on the call of a no_grad block's __exit__ (prune's check copies
+    # the model under one) skips torch's own restore, so the rollback puts it back too
+    enabled = torch.is_grad_enabled()
     yours = model if compiled(model) else None  # torch.compile(model) of your own: the plan works inside it
     model = model._orig_mod if yours is not None else model
     earlier = open_run(model)
@@ -202,9 +214,9 @@ def accelerate(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None =
         ctx.journal.commit()  # last: no check for signals lies between it and the return
     except BaseException as error:
         try:  # twice if a Ctrl-C lands on the call (accel.run.interrupts): rolling back again changes nothing
-            clean_up(_roll_back, journal, earlier, model)
+            clean_up(_roll_back, journal, earlier, model, enabled)
         except BaseException:
-            clean_up(_roll_back, journal, earlier, model)
+            clean_up(_roll_back, journal, earlier, model, enabled)
             raise
         if current and isinstance(error, Exception) and not isinstance(error, PlanError):
             raise AccelerateError(f"{current} failed while being applied: {type(error).__name__}: {error}; every "
@@ -213,9 +225,9 @@ def accelerate(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None =
     return run
 
 
-def _roll_back(journal: Journal, earlier: Run | None, model: torch.nn.Module) -> None:
+def _roll_back(journal: Journal, earlier: Run | None, model: torch.nn.Module, enabled: bool) -> None:
     """Undo a plan that failed or was interrupted before its run was returned; the run open on the model before is
-    open again."""
+    open again, and autograd as it was (``enabled``)."""
     try:
         journal.rollback()
     except RuntimeError as undo_error:  # said, never hiding why the plan failed
@@ -225,6 +237,7 @@ def _roll_back(journal: Journal, earlier: Run | None, model: torch.nn.Module) ->
         _OPEN[model] = weakref.ref(earlier)
     else:
         _OPEN.pop(model, None)
+    torch.set_grad_enabled(enabled)
 
 
 def keep_your_compile(yours: torch.nn.Module, model: torch.nn.Module, applied: list[Accelerator]):

@@ -57,7 +57,7 @@ class Problem:
     kind: str = "value"
 
     def __str__(self) -> str:
-        where = self.accelerator + (f".{self.field}" if self.field else "")
+        where = named(self.accelerator) + (f".{named(self.field)}" if self.field else "")  # a user's key, maybe
         value = f"{brief(self.value)}: " if self.value is not _UNSET else ""
         return f"{where}: {value}{self.message}" + (f" (allowed: {self.allowed})" if self.allowed else "")
 
@@ -66,6 +66,11 @@ def brief(value: Any, most: int = 80) -> str:
     """A short repr of any value, however large or deep (a YAML alias bomb, a hostile checkpoint's contents)."""
     text = _BOUNDED.repr(value)
     return text if len(text) <= most else text[:most - 3] + "..."
+
+
+def named(name: Any, most: int = 80) -> str:
+    """A name as given when it is short and printable, else its brief repr (a hostile key of a plan file)."""
+    return name if isinstance(name, str) and len(name) <= most and name.isprintable() else brief(name, most)
 
 
 _BOUNDED = reprlib.Repr()

@@ -13,7 +13,7 @@ import os
 import warnings
 from dataclasses import dataclass
 
-from accel.errors import loops_level
+from accel.errors import Problem, loops_level
 from accel.hardware import format_cpu_list, loaded_openmp
 from accel.hardware.launcher import rank_cores
 from accel.plan.contract import SAME_MATH, Accelerator, Capability, Stage, State, register
@@ -53,7 +53,11 @@ class Threads(Accelerator[ThreadsOptions, State]):
         return [{}]
 
     def decide(self, ctx):
-        cpus, source = rank_cores(ctx.hardware.physical_cpus, ctx.decisions.launch)
+        try:
+            cpus, source = rank_cores(ctx.hardware.physical_cpus, ctx.decisions.launch)
+        except ValueError as error:  # a core map no `accel launch` writes: a problem of the plan, said with the rest
+            ctx.problems.append(Problem(self.name, str(error), field="cpus"))
+            return
         auto = self.config.threads == "auto"
         threads = len(cpus) if auto else self.config.threads
         ctx.decide("cpus", cpus, f"{format_cpu_list(cpus)} ({source})")

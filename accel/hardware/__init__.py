@@ -19,6 +19,8 @@ from pathlib import Path
 
 import torch
 
+from accel.errors import brief
+
 __all__ = ["IPEX_IMPORT_HINTS", "ISA_FLAGS", "PACKAGE_BACKENDS", "Hardware", "device_model", "device_problem",
            "format_cpu_list", "hyperthread_siblings", "import_problem", "importable", "install_hint", "ipex_problem",
            "is_accelerator", "loaded_openmp", "package_version", "parse_cpu_list", "probe", "resolve_device",
@@ -127,15 +129,24 @@ class Hardware:
         return data
 
 
-def parse_cpu_list(text: str) -> tuple[int, ...]:
-    """A CPU list as Linux writes it, '0-3,8,10-11' -> (0, 1, 2, 3, 8, 10, 11)."""
-    cpus: list[int] = []
+def parse_cpu_list(text: str, cpus: int | None = None) -> tuple[int, ...]:
+    """A CPU list as Linux writes it, '0-3,8,10-11' -> (0, 1, 2, 3, 8, 10, 11). ``cpus``: the CPUs there are, which
+    bounds every number before a range is built (a list from a variable: a range of a hundred billion is refused,
+    never built). ValueError saying which part is wrong."""
+    found: list[int] = []
     for part in text.strip().split(","):
         if not part:
             continue
         low, _, high = part.partition("-")
-        cpus.extend(range(int(low), int(high or low) + 1))
-    return tuple(cpus)
+        if not (low.strip().isdecimal() and (high.strip().isdecimal() or not high)):
+            raise ValueError(f"{brief(part, 40)} is no CPU number or range of them")
+        first, last = int(low), int(high or low)
+        if last < first:
+            raise ValueError(f"the range {part!r} ends before it starts")
+        if cpus is not None and last >= cpus:
+            raise ValueError(f"CPU {brief(last, 40)} is not on this machine, whose CPUs are 0-{cpus - 1}")
+        found.extend(range(first, last + 1))
+    return tuple(found)
 
 
 def format_cpu_list(cpus: tuple[int, ...] | list[int]) -> str:

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 import yaml
 
-from accel.errors import PlanError, Problem
+from accel.errors import PlanError, Problem, named
 from accel.files import read_small
 from accel.plan.contract import REGISTRY, Accelerator
 from accel.plan.untrusted import unfolding
@@ -208,8 +208,8 @@ class Plan:
             return None
         if key not in REGISTRY:
             hint = difflib.get_close_matches(key, list(REGISTRY), n=1)
-            problems.append(Problem(key, "unknown accelerator" + (f"; did you mean {hint[0]!r}?" if hint else ""),
-                                    allowed=", ".join(sorted(REGISTRY)), kind="unknown"))
+            said = "unknown accelerator" + (f"; did you mean {hint[0]!r}?" if hint else "")
+            problems.append(Problem(named(key), said, allowed=", ".join(sorted(REGISTRY)), kind="unknown"))
             return None
         if options is False:
             return None  # `amp = false` in a file switches an accelerator off

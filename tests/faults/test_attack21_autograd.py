@@ -84,9 +84,6 @@ def optimizer_hooks(optimizer) -> dict:
             if name.startswith("_optimizer_") and isinstance(value, dict)}
 
 
-@pytest.mark.xfail(strict=True, reason="accel/api.py accelerate(): the rollback restores the journal's changes, not "
-                   "autograd; prune's check deep-copies the model under torch's no_grad, and a Ctrl-C on the call of "
-                   "its __exit__ leaves autograd off")
 def test_a_ctrl_c_while_prune_copies_your_model_leaves_autograd_on():
     model, optimizer, loader = norm_objects()
     before = snapshot(model, optimizer, loader)
@@ -98,6 +95,18 @@ def test_a_ctrl_c_while_prune_copies_your_model_leaves_autograd_on():
         assert passed, "prune's check no longer copies under no_grad: find another no_grad inside accelerate()"
         assert before.changes(snapshot(model, optimizer, loader)) == [] and open_run(model) is None
         assert torch.is_grad_enabled(), "accelerate() was interrupted and left autograd off for the whole process"
+
+
+def test_a_ctrl_c_while_decide_checks_prune_leaves_autograd_on():
+    """accel.decide() runs the same checks as accelerate() (prune's copies the model under no_grad)."""
+    model, optimizer, loader = norm_objects()
+    with autograd_restored():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with pytest.raises(KeyboardInterrupt), ctrl_c_on_entry(1, NO_GRAD_EXIT, within=accel.decide) as passed:
+                accel.decide(model, optimizer, loader, plan=["prune"], device="cpu")
+        assert passed
+        assert torch.is_grad_enabled(), "accel.decide() was interrupted and left autograd off for the whole process"
 
 
 @pytest.mark.xfail(strict=True, reason="accel/search/offline.py tune(): nothing restores autograd when the search is "

@@ -61,9 +61,6 @@ def test_a_rank_that_is_no_number_is_a_plan_problem(monkeypatch):
     assert isinstance(accelerate_under(monkeypatch, {"RANK": "abc", "WORLD_SIZE": "2"}), PlanError)
 
 
-@pytest.mark.xfail(strict=True, reason="accel/hardware/launcher.py: launcher_environment takes any integers (a world "
-                   "of 0) and slurm_tasks_on_node an empty count; rank_cores/parse_cpu_list raise ValueError out of "
-                   "the threads accelerator's decide(), which accelerate() does not turn into a problem")
 @pytest.mark.parametrize("name", list(HOSTILE))
 def test_launch_variables_no_launcher_writes_are_one_plan_error_naming_them(monkeypatch, name):
     error = accelerate_under(monkeypatch, HOSTILE[name])
@@ -91,9 +88,6 @@ except BaseException as error:
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="accel/hardware/__init__.py parse_cpu_list builds every CPU of a range, however "
-                   "long, before anyone compares them with the CPUs there are: a MemoryError (or, where memory is "
-                   "overcommitted, the machine's memory)")
 def test_a_core_map_of_a_hundred_billion_cpus_is_a_plan_error_not_a_memory_error():
     """In a child under a memory limit of a GiB beyond what it holds (the range, built, would be 800 GB)."""
     if not hasattr(resource, "RLIMIT_AS"):
