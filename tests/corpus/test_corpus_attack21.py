@@ -36,10 +36,6 @@ LEAVES_OUT = {  # beyond the plan without accel too: plain torch.autocast(bfloat
     "the docs' AveragedModel, built before the loop, keeps the unpruned shapes and cannot average it",
 }
 KNOWN = {
-    ("dlrm_train", "fused_optimizer"): "fused_optimizer sets fused=True on an SGD whose EmbeddingBag(sparse=True) "
-    "gives sparse gradients: torch's _fused_sgd raises at the first run.step() (accel/accelerators/fused_optimizer.py "
-    "fused_problem never looks at sparse gradients)",
-    ("dlrm_train", "stack"): "the stack's fused_optimizer: the same crash at the first run.step()",
     ("quantization_qat", "activation_checkpointing"): "modules='auto' checkpoints QAT's FakeQuantize modules (a "
     "'repeated block': an observer child) and the recomputation's FirstPass.again() copies the observer's min_val, "
     "kept empty before the first pass, into the buffer the pass resized: RuntimeError in backward",
@@ -84,18 +80,12 @@ def test_these_loops_train_as_upstream_through_every_plan_they_admit(port, plan)
     assert not result.differences, result
 
 
-@pytest.mark.xfail(strict=True, reason=KNOWN["dlrm_train", "fused_optimizer"] + " (Adagrad: 'fused does not support "
-                   "sparse grad')")
 def test_dlrm_with_adagrad_trains_through_fused_optimizer():
     module = importlib.import_module("corpus.dlrm_train")
     result = check_equivalence([{"fused_optimizer": {}}], module.build_adagrad, steps=2)
     assert result.ok, result
 
 
-@pytest.mark.xfail(strict=True, reason="plan='auto' measures the stack this CPU predicts (threads, fused_optimizer) "
-                   "in the user's own steps; its fused_optimizer crashes DLRM's first step with sparse gradients, and "
-                   "auto's turns (accel/search/inloop.py, turns.py) let the RuntimeError out of run.step() into the "
-                   "user's loop: the training dies where the plain loop trains")
 def test_plan_auto_trains_dlrm_as_its_plain_loop():
     module = importlib.import_module("corpus.dlrm_train")
     with warnings.catch_warnings():
