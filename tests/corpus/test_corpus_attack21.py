@@ -36,9 +36,6 @@ LEAVES_OUT = {  # beyond the plan without accel too: plain torch.autocast(bfloat
     "the docs' AveragedModel, built before the loop, keeps the unpruned shapes and cannot average it",
 }
 KNOWN = {
-    ("quantization_qat", "activation_checkpointing"): "modules='auto' checkpoints QAT's FakeQuantize modules (a "
-    "'repeated block': an observer child) and the recomputation's FirstPass.again() copies the observer's min_val, "
-    "kept empty before the first pass, into the buffer the pass resized: RuntimeError in backward",
     ("optim_swa", "loader"): "the rebuilt loader's worker iterator prefetches the sampler past the epoch's last batch: "
     "RandomSampler's trailing torch.randperm on the user's generator is drawn before the loop leaves the epoch, so the "
     "next epoch (update_bn over run.loader) reads another order than the plain loader",
