@@ -11,6 +11,7 @@ from torch.ao.quantization import default_fused_act_fake_quant, default_fused_pe
 
 import accel
 from accel import modules
+from accel.errors import CheckpointError
 
 
 class FakeQuantLinear(nn.Module):
@@ -90,3 +91,42 @@ def test_observers_and_fake_quantizers_are_no_blocks():
     assert modules.repeated_blocks(model) == set() and modules.repeated_blocks(model, 1) == set()
     together = nn.Sequential(Block(), Block())
     assert modules.repeated_blocks(together) == {"Block", "FakeQuantLinear"}  # layers, fake-quantized or not
+
+
+def qat_model(out: int = 2) -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(Block(), nn.BatchNorm1d(8), nn.Linear(8, out))
+
+
+def test_a_qat_run_resumes_from_its_own_checkpoint_and_another_model_s_is_refused_untouched(tmp_path):
+    """Before: run.load compared the saved shapes with the fresh model's, whose fake quantizers hold a one-element
+    scale and empty min_val until they first observe (their own _load_from_state_dict resizes them, as
+    load_state_dict does): 'shapes differ'. A Linear's weight, a BatchNorm of another size stay refused."""
+    from accel.run.checkpoint_fit import model_problems
+
+    model = qat_model()
+    run = accel.accelerate(model, torch.optim.SGD(model.parameters(), lr=0.1), None, ["threads"], device="cpu")
+    try:
+        run.backward(run.model(torch.randn(4, 8)).square().mean())
+        run.step()
+        run.save(tmp_path / "qat.pt")
+    finally:
+        run.close()
+    trained = {k: v.clone() for k, v in model.state_dict().items()}
+    for out, fits in ((2, True), (3, False)):
+        fresh = qat_model(out)
+        before = {k: v.clone() for k, v in fresh.state_dict().items()}
+        run = accel.accelerate(fresh, torch.optim.SGD(fresh.parameters(), lr=0.1), None, ["threads"], device="cpu")
+        try:
+            if fits:
+                run.load(tmp_path / "qat.pt")
+            else:
+                with pytest.raises(CheckpointError, match=r"shapes differ .*2\.weight \(2, 8\) vs \(3, 8\)"):
+                    run.load(tmp_path / "qat.pt")
+        finally:
+            run.close()
+        now = fresh.state_dict()
+        assert all(torch.equal(v, now[k]) for k, v in (trained if fits else before).items())
+    norm, other = nn.BatchNorm1d(8), nn.BatchNorm1d(4)  # a module loading itself that refuses another shape
+    assert "running_mean (4,) vs (8,)" in model_problems(other.state_dict(), norm.state_dict(), norm)[0]
+    assert norm.running_mean.shape == (8,)

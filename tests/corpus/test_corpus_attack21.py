@@ -193,11 +193,6 @@ def test_check_equivalence_takes_a_batch_holding_sparse_tensors():
     assert result.ok, result
 
 
-@pytest.mark.xfail(strict=True, reason="run.load's fit check (accel/run/checkpoint_fit.py model_problems) compares "
-                   "every saved tensor's shape with the fresh model's state_dict(): a QAT model's observers and "
-                   "FakeQuantize hold empty min_val/max_val and one-element scale/zero_point until they first observe, "
-                   "and resize them in their own _load_from_state_dict, which torch's load_state_dict calls; so a "
-                   "resumed QAT run is refused as 'shapes differ' where the plain loop's load_state_dict resumes it")
 @pytest.mark.slow
 def test_a_qat_run_resumes_from_its_own_checkpoint_as_load_state_dict_does(tmp_path):
     from torch.nn import functional as F
