@@ -52,6 +52,22 @@ class Positions(nn.Module):
         return x + torch.tanh(self.linear(x + self.positions))
 
 
+class Counting(nn.Module):
+    """A block counting its calls in a tensor it makes, and adds to, under torch.inference_mode (an inference tensor:
+    only inference_mode writes it)."""
+
+    def __init__(self, size: int = 8):
+        super().__init__()
+        self.linear = nn.Linear(size, size)
+        self.calls = None
+
+    def forward(self, x):
+        with torch.inference_mode():
+            self.calls = torch.zeros(()) if self.calls is None else self.calls
+            self.calls += 1
+        return x + torch.tanh(self.linear(x)) * self.calls.clone()
+
+
 def trained_state(model: nn.Module, plan, steps: int = 3) -> dict:
     x = torch.randn(4, 8, generator=torch.Generator().manual_seed(1))
     run = accel.accelerate(model, torch.optim.SGD(model.parameters(), lr=0.1), None, plan, device="cpu")
@@ -66,8 +82,9 @@ def trained_state(model: nn.Module, plan, steps: int = 3) -> dict:
 
 
 @pytest.mark.parametrize("make", [lambda: nn.Sequential(Block(), Block(), nn.Linear(8, 2)),
-                                  lambda: nn.Sequential(Positions(), Positions(), nn.Linear(8, 2))],
-                         ids=["observers", "expanded"])
+                                  lambda: nn.Sequential(Positions(), Positions(), nn.Linear(8, 2)),
+                                  lambda: nn.Sequential(Counting(), Counting(), nn.Linear(8, 2))],
+                         ids=["observers", "expanded", "inference"])
 def test_blocks_whose_first_pass_resizes_or_rebinds_their_state_recompute_as_the_plain_loop(make):
     """Before: the recomputation copied an observer's empty min_val into the buffer its first pass had resized
     (and an expanded tensor the pass rebound into itself): RuntimeError in the first backward."""
