@@ -9,6 +9,8 @@ import sys
 
 import torch
 from torch import nn
+from torch.ao.quantization.fake_quantize import FakeQuantizeBase
+from torch.ao.quantization.observer import ObserverBase
 from torch.nn.modules import module as torch_module
 from torch.nn.utils import parametrize
 from torch.nn.utils.prune import BasePruningMethod
@@ -65,12 +67,23 @@ def class_names(model: nn.Module) -> dict[type, str]:
     return {k: k.__name__ if shared[k.__name__] == 1 else qualified(k) for k in kinds}
 
 
+QUANTIZING = (ObserverBase, FakeQuantizeBase)  # what quantization-aware training hangs on a layer: no layers
+
+
+def has_layers(module: nn.Module) -> bool:
+    """Whether the module holds layers: child modules besides a parametrized layer's ``parametrizations``
+    (spectral_norm, weight_norm) and the observers and fake quantizers QAT's prepare_qat hangs on a layer
+    (``activation_post_process``, ``weight_fake_quant``, a FakeQuantize's own observer)."""
+    return any(name != "parametrizations" and not isinstance(child, QUANTIZING)
+               for name, child in module.named_children())
+
+
 def repeated_blocks(model: nn.Module, least: int = 2) -> set[str]:
     """Names of the classes of blocks occurring at least ``least`` times, each class counted apart (by ``class_names``:
-    two classes of one name are two names). A block is a module of layers: it has child modules and is no container;
-    a parametrized layer's ``parametrizations`` (spectral_norm, weight_norm) are no layers: it stays one layer."""
+    two classes of one name are two names). A block is a module of layers (``has_layers``) and no container: a
+    parametrized layer, a layer QAT observes, a FakeQuantize stay one layer each."""
     counts = collections.Counter(own_class(m) for m in model.modules() if m is not model and not isinstance(
-        m, (nn.Sequential, nn.ModuleList, nn.ModuleDict)) and {n for n, _ in m.named_children()} - {"parametrizations"})
+        m, (nn.Sequential, nn.ModuleList, nn.ModuleDict)) and has_layers(m))
     names = class_names(model)
     return {names[kind] for kind, count in counts.items() if count >= least}
 

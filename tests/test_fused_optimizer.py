@@ -104,3 +104,57 @@ def test_rebuild_keeps_every_group(lrs, decay, beta1, keep_state):
     assert [[id(p) for p in g["params"]] for g in new.param_groups] == \
            [[id(p) for p in g["params"]] for g in optimizer.param_groups]
     assert bool(new.state) == keep_state
+
+
+class OwnSparseLookup(torch.nn.Module):
+    """A table looked up with F.embedding(sparse=True) in its own forward (no nn.Embedding to see): sparse
+    gradients only the step itself can find."""
+
+    def __init__(self, sparse_module: bool = False):
+        super().__init__()
+        self.bag = torch.nn.EmbeddingBag(10, 4, mode="sum", sparse=True) if sparse_module else None
+        self.table = torch.nn.Parameter(torch.randn(10, 4))
+        self.head = torch.nn.Linear(4, 1)
+
+    def forward(self, ids):
+        pooled = torch.nn.functional.embedding(ids, self.table, sparse=True).sum(1)
+        return self.head(pooled + (self.bag(ids) if self.bag is not None else 0))
+
+
+@pytest.mark.parametrize("kind", ["SGD", "Adagrad"])
+def test_a_model_whose_modules_give_sparse_gradients_is_skipped_with_the_reason(kind):
+    torch.manual_seed(0)
+    model = OwnSparseLookup(sparse_module=True)
+    optimizer = getattr(torch.optim, kind)(model.parameters(), lr=0.1)
+    assert FusedOptimizer.candidates(None, model, optimizer) == []
+    row = apply_one(FusedOptimizer(), model=model, optimizer=optimizer).row
+    assert row.status == "skipped" and "sparse gradients from bag" in row.reason, row.reason
+    frozen = OwnSparseLookup(sparse_module=True)  # a sparse table the optimizer does not step: fused as ever
+    assert FusedOptimizer.candidates(None, frozen, torch.optim.SGD(frozen.head.parameters(), lr=0.1)) == [{}]
+
+
+@pytest.mark.parametrize("kind", ["SGD", "Adagrad"])
+def test_sparse_gradients_from_your_own_code_step_unfused_that_step_as_the_plain_loop(kind):
+    torch.manual_seed(0)
+    model = OwnSparseLookup()
+    reference = copy.deepcopy(model)
+
+    def optimizer_of(m):  # the table in a group of its own: the head's group stays fused
+        return getattr(torch.optim, kind)([{"params": [m.table]}, {"params": m.head.parameters()}], lr=0.1)
+
+    plain = optimizer_of(reference)
+    batches = [(torch.randint(0, 10, (4, 3)), torch.randn(4, 1)) for _ in range(3)]
+    run = accel.accelerate(model, optimizer_of(model), batches, plan=["fused_optimizer"], device="cpu")
+    assert run.report.row("fused_optimizer").status == "applied"
+    try:
+        for ids, target in batches:
+            run.backward(torch.nn.functional.mse_loss(run.model(ids), target))
+            run.step()
+            plain.zero_grad()
+            torch.nn.functional.mse_loss(reference(ids), target).backward()
+            plain.step()
+        assert [g["fused"] for g in run.optimizer.param_groups] == [True, True]  # unfused for the step alone
+    finally:
+        run.close()
+    for a, b in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)

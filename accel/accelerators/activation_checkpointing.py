@@ -86,11 +86,15 @@ def keep(value):
 
 
 def put(value, kept) -> None:
-    """Put what keep() copied back into the value itself."""
-    if kept is None:
+    """Put what keep() copied back into the value itself, where it changed (a value only rebound is left untouched:
+    an expanded tensor takes no copy): a tensor's shape too (an observer's min_val, empty until it first observes,
+    resized in place by its first pass), an inference tensor under inference_mode, as it was changed."""
+    if not changed(value, kept):
         return
     if isinstance(value, torch.Tensor):
-        with torch.no_grad():
+        with torch.no_grad(), torch.inference_mode() if value.is_inference() else contextlib.nullcontext():
+            if value.shape != kept.shape:
+                value.resize_(kept.shape)
             value.copy_(kept)
     elif isinstance(value, list):
         value[:] = kept
@@ -148,22 +152,29 @@ class FirstPass:
 
     @contextlib.contextmanager
     def again(self):
-        """The block as the first pass found it; afterwards, as it is now (BatchNorm counts a batch once)."""
+        """The block as the first pass found it; afterwards, as it is now (BatchNorm counts a batch once), whatever
+        raised on the way: every place set back, all or nothing (the first error raised once all were tried)."""
         now, later = moment(self.parts), []  # each place as the first pass left it: what it holds, and its contents
-        for d, key, value, kept in self.state:
-            current = d.get(key, MISSING)
-            later.append((current, keep(current), keep(value) if value is not current else None))
-            place(d, key, value)
-            put(value, kept)
-        set_moment(self.parts, self.moment)
         try:
+            for d, key, value, kept in self.state:
+                current = d.get(key, MISSING)
+                later.append((current, keep(current), keep(value) if value is not current else None))
+                place(d, key, value)
+                put(value, kept)
+            set_moment(self.parts, self.moment)
             yield
         finally:
+            errors = []
             for (d, key, value, _), (current, current_kept, value_kept) in zip(self.state, later):
-                put(value, value_kept)
-                place(d, key, current)
-                put(current, current_kept)
+                for undo in (lambda: put(value, value_kept), lambda: place(d, key, current),
+                             lambda: put(current, current_kept)):
+                    try:
+                        undo()
+                    except Exception as error:  # noqa: BLE001 (the rest is set back first, then it is raised)
+                        errors.append(error)
             set_moment(self.parts, now)
+            if errors:
+                raise errors[0]
 
 
 def place(holder: dict, key: str, value) -> None:

@@ -23,8 +23,20 @@ __all__ = ["FusedOptimizer", "FusedOptimizerState"]
 FUSABLE = (torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD, torch.optim.Adagrad)
 
 
-def fused_problem(optimizer: torch.optim.Optimizer) -> str | None:
-    """Why this optimizer cannot take ``fused=True`` here, or None."""
+def sparse_makers(model: torch.nn.Module | None, optimizer: torch.optim.Optimizer) -> list[str]:
+    """The modules whose parameters this optimizer steps and whose backward gives sparse gradients (an Embedding or
+    EmbeddingBag with ``sparse=True``, DLRM's tables), and the parameters that are sparse tensors themselves: torch's
+    fused kernels take no sparse gradient."""
+    stepped = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    found = [name or type(model).__name__ for name, m in (model.named_modules() if model is not None else ())
+             if isinstance(m, (torch.nn.Embedding, torch.nn.EmbeddingBag)) and m.sparse
+             and any(id(p) in stepped for p in m.parameters(recurse=False))]
+    return found + [f"parameter {n} (a {p.layout} tensor)" for n, p in enumerate(
+        p for group in optimizer.param_groups for p in group["params"]) if p.layout != torch.strided]
+
+
+def fused_problem(optimizer: torch.optim.Optimizer, model: torch.nn.Module | None = None) -> str | None:
+    """Why this optimizer cannot take ``fused=True`` here (for the parameters of ``model``, where given), or None."""
     if optimizer.defaults.get("fused"):
         return f"{type(optimizer).__name__} is already fused"
     if type(optimizer) not in FUSABLE:
@@ -32,6 +44,10 @@ def fused_problem(optimizer: torch.optim.Optimizer) -> str | None:
                 f"(fused: {', '.join(c.__name__ for c in FUSABLE)})")
     if optimizer.defaults.get("differentiable"):
         return "a differentiable optimizer cannot be fused"
+    if sparse := sparse_makers(model, optimizer):
+        return (f"sparse gradients from {', '.join(sparse[:3])}{' ...' if len(sparse) > 3 else ''} (an embedding "
+                f"with sparse=True, or a sparse parameter): torch's fused {type(optimizer).__name__} cannot step them; "
+                "the unfused step runs")
     from torch.optim.optimizer import _device_dtype_check_for_fused
 
     cuda_unsupported = isinstance(optimizer, torch.optim.Adagrad)  # torch fuses Adagrad on CPU only
@@ -92,11 +108,11 @@ class FusedOptimizer(Accelerator[Options, FusedOptimizerState]):
 
     @classmethod
     def candidates(cls, hardware, model, optimizer=None, loader=None):
-        return [{}] if optimizer is not None and not fused_problem(optimizer) else []
+        return [{}] if optimizer is not None and not fused_problem(optimizer, model) else []
 
     def apply(self, ctx):
         optimizer = ctx.optimizer
-        if why := fused_problem(optimizer):
+        if why := fused_problem(optimizer, ctx.model):
             raise Skip(why)
         sharded = ctx.plan.providing(Capability.MODEL_SHARDED)  # DTensor has fused kernels for Adam and AdamW only
         if sharded and not isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
@@ -117,17 +133,19 @@ class FusedOptimizer(Accelerator[Options, FusedOptimizerState]):
             "now": describe_optimizer(optimizer)})
 
     def optimizer_step(self, run, state, optimizer, proceed):
-        """torch's fused SGD with momentum cannot step a group where some parameters have a momentum buffer and
-        others have none yet (a layer just unfrozen: TypeError); that one step runs unfused, as the plain loop."""
-        if not isinstance(optimizer, torch.optim.SGD):
-            return proceed(optimizer)
-        mixed = [group for group in optimizer.param_groups if group.get("fused") and group["momentum"]
-                 and len({optimizer.state.get(p, {}).get("momentum_buffer") is None
-                          for p in group["params"] if p.grad is not None}) > 1]
-        for group in mixed:
+        """A step torch's fused kernels cannot take runs unfused, that step only, in the groups it concerns, as the
+        plain loop: a group holding a sparse gradient (from your own code: ``F.embedding(..., sparse=True)``), and
+        fused SGD with momentum where some parameters have a momentum buffer and others have none yet (a layer just
+        unfrozen: TypeError)."""
+        unfused = [group for group in optimizer.param_groups if group.get("fused") and (
+            any(p.grad is not None and p.grad.layout != torch.strided for p in group["params"])
+            or isinstance(optimizer, torch.optim.SGD) and group["momentum"]
+            and len({optimizer.state.get(p, {}).get("momentum_buffer") is None
+                     for p in group["params"] if p.grad is not None}) > 1)]
+        for group in unfused:
             group["fused"] = False
         try:
             return proceed(optimizer)
         finally:
-            for group in mixed:
+            for group in unfused:
                 group["fused"] = True

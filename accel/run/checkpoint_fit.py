@@ -3,11 +3,13 @@ and the shards (sharded_checkpoint.py) alike: what run.save writes (its layout),
 optimizer and the accelerators."""
 from __future__ import annotations
 
+import copy
 import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
 from accel.errors import loops_level
 from accel.hardware.launcher import rank, world_size
@@ -87,8 +89,9 @@ def seed_value(value: Any) -> bool:
     return value is None or isinstance(value, int) and not isinstance(value, bool) and -2**63 <= value < 2**64
 
 
-def model_problems(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
-    """Keys and shapes: ``saved`` maps each key to a tensor or a shape (DCP's metadata gives shapes)."""
+def model_problems(saved: dict[str, Any], current: dict[str, Any], model: nn.Module | None = None) -> list[str]:
+    """Keys and shapes: ``saved`` maps each key to a tensor or a shape (DCP's metadata gives shapes); a saved tensor
+    of another shape that the module holding it loads itself (``loaded_as_saved``, of ``model``) fits."""
     def shape(value):
         return tuple(value.shape) if isinstance(value, torch.Tensor) else tuple(value) if value is not None else None
 
@@ -96,11 +99,51 @@ def model_problems(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
         return f"{keys[:5]}{' ...' if len(keys) > 5 else ''}"
 
     missing, unexpected = sorted(set(current) - set(saved)), sorted(set(saved) - set(current))
-    shapes = [f"{k} {shape(saved[k])} vs {tuple(v.shape)}" for k, v in current.items()
-              if k in saved and isinstance(v, torch.Tensor) and shape(saved[k]) not in (None, tuple(v.shape))]
+    other = [k for k, v in current.items()
+             if k in saved and isinstance(v, torch.Tensor) and shape(saved[k]) not in (None, tuple(v.shape))]
+    taken = loaded_as_saved(model, saved, other) if other and model is not None else set()
+    shapes = [f"{k} {shape(saved[k])} vs {tuple(current[k].shape)}" for k in other if k not in taken]
     problems = [f"the model's {some(missing)} are not in the checkpoint"] if missing else []
     problems += [f"the checkpoint's {some(unexpected)} are not in the model"] if unexpected else []
     return problems + (["shapes differ (checkpoint vs model): " + "; ".join(shapes[:5])] if shapes else [])
+
+
+def loaded_as_saved(model: nn.Module, saved: dict[str, Any], keys: list[str]) -> set[str]:
+    """Of these keys, whose saved tensors differ in shape from the model's, those that the module holding them loads
+    without an error, as load_state_dict would: a module whose class loads its own state (torch.ao.quantization's
+    observers and fake quantizers resize their statistics, empty until they first observe, to the saved ones). Tried
+    on a copy of the module alone, its tensors on the meta device (nothing of the model is touched, nothing
+    allocated); a Linear's weight of another shape, or a module refusing it, stays a problem."""
+    owners = {f"{prefix}{'.' if prefix else ''}{name}": (module, prefix)
+              for prefix, module in model.named_modules(remove_duplicate=False)
+              for name in (*module._parameters, *module._buffers)}
+    held: dict[tuple[int, str], tuple[nn.Module, str, list[str]]] = {}
+    for key in keys:
+        if (owner := owners.get(key)) and isinstance(saved[key], torch.Tensor) and \
+                type(owner[0])._load_from_state_dict is not nn.Module._load_from_state_dict:
+            held.setdefault((id(owner[0]), owner[1]), (*owner, []))[2].append(key)
+    metadata = getattr(saved, "_metadata", None) or {}
+    taken: set[str] = set()
+    for module, prefix, own in held.values():
+        start = f"{prefix}." if prefix else ""
+        mine = {k: v for k, v in saved.items() if k.startswith(start) and "." not in k[len(start):]}
+        errors: list[str] = []
+        try:
+            memo = {id(t): on_meta(t) for t in (*module._parameters.values(), *module._buffers.values())
+                    if t is not None} | {id(module._modules): {}}  # its own tensors, as meta ones; no children
+            copy.deepcopy(module, memo)._load_from_state_dict(mine, start, dict(metadata.get(prefix, {})), True,
+                                                                [], [], errors)
+        except Exception:  # noqa: BLE001 (a module that cannot be copied, or refuses the tensor: a problem)
+            continue
+        if not errors:
+            taken.update(own)
+    return taken
+
+
+def on_meta(tensor: torch.Tensor) -> torch.Tensor:
+    """An empty tensor like this one on the meta device (a parameter stays a parameter)."""
+    meta = torch.empty_like(tensor, device="meta")
+    return nn.Parameter(meta, tensor.requires_grad) if isinstance(tensor, nn.Parameter) else meta
 
 
 def optimizer_problems(optimizer, checkpoint: dict[str, Any]) -> list[str]:
@@ -168,7 +211,7 @@ def fit_problems(run, saved: dict[str, Any], model: dict[str, Any], current: dic
     hand, one file, its groups and state shapes), and no state of an accelerator the run did not apply (less ddp
     and fsdp: one process loads a launched job's checkpoint, their states are its world's)."""
     names = set(saved.get("accelerators", {})) | {n for part in saved.get("accelerators_per_rank", []) for n in part}
-    problems = model_problems(model, current) + optimizer_problems(run.optimizer, saved)
+    problems = model_problems(model, current, run.unwrap()) + optimizer_problems(run.optimizer, saved)
     stray = sorted(set(training_plan(dict.fromkeys(names))) - {a.name for a in run.accelerators})
     return problems + ([f"state of accelerators this run did not apply: {stray}"] if stray else [])
 

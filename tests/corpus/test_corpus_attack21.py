@@ -36,13 +36,6 @@ LEAVES_OUT = {  # beyond the plan without accel too: plain torch.autocast(bfloat
     "the docs' AveragedModel, built before the loop, keeps the unpruned shapes and cannot average it",
 }
 KNOWN = {
-    ("dlrm_train", "fused_optimizer"): "fused_optimizer sets fused=True on an SGD whose EmbeddingBag(sparse=True) "
-    "gives sparse gradients: torch's _fused_sgd raises at the first run.step() (accel/accelerators/fused_optimizer.py "
-    "fused_problem never looks at sparse gradients)",
-    ("dlrm_train", "stack"): "the stack's fused_optimizer: the same crash at the first run.step()",
-    ("quantization_qat", "activation_checkpointing"): "modules='auto' checkpoints QAT's FakeQuantize modules (a "
-    "'repeated block': an observer child) and the recomputation's FirstPass.again() copies the observer's min_val, "
-    "kept empty before the first pass, into the buffer the pass resized: RuntimeError in backward",
     ("optim_swa", "loader"): "the rebuilt loader's worker iterator prefetches the sampler past the epoch's last batch: "
     "RandomSampler's trailing torch.randperm on the user's generator is drawn before the loop leaves the epoch, so the "
     "next epoch (update_bn over run.loader) reads another order than the plain loader",
@@ -84,18 +77,12 @@ def test_these_loops_train_as_upstream_through_every_plan_they_admit(port, plan)
     assert not result.differences, result
 
 
-@pytest.mark.xfail(strict=True, reason=KNOWN["dlrm_train", "fused_optimizer"] + " (Adagrad: 'fused does not support "
-                   "sparse grad')")
 def test_dlrm_with_adagrad_trains_through_fused_optimizer():
     module = importlib.import_module("corpus.dlrm_train")
     result = check_equivalence([{"fused_optimizer": {}}], module.build_adagrad, steps=2)
     assert result.ok, result
 
 
-@pytest.mark.xfail(strict=True, reason="plan='auto' measures the stack this CPU predicts (threads, fused_optimizer) "
-                   "in the user's own steps; its fused_optimizer crashes DLRM's first step with sparse gradients, and "
-                   "auto's turns (accel/search/inloop.py, turns.py) let the RuntimeError out of run.step() into the "
-                   "user's loop: the training dies where the plain loop trains")
 def test_plan_auto_trains_dlrm_as_its_plain_loop():
     module = importlib.import_module("corpus.dlrm_train")
     with warnings.catch_warnings():
@@ -206,11 +193,6 @@ def test_check_equivalence_takes_a_batch_holding_sparse_tensors():
     assert result.ok, result
 
 
-@pytest.mark.xfail(strict=True, reason="run.load's fit check (accel/run/checkpoint_fit.py model_problems) compares "
-                   "every saved tensor's shape with the fresh model's state_dict(): a QAT model's observers and "
-                   "FakeQuantize hold empty min_val/max_val and one-element scale/zero_point until they first observe, "
-                   "and resize them in their own _load_from_state_dict, which torch's load_state_dict calls; so a "
-                   "resumed QAT run is refused as 'shapes differ' where the plain loop's load_state_dict resumes it")
 @pytest.mark.slow
 def test_a_qat_run_resumes_from_its_own_checkpoint_as_load_state_dict_does(tmp_path):
     from torch.nn import functional as F
