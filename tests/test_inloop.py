@@ -290,6 +290,25 @@ def test_a_rebuilt_loader_is_decided_by_the_data_wait_and_joins_at_the_next_epoc
     assert loader.num_workers == 0
 
 
+def test_a_rebuilt_loader_alone_is_decided_by_the_plain_loops_own_turns_and_said_while_measured(virtual):
+    """With only a rebuilt loader to decide, nothing compared timed the plain loop: it takes turns alone, as in any
+    comparison, and the report says what is measured (it said 'measuring since step 0 (now step 2): ; nothing chosen
+    yet' while a second timing of its own ran), then the plain loop's step beside the loader chosen."""
+    model = costed(tiny_model())
+    run = accel.accelerate(model, torch.optim.SGD(model.parameters(), lr=0.05), DataLoader(Slow(), batch_size=4),
+                           quick(candidates=[[{"loader": {"num_workers": 1}}]]), device="cpu")
+    train(run, 2)
+    assert run.phase == "measuring", run.report
+    headline = str(run.report.search).splitlines()[0]
+    assert headline == ("auto: measuring since step 0 (now step 2): the plain loop alone, for your loop's wait for "
+                        "data; nothing chosen yet"), headline
+    while run.phase != "settled":
+        train(run, 1)
+    assert run.arms[0].ratio_to(run.arms[0]).rounds >= 3 and "loader" in run.loader.pending, run.report
+    assert "auto: chose loader" in str(run.report) and "the plain loop: 26.0 ms a step" in str(run.report)
+    run.close()
+
+
 def test_an_lstm_on_packed_sequences_runs_through_auto_with_its_own_loop():
     """A batch auto cannot guess (ids, lengths, labels): the user's loop needs no step_fn."""
 

@@ -101,13 +101,10 @@ class InLoopSearch:
         self.current.backward(loss)
 
     def step(self) -> bool:
-        timing = self.measuring and self.loader.timing is not None
-        if self.measuring and not timing:
+        if self.measuring:
             self.turns.before_update()
         skipped = self.current.step()  # its optimizer steps are the run's own (watch.stepping)
-        if timing and self.loader.timed(self.current.steps):
-            self.finish()
-        elif self.measuring and not timing:
+        if self.measuring:
             self.search.step = self.current.steps
             self.turns.after_step()
         return skipped
@@ -237,10 +234,7 @@ class InLoopSearch:
         say(self)
 
     def finish(self) -> None:
-        """The plan chosen is taken (a rebuilt loader at the next epoch, after the data wait is timed: loader.py)."""
-        if self.epochwise and not self.loader.plain[1] and self.loader.timing is None:
-            self.loader.timing = ()  # begins after the next step
-            return
+        """The comparisons are over: the plan chosen is taken (a rebuilt loader chosen at the next epoch)."""
         self._settle("the budget ran out before every verdict was clear" if self.turns.cut else "settled")
 
     def _settle(self, how: str, why: str = "", plan: dict | None = None, result: TuneResult | None = None,
