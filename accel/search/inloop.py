@@ -25,7 +25,7 @@ from accel.run.checkpoint_fit import training_plan
 from accel.run.interrupts import clean_up, deferred
 from accel.run.state import load_saved, plan_of, read_saved
 from accel.search.fault import Faults
-from accel.search.results import TuneResult, cached_answer, distribute
+from accel.search.results import TuneResult, cached_answer, distribute, memory_fit
 from accel.search.settings import Auto, candidates_of, placed
 from accel.search.strategy import Search
 from accel.search.turns import Turns
@@ -48,8 +48,10 @@ class InLoopSearch:
         self.settings, self.started, self.chunk_s, self.objects = (settings, clock.now(), CHUNK_S,
                                                                    (model, optimizer, loader))
         self.device, self.launch, self.hardware = placed(device)
-        self.distributed, self.hold, self.ranks = in_step(self.launch, model, optimizer, self.device,
-                                                          settings.memory_per_rank)
+        # the wrapper every plan carries, decided once: the answer names it (your optimizer's state grows at its step)
+        self.fit = memory_fit(model, optimizer, self.device, self.launch, settings.memory_per_rank)
+        self.distributed, (_, self.hold, self.ranks) = self.fit[0], in_step(self.launch, model, optimizer, self.device,
+                                                                            settings.memory_per_rank)
         self.notes = [f"a launched job of {self.launch.world_size} ranks: every plan measured ran with "
                       f"{plan_label(self.distributed)} (by memory fit), the same plan on every rank at every step, "
                       "timed by the slowest rank and decided by rank 0"] if self.distributed else []
@@ -249,7 +251,7 @@ class InLoopSearch:
         say(self)
 
     def for_ranks(self, result: TuneResult) -> TuneResult:
-        return distribute(result, *self.objects[:2], self.device, self.launch, self.settings.memory_per_rank)
+        return distribute(result, self.fit)
 
     def _open_run(self) -> Any:
         model = self.objects[0]
