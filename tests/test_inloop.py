@@ -711,6 +711,49 @@ def brisk_run(steps=0):
     return train(run, steps) if steps else run
 
 
+FRAGILE = {"fail": False}
+
+
+class Fragile(Brisk):
+    """Brisk (auto must choose it), whose apply fails once FRAGILE says so (a device gone, a resource taken)."""
+
+    name = "fragile"
+
+    def apply(self, ctx):
+        if FRAGILE["fail"]:
+            raise OSError("the device went away")
+        return {}
+
+
+def test_a_chosen_plan_that_cannot_be_put_in_place_is_said_and_the_plain_loop_kept(virtual, tmp_path):
+    """The answer is put in place as the search settles (accelerate() again). One refused or failing there (here the
+    cache's, on a run where its apply fails) left the plan in place as it was, nothing said, while the report and
+    report.tuning said it was chosen: the loop trained on what the report did not say."""
+    import warnings
+
+    register(Fragile)
+    try:
+        for fail in (False, True):
+            FRAGILE["fail"] = fail
+            model = tiny_model()
+            model.register_forward_pre_hook(lambda module, args: CLOCK.advance(0.007 if BRISK["on"] else BASE_S))
+            run = accel.accelerate(model, torch.optim.SGD(model.parameters(), lr=0.05), tiny_loader(),
+                                   accel.Auto(cache=tmp_path, budget_s=10, candidates=[["fragile"]]), device="cpu")
+            with warnings.catch_warnings(record=True) as said:
+                warnings.simplefilter("always")
+                while run.phase != "settled":
+                    train(run, 1)
+            text, in_place, chosen = str(run.report), run.plan.names(), run.report.tuning.plan.names()
+            run.close()
+            if not fail:
+                assert in_place == chosen == ["fragile"], text
+        assert in_place == chosen == [] and "could not be put in place" in run.report.tuning.why, text
+        assert "auto: chose the plain loop" in text and "the device went away" in text, text
+        assert [str(w.message) for w in said if "could not be put in place" in str(w.message)], said
+    finally:
+        unregister("fragile")
+
+
 def emulated_bf16_said():
     """amp's warning on a CPU without native bf16 (emulated): said, and measured all the same; none where it has it."""
     import warnings

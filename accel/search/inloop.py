@@ -25,7 +25,7 @@ from accel.run.checkpoint_fit import training_plan
 from accel.run.interrupts import clean_up, deferred
 from accel.run.state import load_saved, plan_of, read_saved
 from accel.search.fault import Faults
-from accel.search.results import TuneResult, cached_answer, distribute, memory_fit
+from accel.search.results import Arm, TuneResult, cached_answer, distribute, memory_fit
 from accel.search.settings import Auto, candidates_of, placed
 from accel.search.strategy import Search
 from accel.search.turns import Turns
@@ -246,7 +246,13 @@ class InLoopSearch:
         search.chosen_at = self.current.steps if search.chosen_at is None else search.chosen_at
         self.result = self.current.report.tuning = verdict(self, why, plan, result)
         if switch:
-            self.switch(self.loader.now(self.result.plan.to_dict()))
+            chosen, failed = self.loader.now(self.result.plan.to_dict()), Arm()
+            if self.switch(chosen, failed) is None and chosen.keys() - self.distributed.keys():  # the plain loop, said
+                why = f"it could not be put in place ({failed.status}: {failed.reason})"
+                warnings.warn(f"accel: plan='auto' chose {plan_label(chosen)}, and {why}; your loop goes on with the "
+                              "plain loop", RuntimeWarning, stacklevel=loops_level())
+                return self._settle("settled", f"{plan_label(chosen)} was chosen, and {why}: the plain loop is kept",
+                                    plan={})
         self.faults.remove()
         say(self)
 
