@@ -290,6 +290,25 @@ def test_a_rebuilt_loader_is_decided_by_the_data_wait_and_joins_at_the_next_epoc
     assert loader.num_workers == 0
 
 
+def test_a_rebuilt_loader_alone_is_decided_by_the_plain_loops_own_turns_and_said_while_measured(virtual):
+    """With only a rebuilt loader to decide, nothing compared timed the plain loop: it takes turns alone, as in any
+    comparison, and the report says what is measured (it said 'measuring since step 0 (now step 2): ; nothing chosen
+    yet' while a second timing of its own ran), then the plain loop's step beside the loader chosen."""
+    model = costed(tiny_model())
+    run = accel.accelerate(model, torch.optim.SGD(model.parameters(), lr=0.05), DataLoader(Slow(), batch_size=4),
+                           quick(candidates=[[{"loader": {"num_workers": 1}}]]), device="cpu")
+    train(run, 2)
+    assert run.phase == "measuring", run.report
+    headline = str(run.report.search).splitlines()[0]
+    assert headline == ("auto: measuring since step 0 (now step 2): the plain loop alone, for your loop's wait for "
+                        "data; nothing chosen yet"), headline
+    while run.phase != "settled":
+        train(run, 1)
+    assert run.arms[0].ratio_to(run.arms[0]).rounds >= 3 and "loader" in run.loader.pending, run.report
+    assert "auto: chose loader" in str(run.report) and "the plain loop: 26.0 ms a step" in str(run.report)
+    run.close()
+
+
 def test_an_lstm_on_packed_sequences_runs_through_auto_with_its_own_loop():
     """A batch auto cannot guess (ids, lengths, labels): the user's loop needs no step_fn."""
 
@@ -690,6 +709,49 @@ def brisk_run(steps=0):
                            quick(candidates=[{"brisk": {}, "amp": {"dtype": "bfloat16"}}, ["channels_last"]]),
                            device="cpu")
     return train(run, steps) if steps else run
+
+
+FRAGILE = {"fail": False}
+
+
+class Fragile(Brisk):
+    """Brisk (auto must choose it), whose apply fails once FRAGILE says so (a device gone, a resource taken)."""
+
+    name = "fragile"
+
+    def apply(self, ctx):
+        if FRAGILE["fail"]:
+            raise OSError("the device went away")
+        return {}
+
+
+def test_a_chosen_plan_that_cannot_be_put_in_place_is_said_and_the_plain_loop_kept(virtual, tmp_path):
+    """The answer is put in place as the search settles (accelerate() again). One refused or failing there (here the
+    cache's, on a run where its apply fails) left the plan in place as it was, nothing said, while the report and
+    report.tuning said it was chosen: the loop trained on what the report did not say."""
+    import warnings
+
+    register(Fragile)
+    try:
+        for fail in (False, True):
+            FRAGILE["fail"] = fail
+            model = tiny_model()
+            model.register_forward_pre_hook(lambda module, args: CLOCK.advance(0.007 if BRISK["on"] else BASE_S))
+            run = accel.accelerate(model, torch.optim.SGD(model.parameters(), lr=0.05), tiny_loader(),
+                                   accel.Auto(cache=tmp_path, budget_s=10, candidates=[["fragile"]]), device="cpu")
+            with warnings.catch_warnings(record=True) as said:
+                warnings.simplefilter("always")
+                while run.phase != "settled":
+                    train(run, 1)
+            text, in_place, chosen = str(run.report), run.plan.names(), run.report.tuning.plan.names()
+            run.close()
+            if not fail:
+                assert in_place == chosen == ["fragile"], text
+        assert in_place == chosen == [] and "could not be put in place" in run.report.tuning.why, text
+        assert "auto: chose the plain loop" in text and "the device went away" in text, text
+        assert [str(w.message) for w in said if "could not be put in place" in str(w.message)], said
+    finally:
+        unregister("fragile")
 
 
 def emulated_bf16_said():

@@ -56,3 +56,16 @@ def test_two_ranks_search_in_their_own_loop_in_step(tmp_path):
     for rank in (first, second):
         assert rank["weights_identical"] and rank["group_inits"] == 1 and rank["same_world"]
         assert rank["initialized_after_close"] is False  # accel made the group; closing the run let it go
+
+
+def test_two_ranks_searching_in_their_loop_report_and_keep_the_wrapper_every_plan_ran_with(tmp_path):
+    """The wrapper is decided once by memory fit, before the first step: every plan ran with fsdp (ASGD's state,
+    estimated as Adam's, does not fit whole). The answer decided it again after the steps, from the state as it is
+    (it fits: ddp): its table and plan said ddp, and the switch to that plan, with fsdp carried beside ddp, was
+    refused, so a candidate the search never chose (channels_last+fsdp) stayed in place for the rest of the run."""
+    result = torchrun("inloop_ranks.py", tmp_path, "ASGD", timeout=300)
+    assert result.returncode == 0, output(result)
+    for rank in [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]:
+        assert all("fsdp" in plan for plan in rank["plans"]), rank["plans"]
+        assert ["fsdp", "memory fit"] in rank["rows"] and rank["in_place"] == rank["chosen"], rank
+        assert rank["why"].startswith("fsdp: ") and rank["weights_identical"], rank["why"]

@@ -25,7 +25,7 @@ from accel.run.checkpoint_fit import training_plan
 from accel.run.interrupts import clean_up, deferred
 from accel.run.state import load_saved, plan_of, read_saved
 from accel.search.fault import Faults
-from accel.search.results import TuneResult, cached_answer, distribute
+from accel.search.results import Arm, TuneResult, cached_answer, distribute, memory_fit
 from accel.search.settings import Auto, candidates_of, placed
 from accel.search.strategy import Search
 from accel.search.turns import Turns
@@ -48,8 +48,10 @@ class InLoopSearch:
         self.settings, self.started, self.chunk_s, self.objects = (settings, clock.now(), CHUNK_S,
                                                                    (model, optimizer, loader))
         self.device, self.launch, self.hardware = placed(device)
-        self.distributed, self.hold, self.ranks = in_step(self.launch, model, optimizer, self.device,
-                                                          settings.memory_per_rank)
+        # the wrapper every plan carries, decided once: the answer names it (your optimizer's state grows at its step)
+        self.fit = memory_fit(model, optimizer, self.device, self.launch, settings.memory_per_rank)
+        self.distributed, (_, self.hold, self.ranks) = self.fit[0], in_step(self.launch, model, optimizer, self.device,
+                                                                            settings.memory_per_rank)
         self.notes = [f"a launched job of {self.launch.world_size} ranks: every plan measured ran with "
                       f"{plan_label(self.distributed)} (by memory fit), the same plan on every rank at every step, "
                       "timed by the slowest rank and decided by rank 0"] if self.distributed else []
@@ -101,13 +103,10 @@ class InLoopSearch:
         self.current.backward(loss)
 
     def step(self) -> bool:
-        timing = self.measuring and self.loader.timing is not None
-        if self.measuring and not timing:
+        if self.measuring:
             self.turns.before_update()
         skipped = self.current.step()  # its optimizer steps are the run's own (watch.stepping)
-        if timing and self.loader.timed(self.current.steps):
-            self.finish()
-        elif self.measuring and not timing:
+        if self.measuring:
             self.search.step = self.current.steps
             self.turns.after_step()
         return skipped
@@ -237,10 +236,7 @@ class InLoopSearch:
         say(self)
 
     def finish(self) -> None:
-        """The plan chosen is taken (a rebuilt loader at the next epoch, after the data wait is timed: loader.py)."""
-        if self.epochwise and not self.loader.plain[1] and self.loader.timing is None:
-            self.loader.timing = ()  # begins after the next step
-            return
+        """The comparisons are over: the plan chosen is taken (a rebuilt loader chosen at the next epoch)."""
         self._settle("the budget ran out before every verdict was clear" if self.turns.cut else "settled")
 
     def _settle(self, how: str, why: str = "", plan: dict | None = None, result: TuneResult | None = None,
@@ -250,12 +246,18 @@ class InLoopSearch:
         search.chosen_at = self.current.steps if search.chosen_at is None else search.chosen_at
         self.result = self.current.report.tuning = verdict(self, why, plan, result)
         if switch:
-            self.switch(self.loader.now(self.result.plan.to_dict()))
+            chosen, failed = self.loader.now(self.result.plan.to_dict()), Arm()
+            if self.switch(chosen, failed) is None and chosen.keys() - self.distributed.keys():  # the plain loop, said
+                why = f"it could not be put in place ({failed.status}: {failed.reason})"
+                warnings.warn(f"accel: plan='auto' chose {plan_label(chosen)}, and {why}; your loop goes on with the "
+                              "plain loop", RuntimeWarning, stacklevel=loops_level())
+                return self._settle("settled", f"{plan_label(chosen)} was chosen, and {why}: the plain loop is kept",
+                                    plan={})
         self.faults.remove()
         say(self)
 
     def for_ranks(self, result: TuneResult) -> TuneResult:
-        return distribute(result, *self.objects[:2], self.device, self.launch, self.settings.memory_per_rank)
+        return distribute(result, self.fit)
 
     def _open_run(self) -> Any:
         model = self.objects[0]

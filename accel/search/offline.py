@@ -20,6 +20,7 @@ from accel.search.results import (
     cached_answer,
     distribute,
     keep_answer,
+    memory_fit,
     timing_fields,
 )
 from accel.search.settings import SLOW_STOP, Auto, candidates_of, placed
@@ -49,7 +50,7 @@ def tune(model, optimizer, loader, device: Any = "auto", settings: Auto | None =
                                      "setup, and the cache gives the ranks its answer" if settings.cache else
                                      "and the cache is off"), None, clock.now() - started, record)
     if result is not None:
-        return distribute(result, model, optimizer, device, launch, settings.memory_per_rank)
+        return distribute(result, memory_fit(model, optimizer, device, launch, settings.memory_per_rank))
     lab = Lab(model, optimizer, loader, device, step, check_steps=max(1, settings.check_steps))
     search = Search(settings, candidates_of(settings, hardware, model, optimizer, loader, in_loop=False))
     apart = Apart(lab, search, settings, facts, started)

@@ -232,13 +232,21 @@ def admit(request: Comparison, settings: Auto, facts: dict | None, deadline: flo
     return deadline, note, out
 
 
-def distribute(result, model, optimizer, device: Any, launch, memory: int | None = None):
-    """A TuneResult for a launched job: with the wrapper by memory fit, a row and the why saying so, and where a cached
-    rest of the plan came from (once; unchanged in a single process)."""
+def memory_fit(model, optimizer, device: Any, launch, memory: int | None = None) -> tuple[dict[str, dict], str]:
+    """The wrapper a launched job's every plan carries, by memory fit, and why (({}, "") in a single process):
+    decided once, before the first step, so that the answer names the wrapper its plans ran with."""
     if launch is None or launch.world_size <= 1:
+        return {}, ""
+    return choose(model, optimizer, device, launch.world_size, launch.local_world_size, memory)
+
+
+def distribute(result, fit: tuple[dict[str, dict], str]):
+    """A TuneResult for a launched job (``fit``: memory_fit's): with the wrapper, a row and the why saying so, and
+    where a cached rest of the plan came from (once; unchanged in a single process)."""
+    chosen, why = fit
+    if not chosen:
         return result
     if not any(r.status == "memory fit" for r in result.rows):
-        chosen, why = choose(model, optimizer, device, launch.world_size, launch.local_world_size, memory)
         plan = {k: v for k, v in result.plan.to_dict().items()
                 if Capability.MODEL_DISTRIBUTED not in REGISTRY[k].provides}
         result.plan = Plan({**plan, **chosen})

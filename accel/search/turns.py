@@ -79,8 +79,11 @@ class Turns:
         was = self.run.strategy.decided
         try:
             request = self.comparisons.send(outcomes)
-        except StopIteration:
-            return self.run.finish()
+        except StopIteration:  # a rebuilt loader is decided by the loop's wait for data: the plain loop's, timed alone
+            # if no comparison timed it
+            if self.plain.rounds or not self.run.epochwise or (self.request and not self.request.challengers):
+                return self.run.finish()
+            return self._begin(Comparison({}, [], (), "the plain loop alone, for your loop's wait for data"))
         if self.run.strategy.decided and not was:
             self.run.choose()
         self._begin(request)
@@ -99,7 +102,7 @@ class Turns:
             if arm.status in ("waiting", "measuring", "measured"):  # one that could not run before is not tried again
                 arm.against, arm.status, arm.reason = self.reference, "measuring", ""
         self.reference.status, self.first_round = "measuring", self.round
-        self._next_round() if self._live() else self._end_comparison()
+        self._next_round() if self._live() or not request.challengers else self._end_comparison()
 
     def _end_comparison(self) -> None:
         reference, challengers, self.challengers = self.reference, self.challengers, []
@@ -140,7 +143,8 @@ class Turns:
             for arm, ratio in ((a, a.ratio_to(self.reference)) for a in self._live()):  # more rounds would not
                 if ratio.below(max(self.request.thresholds)) or ratio.above(min(self.request.thresholds)):  # change it
                     arm.status = "measured"
-        if not self._live() or self.round - self.first_round >= MAX_ROUNDS:
+        alone = not self.request.challengers and self.round - self.first_round < MIN_ROUNDS  # the plain loop alone
+        if not (self._live() or alone) or self.round - self.first_round >= MAX_ROUNDS:
             return self._end_comparison()
         self._next_round()
 

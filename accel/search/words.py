@@ -184,7 +184,6 @@ def _seen(arm: Arm, chosen: dict | None) -> dict[str, Any]:
 
 
 DATA_WAIT = 0.10  # a rebuilt loader (workers) pays when the loop waits this fraction of its step for data
-DATA_STEPS = 8  # steps timed for the data wait alone, when no comparison timed the plain loop
 JOINS = " joins at the next epoch"  # the why's words for a rebuilt loader chosen (replaced should it not join)
 
 
@@ -197,7 +196,6 @@ class SearchLoader:
         self.run, self.read = run, False  # read: your loop iterated it (the data wait and the cache's key need that)
         self.waited_s = 0.0  # the loop's wait for batches, all along
         self.plain = [0.0, 0.0]  # the wait and the time of the plain loop's timed steps
-        self.timing: tuple | None = None  # (began, waited_s, step) while the wait alone is timed (): from the next step
         self.pending: dict | None = None  # the plan with a rebuilt loader chosen, joining at the next epoch
 
     def __iter__(self) -> Iterator[Any]:
@@ -226,18 +224,6 @@ class SearchLoader:
         if "run" not in self.__dict__:
             raise AttributeError(name)
         return getattr(self.run.current.loader, name)
-
-    def timed(self, step: int) -> bool:
-        """After each step while only the plain loop's data wait is timed: True once DATA_STEPS steps are (then the
-        search finishes, its rebuilt loader decided by that wait)."""
-        if not self.timing:
-            self.timing = (clock.now(), self.waited_s, step)
-            return False
-        began, wait, first = self.timing
-        if step - first < DATA_STEPS:
-            return False
-        self.plain = [self.waited_s - wait, clock.now() - began]
-        return True
 
     def now(self, plan: dict[str, dict]) -> dict[str, dict]:
         """The chosen plan to take now: a rebuilt loader in it waits (pending) for the next epoch's start."""
