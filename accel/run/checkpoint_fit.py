@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from accel.errors import loops_level
+from accel.files import size_text
 from accel.hardware.launcher import rank, world_size
 from accel.plan.contract import REGISTRY, Stage
 from accel.plan.untrusted import unfolding
@@ -39,10 +40,29 @@ def this_rank(saved: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
             "rng": rngs[rank()] if len(rngs) == world_size() else rngs[0]}, problems
 
 
+SPAN_SLACK = 64 << 20  # bytes a checkpoint's tensors may span beyond their storages (an expanded buffer's)
+
+
+def spanning(saved: Any) -> str:
+    """Why the tensors in saved would make more than their storages hold once made contiguous, as the checksum makes
+    them, or "": torch.save keeps a view's strides, so a stride of 0 over a few bytes on disk spans any size."""
+    stack, beyond = [saved], 0
+    while stack:
+        item = stack.pop()
+        if isinstance(item, torch.Tensor):
+            beyond += max(0, item.numel() * item.element_size() - item.untyped_storage().nbytes())
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+    return (f"holds views that span {size_text(beyond)} more than their storages (a stride of 0): more than "
+            f"{size_text(SPAN_SLACK)}") if beyond > SPAN_SLACK else ""
+
+
 def layout_problems(saved: dict[str, Any]) -> list[str]:
     """What in a checkpoint's state is not of the kind run.save writes (a crafted file whose checksum matches),
     checked before anything else reads it, so that no file can make those raise anything but a CheckpointError."""
-    huge = unfolding(saved)
+    huge = unfolding(saved) or spanning(saved)
     if huge:
         return [f"it {huge}"]
 

@@ -12,6 +12,7 @@ from accel.errors import MeasureError, PlanError, Problem
 from accel.measure import TrainStep
 from accel.measure.lab import Lab, Trial
 from accel.randomness import first_batch
+from accel.run.interrupts import autograd_kept
 from accel.search.results import (
     Arm,
     Comparison,
@@ -27,6 +28,7 @@ from accel.search.settings import SLOW_STOP, Auto, candidates_of, placed
 from accel.search.strategy import Search
 
 
+@autograd_kept()  # a Ctrl-C as torch leaves a no_grad block while measuring leaves autograd as it was
 def tune(model, optimizer, loader, device: Any = "auto", settings: Auto | None = None, **options: Any) -> TuneResult:
     """The fastest established plan that keeps the loss, measured on copies. ``options`` are accel.Auto's fields over
     ``settings`` (default: no cache). Under a launcher: the cached answer, with the wrapper by memory fit."""

@@ -109,8 +109,6 @@ def test_a_ctrl_c_while_decide_checks_prune_leaves_autograd_on():
         assert torch.is_grad_enabled(), "accel.decide() was interrupted and left autograd off for the whole process"
 
 
-@pytest.mark.xfail(strict=True, reason="accel/search/offline.py tune(): nothing restores autograd when the search is "
-                   "interrupted; its copies are made and measured under torch's no_grad")
 def test_a_ctrl_c_while_tune_measures_leaves_autograd_on():
     model, optimizer, loader = norm_objects()
     with autograd_restored():
