@@ -8,6 +8,7 @@ What it keeps: a declared tolerance, parameters in fp32. Its card: docs/accelera
 """
 from __future__ import annotations
 
+import functools
 import inspect
 import warnings
 from collections.abc import Callable
@@ -48,6 +49,22 @@ def auto_dtype(device: torch.device, hardware) -> tuple[torch.dtype | None, str]
         return None, ("this CPU has no native bf16 (no avx512_bf16 or amx): bf16 autocast is emulated, many times "
                       "slower (docs/machines.md); ask for dtype='bfloat16' to force it")
     return None, f"no autocast dtype is known for device type {device.type!r}"
+
+
+@functools.cache
+def recurrent_refusal(kind: type[torch.nn.Module], device_type: str, dtype: torch.dtype) -> str:
+    """What torch raises when a tiny ``kind`` (LSTM, GRU, RNN) trains under autocast in ``dtype`` here, or "": its
+    kernels for recurrent layers need instructions some CPUs lack (a bfloat16 LSTM without AVX-512), which only a
+    try tells."""
+    try:
+        with torch.random.fork_rng(devices=[]), torch.enable_grad():
+            layer = kind(2, 2)
+            with torch.autocast(device_type, dtype=dtype):
+                out = layer(torch.ones(1, 1, 2))[0]
+            out.float().sum().backward()
+    except RuntimeError as error:
+        return str(error).splitlines()[0] if str(error) else type(error).__name__
+    return ""
 
 
 def emulated(device: torch.device, dtype: torch.dtype, hardware) -> bool:
@@ -123,6 +140,12 @@ class Amp(Accelerator[AmpOptions, AmpState], LossScaler[AmpState]):
         dtype, why = (asked, "asked for") if asked is not None else auto_dtype(device, ctx.hardware)
         if dtype is None:
             raise Skip(why)
+        layers = (torch.nn.LSTM, torch.nn.GRU, torch.nn.RNN)  # their own kernels, by torch's class
+        kinds = {k for m in ctx.model.modules() for k in layers if isinstance(m, k)} if device.type == "cpu" else ()
+        for kind in sorted(kinds, key=lambda k: k.__name__):
+            if refusal := recurrent_refusal(kind, device.type, dtype):
+                raise Skip(f"torch cannot train your {kind.__name__} under {dtype_name(dtype)} autocast on this CPU "
+                           f"({refusal}): the plain step runs")
         ctx.decide("compute_dtype", dtype, why)
         wanted = self.config.grad_scaler
         scaling = dtype is torch.float16 if wanted == "auto" else wanted
