@@ -213,14 +213,14 @@ def test_candidates_confidently_no_faster_than_the_plain_loop_end_the_search_wit
 
 
 @pytest.mark.parametrize("long_steps", [False, True])
-def test_the_step_after_a_switch_is_untimed_except_on_later_turns_of_long_steps(monkeypatch, long_steps):
+def test_the_step_after_a_switch_is_untimed_except_on_later_turns_of_long_steps(monkeypatch, long_steps, virtual):
     """The first step after a switch is not timed (what a switch leaves cold is not the plan's step), nor the run's
     very first; a turn that follows the same plan's (the reference last in one round and first in the next) has no
     switch and is timed whole. Steps of 2 s or more (here: any, with the threshold at 0) are timed from the switch on
     a plan's later turns: a BERT-base step takes seconds on 2 cores, and an untimed step cost a third of every turn."""
     if long_steps:
         monkeypatch.setattr(turn_taking, "SETTLE_BELOW_S", 0.0)  # the turns read it (accel/search/turns.py)
-    model = tiny_model()
+    model = costed(tiny_model())  # on the test's clock: a load spike on the machine cannot catch a turn early
     run = accel.accelerate(model, torch.optim.SGD(model.parameters(), lr=0.05), tiny_loader(),
                            quick(candidates=[["channels_last"], ["fused_optimizer"]]), device="cpu")
     after_switch, last = {}, None
