@@ -366,11 +366,11 @@ class Counter(Accelerator[accel.Options, CounterState]):
         return proceed(optimizer)
 
 
-def test_an_arms_state_waits_for_its_next_turn():
+def test_an_arms_state_waits_for_its_next_turn(virtual):
     """amp's GradScaler would otherwise start afresh (and skip steps) every time its arm comes back."""
     register(Counter)
     try:
-        model = tiny_model()
+        model = costed(tiny_model())  # on the test's clock: a busy machine cannot end the search before its turns
         run = accel.accelerate(model, torch.optim.SGD(model.parameters(), lr=0.05), tiny_loader(),
                                quick(candidates=[["counter"]]), device="cpu")
         arm = next(a for a in run.arms if a.plan == {"counter": {}})
