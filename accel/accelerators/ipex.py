@@ -81,8 +81,22 @@ class Ipex(Accelerator[IpexOptions, State]):
         model, optimizer = copy_with_optimizer(ctx.model, ctx.optimizer)  # IPEX trains in place: spare the user's
         model.train()
         buffers = buffer_values(model)
-        ctx.model, ctx.optimizer = ipex.optimize(model, optimizer=optimizer, dtype=dtype, level=config.level)
+        prepack = prepacks(ipex, ctx.device, dtype)
+        ctx.model, ctx.optimizer = ipex.optimize(model, optimizer=optimizer, dtype=dtype, level=config.level,
+                                                 weights_prepack=None if prepack is True else False)
         put_back_buffers(ctx.model, buffers)  # optimize reads parametrized weights: spectral_norm's iteration ran
         return {"dtype": dtype_name(dtype), "why": why, "level": config.level, "version": ipex.__version__,
-                "model": "replaced by IPEX's (prepacked weights, fused ops)",
-                "optimizer": f"replaced by IPEX's {type(ctx.optimizer).__name__} (fused step)"}
+                "model": "replaced by IPEX's (" + ("prepacked weights, " if prepack is True else "") + "fused ops)",
+                "optimizer": f"replaced by IPEX's {type(ctx.optimizer).__name__} (fused step)",
+                **({"weights_prepack": prepack} if prepack is not True else {})}
+
+
+def prepacks(ipex, device: torch.device, dtype: torch.dtype) -> bool | str:
+    """True where IPEX can prepack the weights in ``dtype`` here; else why not: its bf16 (fp16) prepacking needs
+    instructions some CPUs lack (AVX-512 BW/VL/DQ or AVX-NE-CONVERT; AVX512-FP16), and fails there, so the model
+    trains with IPEX's fused operators and step, its weights unpacked. IPEX's own probe of the CPU decides."""
+    probe = {torch.bfloat16: "onednn_has_bf16_support", torch.float16: "onednn_has_fp16_support"}.get(dtype)
+    if device.type != "cpu" or probe is None or getattr(ipex._C, probe)():
+        return True
+    needs = "AVX-512 BW/VL/DQ or AVX-NE-CONVERT" if dtype is torch.bfloat16 else "AVX512-FP16 or AVX-NE-CONVERT"
+    return f"off: IPEX prepacks {dtype_name(dtype)} weights with {needs}, which this CPU lacks"
