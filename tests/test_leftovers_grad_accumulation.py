@@ -116,8 +116,6 @@ def test_a_checkpoint_of_its_own_dtype_still_resumes_the_accumulation(tmp_path):
     resumed.close()
 
 
-@pytest.mark.xfail(strict=True, reason="accel/run/checkpoint.py (not this branch's): read() computes the checksum "
-                   "before anything refuses a tensor without data; a meta tensor raises NotImplementedError there")
 def test_a_checkpoint_holding_a_tensor_without_data_is_a_checkpoint_error(tmp_path):
     """torch.load(map_location="cpu", weights_only=True) reads a meta tensor back as a meta tensor, so a file anyone
     wrote (its checksum computed the way accel computes it, over the rest) reaches run.load's checksum, which

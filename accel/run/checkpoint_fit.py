@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from accel.errors import loops_level
+from accel.errors import loops_level, named
 from accel.files import size_text
 from accel.hardware.launcher import rank, world_size
 from accel.plan.contract import REGISTRY, Stage
@@ -59,10 +59,41 @@ def spanning(saved: Any) -> str:
             f"{size_text(SPAN_SLACK)}") if beyond > SPAN_SLACK else ""
 
 
+def tensor_kind(tensor: torch.Tensor) -> str:
+    """What of a tensor the checksum cannot read, or "": it reads a dense tensor's bytes, which a meta tensor does
+    not hold and a nested or sparse one holds in no flat order. (torch.load maps every storage to the CPU: a tensor
+    saved on a device this machine lacks loads there.)"""
+    if tensor.is_meta:
+        return "a meta tensor, without data"
+    if tensor.is_nested or tensor.layout is not torch.strided:
+        return f"a {'nested' if tensor.is_nested else str(tensor.layout).removeprefix('torch.')} tensor"
+    return ""
+
+
+def unreadable(state: Any) -> list[tuple[str, str]]:
+    """Each tensor of a state the checksum cannot read (tensor_kind): its place (``model/2.bias``) and its kind, so
+    that run.save refuses to write it and run.load to read it, each naming it."""
+    stack, found = [(state, "")], []
+    while stack:
+        item, where = stack.pop()
+        if isinstance(item, torch.Tensor) and (kind := tensor_kind(item)):
+            found.append((where.lstrip("/"), kind))
+        elif isinstance(item, dict):
+            stack.extend((v, f"{where}/{named(k, 60)}") for k, v in item.items())
+        elif isinstance(item, (list, tuple)):
+            stack.extend((v, f"{where}/{i}") for i, v in enumerate(item))
+    return sorted(found)
+
+
 def layout_problems(saved: dict[str, Any]) -> list[str]:
     """What in a checkpoint's state is not of the kind run.save writes (a crafted file whose checksum matches),
     checked before anything else reads it, so that no file can make those raise anything but a CheckpointError."""
-    huge = unfolding(saved) or spanning(saved)
+    huge = unfolding(saved)
+    odd = [] if huge else unreadable(saved)
+    if odd:
+        more = f" (and {len(odd) - 1} more such tensors)" if len(odd) > 1 else ""
+        return [f"its {odd[0][0]} is {odd[0][1]}{more}"]
+    huge = huge or spanning(saved)  # (spanning reads storages: a sparse tensor has none)
     if huge:
         return [f"it {huge}"]
 

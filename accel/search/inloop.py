@@ -25,7 +25,7 @@ from accel.run.checkpoint_fit import training_plan
 from accel.run.interrupts import clean_up, deferred
 from accel.run.state import load_saved, plan_of, read_saved
 from accel.search.fault import Faults
-from accel.search.results import Arm, TuneResult, cached_answer, distribute, memory_fit
+from accel.search.results import Arm, TuneResult, cached_answer, distribute, memory_fit, offered
 from accel.search.settings import Auto, candidates_of, placed
 from accel.search.strategy import Search
 from accel.search.turns import Turns
@@ -57,7 +57,7 @@ class InLoopSearch:
                       "timed by the slowest rank and decided by rank 0"] if self.distributed else []
         kinds = candidates_of(settings, self.hardware, model, optimizer, loader, in_loop=True)
         self.strategy = Search(settings, kinds)
-        self.copies, self.epochwise = kinds["copies"], kinds["epochwise"]
+        self.copies, self.epochwise, self.offered = kinds["copies"], kinds["epochwise"], offered(kinds)
         try:
             self.current = accelerate(model, optimizer, loader, plan=dict(self.distributed), device=device)
         except BaseException:
@@ -201,7 +201,8 @@ class InLoopSearch:
             return
         self.cache_key = plancache.setup_key(*self.objects, batch, self.device, self.hardware, TrainStep(),
                                              self.settings.key())
-        result = self.ranks.decide(cached_answer(self.cache_key, self.settings.cache, self.started))  # rank 0's
+        result = self.ranks.decide(cached_answer(self.cache_key, self.settings.cache, self.started,  # rank 0's
+                                                 self.offered))
         if result is not None:
             result = self.for_ranks(result)
             result.settings = {**result.settings, "settled_at_step": self.current.steps}

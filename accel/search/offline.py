@@ -22,6 +22,7 @@ from accel.search.results import (
     distribute,
     keep_answer,
     memory_fit,
+    offered,
     timing_fields,
 )
 from accel.search.settings import SLOW_STOP, Auto, candidates_of, placed
@@ -45,7 +46,8 @@ def tune(model, optimizer, loader, device: Any = "auto", settings: Auto | None =
     facts = plancache.setup_key(model, optimizer, loader, batch, device, hardware, step, settings.key()) \
         if settings.cache else None
     record = {**settings.key(), "budget_s": settings.budget_s, "device": str(device), "search": "apart"}
-    result = cached_answer(facts, settings.cache, started)
+    kinds = candidates_of(settings, hardware, model, optimizer, loader, in_loop=False)
+    result = cached_answer(facts, settings.cache, started, offered(kinds))
     if result is None and launch is not None and launch.world_size > 1:  # each rank measuring would choose alone
         result = TuneResult.measured({}, [], "the rest of the plan is not measured under a launcher (each rank would "
                                      "choose on its own): " + ("run plan='auto' once in a single process on the same "
@@ -54,7 +56,7 @@ def tune(model, optimizer, loader, device: Any = "auto", settings: Auto | None =
     if result is not None:
         return distribute(result, memory_fit(model, optimizer, device, launch, settings.memory_per_rank))
     lab = Lab(model, optimizer, loader, device, step, check_steps=max(1, settings.check_steps))
-    search = Search(settings, candidates_of(settings, hardware, model, optimizer, loader, in_loop=False))
+    search = Search(settings, kinds)
     apart = Apart(lab, search, settings, facts, started)
     try:
         apart.run()

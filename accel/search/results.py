@@ -4,14 +4,18 @@ through accel.search.cache: an established answer, and a costly candidate's warm
 from __future__ import annotations
 
 import datetime as _dt
+import json
 import statistics
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import accel.search.cache as plancache
 from accel import clock
 from accel.distributed.agreement import choose
+from accel.errors import loops_level
+from accel.files import cache_dir
 from accel.measure import Ratio, paired, plan_label
 from accel.plan import Plan
 from accel.plan.contract import REGISTRY, Capability
@@ -117,8 +121,27 @@ class TuneResult:
                           "why: " + self.why])
 
 
-def cached_answer(facts: dict[str, Any] | None, cache: Any, started: float) -> TuneResult | None:
-    """The remembered answer for these key facts, marked as from the cache, or None."""
+def offered(kinds: dict[str, Any]) -> list[dict[str, dict]]:
+    """Every candidate plan of a search (settings.candidates_of's kinds), whichever way it measures them."""
+    return [plan for kind in ("copies", "epochwise", "costly", "stepwise") for plan in kinds.get(kind, ())]
+
+
+def unoffered(plan: dict[str, dict], candidates: Iterable[dict[str, dict]]) -> list[str]:
+    """Each accelerator of ``plan`` with options no candidate gives it, in words: a search answers with candidates it
+    tried (their loss checked) and nothing else, so a cache entry (a file anyone with the folder's access may write)
+    holding other options is no search's answer here (threads past this machine's cores, float16 on a CPU)."""
+    tried: dict[str, list] = {}
+    for candidate in candidates:  # as an entry holds them (JSON: a tuple comes back a list)
+        for name, options in json.loads(json.dumps(candidate, default=str)).items():
+            tried.setdefault(name, []).append(options)
+    return [f"{name} {json.dumps(options, default=str)}" for name, options in plan.items()
+            if options not in tried.get(name, [])]
+
+
+def cached_answer(facts: dict[str, Any] | None, cache: Any, started: float,
+                  candidates: Iterable[dict[str, dict]] = ()) -> TuneResult | None:
+    """The remembered answer for these key facts, marked as from the cache, or None: a damaged entry, or one whose
+    accelerators' options are not among ``candidates`` (the search's here, offered(); said)."""
     hit = plancache.lookup(facts, cache) if facts is not None and cache else None
     if hit is None:
         return None
@@ -127,6 +150,11 @@ def cached_answer(facts: dict[str, Any] | None, cache: Any, started: float) -> T
         str(result), result.to_dict()  # its table and numbers (the ablation) as the report gives them: values of
         # the wrong kind are a damaged entry
     except (KeyError, TypeError, ValueError, AttributeError, IndexError):  # a damaged entry: measure again
+        return None
+    if extra := unoffered(result.plan.to_dict(), candidates):
+        warnings.warn(f"accel: the plan cache entry {result.key[:12]} in {cache_dir(cache)} sets "
+                      f"{'; '.join(extra)}, which no search of this setup tries here: it is not taken (a search "
+                      "measures again; its answer, once established, replaces the entry)", stacklevel=loops_level())
         return None
     result.from_cache, result.elapsed_s = True, clock.now() - started
     return result
