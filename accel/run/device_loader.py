@@ -4,8 +4,6 @@ from its attributes (refused for a subclass: what it adds would be lost). The us
 from __future__ import annotations
 
 import contextlib
-import copy
-import itertools
 import warnings
 import weakref
 from collections.abc import Callable, Iterator
@@ -16,6 +14,7 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from accel.batches import move
 from accel.errors import LoopWarning, StaleWarning, loops_level
+from accel.run.pulls import rebuilt_from, timed_as_plain
 
 _END = object()
 
@@ -91,8 +90,8 @@ class DeviceLoader:
                           "read; iterate the new run's run.loader each epoch", StaleWarning, stacklevel=loops_level())
         return self._epoch(timed_as_plain(self.loader))
 
-    def _epoch(self, make: Callable[[], Iterator[Any]]) -> Iterator[Any]:
-        iterator = make()  # at the first batch
+    def _epoch(self, make: Callable[[], tuple[Iterator[Any], Any]]) -> Iterator[Any]:
+        iterator, timing = make()  # at the first batch (timing: its sampler pulled as the user's loader pulls it)
         self.open.append(iterator)
         try:
             while True:
@@ -104,7 +103,11 @@ class DeviceLoader:
                         warnings.warn(f"accel: {self.stopped}; this stream's epoch ends here, with whatever batches it "
                                       "had left", LoopWarning, stacklevel=loops_level())
                     return
+                if timing is not None:
+                    timing.before()
                 batch = next(iterator, _END)
+                if timing is not None:
+                    timing.result(batch is _END)
                 if batch is _END:
                     return
                 yield batch
@@ -152,51 +155,6 @@ class DeviceLoader:
         return getattr(self.loader, name)
 
 
-_PLAIN_WORKERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # rebuilt loader -> the user's num_workers
-
-
-def timed_as_plain(loader: Any) -> Callable[[], Iterator[Any]]:
-    """How to make an epoch's iterator of ``loader`` at its first batch, drawing torch's random numbers when
-    the user's own loader would: at iter() its sampler's iteration (a sampler may draw its order there) and its seed,
-    then the order at the first batch without workers; with workers at iter(), from a second iteration of the sampler
-    (torch's worker iterator iterates it again, and prefetches). So a loader rebuilt with another number of workers,
-    zipped with another loader that draws from the same random state, reads the plain loop's batches."""
-    try:
-        plain = _PLAIN_WORKERS.get(loader)
-    except TypeError:  # (not a loader a dict can key: not one rebuild_loader made)
-        plain = None
-    workers = getattr(loader, "num_workers", 0)
-    if plain == 0 and workers and not loader.persistent_workers:
-        order = Drawn(loader._index_sampler)
-        seed = torch.empty((), dtype=torch.int64).random_(generator=loader.generator).item()  # as iter() draws it
-
-        def make() -> Iterator[Any]:  # the workers' iterator of a copy of the loader, on that order and seed
-            drawn = copy.copy(loader)
-            object.__setattr__(drawn, "batch_sampler" if loader._auto_collation else "sampler", order)
-            drawn.generator = torch.Generator().manual_seed(seed)
-            return iter(drawn)
-        return make
-    iterator = iter(loader)
-    if plain and not workers and not isinstance(loader.dataset, IterableDataset):  # as workers draw: the order now,
-        iterator._sampler_iter = iter(iterator._index_sampler)  # of the sampler iterated again
-        first = next(iterator._sampler_iter, _END)
-        iterator._sampler_iter = itertools.chain(() if first is _END else [first], iterator._sampler_iter)
-    return lambda: iterator
-
-
-class Drawn:
-    """A sampler iterated once already (as the plain loader iterates it at iter()): each iteration of it is that one."""
-
-    def __init__(self, sampler: Any):
-        self.sampler, self.order = sampler, iter(sampler)
-
-    def __iter__(self) -> Iterator[Any]:
-        return self.order
-
-    def __len__(self) -> int:
-        return len(self.sampler)
-
-
 def rebuild_problem(loader: Any) -> str | None:
     """Why a faithful rebuild of this loader is not possible, or None."""
     if not isinstance(loader, DataLoader):
@@ -232,7 +190,7 @@ def rebuild_loader(loader: DataLoader, **overrides: Any) -> DataLoader:
     if kwargs["num_workers"] == 0:  # settings torch accepts only with worker processes (a timeout waits on them)
         kwargs.update(prefetch_factor=None, persistent_workers=False, multiprocessing_context=None, timeout=0)
     rebuilt = DataLoader(**kwargs)
-    _PLAIN_WORKERS[rebuilt] = _PLAIN_WORKERS.get(loader, loader.num_workers)  # (the user's, through every rebuild)
+    rebuilt_from(rebuilt, loader)
     return rebuilt
 
 

@@ -35,11 +35,7 @@ LEAVES_OUT = {  # beyond the plan without accel too: plain torch.autocast(bfloat
     ("optim_swa", "prune"): "prune trains a pruned copy (named stale, a StaleWarning: 'use run.unwrap() for EMA'); "
     "the docs' AveragedModel, built before the loop, keeps the unpruned shapes and cannot average it",
 }
-KNOWN = {
-    ("optim_swa", "loader"): "the rebuilt loader's worker iterator prefetches the sampler past the epoch's last batch: "
-    "RandomSampler's trailing torch.randperm on the user's generator is drawn before the loop leaves the epoch, so the "
-    "next epoch (update_bn over run.loader) reads another order than the plain loader",
-}
+KNOWN: dict = {}
 
 
 def plans_of(port: str) -> list:
