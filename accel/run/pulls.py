@@ -30,23 +30,23 @@ def ahead_of(loader: Any) -> int:
     return workers * (loader.prefetch_factor or 2) if workers else 0
 
 
-def generators_of(loader: Any) -> list[torch.Generator]:
+def generators_of(loader: Any) -> tuple[list[torch.Generator], bool]:
     """The CPU generators a pull of the loader's sampler may draw from: those its samplers hold (a batch sampler's
-    sampler's too); unless all are torch's own (which draw from no other after their first pull), torch's global one
-    and the loader's too."""
+    sampler's too, a Sampler or not); unless all are torch's own (which draw from no other after their first pull,
+    and whose length is exact: said second), torch's global one and the loader's too."""
     found, todo, own = [], [(loader._index_sampler, 0)], True
     while todo:
         sampler, depth = todo.pop()
-        own = own and type(sampler).__module__.startswith("torch.utils.data")
-        for value in list(vars(sampler).values()) if hasattr(sampler, "__dict__") else ():
+        own = own and (type(sampler).__module__.startswith("torch.utils.data") or type(sampler) in (list, range))
+        for name, value in list(vars(sampler).items()) if hasattr(sampler, "__dict__") else ():
             if isinstance(value, torch.Generator):
                 found.append(value)
-            elif isinstance(value, Sampler) and depth < 3:
+            elif (isinstance(value, Sampler) or name == "sampler") and depth < 3:
                 todo.append((value, depth + 1))
     if not own:
         found += [torch.default_generator, loader.generator]
     unique = {id(g): g for g in found if g is not None and g.device.type == "cpu"}
-    return list(unique.values())
+    return list(unique.values()), own
 
 
 def state(generator: torch.Generator) -> bytes:
@@ -61,8 +61,8 @@ class Pulls:
     """One iteration of a sampler, pulled (counted, also past its end), each pull's draws on the generators recorded
     (the states before and after) so that those past the plain loader's pulls can be put back and made again."""
 
-    def __init__(self, order: Iterator[Any], generators: list[torch.Generator]):
-        self.order, self.generators = order, generators
+    def __init__(self, order: Iterator[Any], generators: list[torch.Generator], length: int | None):
+        self.order, self.generators, self.length = order, generators, length
         self.made = 0
         self.held: collections.deque = collections.deque()  # pulled ahead for the iterator (see ahead)
         self.draws: dict[torch.Generator, list[tuple[int, bytes, bytes]]] = {g: [] for g in generators}
@@ -72,6 +72,8 @@ class Pulls:
         return self
 
     def __next__(self) -> Any:
+        if not self.held and self.made == self.length:  # the pull past the end yields nothing: made (and its draws,
+            raise StopIteration  # RandomSampler's next permutation) only when the plain loader makes it (ahead)
         item = self.held.popleft() if self.held else self.pull()
         if item is _END:
             raise StopIteration
@@ -98,13 +100,14 @@ class Order:
     """The sampler a rebuilt loader's iterator is given: each iteration of it pulled through a Pulls. ``drawn``: its
     one iteration made now, as the plain loader makes it at iter(); every iteration of this one is that one."""
 
-    def __init__(self, sampler: Any, generators: list[torch.Generator], drawn: bool = False):
+    def __init__(self, sampler: Any, generators: list[torch.Generator], exact: bool, drawn: bool = False):
         self.sampler, self.generators, self.drawn = sampler, generators, drawn
-        self.pulls = Pulls(iter(sampler), generators) if drawn else None
+        self.length = len(sampler) if exact else None  # (the pulls that yield, where torch's own samplers say it)
+        self.pulls = Pulls(iter(sampler), generators, self.length) if drawn else None
 
     def __iter__(self) -> Pulls:
         if not self.drawn:
-            self.pulls = Pulls(iter(self.sampler), self.generators)
+            self.pulls = Pulls(iter(self.sampler), self.generators, self.length)
         return self.pulls
 
     def __len__(self) -> int:
@@ -191,10 +194,10 @@ def timed_as_plain(loader: Any) -> Callable[[], tuple[Iterator[Any], Timing | No
         iterator = iter(loader)
         return lambda: (iterator, None)  # (a stream's sampler draws nothing)
     (plain_workers, plain_ahead), workers = plain, loader.num_workers
-    generators = generators_of(loader) if ahead > plain_ahead else []  # (only pulls past the plain's draw early)
+    generators, exact = generators_of(loader) if ahead > plain_ahead else ([], False)  # (only further pulls draw early)
     attribute = "batch_sampler" if loader._auto_collation else "sampler"
     if plain_workers == 0 and not loader.persistent_workers:
-        order = Order(loader._index_sampler, generators, drawn=True)
+        order = Order(loader._index_sampler, generators, exact, drawn=True)
         seed = torch.empty((), dtype=torch.int64).random_(generator=loader.generator).item()  # as iter() draws it
 
         def make() -> tuple[Iterator[Any], Timing]:  # the workers' iterator of a copy of the loader, on that order
@@ -205,12 +208,12 @@ def timed_as_plain(loader: Any) -> Callable[[], tuple[Iterator[Any], Timing | No
         return make
     if not workers:  # as workers draw: the order now, of the sampler iterated again, pulled as far as they pull
         iterator = iter(loader)
-        order = Order(iterator._index_sampler, generators)
+        order = Order(iterator._index_sampler, generators, exact)
         iterator._sampler_iter = iter(order)
     else:  # workers of another number: the iterator is given the order (persistent ones keep it, and iterate it)
         order = getattr(getattr(loader, "_iterator", None), "_index_sampler", None)
         if not isinstance(order, Order):
-            order = Order(loader._index_sampler, generators)
+            order = Order(loader._index_sampler, generators, exact)
             object.__setattr__(loader, attribute, order)
         try:
             iterator = iter(loader)
