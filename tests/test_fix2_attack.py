@@ -82,6 +82,8 @@ def user_loader(kind: str, workers: int = 0) -> tuple[DataLoader, torch.Generato
         "duck": lambda: {"sampler": Shuffled(len(data), own)},
         "global": lambda: {"sampler": FromGlobalState(len(data))},
     }
+    if kind == "persistent":  # the user's workers (one), kept from epoch to epoch: so are the rebuilt loader's
+        return DataLoader(data, batch_size=8, shuffle=True, generator=own, num_workers=1, persistent_workers=True), own
     if kind == "batch_sampler":
         return DataLoader(data, batch_sampler=BatchSampler(RandomSampler(data, generator=own), 8, False),
                           num_workers=workers), own
@@ -198,7 +200,8 @@ def same(expected: list, got: list) -> None:
     assert len(got) == len(expected)
 
 
-KINDS = ["shuffle", "partial", "drop_last", "replacement", "sequential", "weighted", "list", "duck", "batch_sampler"]
+KINDS = ["shuffle", "partial", "drop_last", "replacement", "sequential", "weighted", "list", "duck", "batch_sampler",
+         "persistent"]
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -215,15 +218,17 @@ def test_two_whole_epochs_read_the_plain_loops_batches_and_random_state(kind):
     assert not said, said
 
 
-@pytest.mark.parametrize("kind", ["shuffle", "drop_last"])
+@pytest.mark.parametrize("kind", ["shuffle", "drop_last", "persistent"])
 @pytest.mark.parametrize("workers", [0, 1])
 def test_a_peek_with_next_iter_before_and_inside_the_loop_leaves_the_plain_loops_random_state(kind, workers):
+    """With persistent workers, torch's iter() again restarts the one iterator under the epoch that goes on reading
+    it: that epoch's later pulls are held to the plain loader's too."""
     expected, got, said = plain_and_accelerated(kind, peeks, workers=workers)
     same(expected, got)
     assert not said, said
 
 
-@pytest.mark.parametrize("kind", ["shuffle", "drop_last"])
+@pytest.mark.parametrize("kind", ["shuffle", "drop_last", "persistent"])
 @pytest.mark.parametrize("at", [0, 3])
 def test_an_evaluation_pass_over_the_same_loader_inside_its_epoch_reads_the_plain_loops_batches(kind, at):
     """The pass at the epoch's fourth batch, where the workers have pulled the sampler to its end: the pull past it
@@ -242,6 +247,7 @@ def test_a_pass_where_the_workers_pulled_ahead_a_batch_that_drew_is_said(kind, l
     assert said and "drawn from elsewhere" in str(said[0].message)
 
 
+@pytest.mark.parametrize("kind", ["shuffle", "drop_last", "persistent"])
 def test_a_real_ctrl_c_mid_epoch_then_a_new_epoch_reads_the_plain_loops_batches(kind):
     expected, got, said = plain_and_accelerated(kind, ctrl_c)
     assert "interrupted" in [s[0] for s in got]

@@ -67,6 +67,8 @@ class Pulls:
         self.held: collections.deque = collections.deque()  # pulled ahead for the iterator (see ahead)
         self.draws: dict[torch.Generator, list[tuple[int, bytes, bytes]]] = {g: [] for g in generators}
         self.last: list[bytes] | None = None  # the states after the last pull, while nothing else can have drawn
+        self.delivered, self.ended = 0, False  # the batches the loop was given of this iteration (see Timing)
+        self.rewound: dict[torch.Generator, tuple[bytes, bytes]] = {}  # generator -> (state put back, its state)
 
     def __iter__(self) -> Pulls:
         return self
@@ -121,34 +123,26 @@ class Timing:
     loader's: said, and left as it is."""
 
     def __init__(self, order: Order, plain_ahead: int):
-        self.order, self.pulls, self.plain_ahead = order, order.pulls, plain_ahead
-        self.delivered, self.ended, self.said = 0, False, False
-        self.rewound: dict[torch.Generator, tuple[bytes, bytes]] = {}  # generator -> (state put back, its state)
+        self.order, self.plain_ahead, self.said = order, plain_ahead, False
 
-    def live(self) -> bool:
-        return self.order.pulls is self.pulls  # (persistent workers: a later epoch iterates the order afresh)
-
-    def before(self) -> None:
-        if not self.live():
-            return
-        self.pulls.last = None
-        for generator, (back, had) in self.rewound.items():
+    def before(self) -> None:  # (the order's iteration now: persistent workers' iterator, iter() again, iterates it
+        pulls = self.order.pulls  # afresh under an epoch that goes on reading it, as torch's own loader does)
+        pulls.last = None
+        for generator, (back, had) in pulls.rewound.items():
             if state(generator) == back:
                 put(generator, had)
             else:
                 self.drifted(generator)
-        self.rewound = {}
+        pulls.rewound = {}
 
     def result(self, ended: bool) -> None:
-        self.delivered += not ended
-        self.ended = ended
+        self.order.pulls.delivered += not ended
+        self.order.pulls.ended = ended
         self.align()
 
     def align(self) -> None:
-        if not self.live():
-            return
-        pulls = self.pulls
-        count = self.plain_ahead + self.delivered if self.plain_ahead else self.delivered + self.ended
+        pulls = self.order.pulls
+        count = self.plain_ahead + pulls.delivered if self.plain_ahead else pulls.delivered + pulls.ended
         pulls.ahead(count)
         for generator, draws in pulls.draws.items():
             draws[:] = [draw for draw in draws if draw[0] > count]
@@ -157,13 +151,13 @@ class Timing:
             now = state(generator)
             if now == draws[-1][2] and all(a[2] == b[1] for a, b in zip(draws, draws[1:])):
                 put(generator, draws[0][1])
-                self.rewound[generator] = (draws[0][1], now)
+                pulls.rewound[generator] = (draws[0][1], now)
             else:
                 self.drifted(generator)
         pulls.last = None
 
     def drifted(self, generator: torch.Generator) -> None:
-        self.pulls.draws[generator].clear()
+        self.order.pulls.draws[generator].clear()
         if not self.said:
             self.said = True
             warnings.warn("accel: run.loader: a generator its sampler draws from was drawn from elsewhere while the "
