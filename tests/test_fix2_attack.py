@@ -65,6 +65,22 @@ class Shuffled:
         return self.count
 
 
+class Buckets:
+    """A user's batch sampler (passed as batch_sampler=): batches of neighbours in a shuffled order of buckets, drawn
+    from its own generator as it is pulled."""
+
+    def __init__(self, count: int, generator: torch.Generator):
+        self.count, self.generator = count, generator
+
+    def __iter__(self):
+        for start in torch.randperm(self.count // 8, generator=self.generator).tolist():
+            yield list(range(start * 8, start * 8 + 8))
+            torch.rand(1, generator=self.generator)
+
+    def __len__(self):
+        return self.count // 8
+
+
 def user_loader(kind: str, workers: int = 0) -> tuple[DataLoader, torch.Generator]:
     """The user's loader of this kind over the digits, and the generator its sampler draws from."""
     own = torch.Generator().manual_seed(7)
@@ -84,6 +100,10 @@ def user_loader(kind: str, workers: int = 0) -> tuple[DataLoader, torch.Generato
     }
     if kind == "persistent":  # the user's workers (one), kept from epoch to epoch: so are the rebuilt loader's
         return DataLoader(data, batch_size=8, shuffle=True, generator=own, num_workers=1, persistent_workers=True), own
+    if kind == "buckets":
+        return DataLoader(data, batch_sampler=Buckets(len(data), own), num_workers=workers), own
+    if kind == "unbatched":  # batch_size=None: each sample as it is
+        return DataLoader(data, batch_size=None, shuffle=True, generator=own, num_workers=workers), own
     if kind == "batch_sampler":
         return DataLoader(data, batch_sampler=BatchSampler(RandomSampler(data, generator=own), 8, False),
                           num_workers=workers), own
@@ -201,7 +221,7 @@ def same(expected: list, got: list) -> None:
 
 
 KINDS = ["shuffle", "partial", "drop_last", "replacement", "sequential", "weighted", "list", "duck", "batch_sampler",
-         "persistent"]
+         "persistent", "buckets", "unbatched"]
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -211,7 +231,7 @@ def test_an_epoch_left_by_break_then_a_whole_one_reads_the_plain_loops_batches_a
     assert not said, said
 
 
-@pytest.mark.parametrize("kind", ["shuffle", "partial", "drop_last", "replacement", "batch_sampler", "duck"])
+@pytest.mark.parametrize("kind", ["shuffle", "partial", "drop_last", "replacement", "batch_sampler", "duck", "buckets"])
 def test_two_whole_epochs_read_the_plain_loops_batches_and_random_state(kind):
     expected, got, said = plain_and_accelerated(kind, two_epochs)
     same(expected, got)

@@ -4,8 +4,10 @@ A sampler may draw as it is pulled (RandomSampler its next permutation once its 
 every few samples), and torch's worker iterator pulls index batches ahead of the loop: none without workers, at
 iter() ``prefetch_factor * num_workers`` of them and one more for each batch with workers. A loader rebuilt with
 another number of workers pulls at other times: further ahead, its draws are put back after each batch (made again
-before the next) so the generators stand where the plain loader's would, also when the loop leaves the epoch there;
-less far, it pulls ahead itself, holding the indices for its iterator."""
+before the next) so the generators stand where the plain loader's would, also when the loop leaves the epoch there,
+and the pull past a torch sampler's end (it yields nothing) waits for the plain loader's time, so a pass over the
+same loader in between draws as in the plain loop; less far, it pulls ahead itself, holding the indices for its
+iterator."""
 from __future__ import annotations
 
 import collections
