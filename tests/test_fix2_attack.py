@@ -366,3 +366,44 @@ def test_a_loop_that_skips_a_batch_it_cannot_read_reads_the_rest_of_the_epoch(pl
         assert skipping_bad_batches(run.loader) == plain
     finally:
         run.close()
+
+
+def test_an_epoch_a_bad_sample_ended_leaves_the_random_state_where_the_plain_loop_leaves_it(tmp_path):
+    """A sample that cannot be read raises in the epoch's second batch; the loop goes on with the next epoch. The
+    sampler (with replacement) draws again in its fifth pull, which the workers had made ahead: put back too."""
+    order = [y.tolist() for _, y in DataLoader(digits(40), batch_size=8, sampler=RandomSampler(
+        digits(40), replacement=True, num_samples=40, generator=torch.Generator().manual_seed(7)))]
+    bad = next(i for i in range(40) if i in order[1] and i not in order[0])
+
+    class Bad(TensorDataset):  # unreadable once (a file being written): a mark on disk, seen by the workers too
+        def __getitem__(self, index):
+            if index == bad and not self.mark.exists():
+                self.mark.touch()
+                raise ValueError(f"sample {bad} is corrupt")
+            return super().__getitem__(index)
+
+    def loop(loader, trace, **_):
+        try:
+            for batch in loader:
+                trace(batch)
+        except ValueError:
+            trace.mark("bad sample")
+        for batch in loader:
+            trace(batch)
+
+    global user_loader
+    original = user_loader
+
+    def with_a_bad_sample(kind, workers=0):
+        loader, own = original(kind, workers)
+        data = Bad(*digits(40).tensors)
+        data.mark = tmp_path / f"read{len(list(tmp_path.iterdir()))}"
+        return DataLoader(data, batch_size=8, sampler=loader.sampler), own
+
+    user_loader = with_a_bad_sample
+    try:
+        expected, got, said = plain_and_accelerated("replacement", loop)
+    finally:
+        user_loader = original
+    assert [s[0] for s in expected].count("bad sample") == 1
+    same(expected, got)

@@ -105,9 +105,12 @@ class DeviceLoader:
                     return
                 if timing is not None:
                     timing.before()
-                batch = next(iterator, _END)
-                if timing is not None:
-                    timing.result(batch is _END)
+                batch = _END  # (next() raised, a bad sample or a Ctrl-C: the pulls kept to where the plain loader's
+                try:  # next() stands, for the loop that goes on with another epoch)
+                    batch = next(iterator, _END)
+                finally:
+                    if timing is not None:
+                        timing.result(batch is _END)
                 if batch is _END:
                     return
                 yield batch
