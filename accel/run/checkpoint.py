@@ -122,8 +122,8 @@ def checksum(state: dict[str, Any]) -> str:
 def write_state(path: Path, state: dict[str, Any], checkpoint: Path) -> None:
     """Both formats (the file, or the sharded checkpoint's accel.pt): refuse what run.load could not read back
     rather than write it, else write it with its checksum, atomically."""
-    refuse_unreadable(checkpoint, state, [f"{place} ({kind}" + ("" if kind.startswith(fit.SUBCLASS) else
-                                          ": the checksum run.load checks reads a dense tensor's bytes") + ")"
+    dense = ": the checksum run.load checks reads a dense tensor's bytes"  # (the kinds that say no more)
+    refuse_unreadable(checkpoint, state, [f"{place} ({kind}{'' if kind.startswith(fit.SAID) else dense})"
                                           for place, kind in fit.unreadable(state)])
     state["checksum"] = checksum(state)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -18,6 +18,8 @@ from accel.plan.contract import REGISTRY, Stage
 from accel.plan.untrusted import unfolding
 
 SUBCLASS = "a tensor of the class"  # (tensor_kind's words for a tensor subclass)
+UNORDERED = "a tensor in a set, which has no order the checksum could read its tensors in"
+SAID = (SUBCLASS, UNORDERED)  # (kinds whose words say why: run.save adds nothing)
 EXTRA_STATE = "_extra_state"  # the key state_dict gives what a module's get_extra_state returns
 
 
@@ -77,8 +79,8 @@ def tensor_kind(tensor: torch.Tensor) -> str:
 
 
 def unreadable(state: Any) -> list[tuple[str, str]]:
-    """Each tensor of a state the checksum cannot read (tensor_kind): its place (``model/2.bias``) and its kind, so
-    that run.save refuses to write it and run.load to read it, each naming it."""
+    """Each tensor of a state the checksum cannot read (tensor_kind), or cannot reach (in a set): its place
+    (``model/2.bias``) and its kind, so that run.save refuses to write it and run.load to read it, each naming it."""
     stack, found = [(state, "")], []
     while stack:
         item, where = stack.pop()
@@ -88,6 +90,8 @@ def unreadable(state: Any) -> list[tuple[str, str]]:
             stack.extend((v, f"{where}/{named(k, 60)}") for k, v in item.items())
         elif isinstance(item, (list, tuple)):
             stack.extend((v, f"{where}/{i}") for i, v in enumerate(item))
+        elif isinstance(item, (set, frozenset)):  # (no order of its own: the checksum's walk passes it by)
+            found += [(f"{where}/{{...}}".lstrip("/"), UNORDERED) for v in item if isinstance(v, torch.Tensor)][:1]
     return sorted(found)
 
 
