@@ -145,19 +145,24 @@ class Amp(Accelerator[AmpOptions, AmpState], LossScaler[AmpState]):
         layers = (torch.nn.LSTM, torch.nn.GRU, torch.nn.RNN)  # their own kernels, by torch's class
         kinds = {k for m in ctx.model.modules() for k in layers if isinstance(m, k)} if device.type == "cpu" else ()
         for kind in sorted(kinds, key=lambda k: k.__name__):  # (a plan wrong on every machine is refused first)
-            if (refusal := recurrent_refusal(kind, device.type, dtype)) and not self.scaling_problems(ctx, scaling):
+            if (refusal := recurrent_refusal(kind, device.type, dtype)) and not self.plan_problems(ctx, dtype, scaling):
                 raise Skip(f"torch cannot train your {kind.__name__} under {dtype_name(dtype)} autocast on this CPU "
                            f"({refusal}): the plain step runs")
         ctx.decide("compute_dtype", dtype, why)
         ctx.decide("loss_scaling", bool(scaling), "fp16 needs it" if scaling else "bf16 has fp32's range")
 
     def check(self, ctx: Context) -> list[Problem]:
-        if self.config.grad_scaler is True and ctx.decisions.compute_dtype is torch.bfloat16:
+        return self.plan_problems(ctx, ctx.decisions.compute_dtype, ctx.decisions.loss_scaling)
+
+    def plan_problems(self, ctx: Context, dtype: torch.dtype | None, scaling: bool) -> list[Problem]:
+        """What is wrong with these options for this dtype and loss scaling, whatever the machine's kernels: decide()
+        asks it before standing aside for a layer this CPU cannot train, so a wrong plan is refused everywhere."""
+        if self.config.grad_scaler is True and dtype is torch.bfloat16:
             source = "asked for" if self.config.dtype != "auto" else "what 'auto' resolves to here"
             return [Problem(self.name, f"a grad scaler is only for fp16, and the dtype is bfloat16 ({source}); bf16 "
                             "has fp32's range", field="grad_scaler", value=True,
                             allowed="'auto' or False with bfloat16, or dtype='float16'", kind="conflict")]
-        return self.scaling_problems(ctx, ctx.decisions.loss_scaling)
+        return self.scaling_problems(ctx, scaling)
 
     def scaling_problems(self, ctx: Context, scaling: bool) -> list[Problem]:
         """What loss scaling cannot do with the loop's optimizer, on any machine."""

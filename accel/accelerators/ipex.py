@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from accel.errors import Problem
+from accel.errors import Problem, Skip
 from accel.hardware import ipex_problem
 from accel.modules import buffer_values, put_back_buffers
 from accel.optim import copy_with_optimizer, foreign_tensors
@@ -78,10 +78,13 @@ class Ipex(Accelerator[IpexOptions, State]):
 
         config = self.config
         dtype, why = self.followed(ctx) if config.dtype == "auto" else (IPEX_DTYPES[config.dtype], "asked for")
+        prepack = prepacks(ipex, ctx.device, dtype)
+        if prepack is not True and dtype is torch.float16 and config.level == "O1":
+            raise Skip(f"IPEX's float16 step updates float32 master weights it links to prepacked ones only: unpacked, "
+                       f"the model's float16 weights would never change ({prepack}): the plain step runs")
         model, optimizer = copy_with_optimizer(ctx.model, ctx.optimizer)  # IPEX trains in place: spare the user's
         model.train()
         buffers = buffer_values(model)
-        prepack = prepacks(ipex, ctx.device, dtype)
         ctx.model, ctx.optimizer = ipex.optimize(model, optimizer=optimizer, dtype=dtype, level=config.level,
                                                  weights_prepack=None if prepack is True else False)
         put_back_buffers(ctx.model, buffers)  # optimize reads parametrized weights: spectral_norm's iteration ran

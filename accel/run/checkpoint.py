@@ -109,18 +109,22 @@ def checksum(state: dict[str, Any]) -> str:
     """blake2b over every tensor's path, dtype, shape and bytes (the checksum entry itself left out)."""
     digest = hashlib.blake2b(digest_size=20)
     for path, tensor in _tensors({k: v for k, v in state.items() if k != "checksum"}):
-        data = tensor.detach().cpu().resolve_conj().contiguous()  # (a conjugate view has no bytes of its own dtype)
+        data = tensor.detach().cpu().resolve_conj().resolve_neg().contiguous()  # (a conjugate or negative view has
+        # no bytes of its own dtype: contiguous() leaves the bit on one already contiguous)
         digest.update(f"{path}|{data.dtype}|{tuple(data.shape)}|".encode())
-        if data.numel():
-            digest.update(data.reshape(-1).view(torch.uint8).numpy().tobytes())
+        if data.numel():  # (one element is contiguous at any stride, which a byte view refuses: w[:1, 0])
+            flat = data.reshape(-1)
+            flat = flat if flat.stride(0) == 1 else flat.clone(memory_format=torch.contiguous_format)
+            digest.update(flat.view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()
 
 
 def write_state(path: Path, state: dict[str, Any], checkpoint: Path) -> None:
     """Both formats (the file, or the sharded checkpoint's accel.pt): refuse what run.load could not read back
     rather than write it, else write it with its checksum, atomically."""
-    refuse_unreadable(checkpoint, state, [f"{place} ({kind}: the checksum run.load checks reads a dense tensor's "
-                                          "bytes)" for place, kind in fit.unreadable(state)])
+    dense = ": the checksum run.load checks reads a dense tensor's bytes"  # (the kinds that say no more)
+    refuse_unreadable(checkpoint, state, [f"{place} ({kind}{'' if kind.startswith(fit.SAID) else dense})"
+                                          for place, kind in fit.unreadable(state)])
     state["checksum"] = checksum(state)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomically(path, lambda file: torch.save(state, file))

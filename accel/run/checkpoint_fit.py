@@ -17,6 +17,9 @@ from accel.hardware.launcher import rank, world_size
 from accel.plan.contract import REGISTRY, Stage
 from accel.plan.untrusted import unfolding
 
+SUBCLASS = "a tensor of the class"  # (tensor_kind's words for a tensor subclass)
+UNORDERED = "a tensor in a set, which has no order the checksum could read its tensors in"
+SAID = (SUBCLASS, UNORDERED)  # (kinds whose words say why: run.save adds nothing)
 EXTRA_STATE = "_extra_state"  # the key state_dict gives what a module's get_extra_state returns
 
 
@@ -60,19 +63,24 @@ def spanning(saved: Any) -> str:
 
 
 def tensor_kind(tensor: torch.Tensor) -> str:
-    """What of a tensor the checksum cannot read, or "": it reads a dense tensor's bytes, which a meta tensor does
-    not hold and a nested or sparse one holds in no flat order. (torch.load maps every storage to the CPU: a tensor
+    """What of a tensor the checksum or run.load cannot read, or "": it reads a dense tensor's bytes, which a meta
+    tensor does not hold and a nested or sparse one holds in no flat order; and torch.load with weights_only rebuilds
+    a tensor subclass only of a class the program allowed. (torch.load maps every storage to the CPU: a tensor
     saved on a device this machine lacks loads there.)"""
     if tensor.is_meta:
         return "a meta tensor, without data"
     if tensor.is_nested or tensor.layout is not torch.strided:
         return f"a {'nested' if tensor.is_nested else str(tensor.layout).removeprefix('torch.')} tensor"
+    kind = type(tensor)
+    if kind not in (torch.Tensor, nn.Parameter) and kind not in torch.serialization.get_safe_globals():
+        return (f"{SUBCLASS} {kind.__module__}.{kind.__qualname__}, which torch.load(weights_only=True) reads "
+                "only where torch.serialization.add_safe_globals names it")
     return ""
 
 
 def unreadable(state: Any) -> list[tuple[str, str]]:
-    """Each tensor of a state the checksum cannot read (tensor_kind): its place (``model/2.bias``) and its kind, so
-    that run.save refuses to write it and run.load to read it, each naming it."""
+    """Each tensor of a state the checksum cannot read (tensor_kind), or cannot reach (in a set): its place
+    (``model/2.bias``) and its kind, so that run.save refuses to write it and run.load to read it, each naming it."""
     stack, found = [(state, "")], []
     while stack:
         item, where = stack.pop()
@@ -82,6 +90,8 @@ def unreadable(state: Any) -> list[tuple[str, str]]:
             stack.extend((v, f"{where}/{named(k, 60)}") for k, v in item.items())
         elif isinstance(item, (list, tuple)):
             stack.extend((v, f"{where}/{i}") for i, v in enumerate(item))
+        elif isinstance(item, (set, frozenset)):  # (no order of its own: the checksum's walk passes it by)
+            found += [(f"{where}/{{...}}".lstrip("/"), UNORDERED) for v in item if isinstance(v, torch.Tensor)][:1]
     return sorted(found)
 
 
