@@ -14,7 +14,8 @@ from torch.utils.data import DataLoader, TensorDataset
 import accel
 from accel.hardware import ipex_problem
 
-pytestmark = pytest.mark.skipif(ipex_problem() is not None, reason=f"IPEX cannot run here: {ipex_problem()}")
+pytestmark = [pytest.mark.ipex,  # (nox -s ipex runs the tests marked so)
+              pytest.mark.skipif(ipex_problem() is not None, reason=f"IPEX cannot run here: {ipex_problem()}")]
 DIGITS = load_digits()
 
 
