@@ -144,8 +144,8 @@ class Amp(Accelerator[AmpOptions, AmpState], LossScaler[AmpState]):
         scaling = dtype is torch.float16 if wanted == "auto" else wanted
         layers = (torch.nn.LSTM, torch.nn.GRU, torch.nn.RNN)  # their own kernels, by torch's class
         kinds = {k for m in ctx.model.modules() for k in layers if isinstance(m, k)} if device.type == "cpu" else ()
-        for kind in sorted(kinds, key=lambda k: k.__name__):  # (a plan wrong on every machine is refused first)
-            if (refusal := recurrent_refusal(kind, device.type, dtype)) and not self.plan_problems(ctx, dtype, scaling):
+        for kind in sorted(kinds, key=lambda k: k.__name__) if not self.plan_problems(ctx, dtype, scaling) else ():
+            if refusal := recurrent_refusal(kind, device.type, dtype):  # (a plan wrong everywhere: check() refuses)
                 raise Skip(f"torch cannot train your {kind.__name__} under {dtype_name(dtype)} autocast on this CPU "
                            f"({refusal}): the plain step runs")
         ctx.decide("compute_dtype", dtype, why)
@@ -162,11 +162,7 @@ class Amp(Accelerator[AmpOptions, AmpState], LossScaler[AmpState]):
             return [Problem(self.name, f"a grad scaler is only for fp16, and the dtype is bfloat16 ({source}); bf16 "
                             "has fp32's range", field="grad_scaler", value=True,
                             allowed="'auto' or False with bfloat16, or dtype='float16'", kind="conflict")]
-        return self.scaling_problems(ctx, scaling)
-
-    def scaling_problems(self, ctx: Context, scaling: bool) -> list[Problem]:
-        """What loss scaling cannot do with the loop's optimizer, on any machine."""
-        if not scaling:
+        if not scaling:  # what loss scaling cannot do with the loop's optimizer
             return []
         if ctx.optimizer is None:  # what loss scaling needs: the optimizer's step
             return [Problem(self.name, "loss scaling (fp16's GradScaler) needs the optimizer: the scaler unscales the "
